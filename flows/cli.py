@@ -1,0 +1,208 @@
+"""The `rlvr` command line. Read-only commands (sql, lineage, bank stats/sample) never import Prefect."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.display import console, errors, frame_table, print_lineage, write_result
+
+app = typer.Typer(help="RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+lineage_app = typer.Typer(help="Where a row came from.", no_args_is_help=True)
+bank_app = typer.Typer(help="Inspect and sample the problem bank.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks, measured as ratios on this machine.", no_args_is_help=True)
+app.add_typer(lineage_app, name="lineage")
+app.add_typer(bank_app, name="bank")
+app.add_typer(bench_app, name="bench")
+
+LakeOption = Annotated[Optional[str], typer.Option("--lake", envvar="RLVR_LAKE",
+                                                   help="lake location: a folder or s3://bucket/prefix [default: ./lake]")]
+
+
+def fail(message: str, code: int = 1) -> None:
+    errors.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def _prefect_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@app.command()
+def curate(
+    config: Annotated[Optional[Path], typer.Option(help="curation config (YAML; the `bank:` section if present)")] = None,
+    source: Annotated[list[str], typer.Option("--source", help="KIND:PATH_OR_NAME[:COUNT], repeatable")] = [],
+    eval_source: Annotated[list[str], typer.Option("--eval-source", help="like --source, as a held-out evaluation set")] = [],
+    bank_version: Annotated[Optional[int], typer.Option(help="re-curate this bank version, replacing it")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Curate a new bank version from files and procedural sources."""
+    from tasks.curation.readers import SourceReadError
+    from tasks.curation.inputs import curation_config_from
+
+    try:
+        curation = curation_config_from(config, source, eval_source, bank_version)
+    except ValueError as error:
+        fail(str(error), 2)
+    _prefect_defaults()
+    from flows.curation import curate_bank
+
+    try:
+        result = curate_bank(curation.model_dump(mode="json"), lake)
+    except (SourceReadError, ValueError) as error:
+        fail(str(error))
+    _print_curation(result)
+
+
+def _print_curation(result: dict) -> None:
+    import polars as pl
+
+    console.print(frame_table(pl.DataFrame(result["sources"]),
+                              title=f"bank version {result['bank_version']} (run {result['run_id']})"))
+    totals = pl.DataFrame(result["sources"]).select(pl.exclude("source").sum()).row(0, named=True)
+    console.print(f"kept {totals['kept']:,} of {totals['loaded']:,} rows: {totals['quarantined']:,} quarantined, "
+                  f"{totals['exact_duplicate']:,} exact and {totals['near_duplicate']:,} near duplicates, "
+                  f"{totals['contaminated']:,} contaminated. Lake version {result['lake_version']}.")
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Option(help="run config (YAML)")] = Path("configs/demo.yaml"),
+    lake: LakeOption = None,
+) -> None:
+    """The main job on a config: for now, curate its bank (if new) and print the bank's statistics."""
+    from storage.lake import Lake
+    from tasks.curation.config import CurationConfig, load_yaml_config
+
+    try:
+        curation = load_yaml_config(config, CurationConfig, section="bank")
+    except ValueError as error:
+        fail(str(error), 2)
+    _prefect_defaults()
+    from flows.curation import curate_bank
+
+    opened = Lake.open(lake)
+    if opened.exists("problems") and curation.bank_version is None:
+        console.print(f"[dim]the bank at {opened.uri} exists; curating a new version from {config}[/dim]")
+    _print_curation(curate_bank(curation.model_dump(mode="json"), lake))
+    _print_stats(opened, None)
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL over the lake's tables (problems, runs, ...)")],
+    format: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    as_of: Annotated[Optional[str], typer.Option("--as-of", help="lake version (integer) or ISO timestamp")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Run SQL over every lake table with DuckDB."""
+    import duckdb
+
+    from storage.catalog import open_catalog
+    from storage.lake import Lake, LakeError
+
+    if format not in ("table", "csv", "json"):
+        fail(f"--format must be table, csv or json, not {format!r}", 2)
+    try:
+        connection = open_catalog(Lake.open(lake), as_of)
+        result = connection.sql(query)
+        arrow = result.to_arrow_table() if result is not None else None
+    except duckdb.Error as error:
+        fail(str(error))
+    except (LakeError, ValueError) as error:
+        fail(str(error))
+    if arrow is not None:
+        write_result(arrow, format)
+
+
+@lineage_app.command("problem")
+def lineage_problem(problem_id: str, lake: LakeOption = None) -> None:
+    """Where a problem came from: file and line or generator and seed, bank version, run."""
+    from storage.lake import Lake
+    from storage.lineage import problem_lineage
+
+    lineage = problem_lineage(Lake.open(lake), problem_id)
+    if lineage is None:
+        fail(f"no problem {problem_id} in the bank or among dropped problems")
+    print_lineage(lineage)
+
+
+@bank_app.command("stats")
+def bank_stats_command(
+    bank_version: Annotated[Optional[int], typer.Option(help="the bank as of this version; default latest")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Counts by source, domain, level and split, and quarantine and drop reasons."""
+    from storage.lake import Lake
+
+    _print_stats(Lake.open(lake), bank_version)
+
+
+def _print_stats(lake, bank_version: int | None) -> None:
+    from tasks.curation.stage import bank_stats
+
+    stats = bank_stats(lake, bank_version)
+    if stats["by source"].is_empty():
+        fail(f"the bank at {lake.uri} is empty: run `rlvr curate` first")
+    for title, frame in stats.items():
+        console.print(frame_table(frame, title=title))
+
+
+@bank_app.command("sample")
+def bank_sample(
+    n: Annotated[int, typer.Option("--n", help="how many problems")] = 100,
+    seed: Annotated[int, typer.Option(help="seed of the draw")] = 0,
+    levels: Annotated[str, typer.Option(help="level weights 1,2,3,4 in percent")] = "20,45,30,5",
+    domain_weights: Annotated[Optional[str], typer.Option(help="e.g. math=0.7,code=0.2,logic=0.1")] = None,
+    split: Annotated[str, typer.Option(help="train or eval")] = "train",
+    bank_version: Annotated[Optional[int], typer.Option(help="the bank as of this version")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write the draw to a .jsonl or .parquet file")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Draw a seeded training mix by level and domain."""
+    import polars as pl
+
+    from storage.lake import Lake
+    from tasks.curation.config import MixConfig
+    from tasks.curation.stage import draw_training_mix
+    from tasks.curation.inputs import parse_weights
+
+    try:
+        level_weights = {i + 1: float(w) for i, w in enumerate(levels.split(","))}
+        mix = MixConfig(level_weights=level_weights, domain_weights=parse_weights(domain_weights),
+                        split=split, bank_version=bank_version, seed=seed)
+        drawn = draw_training_mix(Lake.open(lake), n, mix)
+    except ValueError as error:
+        fail(str(error).splitlines()[0] if "validation error" not in str(error) else str(error), 2)
+    summary = drawn.group_by("level", "domain").len("drawn").sort("level", "domain")
+    console.print(frame_table(summary, title=f"{drawn.height} problems drawn (seed {seed})"))
+    if out is not None:
+        (drawn.write_parquet if out.suffix == ".parquet" else drawn.write_ndjson)(out)
+        console.print(f"wrote {out}")
+    else:
+        console.print(frame_table(drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
+                                  title="first 10"))
+
+
+@bench_app.command("dedup")
+def bench_dedup(
+    sizes: Annotated[str, typer.Option(help="bank sizes to time, comma separated")] = "100000,200000",
+    repeats: Annotated[int, typer.Option(help="timed runs per size; the best is kept")] = 2,
+) -> None:
+    """Near-duplicate detection time as the bank grows: the ratio shows how it scales."""
+    from bench.dedup_scaling import run_benchmark
+
+    run_benchmark([int(s) for s in sizes.split(",")], repeats)
+
+
+def main() -> None:  # pragma: no cover - console entry point alias
+    app(prog_name="rlvr")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

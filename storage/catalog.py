@@ -1,0 +1,31 @@
+"""The SQL catalog: every lake table as a DuckDB view over its Delta snapshot.
+
+Tables are read through delta-rs (never a raw Parquet glob, which would also count files a
+later commit removed) and handed to DuckDB as Arrow datasets, so filters push down.
+"""
+
+from __future__ import annotations
+
+import duckdb
+from deltalake.exceptions import DeltaError
+
+from storage.lake import Lake, LakeError
+from storage.schemas import TABLES
+
+
+def open_catalog(lake: Lake, as_of: int | str | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per table that exists (at `as_of`, if given)."""
+    connection = duckdb.connect()
+    versions = lake.versions_as_of(as_of) if as_of is not None else None
+    for name in TABLES:
+        if versions is not None and name not in versions:
+            continue
+        try:
+            table = lake.table(name, None if versions is None else versions[name])
+        except DeltaError as error:  # a timestamp before the table existed
+            if versions is not None:
+                continue
+            raise LakeError(f"cannot open table {name}: {error}") from error
+        if table is not None:
+            connection.register(name, table.to_pyarrow_dataset())
+    return connection

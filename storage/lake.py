@@ -1,0 +1,201 @@
+"""The lake: Delta tables with explicit schemas, one transaction per write, a run row per stage.
+
+Two write modes, both single Delta commits:
+- `replace(table, rows, key={...})` swaps out exactly the slice with that key (a bank version,
+  an iteration) and nothing else, so re-running a stage never duplicates its output;
+- `append(table, rows)` adds rows.
+A write streamed from an iterator that fails half-way commits nothing: Delta only publishes
+data files through the log entry written at the very end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from storage.location import LakeLocation
+from storage.runs import Run, utc_now
+from storage.schemas import TABLES, TableSpec
+
+RowData = pl.DataFrame | pa.Table | Iterable[pa.RecordBatch]
+
+
+class LakeError(RuntimeError):
+    """A lake operation failed for a reason the user can act on."""
+
+
+class Lake:
+    def __init__(self, location: LakeLocation):
+        self.location = location
+
+    @classmethod
+    def open(cls, uri: str | None = None) -> "Lake":
+        return cls(LakeLocation.resolve(uri))
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    # ---- reading -------------------------------------------------------------------------
+    def table(self, name: str, version: int | str | datetime | None = None) -> DeltaTable | None:
+        """The Delta table, optionally time-travelled; None when it has never been written."""
+        try:
+            table = DeltaTable(self.location.table_uri(name), storage_options=self.location.storage_options())
+        except TableNotFoundError:
+            return None
+        if version is not None:
+            table.load_as_version(version)
+        return table
+
+    def exists(self, name: str) -> bool:
+        return self.table(name) is not None
+
+    def existing_tables(self) -> list[str]:
+        return [name for name in TABLES if self.exists(name)]
+
+    def read(self, name: str, filter: pc.Expression | None = None, columns: list[str] | None = None,
+             version: int | None = None) -> pl.DataFrame:
+        """Rows of a table as a Polars frame; an empty frame with the contract's schema if absent."""
+        table = self.table(name, version)
+        if table is None:
+            empty = TABLES[name].schema.empty_table()
+            return pl.from_arrow(empty.select(columns) if columns else empty)
+        data = table.to_pyarrow_dataset().to_table(filter=filter, columns=columns)
+        return pl.from_arrow(data)
+
+    # ---- writing -------------------------------------------------------------------------
+    def replace(self, name: str, rows: RowData, key: dict[str, Any], run: Run) -> int:
+        """Atomically replace the rows whose key columns equal `key` with `rows`; returns the new version."""
+        spec = TABLES[name]
+        if set(key) != set(spec.partition_by):
+            raise LakeError(f"{name}: replace key {sorted(key)} must be its partition columns {list(spec.partition_by)}")
+        predicate = " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
+        return self._write(spec, rows, run, key=key, predicate=predicate)
+
+    def append(self, name: str, rows: RowData, run: Run) -> int:
+        return self._write(TABLES[name], rows, run, key={}, predicate=None)
+
+    def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
+        counter = {"rows": 0}
+        reader = pa.RecordBatchReader.from_batches(
+            spec.schema, _conformed_batches(spec, rows, run.run_id, key, counter))
+        existing = self.table(spec.name)
+        write_deltalake(
+            existing if existing is not None else self.location.table_uri(spec.name),
+            reader,
+            mode="overwrite" if predicate and existing is not None else "append",
+            predicate=predicate if existing is not None else None,
+            partition_by=list(spec.partition_by) or None,
+            storage_options=self.location.storage_options(),
+            commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage}),
+        )
+        version = self.table(spec.name).version()
+        run.record_write(spec.name, version, counter["rows"])
+        return version
+
+    # ---- runs ----------------------------------------------------------------------------
+    @contextmanager
+    def run(self, flow: str, stage: str, parameters: dict[str, Any], *, bank_version: int | None = None,
+            iteration: int | None = None, prefect_flow_run_id: str | None = None) -> Iterator[Run]:
+        """Record a stage run in `runs`: a `running` row first, then `completed` or `failed`."""
+        run = Run(flow=flow, stage=stage, parameters=parameters, bank_version=bank_version,
+                  iteration=iteration, prefect_flow_run_id=prefect_flow_run_id)
+        self._write_run_row(run.row("running"), insert=True)
+        try:
+            yield run
+        except BaseException as error:
+            self._write_run_row(run.row("failed", utc_now(), f"{type(error).__name__}: {error}"[:4000]))
+            raise
+        self._write_run_row(run.row("completed", utc_now()))
+
+    def _write_run_row(self, row: dict[str, Any], insert: bool = False) -> None:
+        data = pa.Table.from_pylist([row], schema=TABLES["runs"].schema)
+        table = self.table("runs")
+        if insert or table is None:
+            write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
+                            storage_options=self.location.storage_options())
+            return
+        (table.merge(data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
+              .when_matched_update_all().when_not_matched_insert_all().execute())
+
+    def runs_version(self) -> int | None:
+        table = self.table("runs")
+        return None if table is None else table.version()
+
+    def versions_as_of(self, as_of: int | str) -> dict[str, int | str]:
+        """The version of each table at a point in the lake's history.
+
+        An integer is a *lake version*: the version of the `runs` table, which advances with every
+        run start and end. Each table is taken at the last version written by a run that had
+        completed by then, so the snapshot is consistent across tables. An ISO timestamp takes
+        every table as it was at that instant.
+        """
+        if isinstance(as_of, str) and not as_of.lstrip("-").isdigit():
+            return {name: as_of for name in self.existing_tables()}
+        lake_version = int(as_of)
+        latest = self.runs_version()
+        if latest is None or not 0 <= lake_version <= latest:
+            raise LakeError(f"lake version {lake_version} does not exist (latest is {latest})")
+        runs = self.table("runs", lake_version).to_pyarrow_table(columns=["status", "table_versions"])
+        versions: dict[str, int | str] = {"runs": lake_version}
+        for status, table_versions in zip(runs["status"].to_pylist(), runs["table_versions"].to_pylist()):
+            if status != "completed" or not table_versions:
+                continue
+            for table, version in json.loads(table_versions).items():
+                versions[table] = max(version, versions.get(table, -1))
+        return versions
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise LakeError(f"unsupported key value {value!r}")
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+def _as_batches(rows: RowData) -> Iterable[pa.RecordBatch]:
+    if isinstance(rows, pl.DataFrame):
+        return rows.to_arrow().to_batches(max_chunksize=65536)
+    if isinstance(rows, pa.Table):
+        return rows.to_batches(max_chunksize=65536)
+    return rows
+
+
+def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str, key: dict[str, Any],
+                       counter: dict[str, int]) -> Iterator[pa.RecordBatch]:
+    """Cast each batch to the table's schema, stamp the run id, and check it lies inside the key."""
+    for batch in _as_batches(rows):
+        if batch.num_rows == 0:
+            continue
+        columns = {}
+        for field in spec.schema:
+            if field.name == "run_id":
+                columns[field.name] = pa.array([run_id] * batch.num_rows, pa.string())
+            elif field.name in batch.schema.names:
+                columns[field.name] = batch.column(field.name)
+            elif field.nullable:
+                columns[field.name] = pa.nulls(batch.num_rows, field.type)
+            else:
+                raise LakeError(f"{spec.name}: required column {field.name!r} is missing")
+        extra = set(batch.schema.names) - set(spec.schema.names)
+        if extra:
+            raise LakeError(f"{spec.name}: columns {sorted(extra)} are not in the table's schema")
+        try:
+            table = pa.Table.from_pydict(columns).cast(spec.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise LakeError(f"{spec.name}: rows do not match the schema: {error}") from error
+        for column, value in key.items():
+            if not pc.all(pc.equal(table[column], value)).as_py():
+                raise LakeError(f"{spec.name}: rows outside the replaced slice {column} = {value!r}")
+        counter["rows"] += table.num_rows
+        yield from table.to_batches()

@@ -1,0 +1,117 @@
+"""The table contract: one explicit Arrow schema per lake table.
+
+A table is replaced per key (its `partition_by` columns): re-running a stage for the same bank
+version or iteration replaces exactly that slice. Later stages add their tables here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    description: str
+
+
+def _field(name: str, type_: pa.DataType, nullable: bool = True, doc: str = "") -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata={"doc": doc} if doc else None)
+
+
+PROBLEMS = TableSpec(
+    name="problems",
+    partition_by=("bank_version",),
+    description="The problem bank: one row per problem, added by the bank version that first curated it.",
+    schema=pa.schema([
+        _field("problem_id", pa.string(), False, "content hash of domain, prompt, answer and tests"),
+        _field("bank_version", pa.int64(), False, "bank version that added the problem"),
+        _field("source", pa.string(), False, "source name, e.g. gsm8k-train or gen:linear_equation"),
+        _field("source_kind", pa.string(), False, "layout or generator family that read it"),
+        _field("source_uri", pa.string(), False, "file path or generator name"),
+        _field("source_line", pa.int64(), True, "1-based line (JSONL) or row (Parquet) in the source file"),
+        _field("split", pa.string(), False, "train or eval"),
+        _field("domain", pa.string(), False, "math, code, logic or qa"),
+        _field("level", pa.int8(), False, "difficulty level 1-4"),
+        _field("prompt", pa.string(), False, "the problem statement shown to the policy"),
+        _field("answer", pa.string(), True, "ground-truth final answer (math, logic, qa)"),
+        _field("solution", pa.string(), True, "reference worked solution or code"),
+        _field("steps", pa.list_(pa.string()), True, "step-level ground truth, e.g. GSM8K calculator steps a*b=c"),
+        _field("tests", pa.string(), True, "test source for code problems"),
+        _field("entry_point", pa.string(), True, "function under test for code problems"),
+        _field("verifier", pa.string(), False, "name of the verifier that scores responses"),
+        _field("seed", pa.int64(), True, "per-problem seed of a procedural source"),
+        _field("params", pa.string(), True, "JSON: generator parameters or column mapping"),
+        _field("metadata", pa.string(), True, "JSON: the source's other fields"),
+        _field("run_id", pa.string(), False, "run that wrote the row"),
+    ]),
+)
+
+QUARANTINE = TableSpec(
+    name="quarantine",
+    partition_by=("bank_version",),
+    description="Rows rejected by validation, with the file, line, field and reason.",
+    schema=pa.schema([
+        _field("bank_version", pa.int64(), False),
+        _field("source", pa.string(), False),
+        _field("source_uri", pa.string(), False),
+        _field("source_line", pa.int64(), True),
+        _field("field", pa.string(), True, "the offending field, if one"),
+        _field("reason", pa.string(), False),
+        _field("raw", pa.string(), True, "the rejected row, truncated to 2,000 characters"),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
+DROPPED = TableSpec(
+    name="dropped_problems",
+    partition_by=("bank_version",),
+    description="Valid problems left out of the bank by deduplication or decontamination.",
+    schema=pa.schema([
+        _field("bank_version", pa.int64(), False),
+        _field("problem_id", pa.string(), False),
+        _field("source", pa.string(), False),
+        _field("source_uri", pa.string(), False),
+        _field("source_line", pa.int64(), True),
+        _field("seed", pa.int64(), True),
+        _field("reason", pa.string(), False, "exact_duplicate, near_duplicate or contaminated"),
+        _field("duplicate_of", pa.string(), True, "problem id kept instead, or the evaluation set matched"),
+        _field("similarity", pa.float64(), True, "estimated Jaccard or n-gram overlap"),
+        _field("prompt", pa.string(), False),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
+RUNS = TableSpec(
+    name="runs",
+    partition_by=(),
+    description="The lineage spine: one row per stage run.",
+    schema=pa.schema([
+        _field("run_id", pa.string(), False),
+        _field("flow", pa.string(), False),
+        _field("stage", pa.string(), False),
+        _field("bank_version", pa.int64(), True),
+        _field("iteration", pa.int64(), True),
+        _field("parameters", pa.string(), False, "JSON of the stage's config"),
+        _field("code_version", pa.string(), False, "git commit (+dirty) or package version"),
+        _field("prefect_flow_run_id", pa.string(), True),
+        _field("started_at", pa.timestamp("us", tz="UTC"), False),
+        _field("ended_at", pa.timestamp("us", tz="UTC"), True),
+        _field("status", pa.string(), False, "running, completed or failed"),
+        _field("error", pa.string(), True),
+        _field("table_versions", pa.string(), True, "JSON: Delta version each write of the run produced"),
+        _field("rows_written", pa.string(), True, "JSON: rows written per table"),
+    ]),
+)
+
+TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (PROBLEMS, QUARANTINE, DROPPED, RUNS)}
+
+
+def register(spec: TableSpec) -> TableSpec:
+    """Add a table to the contract (later stages call this from their own schema modules)."""
+    TABLES[spec.name] = spec
+    return spec

@@ -1,0 +1,93 @@
+"""Deduplication and decontamination over frames of candidate problems.
+
+Priority decides who survives a duplicate: problems already in the bank (never dropped), then
+new evaluation problems, then new training problems, each in source order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from tasks.curation.config import DecontaminationConfig, DedupConfig, FILE_KINDS
+from tasks.curation.dedup import near_duplicates, ngram_overlap
+from tasks.curation.records import normalise_text
+
+DROP_COLUMNS = ["problem_id", "source", "source_uri", "source_line", "seed", "reason", "duplicate_of", "similarity", "prompt"]
+
+
+def _drops(rows: pl.DataFrame, reason: str, duplicate_of: list, similarity) -> pl.DataFrame:
+    return rows.with_columns(reason=pl.lit(reason), duplicate_of=pl.Series(duplicate_of, dtype=pl.String),
+                             similarity=pl.Series(similarity, dtype=pl.Float64)).select(DROP_COLUMNS)
+
+
+def deduplicate(candidates: pl.DataFrame, existing: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(kept candidates, dropped rows): exact duplicates of normalised text, then MinHash near-duplicates."""
+    new = candidates.with_row_index("_row").sort(pl.col("split") != "eval", "_row")
+    pool = pl.concat([
+        existing.select("problem_id", "domain", "split", "prompt", _row=pl.lit(None, pl.UInt32),
+                        similarity_checks=pl.col("source_kind").is_in(list(FILE_KINDS))),
+        new.select("problem_id", "domain", "split", "prompt", "_row", "similarity_checks"),
+    ])
+    is_new = pool["_row"].is_not_null().to_numpy()
+    ids = pool["problem_id"].to_numpy()
+    duplicate_of = np.full(pool.height, -1)
+    similarity = np.full(pool.height, np.nan)
+    reason = np.full(pool.height, None, dtype=object)
+    if config.exact:
+        keys = pl.Series([f"{d}\x1f{normalise_text(p)}" for d, p in zip(pool["domain"], pool["prompt"])])
+        first = keys.to_frame("key").with_row_index("i").group_by("key").agg(pl.col("i").min())
+        first_of = keys.to_frame("key").join(first, on="key", how="left", maintain_order="left")["i"].to_numpy()
+        exact = is_new & (first_of != np.arange(pool.height))
+        duplicate_of[exact], similarity[exact], reason[exact] = first_of[exact], 1.0, "exact_duplicate"
+    if config.near:
+        eligible = np.flatnonzero(pool["similarity_checks"].to_numpy() & (reason == None))  # noqa: E711 (object array)
+        if len(eligible):
+            split_codes = (pool["split"].to_numpy()[eligible] == "eval").astype(np.int64)
+            found = near_duplicates([pool["prompt"][int(i)] for i in eligible], split_codes, config.threshold,
+                                    config.ngram, config.num_perm)
+            near = (found.duplicate_of >= 0) & is_new[eligible]
+            rows = eligible[near]
+            duplicate_of[rows] = eligible[found.duplicate_of[near]]
+            similarity[rows], reason[rows] = found.similarity[near], "near_duplicate"
+    dropped_mask = reason != None  # noqa: E711
+    marks = pl.DataFrame({"_row": pool["_row"].filter(pl.Series(dropped_mask)),
+                          "reason": reason[dropped_mask].astype(str),
+                          "duplicate_of": ids[duplicate_of[dropped_mask]].astype(str),
+                          "similarity": similarity[dropped_mask]})
+    rows = new.join(marks, on="_row", how="inner").sort("_row")
+    dropped = rows.select(DROP_COLUMNS) if rows.height else pl.DataFrame(schema=_drop_schema())
+    kept = new.join(marks, on="_row", how="anti").sort("_row").drop("_row")
+    return kept, dropped
+
+
+def decontaminate(candidates: pl.DataFrame, eval_sets: dict[str, list[str]],
+                  config: DecontaminationConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Drop training problems whose n-grams overlap an evaluation set by at least `min_overlap`.
+
+    Only rows with similarity checks take part: a procedural problem shares its template with
+    every problem of its family, held out or not, and its exact copies are already gone.
+    """
+    train_mask = ((candidates["split"] == "train") & candidates["similarity_checks"]).to_numpy()
+    if not config.enabled or not eval_sets or not train_mask.any():
+        return candidates, pl.DataFrame(schema=_drop_schema())
+    texts = candidates["prompt"].to_list()
+    train_texts = [text for text, is_train in zip(texts, train_mask) if is_train]
+    best = np.zeros(len(train_texts))
+    best_set = np.full(len(train_texts), None, dtype=object)
+    for name, reference in eval_sets.items():
+        overlap = ngram_overlap(train_texts, reference, config.ngram)
+        better = overlap > best
+        best[better], best_set[better] = overlap[better], name
+    contaminated = np.zeros(len(texts), dtype=bool)
+    contaminated[np.flatnonzero(train_mask)] = best >= config.min_overlap
+    hits = best >= config.min_overlap
+    rows = candidates.filter(pl.Series(contaminated))
+    dropped = _drops(rows, "contaminated", list(best_set[hits]), best[hits])
+    return candidates.filter(~pl.Series(contaminated)), dropped
+
+
+def _drop_schema() -> dict:
+    return {"problem_id": pl.String, "source": pl.String, "source_uri": pl.String, "source_line": pl.Int64,
+            "seed": pl.Int64, "reason": pl.String, "duplicate_of": pl.String, "similarity": pl.Float64,
+            "prompt": pl.String}

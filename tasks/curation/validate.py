@@ -1,0 +1,71 @@
+"""Validation rules: what makes a problem fit for the bank. Each rule returns (field, reason) or None."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+from functools import lru_cache
+from typing import Any
+
+# Answers most sources use: integers, decimals, simple fractions, with optional sign, $, % or commas.
+SIMPLE_ANSWER = re.compile(r"^\$?-?\d[\d,]*(\.\d+)?%?$|^-?\d+/\d+$|^-?\.\d+$")
+
+
+def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_answers: bool) -> tuple[str | None, str] | None:
+    """The first thing wrong with a problem, or None if it can enter the bank."""
+    prompt = problem.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return "prompt", "empty prompt"
+    if len(prompt) > max_prompt_chars:
+        return "prompt", f"prompt has {len(prompt)} characters (limit {max_prompt_chars})"
+    if not 1 <= problem["level"] <= 4:
+        return "level", f"level {problem['level']} is not 1-4"
+    domain = problem["domain"]
+    if domain == "code":
+        return code_issue(prompt, problem.get("solution"), problem.get("tests"), problem.get("entry_point"))
+    answer = problem.get("answer")
+    if domain in ("math", "qa", "logic") and problem["source_kind"] != "gym" and (answer is None or not str(answer).strip()):
+        return "answer", "missing answer"
+    if domain == "math" and check_math_answers and not math_answer_parses(str(answer)):
+        return "answer", f"math answer {str(answer)[:80]!r} cannot be parsed"
+    return None
+
+
+def code_issue(prompt: str, solution: str | None, tests: str | None, entry_point: str | None) -> tuple[str, str] | None:
+    """Structural completeness, checked by parsing only: nothing here runs the code."""
+    if not entry_point:
+        return "entry_point", "missing entry_point"
+    if not tests or not tests.strip():
+        return "tests", "missing tests"
+    try:
+        ast.parse(tests)
+    except SyntaxError as error:
+        return "tests", f"tests do not parse: {error.msg} (line {error.lineno})"
+    program = prompt + (solution or "")
+    try:
+        module = ast.parse(program)
+    except SyntaxError as error:
+        field = "canonical_solution" if solution else "prompt"
+        return field, f"prompt + solution do not parse: {error.msg} (line {error.lineno})"
+    defined = {node.name for node in module.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if entry_point not in defined:
+        return "entry_point", f"entry point {entry_point!r} is not defined by the prompt and solution"
+    return None
+
+
+@lru_cache(maxsize=65536)
+def math_answer_parses(answer: str) -> bool:
+    """Fast path for plain numbers; otherwise math-verify must extract a value from `$answer$`."""
+    text = answer.strip()
+    if not text:
+        return False
+    if SIMPLE_ANSWER.match(text.replace(" ", "")):
+        return True
+    from math_verify import parse  # imported lazily: it pulls in sympy
+
+    logging.getLogger("math_verify.parser").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected
+
+    # Timeouts use signals, which only work in the main thread; dataset answers are short and
+    # trusted, so parse without them here (responses from the policy are parsed in workers).
+    return bool(parse(f"${text.strip('$')}$", parsing_timeout=None))

@@ -1,0 +1,84 @@
+"""Our own seeded math generators, levels 1 to 4.
+
+Level 1: 2-4 arithmetic steps. Level 2: 4-8 steps with algebra. Level 3: multi-tool
+competition style. Level 4: a few hard counting and number-theory problems. Every problem
+is reproducible from (generator, seed) alone, and records both.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from tasks.generators import algebra, arithmetic, competition
+from tasks.generators.base import Generated, derive_seed
+
+
+@dataclass(frozen=True)
+class Generator:
+    name: str
+    level: int
+    make: Callable[[random.Random], Generated]
+
+
+GENERATORS: dict[str, Generator] = {
+    g.name: g
+    for g in [
+        Generator("arith_chain", 1, arithmetic.arith_chain),
+        Generator("word_problem", 1, arithmetic.word_problem),
+        Generator("linear_equation", 2, algebra.linear_equation),
+        Generator("linear_system", 2, algebra.linear_system),
+        Generator("fraction_arithmetic", 2, algebra.fraction_arithmetic),
+        Generator("polynomial_value", 2, algebra.polynomial_value),
+        Generator("modular_powers", 3, competition.modular_powers),
+        Generator("divisor_function", 3, competition.divisor_function),
+        Generator("vieta", 3, competition.vieta),
+        Generator("lattice_paths", 3, competition.lattice_paths),
+        Generator("chinese_remainder", 4, competition.chinese_remainder),
+        Generator("lcm_pairs", 4, competition.lcm_pairs),
+        Generator("bounded_compositions", 4, competition.bounded_compositions),
+    ]
+}
+
+DEFAULT_LEVEL_MIX = {1: 0.20, 2: 0.45, 3: 0.30, 4: 0.05}
+
+
+def families(selector: str) -> list[Generator]:
+    """`level2` → that level's generators; `mix` → all of them; a name → that generator."""
+    if selector in GENERATORS:
+        return [GENERATORS[selector]]
+    if selector.startswith("level") and selector[5:].isdigit():
+        chosen = [g for g in GENERATORS.values() if g.level == int(selector[5:])]
+        if chosen:
+            return chosen
+    if selector == "mix":
+        return list(GENERATORS.values())
+    raise ValueError(f"unknown generator {selector!r}: use mix, level1..level4 or one of {sorted(GENERATORS)}")
+
+
+def generate(selector: str, count: int, seed: int,
+             level_mix: dict[int, float] | None = None) -> Iterator[tuple[Generator, int, Generated]]:
+    """Yield `count` problems as (generator, per-problem seed, problem).
+
+    With several levels (`mix`), the level of problem i is drawn from `level_mix`
+    (default 20/45/30/5 %), then a family within the level uniformly, all from problem i's seed.
+    """
+    chosen = families(selector)
+    levels = sorted({g.level for g in chosen})
+    mix = level_mix or DEFAULT_LEVEL_MIX
+    weights = [mix.get(level, 0.0) for level in levels]
+    if len(levels) > 1 and sum(weights) <= 0:
+        raise ValueError(f"level mix {mix} gives no weight to levels {levels}")
+    by_level = {level: [g for g in chosen if g.level == level] for level in levels}
+    for index in range(count):
+        problem_seed = derive_seed(seed, selector, index)
+        rng = random.Random(problem_seed)
+        level = levels[0] if len(levels) == 1 else rng.choices(levels, weights)[0]
+        generator = rng.choice(by_level[level])
+        yield generator, problem_seed, generator.make(random.Random(derive_seed(problem_seed, generator.name)))
+
+
+def regenerate(name: str, problem_seed: int) -> Generated:
+    """Rebuild one problem from its recorded generator and seed (lineage, tests)."""
+    return GENERATORS[name].make(random.Random(derive_seed(problem_seed, name)))

@@ -1,0 +1,69 @@
+"""Level 1: two to four arithmetic steps, as bare expressions and as short word problems."""
+
+from __future__ import annotations
+
+import random
+
+from tasks.generators.base import Generated, step
+
+NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca",
+         "Maya", "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yara", "Zane"]
+ITEMS = ["pencils", "stickers", "apples", "marbles", "cards", "stamps", "beads", "shells", "coins", "books"]
+
+
+def arith_chain(rng: random.Random) -> Generated:
+    """`a op b op c ...` with 2-4 operations; multiplication binds first, then left to right."""
+    n_ops = rng.randint(2, 4)
+    operators = [rng.choice("+-*") for _ in range(n_ops)]
+    operands = [rng.randint(2, 99)]
+    for operator in operators:
+        operands.append(rng.randint(2, 12) if operator == "*" else rng.randint(2, 99))
+    expression = str(operands[0]) + "".join(f" {op} {value}" for op, value in zip(operators, operands[1:]))
+
+    steps: list[str] = []
+    terms, signs = [operands[0]], []          # products first: fold each `*` into the running term
+    for operator, value in zip(operators, operands[1:]):
+        if operator == "*":
+            product = terms[-1] * value
+            steps.append(step(f"{terms[-1]}*{value}", product))
+            terms[-1] = product
+        else:
+            terms.append(value)
+            signs.append(operator)
+    total = terms[0]
+    for sign, term in zip(signs, terms[1:]):
+        new_total = total + term if sign == "+" else total - term
+        steps.append(step(f"{total}{sign}{term}", new_total))
+        total = new_total
+    prompt = rng.choice(["Compute {e}.", "What is {e}?", "Evaluate {e}.", "Calculate the value of {e}."]).format(e=expression)
+    solution = "\n".join(f"{s.split('=')[0]} = {s.split('=')[1]}" for s in steps) + f"\n#### {total}"
+    return Generated(prompt, str(total), solution, steps, {"n_ops": n_ops, "expression": expression})
+
+
+def word_problem(rng: random.Random) -> Generated:
+    """A shopping story of two to four steps (buy packs, share, give away)."""
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    start, packs, per_pack = rng.randint(3, 60), rng.randint(2, 9), rng.randint(3, 15)
+    bought = packs * per_pack
+    steps = [step(f"{packs}*{per_pack}", bought), step(f"{start}+{bought}", start + bought)]
+    have = start + bought
+    sentences = [f"{name} has {start} {item}.",
+                 f"{name} buys {packs} packs of {item} with {per_pack} {item} in each pack."]
+    n_steps = rng.randint(2, 4)
+    friends = rng.randint(2, 6) if n_steps == 4 else 1
+    if n_steps >= 3:
+        remaining = friends * rng.randint(1, (have - 1) // friends)   # divisible when shared at step 4
+        given = have - remaining
+        steps.append(step(f"{have}-{given}", remaining))
+        have = remaining
+        sentences.append(f"Then {name} gives {given} {item} to a friend.")
+    if n_steps == 4:
+        steps.append(step(f"{have}/{friends}", have // friends))
+        have //= friends
+        sentences.append(f"Finally {name} shares the {item} equally among {friends} boxes.")
+        question = f"How many {item} are in each box?"
+    else:
+        question = f"How many {item} does {name} have now?"
+    solution = "\n".join(f"<<{s}>>" for s in steps) + f"\n#### {have}"
+    return Generated(" ".join(sentences + [question]), str(have), solution, steps,
+                     {"n_steps": len(steps), "name": name, "item": item})
