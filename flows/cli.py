@@ -25,7 +25,7 @@ LakeOption = Annotated[Optional[str], typer.Option("--lake", envvar="RLVR_LAKE",
 
 
 def fail(message: str, code: int = 1) -> None:
-    errors.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
+    errors.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -42,13 +42,24 @@ def curate(
     lake: LakeOption = None,
 ) -> None:
     """Curate a new bank version from files and procedural sources."""
-    from tasks.curation.readers import SourceReadError
     from tasks.curation.inputs import curation_config_from
 
     try:
         curation = curation_config_from(config, source, eval_source, bank_version)
     except ValueError as error:
         fail(str(error), 2)
+    _curate(curation, lake)
+
+
+def _curate(curation, lake: str | None) -> None:
+    """Check the inputs, then run the curation flow and print what it did."""
+    from tasks.curation.readers import SourceReadError
+    from tasks.curation.stage import preflight
+
+    try:
+        preflight(curation)
+    except (SourceReadError, ValueError) as error:
+        fail(str(error))
     _prefect_defaults()
     from flows.curation import curate_bank
 
@@ -83,13 +94,10 @@ def run(
         curation = load_yaml_config(config, CurationConfig, section="bank")
     except ValueError as error:
         fail(str(error), 2)
-    _prefect_defaults()
-    from flows.curation import curate_bank
-
     opened = Lake.open(lake)
     if opened.exists("problems") and curation.bank_version is None:
         console.print(f"[dim]the bank at {opened.uri} exists; curating a new version from {config}[/dim]")
-    _print_curation(curate_bank(curation.model_dump(mode="json"), lake))
+    _curate(curation, lake)
     _print_stats(opened, None)
 
 

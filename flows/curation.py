@@ -18,7 +18,7 @@ from storage.lake import Lake
 from tasks.curation.config import CurationConfig
 from tasks.curation.filter import decontaminate, deduplicate
 from tasks.curation.load import load_source
-from tasks.curation.stage import (check_source_names, evaluation_sets, existing_bank, next_bank_version,
+from tasks.curation.stage import (preflight, evaluation_sets, existing_bank, next_bank_version,
                                   source_report, write_bank)
 
 load_source_task = task(load_source, name="load-source", cache_policy=NO_CACHE)
@@ -33,7 +33,7 @@ write_bank_task = task(write_bank, name="write-bank", cache_policy=NO_CACHE, ret
 def curate_bank(config: dict[str, Any], lake_uri: str | None = None) -> dict[str, Any]:
     """Curate one bank version from the sources in `config` (a `CurationConfig` as a dict)."""
     curation = CurationConfig.model_validate(config)
-    check_source_names(curation)
+    preflight(curation)
     lake = Lake.open(lake_uri)
     bank_version = curation.bank_version or next_bank_version(lake)
     with lake.run("curate-bank", "curate", curation.model_dump(mode="json"), bank_version=bank_version,

@@ -7,9 +7,7 @@ later commit removed) and handed to DuckDB as Arrow datasets, so filters push do
 from __future__ import annotations
 
 import duckdb
-from deltalake.exceptions import DeltaError
-
-from storage.lake import Lake, LakeError
+from storage.lake import Lake
 from storage.schemas import TABLES
 
 
@@ -20,12 +18,7 @@ def open_catalog(lake: Lake, as_of: int | str | None = None) -> duckdb.DuckDBPyC
     for name in TABLES:
         if versions is not None and name not in versions:
             continue
-        try:
-            table = lake.table(name, None if versions is None else versions[name])
-        except DeltaError as error:  # a timestamp before the table existed
-            if versions is not None:
-                continue
-            raise LakeError(f"cannot open table {name}: {error}") from error
+        table = lake.table(name, None if versions is None else versions[name])
         if table is not None:
             connection.register(name, table.to_pyarrow_dataset())
     return connection

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
@@ -85,19 +85,24 @@ class Lake:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
 
     def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
-        counter = {"rows": 0}
+        counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
             spec.schema, _conformed_batches(spec, rows, run.run_id, key, counter))
         existing = self.table(spec.name)
-        write_deltalake(
-            existing if existing is not None else self.location.table_uri(spec.name),
-            reader,
-            mode="overwrite" if predicate and existing is not None else "append",
-            predicate=predicate if existing is not None else None,
-            partition_by=list(spec.partition_by) or None,
-            storage_options=self.location.storage_options(),
-            commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage}),
-        )
+        try:
+            write_deltalake(
+                existing if existing is not None else self.location.table_uri(spec.name),
+                reader,
+                mode="overwrite" if predicate and existing is not None else "append",
+                predicate=predicate if existing is not None else None,
+                partition_by=list(spec.partition_by) or None,
+                storage_options=self.location.storage_options(),
+                commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage}),
+            )
+        except Exception:
+            if counter["error"] is not None:   # the rows' own failure, not delta-rs's wrapping of it
+                raise counter["error"] from None
+            raise
         version = self.table(spec.name).version()
         run.record_write(spec.name, version, counter["rows"])
         return version
@@ -131,28 +136,41 @@ class Lake:
         table = self.table("runs")
         return None if table is None else table.version()
 
-    def versions_as_of(self, as_of: int | str) -> dict[str, int | str]:
+    def versions_as_of(self, as_of: int | str) -> dict[str, int]:
         """The version of each table at a point in the lake's history.
 
         An integer is a *lake version*: the version of the `runs` table, which advances with every
         run start and end. Each table is taken at the last version written by a run that had
-        completed by then, so the snapshot is consistent across tables. An ISO timestamp takes
-        every table as it was at that instant.
+        completed by then, so the snapshot is consistent across tables. An ISO timestamp means
+        the lake version current at that instant (from the commits' own millisecond timestamps,
+        not the object store's file times).
         """
-        if isinstance(as_of, str) and not as_of.lstrip("-").isdigit():
-            return {name: as_of for name in self.existing_tables()}
-        lake_version = int(as_of)
+        lake_version = self.lake_version_at(as_of) if isinstance(as_of, str) and not as_of.isdigit() else int(as_of)
         latest = self.runs_version()
         if latest is None or not 0 <= lake_version <= latest:
             raise LakeError(f"lake version {lake_version} does not exist (latest is {latest})")
         runs = self.table("runs", lake_version).to_pyarrow_table(columns=["status", "table_versions"])
-        versions: dict[str, int | str] = {"runs": lake_version}
+        versions: dict[str, int] = {"runs": lake_version}
         for status, table_versions in zip(runs["status"].to_pylist(), runs["table_versions"].to_pylist()):
             if status != "completed" or not table_versions:
                 continue
             for table, version in json.loads(table_versions).items():
                 versions[table] = max(version, versions.get(table, -1))
         return versions
+
+    def lake_version_at(self, moment: str) -> int:
+        try:
+            instant = datetime.fromisoformat(moment)
+        except ValueError:
+            raise LakeError(f"--as-of {moment!r} is neither a lake version nor an ISO timestamp") from None
+        if instant.tzinfo is None:
+            instant = instant.replace(tzinfo=timezone.utc)
+        runs = self.table("runs")
+        history = runs.history() if runs is not None else []
+        before = [c["version"] for c in history if c["timestamp"] <= instant.timestamp() * 1000]
+        if not before:
+            raise LakeError(f"the lake at {self.uri} has no version at or before {instant.isoformat()}")
+        return max(before)
 
 
 def _sql_literal(value: Any) -> str:
@@ -172,8 +190,17 @@ def _as_batches(rows: RowData) -> Iterable[pa.RecordBatch]:
 
 
 def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str, key: dict[str, Any],
-                       counter: dict[str, int]) -> Iterator[pa.RecordBatch]:
+                       counter: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     """Cast each batch to the table's schema, stamp the run id, and check it lies inside the key."""
+    try:
+        yield from _conform(spec, rows, run_id, key, counter)
+    except BaseException as error:
+        counter["error"] = error
+        raise
+
+
+def _conform(spec: TableSpec, rows: RowData, run_id: str, key: dict[str, Any],
+             counter: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     for batch in _as_batches(rows):
         if batch.num_rows == 0:
             continue

@@ -138,14 +138,16 @@ class MixConfig(Strict):
 
 
 def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | None = None) -> BaseModel:
-    """Load and validate a YAML config; errors name the file and the offending field."""
+    """Load and validate a YAML config (its `section` if it has one); errors name the file and the field."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
         raise ValueError(f"{path}: cannot read config: {error}") from error
-    if section is not None:
-        data = data.get(section, {})
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings at the top level")
+    if section is not None and section in data:     # a run config's stage section, or a stage config itself
+        data = data[section]
     try:
         return model.model_validate(data)
     except ValidationError as error:

@@ -15,10 +15,7 @@ def curation_config_from(config_path: Path | None, sources: list[str], eval_sour
     extra = [parse_source_spec(s) for s in sources]
     extra += [parse_source_spec(s).model_copy(update={"split": "eval"}) for s in eval_sources]
     if config_path is not None:
-        import yaml
-
-        section = "bank" if "bank" in (yaml.safe_load(Path(config_path).read_text()) or {}) else None
-        config = load_yaml_config(config_path, CurationConfig, section=section)
+        config = load_yaml_config(config_path, CurationConfig, section="bank")
         config = config.model_copy(update={"sources": config.sources + extra})
     else:
         config = CurationConfig(sources=extra)

@@ -40,6 +40,31 @@ def read_rows(path: str, limit: int | None = None) -> Iterator[RawRow]:
         raise SourceReadError(f"cannot read source file {path}: no line is a JSON object (is it JSONL?)")
 
 
+def probe(path: str) -> None:
+    """Fail fast, before any work, on a file that cannot be read at all: missing, unreadable,
+    not Parquet, or JSONL whose first 64 KiB hold no JSON object."""
+    if path.endswith(".parquet"):
+        with _open(path) as handle:
+            try:
+                pq.ParquetFile(handle)
+            except (pa.ArrowException, OSError) as error:
+                raise SourceReadError(f"cannot read source file {path}: not a readable Parquet file ({error})") from None
+        return
+    with _open(path) as handle:
+        head = handle.read(65536)
+    lines = head.split(b"\n")
+    if len(head) == 65536:
+        lines = lines[:-1]                      # the last line may be cut
+    for line in lines:
+        try:
+            if isinstance(json.loads(line), dict):
+                return
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+    if head.strip():
+        raise SourceReadError(f"cannot read source file {path}: no line is a JSON object (is it JSONL?)")
+
+
 def _open(path: str, mode: str = "rb"):
     try:
         return fsspec.open(path, mode).open()

@@ -15,6 +15,7 @@ from storage.runs import Run
 from tasks.curation.config import CurationConfig, DecontaminationConfig, MixConfig, ValidationConfig
 from tasks.curation.load import LoadedSource, load_source
 from tasks.curation.mix import sample_mix
+from tasks.curation.readers import probe
 
 
 def next_bank_version(lake: Lake) -> int:
@@ -76,12 +77,16 @@ def source_report(loaded: list[LoadedSource], kept: pl.DataFrame, dropped: pl.Da
     return counts.fill_null(0).select("source", "loaded", "quarantined", *reasons, "kept")
 
 
-def check_source_names(config: CurationConfig) -> None:
-    """Fail before any work when two sources share a name (their rows would be indistinguishable)."""
+def preflight(config: CurationConfig) -> None:
+    """Fail before any work on a file that cannot be read, or on two sources sharing a name
+    (their rows would be indistinguishable in the bank)."""
     names = [s.source_name for s in config.sources]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise ValueError(f"sources share the names {duplicated}: give them distinct `name:`s")
+    for source in [*config.sources, *config.decontamination.files]:
+        if source.path:
+            probe(source.path)
 
 
 def bank_problems(lake: Lake, bank_version: int | None = None, split: str | None = "train") -> pl.DataFrame:
@@ -112,7 +117,6 @@ def bank_stats(lake: Lake, bank_version: int | None = None) -> dict[str, pl.Data
         "by source": problems.group_by("source", "split", "domain").len("problems").sort("source"),
         "by domain": problems.group_by("domain").len("problems").sort("domain"),
         "by level": problems.group_by("level", "split").len("problems").sort("level", "split"),
-        "quarantine reasons": quarantine.with_columns(pl.col("reason").str.replace(r"'.*'", "'…'"))
-        .group_by("source", "field", "reason").len("rows").sort("rows", descending=True),
+        "quarantine reasons": quarantine.group_by("source", "field", "reason").len("rows").sort("rows", descending=True),
         "dropped": dropped.group_by("source", "reason").len("rows").sort("source", "reason"),
     }

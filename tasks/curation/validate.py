@@ -18,7 +18,7 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
     if not isinstance(prompt, str) or not prompt.strip():
         return "prompt", "empty prompt"
     if len(prompt) > max_prompt_chars:
-        return "prompt", f"prompt has {len(prompt)} characters (limit {max_prompt_chars})"
+        return "prompt", f"prompt longer than {max_prompt_chars} characters"
     if not 1 <= problem["level"] <= 4:
         return "level", f"level {problem['level']} is not 1-4"
     domain = problem["domain"]
@@ -28,7 +28,7 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
     if domain in ("math", "qa", "logic") and problem["source_kind"] != "gym" and (answer is None or not str(answer).strip()):
         return "answer", "missing answer"
     if domain == "math" and check_math_answers and not math_answer_parses(str(answer)):
-        return "answer", f"math answer {str(answer)[:80]!r} cannot be parsed"
+        return "answer", "math answer cannot be parsed"
     return None
 
 
@@ -56,7 +56,7 @@ def code_issue(prompt: str, solution: str | None, tests: str | None, entry_point
 
 @lru_cache(maxsize=65536)
 def math_answer_parses(answer: str) -> bool:
-    """Fast path for plain numbers; otherwise math-verify must extract a value from `$answer$`."""
+    """Fast path for plain numbers; otherwise math-verify must turn `$answer$` into a sympy value."""
     text = answer.strip()
     if not text:
         return False
@@ -68,4 +68,5 @@ def math_answer_parses(answer: str) -> bool:
 
     # Timeouts use signals, which only work in the main thread; dataset answers are short and
     # trusted, so parse without them here (responses from the policy are parsed in workers).
-    return bool(parse(f"${text.strip('$')}$", parsing_timeout=None))
+    parsed = parse(f"${text.strip('$')}$", parsing_timeout=None)
+    return any(not isinstance(value, str) for value in parsed)   # strings are its "could not parse" fallback

@@ -1,0 +1,126 @@
+"""Shared test fixtures: real servers on loopback (moto's S3, Prefect), lakes on disk and on S3."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
+BIN = Path(sys.executable).parent
+
+# Prefect must never touch the user's ~/.prefect nor phone home; set before anything imports it.
+_PREFECT_HOME = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-"))
+os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+os.environ.pop("PREFECT_API_URL", None)
+os.environ.pop("RLVR_LAKE", None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server in its own process on loopback (in-process, delta-rs calls that hold the GIL would deadlock)."""
+    port = free_port()
+    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    wait_for(endpoint + "/moto-api/", process, 30, "moto_server")
+    yield endpoint
+    process.terminate()
+    process.wait(10)
+
+
+@pytest.fixture
+def s3_env(s3_endpoint, monkeypatch):
+    """AWS variables pointing at moto; a fresh bucket per test. Returns the bucket name."""
+    for name, value in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_REGION": "eu-west-1", "AWS_ALLOW_HTTP": "true"}.items():
+        monkeypatch.setenv(name, value)
+    from storage.location import s3_filesystem
+
+    bucket = "rlvr-" + uuid.uuid4().hex[:12]
+    s3_filesystem().mkdir(bucket)
+    return bucket
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake_uri(request, tmp_path) -> str:
+    """The same test against a local folder and against S3 (moto) through delta-rs and s3fs."""
+    if request.param == "local":
+        return str(tmp_path / "lake")
+    bucket = request.getfixturevalue("s3_env")
+    return f"s3://{bucket}/lake"
+
+
+@pytest.fixture
+def lake(lake_uri):
+    from storage.lake import Lake
+
+    return Lake.open(lake_uri)
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A real `prefect server start` for the session; flows run in this process report to it."""
+    port = free_port()
+    home = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-server-"))
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_UI_ENABLED": "false"}
+    process = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    wait_for(api + "/health", process, 90, "prefect server")
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api}):
+        yield api
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    if not SHARED_DATASETS.exists():
+        pytest.skip("../shared/datasets is not present")
+    return SHARED_DATASETS
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`rlvr ARGS` in a fresh process, as a user would run it."""
+    return subprocess.run([str(BIN / "rlvr"), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200", **(env or {})})

@@ -1,0 +1,153 @@
+"""The curation flow end to end on small files: quarantine, re-runs, versions, failures, lineage, Prefect."""
+
+import asyncio
+import json
+
+import polars as pl
+import pyarrow.compute as pc
+import pytest
+
+from conftest import run_cli
+from storage.lineage import problem_lineage
+from tasks.curation.readers import SourceReadError
+from tasks.generators import regenerate
+
+GSM8K_LINES = [
+    {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3+4=<<3+4=7>>7\n#### 7"},
+    "this line is not JSON",
+    {"question": "A train travels 60 miles per hour for 2 hours. How far does it go?", "answer": "no final line"},
+    {"question": "Sara reads 12 pages a day for 5 days. How many pages does she read?", "answer": "<<12*5=60>>\n#### 60"},
+    {"answer": "#### 5"},
+]
+
+
+@pytest.fixture
+def files(tmp_path):
+    gsm8k = tmp_path / "gsm8k.jsonl"
+    gsm8k.write_text("".join((json.dumps(l) if isinstance(l, dict) else l) + "\n" for l in GSM8K_LINES))
+    math_eval = tmp_path / "math.parquet"
+    pl.DataFrame({"problem": ["Compute $\\frac{1}{2} + \\frac{1}{3}$.", "Find the area of a unit circle."],
+                  "solution": ["We get $\\boxed{\\frac{5}{6}}$.", "It is $\\boxed{\\pi}$."]}).write_parquet(math_eval)
+    return {"gsm8k": str(gsm8k), "math": str(math_eval), "missing": str(tmp_path / "nope.jsonl")}
+
+
+def config(files, **extra):
+    return {
+        "sources": [
+            {"kind": "gsm8k", "path": files["gsm8k"], "name": "toy-gsm8k"},
+            {"kind": "math", "path": files["math"], "name": "toy-math", "split": "eval", "level": 3},
+            {"kind": "generator", "generator": "level1", "count": 40, "seed": 5},
+            {"kind": "gym", "dataset": "chain_sum", "count": 10, "seed": 1, "level": 1},
+        ],
+        **extra,
+    }
+
+
+@pytest.fixture
+def curate(prefect_api):
+    from flows.curation import curate_bank
+
+    return curate_bank
+
+
+def test_curation_writes_a_bank_version_with_quarantine(curate, files, lake, lake_uri, prefect_api):
+    result = curate(config(files), lake_uri)
+    assert result["bank_version"] == 1
+    report = {row["source"]: row for row in result["sources"]}
+    assert report["toy-gsm8k"] == {"source": "toy-gsm8k", "loaded": 5, "quarantined": 3, "exact_duplicate": 0,
+                                   "near_duplicate": 0, "contaminated": 0, "kept": 2}
+    problems = lake.read("problems")
+    assert problems.filter(pl.col("source") == "toy-gsm8k")["answer"].sort().to_list() == ["60", "7"]
+    assert problems.filter(pl.col("source") == "toy-gsm8k")["steps"].to_list()[0] == ["3+4=7"]
+    assert problems.filter(pl.col("source") == "toy-math").select("split", "level", "answer").sort("answer").rows() == [
+        ("eval", 3, "\\frac{5}{6}"), ("eval", 3, "\\pi")]
+    assert problems.filter(pl.col("source") == "gym:chain_sum")["verifier"].unique().to_list() == ["gym"]
+    quarantine = lake.read("quarantine").sort("source_line")
+    assert quarantine.select("source_line", "field").rows() == [(2, None), (3, "answer"), (5, "question")]
+    assert quarantine["source_uri"].unique().to_list() == [files["gsm8k"]]
+    assert "invalid JSON" in quarantine["reason"][0]
+    runs = lake.read("runs")
+    assert runs.select("flow", "stage", "bank_version", "status").rows() == [("curate-bank", "curate", 1, "completed")]
+    assert set(problems["run_id"]) == set(quarantine["run_id"]) == {result["run_id"]}
+
+    from prefect.client.orchestration import get_client
+
+    async def flow_run_state(flow_run_id):
+        async with get_client() as client:
+            return (await client.read_flow_run(flow_run_id)).state.name
+
+    assert asyncio.run(flow_run_state(runs["prefect_flow_run_id"][0])) == "Completed"
+
+
+def test_rerunning_a_version_replaces_it_exactly(curate, files, lake, lake_uri):
+    first = curate(config(files), lake_uri)
+    second = curate(config(files, bank_version=1), lake_uri)
+    problems = lake.read("problems")
+    assert problems.height == sum(row["kept"] for row in first["sources"])
+    assert problems["problem_id"].n_unique() == problems.height
+    assert problems["run_id"].unique().to_list() == [second["run_id"]]
+    assert lake.read("quarantine").height == 3
+    assert lake.read("runs").sort("started_at")["run_id"].to_list() == [first["run_id"], second["run_id"]]
+
+
+def test_a_new_version_keeps_the_old_and_drops_repeats(curate, files, lake, lake_uri):
+    curate(config(files), lake_uri)
+    before = lake.read("problems").sort("problem_id")
+    second = curate({"sources": [{"kind": "gsm8k", "path": files["gsm8k"], "name": "again"},
+                                 {"kind": "generator", "generator": "level2", "count": 10, "seed": 9}]}, lake_uri)
+    assert second["bank_version"] == 2
+    assert lake.read("problems", filter=pc.field("bank_version") == 1).sort("problem_id").equals(before)
+    added = lake.read("problems", filter=pc.field("bank_version") == 2)
+    assert added["source"].unique().to_list() == ["gen:level2"]
+    dropped = lake.read("dropped_problems", filter=pc.field("bank_version") == 2)
+    assert dropped["reason"].to_list() == ["exact_duplicate", "exact_duplicate"]
+    assert set(dropped["duplicate_of"]) <= set(before["problem_id"])
+
+
+def test_an_unreadable_file_fails_and_the_bank_is_unchanged(curate, files, lake, lake_uri):
+    curate(config(files), lake_uri)
+    before = lake.read("problems").height
+    broken = {"sources": [{"kind": "generator", "generator": "level1", "count": 5},
+                          {"kind": "gsm8k", "path": files["missing"]}]}
+    with pytest.raises(SourceReadError, match="nope.jsonl"):
+        curate(broken, lake_uri)
+    assert lake.read("problems").height == before
+    statuses = lake.read("runs").sort("started_at")["status"].to_list()
+    assert statuses == ["completed", "failed"]
+
+
+def test_lineage_of_file_and_generated_problems(curate, files, lake, lake_uri):
+    curate(config(files), lake_uri)
+    problems = lake.read("problems")
+    from_file = problems.filter(pl.col("answer") == "60").row(0, named=True)
+    lineage = problem_lineage(lake, from_file["problem_id"])
+    assert lineage["origin"] == {"kind": "file", "layout": "gsm8k", "file": files["gsm8k"], "line": 4}
+    assert lineage["run"]["status"] == "completed" and lineage["problem"]["bank_version"] == 1
+    generated = problems.filter(pl.col("source") == "gen:level1").row(0, named=True)
+    origin = problem_lineage(lake, generated["problem_id"])["origin"]
+    assert origin["kind"] == "generator" and origin["parameters"]["selector"] == "level1"
+    assert regenerate(origin["generator"], origin["seed"]).prompt == generated["prompt"]
+    gym = problem_lineage(lake, problems.filter(pl.col("source") == "gym:chain_sum")["problem_id"][0])["origin"]
+    assert gym["parameters"]["dataset"] == "chain_sum" and gym["seed"] == 1
+
+
+def test_cli_quick_sources_without_a_prefect_server(files, tmp_path):
+    """Ephemeral Prefect (no PREFECT_API_URL), quick `--source` syntax, then stats and sample."""
+    lake = str(tmp_path / "cli-lake")
+    result = run_cli("curate", "--source", f"gsm8k:{files['gsm8k']}", "--source", "gen:level2:30",
+                     "--eval-source", f"math:{files['math']}", "--lake", lake)
+    assert result.returncode == 0, result.stderr
+    assert "bank version 1" in result.stdout and "3 quarantined" in result.stdout
+    stats = run_cli("bank", "stats", "--lake", lake)
+    assert "gen:level2" in stats.stdout and "GSM8K answer has no '#### N' final line" in stats.stdout
+    sample = run_cli("bank", "sample", "--n", "10", "--levels", "0,100,0,0", "--lake", lake,
+                     "--out", str(tmp_path / "mix.jsonl"))
+    assert sample.returncode == 0, sample.stderr
+    drawn = pl.read_ndjson(tmp_path / "mix.jsonl")
+    assert drawn.height == 10 and drawn["level"].unique().to_list() == [2]
+    missing = run_cli("curate", "--source", f"gsm8k:{files['missing']}", "--lake", lake)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().startswith("error: cannot read source file") and "Traceback" not in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1 and "nope.jsonl" in missing.stderr
+    bad_spec = run_cli("curate", "--source", "nonsense", "--lake", lake)
+    assert bad_spec.returncode == 2 and "KIND:PATH_OR_NAME" in bad_spec.stderr

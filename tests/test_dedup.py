@@ -1,0 +1,110 @@
+"""Near-duplicate detection, exact deduplication over frames, and decontamination."""
+
+import numpy as np
+import polars as pl
+
+from tasks.curation.config import DecontaminationConfig, DedupConfig
+from tasks.curation.dedup import _connected_components, lsh_bands, near_duplicates, ngram_overlap
+from tasks.curation.filter import decontaminate, deduplicate
+from tasks.curation.load import CANDIDATE_SCHEMA
+
+STORY = ("Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
+         "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. "
+         "How much in dollars does she make every day at the farmers' market?")
+
+
+def test_reworded_copy_is_found_and_different_problems_are_not():
+    texts = [
+        STORY,
+        STORY.replace("every morning", "each morning"),                      # one word changed
+        "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?",
+        STORY.upper(),                                                         # case only
+    ]
+    found = near_duplicates(texts, np.zeros(4, dtype=np.int64), threshold=0.7)
+    assert found.duplicate_of.tolist() == [-1, 0, -1, 0]
+    assert found.similarity[1] >= 0.7 and np.isnan(found.similarity[2])
+
+
+def test_groups_are_never_linked():
+    found = near_duplicates([STORY, STORY], np.array([0, 1]), threshold=0.8)
+    assert found.duplicate_of.tolist() == [-1, -1]
+
+
+def test_lsh_band_choice_fits_the_permutations():
+    bands, rows = lsh_bands(0.8, 128)
+    assert bands * rows <= 128
+    # the S-curve crosses one half near the threshold
+    assert abs((1 / bands) ** (1 / rows) - 0.8) < 0.1
+
+
+def test_components_take_the_smallest_index():
+    labels = _connected_components(6, np.array([[4, 2], [2, 5], [1, 3]]))
+    assert labels.tolist() == [0, 1, 2, 1, 2, 2]
+
+
+def test_ngram_overlap_share():
+    overlap = ngram_overlap(["a b c d e", "x y z w v"], ["q a b c d e q"], 3)
+    assert overlap.tolist() == [1.0, 0.0]
+
+
+def candidates(rows):
+    defaults = {"source": "src", "source_kind": "gsm8k", "source_uri": "f.jsonl", "split": "train", "domain": "math",
+                "level": 1, "verifier": "math", "similarity_checks": True}
+    full = [{**defaults, "source_line": i + 1, **row} for i, row in enumerate(rows)]
+    return pl.DataFrame(full, schema=CANDIDATE_SCHEMA, strict=False)
+
+
+def existing(rows):
+    frame = candidates(rows)
+    return frame.select("problem_id", "source", "source_kind", "domain", "split", "prompt")
+
+
+def test_exact_duplicates_by_normalised_text_keep_the_first():
+    new = candidates([{"problem_id": "a", "prompt": "What is 2+2?"},
+                      {"problem_id": "b", "prompt": "  what IS 2+2 ?  "},
+                      {"problem_id": "c", "prompt": "What is 3+3?"}])
+    kept, dropped = deduplicate(new, existing([]), DedupConfig(near=False))
+    assert kept["problem_id"].to_list() == ["a", "c"]
+    assert dropped.select("problem_id", "reason", "duplicate_of", "source_line").rows() == [("b", "exact_duplicate", "a", 2)]
+
+
+def test_the_bank_is_never_dropped_and_wins_over_new_rows():
+    bank = existing([{"problem_id": "old", "prompt": STORY}])
+    new = candidates([{"problem_id": "new", "prompt": STORY.replace("every morning", "each morning")},
+                      {"problem_id": "other", "prompt": "Something else entirely, about trains and hours."}])
+    kept, dropped = deduplicate(new, bank, DedupConfig(threshold=0.7))
+    assert kept["problem_id"].to_list() == ["other"]
+    assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("new", "near_duplicate", "old")]
+
+
+def test_eval_rows_win_over_train_rows_that_come_first():
+    new = candidates([{"problem_id": "train", "prompt": STORY, "split": "train"},
+                      {"problem_id": "eval", "prompt": STORY, "split": "eval"}])
+    kept, dropped = deduplicate(new, existing([]), DedupConfig())
+    assert kept["problem_id"].to_list() == ["eval"]
+    assert dropped["duplicate_of"].to_list() == ["eval"]
+
+
+def test_procedural_rows_skip_similarity_checks_but_not_exact_ones():
+    template = "How many ordered pairs of positive integers (a, b) satisfy lcm(a, b) = {}?"
+    new = candidates([{"problem_id": str(i), "prompt": template.format(n), "similarity_checks": False}
+                      for i, n in enumerate([240737, 394875, 5324, 5324])])
+    kept, dropped = deduplicate(new, existing([]), DedupConfig(threshold=0.5))
+    assert kept["problem_id"].to_list() == ["0", "1", "2"]
+    assert dropped["reason"].to_list() == ["exact_duplicate"]
+
+
+def test_decontamination_drops_training_rows_overlapping_an_eval_set():
+    new = candidates([{"problem_id": "leak", "prompt": STORY.replace("$2", "$3")},
+                      {"problem_id": "clean", "prompt": "A robe takes 2 bolts of blue fiber and half that much white."},
+                      {"problem_id": "generated", "prompt": STORY, "similarity_checks": False}])
+    kept, dropped = decontaminate(new, {"gsm8k-test": [STORY]}, DecontaminationConfig(ngram=8, min_overlap=0.5))
+    assert kept["problem_id"].to_list() == ["clean", "generated"]
+    assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("leak", "contaminated", "gsm8k-test")]
+    assert dropped["similarity"][0] >= 0.5
+
+
+def test_decontamination_can_be_disabled():
+    new = candidates([{"problem_id": "leak", "prompt": STORY}])
+    kept, dropped = decontaminate(new, {"eval": [STORY]}, DecontaminationConfig(enabled=False))
+    assert kept.height == 1 and dropped.height == 0

@@ -1,0 +1,128 @@
+"""Transactional, idempotent writes and run records, against a local folder and S3 (moto)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from storage.lake import LakeError
+from storage.schemas import QUARANTINE
+
+
+def quarantine_rows(version: int, sources: list[str]) -> pl.DataFrame:
+    return pl.DataFrame({"bank_version": [version] * len(sources), "source": sources,
+                         "source_uri": ["file.jsonl"] * len(sources), "source_line": list(range(1, len(sources) + 1)),
+                         "reason": ["bad"] * len(sources)})
+
+
+def write(lake, version, sources, **run_kwargs):
+    with lake.run("test-flow", "test-stage", {"sources": sources}, bank_version=version, **run_kwargs) as run:
+        lake.replace("quarantine", quarantine_rows(version, sources), {"bank_version": version}, run)
+    return run
+
+
+def test_replace_is_idempotent_and_touches_only_its_key(lake):
+    write(lake, 1, ["a", "b"])
+    write(lake, 2, ["c"])
+    write(lake, 1, ["a", "b"])
+    write(lake, 1, ["a", "b"])
+    table = lake.read("quarantine").sort("bank_version", "source")
+    assert table.select("bank_version", "source").rows() == [(1, "a"), (1, "b"), (2, "c")]
+
+
+def test_every_row_carries_the_run_that_wrote_it(lake):
+    first = write(lake, 1, ["a"])
+    second = write(lake, 2, ["b"])
+    rows = dict(lake.read("quarantine").select("source", "run_id").rows())
+    assert rows == {"a": first.run_id, "b": second.run_id}
+    runs = lake.read("runs").sort("started_at")
+    assert runs["run_id"].to_list() == [first.run_id, second.run_id]
+    assert runs["status"].to_list() == ["completed", "completed"]
+    recorded = json.loads(runs["table_versions"][1])
+    assert recorded == {"quarantine": lake.table("quarantine").version()}
+    assert json.loads(runs["rows_written"][0]) == {"quarantine": 1}
+    assert runs["code_version"][0]
+    assert json.loads(runs["parameters"][0]) == {"sources": ["a"]}
+    assert runs["ended_at"][0] >= runs["started_at"][0]
+
+
+def test_an_exception_mid_write_leaves_the_old_table(lake):
+    write(lake, 1, ["kept"])
+    version_before = lake.table("quarantine").version()
+
+    def batches_then_failure():
+        yield quarantine_rows(1, ["new1", "new2"]).to_arrow().to_batches()[0]
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        with lake.run("test-flow", "test-stage", {}, bank_version=1) as run:
+            lake.replace("quarantine", batches_then_failure(), {"bank_version": 1}, run)
+    assert lake.table("quarantine").version() == version_before
+    assert lake.read("quarantine")["source"].to_list() == ["kept"]
+    failed = lake.read("runs").filter(pl.col("status") == "failed")
+    assert failed.height == 1 and "disk on fire" in failed["error"][0]
+
+
+def test_a_killed_process_mid_write_leaves_the_old_table(lake, lake_uri):
+    write(lake, 1, ["kept"])
+    script = textwrap.dedent(f"""
+        import os
+        import polars as pl
+        from storage.lake import Lake
+        lake = Lake.open({lake_uri!r})
+        rows = pl.DataFrame({{"bank_version": [1], "source": ["new"], "source_uri": ["f"], "reason": ["r"]}})
+        def batches():
+            yield rows.to_arrow().to_batches()[0]
+            os._exit(9)          # the process dies with a data file written and no commit
+        with lake.run("test-flow", "test-stage", {{}}, bank_version=1) as run:
+            lake.replace("quarantine", batches(), {{"bank_version": 1}}, run)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 9, result.stderr
+    assert lake.read("quarantine")["source"].to_list() == ["kept"]
+    assert sorted(lake.read("runs")["status"].to_list()) == ["completed", "running"]
+
+
+def test_rows_outside_the_replaced_key_are_refused(lake):
+    with pytest.raises(LakeError, match="outside the replaced slice"):
+        with lake.run("f", "s", {}) as run:
+            lake.replace("quarantine", quarantine_rows(2, ["x"]), {"bank_version": 1}, run)
+    assert not lake.exists("quarantine")
+
+
+def test_schema_is_enforced(lake):
+    with lake.run("f", "s", {}) as run:
+        with pytest.raises(LakeError, match="required column 'reason'"):
+            lake.replace("quarantine", quarantine_rows(1, ["x"]).drop("reason"), {"bank_version": 1}, run)
+        with pytest.raises(LakeError, match="not in the table's schema"):
+            lake.replace("quarantine", quarantine_rows(1, ["x"]).with_columns(surprise=1), {"bank_version": 1}, run)
+        with pytest.raises(LakeError, match="partition columns"):
+            lake.replace("quarantine", quarantine_rows(1, ["x"]), {"source": "x"}, run)
+    assert not lake.exists("quarantine")
+    written = lake.table("runs")
+    assert written is not None
+
+
+def test_written_schema_is_the_contract(lake):
+    write(lake, 1, ["a"])
+    schema = lake.table("quarantine").schema().to_arrow()
+    assert pa.schema(schema).names == QUARANTINE.schema.names
+
+
+def test_lake_versions_give_consistent_snapshots(lake):
+    write(lake, 1, ["a"])
+    after_first = lake.runs_version()
+    write(lake, 2, ["b"])
+    versions = lake.versions_as_of(after_first)
+    assert lake.read("quarantine", version=versions["quarantine"])["source"].to_list() == ["a"]
+    with pytest.raises(LakeError, match="does not exist"):
+        lake.versions_as_of(999)
+
+
+def test_reading_a_missing_table_gives_the_contract_schema(lake):
+    frame = lake.read("problems")
+    assert frame.is_empty() and "problem_id" in frame.columns
