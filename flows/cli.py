@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from flows.display import console, errors, frame_table, print_lineage, write_result
 
@@ -25,7 +26,7 @@ LakeOption = Annotated[Optional[str], typer.Option("--lake", envvar="RLVR_LAKE",
 
 
 def fail(message: str, code: int = 1) -> None:
-    errors.print(f"[bold red]error:[/bold red] {message}", highlight=False, soft_wrap=True)
+    errors.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

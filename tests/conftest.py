@@ -105,6 +105,9 @@ def prefect_api():
 
     with temporary_settings(updates={PREFECT_API_URL: api}):
         yield api
+        from prefect.logging.handlers import APILogHandler
+
+        APILogHandler().flush()        # send buffered run logs before the server goes away
     process.terminate()
     try:
         process.wait(20)

@@ -104,7 +104,7 @@ def test_a_new_version_keeps_the_old_and_drops_repeats(curate, files, lake, lake
     assert set(dropped["duplicate_of"]) <= set(before["problem_id"])
 
 
-def test_an_unreadable_file_fails_and_the_bank_is_unchanged(curate, files, lake, lake_uri):
+def test_an_unreadable_file_fails_before_any_work(curate, files, lake, lake_uri):
     curate(config(files), lake_uri)
     before = lake.read("problems").height
     broken = {"sources": [{"kind": "generator", "generator": "level1", "count": 5},
@@ -112,8 +112,20 @@ def test_an_unreadable_file_fails_and_the_bank_is_unchanged(curate, files, lake,
     with pytest.raises(SourceReadError, match="nope.jsonl"):
         curate(broken, lake_uri)
     assert lake.read("problems").height == before
-    statuses = lake.read("runs").sort("started_at")["status"].to_list()
-    assert statuses == ["completed", "failed"]
+    assert lake.read("runs")["status"].to_list() == ["completed"]
+
+
+def test_a_failure_mid_run_is_recorded_and_the_bank_is_unchanged(curate, files, lake, lake_uri):
+    curate(config(files), lake_uri)
+    before = lake.read("problems").sort("problem_id")
+    broken = {"sources": [{"kind": "generator", "generator": "level1", "count": 5},
+                          {"kind": "gym", "dataset": "chain_sum", "params": {"min_terms": 9, "max_terms": 2}}]}
+    with pytest.raises(ValueError, match="chain_sum"):
+        curate(broken, lake_uri)
+    assert lake.read("problems").sort("problem_id").equals(before)
+    runs = lake.read("runs").sort("started_at")
+    assert runs["status"].to_list() == ["completed", "failed"]
+    assert "chain_sum" in runs["error"][1] and runs["bank_version"][1] == 2
 
 
 def test_lineage_of_file_and_generated_problems(curate, files, lake, lake_uri):

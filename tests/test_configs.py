@@ -1,0 +1,57 @@
+"""Every YAML file under configs/ loads into its typed config; bad configs name the file and field."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from tasks.curation.config import CurationConfig, load_yaml_config, parse_source_spec
+
+SECTIONS = {"bank": CurationConfig}
+CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_config_loads(path):
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    assert set(data) <= set(SECTIONS), f"unknown sections {set(data) - set(SECTIONS)}"
+    for section, model in SECTIONS.items():
+        if section in data:
+            load_yaml_config(path, model, section=section)
+
+
+def test_errors_name_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("bank:\n  sources:\n    - kind: gsm8k\n      count: -3\n")
+    with pytest.raises(ValueError) as error:
+        load_yaml_config(path, CurationConfig, section="bank")
+    message = str(error.value)
+    assert str(path) in message and "sources.0.count" in message
+
+
+def test_unknown_fields_are_refused(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("sources: [{kind: generator}]\ndedupe: {exact: false}\n")
+    with pytest.raises(ValueError, match="dedupe"):
+        load_yaml_config(path, CurationConfig)
+
+
+@pytest.mark.parametrize("spec, fields", [
+    ("gsm8k:data/train.jsonl", {"kind": "gsm8k", "path": "data/train.jsonl", "count": None}),
+    ("math:s3://bucket/math.parquet:50", {"kind": "math", "path": "s3://bucket/math.parquet", "count": 50}),
+    ("aime:x.jsonl", {"kind": "math", "level": 3}),
+    ("gen:level2:1000", {"kind": "generator", "generator": "level2", "count": 1000}),
+    ("gym:chain_sum:20", {"kind": "gym", "dataset": "chain_sum", "count": 20}),
+])
+def test_source_specs(spec, fields):
+    source = parse_source_spec(spec)
+    assert {key: getattr(source, key) for key in fields} == fields
+
+
+def test_bad_source_spec():
+    with pytest.raises(ValueError, match="KIND:PATH_OR_NAME"):
+        parse_source_spec("nonsense")
+    with pytest.raises(ValueError, match="needs a path|Input should be"):
+        parse_source_spec("csv:file.csv")
