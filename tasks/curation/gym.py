@@ -9,10 +9,17 @@ from typing import Any
 MATH_CATEGORIES = {"arithmetic", "algebra", "geometry", "probability"}
 
 
-def gym_domain(dataset: str) -> str:
+def check_dataset(dataset: str) -> type:
+    """The dataset's class; an unknown name is an error that lists the known ones."""
     from reasoning_gym.factory import DATASETS
 
-    category = DATASETS[dataset][0].__module__.split(".")[1]
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; known: {', '.join(sorted(DATASETS))}")
+    return DATASETS[dataset][0]
+
+
+def gym_domain(dataset: str) -> str:
+    category = check_dataset(dataset).__module__.split(".")[1]
     if category == "code":
         return "code"
     return "math" if category in MATH_CATEGORIES else "logic"
@@ -21,10 +28,8 @@ def gym_domain(dataset: str) -> str:
 def gym_entries(dataset: str, params: dict[str, Any], count: int, seed: int) -> list[dict[str, Any]]:
     """`count` entries of a reasoning-gym dataset, with what it takes to rebuild each one."""
     import reasoning_gym
-    from reasoning_gym.factory import DATASETS
 
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown reasoning-gym dataset {dataset!r}; known: {', '.join(sorted(DATASETS))}")
+    check_dataset(dataset)
     try:
         generated = reasoning_gym.create_dataset(dataset, size=count, seed=seed, **params)
     except (TypeError, ValueError, AssertionError) as error:

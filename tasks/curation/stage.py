@@ -14,7 +14,9 @@ from storage.lake import Lake
 from storage.runs import Run
 from tasks.curation.config import CurationConfig, DecontaminationConfig, MixConfig, ValidationConfig
 from tasks.curation.load import LoadedSource, load_source
+from tasks.curation.gym import check_dataset
 from tasks.curation.mix import sample_mix
+from tasks.generators import families
 from tasks.curation.readers import probe
 
 
@@ -87,6 +89,10 @@ def preflight(config: CurationConfig) -> None:
     for source in [*config.sources, *config.decontamination.files]:
         if source.path:
             probe(source.path)
+        if source.kind == "gym":
+            check_dataset(source.dataset)
+        if source.kind == "generator":
+            families(source.generator)
 
 
 def bank_problems(lake: Lake, bank_version: int | None = None, split: str | None = "train") -> pl.DataFrame:
