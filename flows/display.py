@@ -22,8 +22,11 @@ def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_wi
     """A rich table of a frame; long cells are cut to `max_width` characters."""
     arrow = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
     table = Table(title=title, title_justify="left", show_lines=False)
-    for name in arrow.column_names:
-        table.add_column(name, overflow="fold")
+    for field in arrow.schema:
+        if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
+            table.add_column(field.name, justify="right", no_wrap=True, min_width=len(field.name))
+        else:
+            table.add_column(field.name, overflow="fold")
     for row in arrow.to_pylist():
         table.add_row(*(_cell(value, max_width) for value in row.values()))
     return table
