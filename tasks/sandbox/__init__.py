@@ -1,0 +1,1 @@
+"""A sandbox for model-generated Python: see `client.Sandbox`."""

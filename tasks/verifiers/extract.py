@@ -1,0 +1,53 @@
+"""Finding the final answer in a response: the last `\\boxed{}`, a GSM8K `#### N` line, or a closing
+"the answer is N". Also every final-answer statement, so that hedging can be caught."""
+
+from __future__ import annotations
+
+import re
+
+from tasks.curation.layouts import last_boxed
+
+HASH_LINE = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*:?\s*\$?([^\n]+?)\$?\s*(?:\.\s*)?$",
+                       re.IGNORECASE | re.MULTILINE)
+EXTRACTORS = ("boxed", "hash", "answer_is")
+
+
+def all_boxed(text: str) -> list[str]:
+    """Contents of every `\\boxed{...}` / `\\fbox{...}`, in order, braces balanced."""
+    found = []
+    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, start = 0, match.end() - 1
+        for position in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            if depth == 0:
+                found.append(text[start + 1:position].strip())
+                break
+    return found
+
+
+def final_answers(text: str, extractors: tuple[str, ...] = EXTRACTORS) -> list[tuple[str, str]]:
+    """Every final-answer statement as (extractor, answer), in the order of `extractors`."""
+    statements: list[tuple[str, str]] = []
+    for extractor in extractors:
+        if extractor == "boxed":
+            statements += [("boxed", b) for b in all_boxed(text)]
+        elif extractor == "hash":
+            statements += [("hash", m.group(1)) for m in HASH_LINE.finditer(text)]
+        elif extractor == "answer_is":
+            statements += [("answer_is", m.group(1).strip().rstrip(".")) for m in ANSWER_IS.finditer(text[-400:])]
+        else:
+            raise ValueError(f"unknown extractor {extractor!r}; use {EXTRACTORS}")
+    return [(kind, answer) for kind, answer in statements if answer]
+
+
+def extract_answer(text: str, extractors: tuple[str, ...] = EXTRACTORS) -> tuple[str | None, str | None]:
+    """(answer, extractor): the last statement of the first extractor that finds one."""
+    for extractor in extractors:
+        found = final_answers(text, (extractor,))
+        if found:
+            return found[-1][1], extractor
+    return None, None
+
+
+__all__ = ["all_boxed", "extract_answer", "final_answers", "last_boxed", "EXTRACTORS"]

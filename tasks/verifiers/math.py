@@ -1,0 +1,87 @@
+"""Math answers: extraction, anti-hacking guards, an exact fast path, then math-verify.
+
+math-verify's timeouts use SIGALRM, which only works in a process's main thread: the
+verification stage calls this from the main thread of worker processes, where both of its
+timeouts are active. Called from another thread it runs without them, and the stage's per-item
+deadline (which kills the worker) is the only bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.verifiers.base import Verdict, failed, register
+from tasks.verifiers.extract import EXTRACTORS, final_answers
+from tasks.verifiers.guards import canonical, costly, lists_candidates
+from tasks.verifiers.numbers import numbers_equal, parse_number, strip_noise
+
+
+@register("math")
+@dataclass
+class MathVerifier:
+    """Reward 1 when the single final answer equals the gold answer, else 0."""
+
+    extractors: tuple[str, ...] = EXTRACTORS
+    timeout_seconds: int = 3
+    name: str = "math"
+    version: str = "1.0"
+
+    def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
+        gold = str(problem.get("answer") or "").strip()
+        if not gold:
+            return Verdict(0.0, None, {"reason": "problem has no gold answer"})
+        statements = final_answers(response, tuple(self.extractors))
+        if not statements:
+            return failed("no final answer", extracted=None)
+        answer = statements[-1][1]
+        details = {"extracted": answer, "extractor": statements[-1][0]}
+        if self._hedged([a for _, a in statements]):
+            return failed("hedged: several different final answers", **details,
+                          final_answers=[a for _, a in statements])
+        if lists_candidates(answer, gold):
+            return failed("lists several candidates for a single-valued answer", **details)
+        equal, method = self.equivalent(gold, answer)
+        return Verdict(float(equal), equal, {**details, "method": method, "reason": None if equal else "wrong answer"})
+
+    def equivalent(self, gold: str, answer: str) -> tuple[bool, str]:
+        """(equal, how it was decided): exact numbers, the text of costly expressions, or math-verify."""
+        gold_number, answer_number = parse_number(gold), parse_number(answer)
+        if gold_number is not None and answer_number is not None:
+            return numbers_equal(gold_number, answer_number), "exact"
+        if costly(answer) or costly(gold):
+            return _same_text(gold, answer), "text (costly expression)"
+        return self._math_verify(gold, answer), "math-verify"
+
+    def _hedged(self, answers: list[str]) -> bool:
+        keys = {canonical(a) for a in answers}
+        if len(keys) <= 1:
+            return False
+        distinct = list(dict.fromkeys(answers))
+        return any(not self.equivalent(distinct[0], other)[0] for other in distinct[1:])
+
+    def _math_verify(self, gold: str, answer: str) -> bool:
+        from math_verify import parse, verify
+
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+        timeout = max(1, int(self.timeout_seconds)) if threading.current_thread() is threading.main_thread() else None
+        try:
+            gold_parsed = parse(_latex(gold), parsing_timeout=timeout)
+            answer_parsed = parse(_latex(answer), parsing_timeout=timeout)
+            if not answer_parsed or not gold_parsed:
+                return _same_text(gold, answer)
+            return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
+        except Exception:        # math-verify's own timeout, or a sympy failure: not provably equal
+            return False
+
+
+def _latex(answer: str) -> str:
+    return f"${answer.strip().strip('$')}$"
+
+
+def _same_text(gold: str, answer: str) -> bool:
+    squeeze = lambda text: "".join(strip_noise(text).split())  # noqa: E731
+    return squeeze(gold) == squeeze(answer)

@@ -1,0 +1,88 @@
+"""The fast path of math equivalence: answers that are plain numbers, compared as exact fractions.
+
+Most gold answers (GSM8K, AIME, generated problems) are integers, decimals or simple fractions;
+comparing those exactly costs microseconds, where a symbolic parse costs milliseconds.
+Formatting noise is removed first: `$`, `\\text{ cm}`, units, degrees, thousands separators,
+`x =`; a percent sign is remembered, because 50 % may answer "what fraction" (0.5) or "what
+percent" (50).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+_TEXT_BLOCK = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_DEGREES = re.compile(r"\^\s*\{?\\circ\}?|°|\\degree")
+_SPACING = re.compile(r"\\[,;:! ]|\\q?quad|\\left|\\right|\\displaystyle")
+_LEADING_ASSIGNMENT = re.compile(r"^[a-zA-Z](?:_\{?\w+\}?)?\s*=\s*")
+_TRAILING_WORDS = re.compile(r"(?<=[\d.}%])\s+([a-zA-Z][a-zA-Z .]*)$")
+# words after a number that are mathematics, not units: "2 pi" is not 2
+_MATH_WORDS = {"pi", "e", "i", "sqrt", "log", "ln", "sin", "cos", "tan", "mod", "times", "cdot"}
+_THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_DECIMAL = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+_SLASH_FRACTION = re.compile(r"^([-+]?\d+)\s*/\s*([-+]?\d+)$")
+_LATEX_FRACTION = re.compile(r"^([-+]?)\\[dt]?frac\s*\{\s*([-+]?\d+)\s*\}\s*\{\s*([-+]?\d+)\s*\}$")
+_LATEX_FRACTION_SHORT = re.compile(r"^([-+]?)\\[dt]?frac\s*(\d)(\d)$")
+
+
+@dataclass(frozen=True)
+class Number:
+    value: Fraction
+    percent: bool = False
+
+
+def strip_noise(text: str) -> str:
+    """The answer without dollars, text blocks that are units, spacing commands and degrees."""
+    text = text.strip().strip("$").strip()
+    text = _TEXT_BLOCK.sub(lambda m: m.group(1) if re.search(r"\d", m.group(1)) else "", text)
+    text = _SPACING.sub("", _DEGREES.sub("", text))
+    text = text.replace("\\$", "").replace("$", "").strip()
+    text = _LEADING_ASSIGNMENT.sub("", text)
+    return text.strip().rstrip(".").strip()
+
+
+def parse_number(text: str) -> Number | None:
+    """An exact number if the answer is one (after noise removal), else None."""
+    text = strip_noise(text)
+    percent = text.endswith("%")
+    text = text.rstrip("%").rstrip("\\").strip()
+    text = _strip_unit_words(text)
+    if _THOUSANDS.match(text):
+        text = text.replace(",", "")
+    text = text.replace(" ", "")
+    value: Fraction | None = None
+    if _DECIMAL.match(text):
+        value = Fraction(text)
+    elif match := _SLASH_FRACTION.match(text):
+        value = _fraction(match.group(1), match.group(2))
+    elif match := _LATEX_FRACTION.match(text) or _LATEX_FRACTION_SHORT.match(text):
+        sign, numerator, denominator = match.groups()
+        value = _fraction(numerator, denominator)
+        value = -value if value is not None and sign == "-" else value
+    if value is None:
+        return None
+    return Number(value, percent)
+
+
+def _strip_unit_words(text: str) -> str:
+    """`18 dollars` → `18`, `5 cm` → `5`; single letters and mathematical words are kept."""
+    match = _TRAILING_WORDS.search(text)
+    if not match:
+        return text
+    words = match.group(1).lower().replace(".", " ").split()
+    if any(len(word) < 2 or word in _MATH_WORDS for word in words):
+        return text
+    return text[:match.start()].strip()
+
+
+def _fraction(numerator: str, denominator: str) -> Fraction | None:
+    return None if int(denominator) == 0 else Fraction(int(numerator), int(denominator))
+
+
+def numbers_equal(gold: Number, answer: Number) -> bool:
+    """Exact equality, where a percentage may stand for the number itself or for its hundredth."""
+    candidates = {answer.value} | ({answer.value / 100} if answer.percent else set())
+    golds = {gold.value} | ({gold.value / 100} if gold.percent else set())
+    return bool(candidates & golds)
