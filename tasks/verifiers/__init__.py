@@ -1,0 +1,1 @@
+"""Rule-based verifiers: math, code (sandboxed), logic (reasoning-gym), QA, format, process, controls."""

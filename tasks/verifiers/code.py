@@ -1,0 +1,81 @@
+"""Code answers: the program runs in the sandbox against the problem's tests.
+
+Rewards: `fraction` (tests passed / tests), or `seed` (all pass 1, some pass 0.5, none 0).
+The response may be a bare function or a markdown code block; a completion that only holds the
+function body is appended to the prompt, HumanEval style.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.sandbox.client import Sandbox
+from tasks.sandbox.limits import SandboxLimits
+from tasks.verifiers.base import Verdict, failed, register
+
+CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def extract_program(response: str, prompt: str, entry_point: str) -> str:
+    """The last fenced code block (or the whole response); prefixed by the prompt when it does not
+    define the entry point itself."""
+    blocks = CODE_BLOCK.findall(response)
+    code = blocks[-1] if blocks else response
+    if re.search(rf"^\s*(async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
+        return code
+    return prompt + code
+
+
+@register("code")
+@dataclass
+class CodeVerifier:
+    partial_credit: str = "fraction"          # fraction | seed | none
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    name: str = "code"
+    version: str = "1.0"
+    _sandbox: Sandbox | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.partial_credit not in ("fraction", "seed", "none"):
+            raise ValueError(f"partial_credit must be fraction, seed or none, not {self.partial_credit!r}")
+        if isinstance(self.limits, dict):
+            self.limits = SandboxLimits(**self.limits)
+
+    @property
+    def sandbox(self) -> Sandbox:
+        if self._sandbox is None:
+            self._sandbox = Sandbox(limits=self.limits)
+        return self._sandbox
+
+    def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
+        tests, entry_point = problem.get("tests"), problem.get("entry_point")
+        if not tests or not entry_point:
+            return Verdict(0.0, None, {"reason": "problem has no tests or entry point"})
+        prompt = problem.get("prompt") or ""
+        program = extract_program(response, prompt, entry_point)
+        result = self.sandbox.run_tests(program, tests, entry_point, prompt)
+        details = {"tests_passed": result.passed, "tests_total": result.total, "status": result.status,
+                   "failures": result.failures, "seconds": result.seconds}
+        if result.status not in ("ok", "incomplete"):
+            return failed(f"sandbox: {result.status}", **details)
+        all_passed = result.all_passed
+        return Verdict(self.reward(result.passed, result.total), all_passed,
+                       {**details, "reason": None if all_passed else "tests failed"})
+
+    def reward(self, passed: int, total: int) -> float:
+        if total == 0:
+            return 0.0
+        if passed == total:
+            return 1.0
+        if self.partial_credit == "fraction":
+            return passed / total
+        if self.partial_credit == "seed":
+            return 0.5 if passed > 0 else 0.0
+        return 0.0
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
