@@ -40,6 +40,7 @@ def curate(
     source: Annotated[list[str], typer.Option("--source", help="KIND:PATH_OR_NAME[:COUNT], repeatable")] = [],
     eval_source: Annotated[list[str], typer.Option("--eval-source", help="like --source, as a held-out evaluation set")] = [],
     bank_version: Annotated[Optional[int], typer.Option(help="re-curate this bank version, replacing it")] = None,
+    force: Annotated[bool, typer.Option(help="re-curate a version even when later versions depend on it")] = False,
     lake: LakeOption = None,
 ) -> None:
     """Curate a new bank version from files and procedural sources."""
@@ -49,10 +50,10 @@ def curate(
         curation = curation_config_from(config, source, eval_source, bank_version)
     except ValueError as error:
         fail(str(error), 2)
-    _curate(curation, lake)
+    _curate(curation, lake, force)
 
 
-def _curate(curation, lake: str | None) -> None:
+def _curate(curation, lake: str | None, force: bool = False) -> None:
     """Check the inputs, then run the curation flow and print what it did."""
     from tasks.curation.readers import SourceReadError
     from tasks.curation.stage import preflight
@@ -65,7 +66,7 @@ def _curate(curation, lake: str | None) -> None:
     from flows.curation import curate_bank
 
     try:
-        result = curate_bank(curation.model_dump(mode="json"), lake)
+        result = curate_bank(curation.model_dump(mode="json"), lake, force)
     except (SourceReadError, ValueError) as error:
         fail(str(error))
     _print_curation(result)
@@ -78,7 +79,7 @@ def _print_curation(result: dict) -> None:
                               title=f"bank version {result['bank_version']} (run {result['run_id']})"))
     totals = pl.DataFrame(result["sources"]).select(pl.exclude("source").sum()).row(0, named=True)
     console.print(f"kept {totals['kept']:,} of {totals['loaded']:,} rows: {totals['quarantined']:,} quarantined, "
-                  f"{totals['exact_duplicate']:,} exact and {totals['near_duplicate']:,} near duplicates, "
+                  f"{totals['exact_dup']:,} exact and {totals['near_dup']:,} near duplicates, "
                   f"{totals['contaminated']:,} contaminated. Lake version {result['lake_version']}.")
 
 
@@ -87,18 +88,22 @@ def run(
     config: Annotated[Path, typer.Option(help="run config (YAML)")] = Path("configs/demo.yaml"),
     lake: LakeOption = None,
 ) -> None:
-    """The main job on a config: for now, curate its bank (if new) and print the bank's statistics."""
+    """The main job on a config: for now, curate its bank (unless done before) and print the bank's statistics."""
     from storage.lake import Lake
     from tasks.curation.config import CurationConfig, load_yaml_config
+    from tasks.curation.stage import identical_curation
 
     try:
         curation = load_yaml_config(config, CurationConfig, section="bank")
     except ValueError as error:
         fail(str(error), 2)
     opened = Lake.open(lake)
-    if opened.exists("problems") and curation.bank_version is None:
-        console.print(f"[dim]the bank at {opened.uri} exists; curating a new version from {config}[/dim]")
-    _curate(curation, lake)
+    previous = identical_curation(opened, curation)
+    if previous is not None:
+        console.print(f"[dim]bank version {previous['bank_version']} was curated from this config by run "
+                      f"{previous['run_id']}; skipping curation[/dim]")
+    else:
+        _curate(curation, lake)
     _print_stats(opened, None)
 
 
@@ -156,7 +161,7 @@ def _print_stats(lake, bank_version: int | None) -> None:
     from tasks.curation.stage import bank_stats
 
     stats = bank_stats(lake, bank_version)
-    if stats["by source"].is_empty():
+    if all(frame.is_empty() for frame in stats.values()):
         fail(f"the bank at {lake.uri} is empty: run `rlvr curate` first")
     for title, frame in stats.items():
         console.print(frame_table(frame, title=title))
@@ -164,7 +169,7 @@ def _print_stats(lake, bank_version: int | None) -> None:
 
 @bank_app.command("sample")
 def bank_sample(
-    n: Annotated[int, typer.Option("--n", help="how many problems")] = 100,
+    n: Annotated[int, typer.Option("--n", min=1, help="how many problems")] = 100,
     seed: Annotated[int, typer.Option(help="seed of the draw")] = 0,
     levels: Annotated[str, typer.Option(help="level weights 1,2,3,4 in percent")] = "20,45,30,5",
     domain_weights: Annotated[Optional[str], typer.Option(help="e.g. math=0.7,code=0.2,logic=0.1")] = None,
@@ -191,7 +196,10 @@ def bank_sample(
     summary = drawn.group_by("level", "domain").len("drawn").sort("level", "domain")
     console.print(frame_table(summary, title=f"{drawn.height} problems drawn (seed {seed})"))
     if out is not None:
-        (drawn.write_parquet if out.suffix == ".parquet" else drawn.write_ndjson)(out)
+        writers = {".parquet": drawn.write_parquet, ".jsonl": drawn.write_ndjson, ".csv": drawn.write_csv}
+        if out.suffix not in writers:
+            fail(f"--out {out}: use a .jsonl, .parquet or .csv file", 2)
+        writers[out.suffix](out)
         console.print(f"wrote {out}")
     else:
         console.print(frame_table(drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
@@ -209,9 +217,19 @@ def bench_dedup(
     run_benchmark([int(s) for s in sizes.split(",")], repeats)
 
 
-def main() -> None:  # pragma: no cover - console entry point alias
-    app(prog_name="rlvr")
+def main() -> None:
+    """The console entry point: errors the user can act on are one line, never a traceback."""
+    from deltalake.exceptions import DeltaError
+
+    from storage.lake import LakeError
+
+    try:
+        app(prog_name="rlvr")
+    except (LakeError, DeltaError, OSError, ValueError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        errors.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+if __name__ == "__main__":
+    main()

@@ -18,8 +18,8 @@ from storage.lake import Lake
 from tasks.curation.config import CurationConfig
 from tasks.curation.filter import decontaminate, deduplicate
 from tasks.curation.load import load_source
-from tasks.curation.stage import (preflight, evaluation_sets, existing_bank, next_bank_version,
-                                  source_report, write_bank)
+from tasks.curation.stage import (BankVersionTaken, check_recuration, claim_bank_version, evaluation_sets,
+                                  existing_bank, next_bank_version, preflight, source_report, write_bank)
 
 load_source_task = task(load_source, name="load-source", cache_policy=NO_CACHE)
 existing_bank_task = task(existing_bank, name="read-existing-bank", cache_policy=NO_CACHE)
@@ -30,14 +30,26 @@ write_bank_task = task(write_bank, name="write-bank", cache_policy=NO_CACHE, ret
 
 
 @flow(name="curate-bank", log_prints=True)
-def curate_bank(config: dict[str, Any], lake_uri: str | None = None) -> dict[str, Any]:
+def curate_bank(config: dict[str, Any], lake_uri: str | None = None, force: bool = False) -> dict[str, Any]:
     """Curate one bank version from the sources in `config` (a `CurationConfig` as a dict)."""
     curation = CurationConfig.model_validate(config)
     preflight(curation)
     lake = Lake.open(lake_uri)
-    bank_version = curation.bank_version or next_bank_version(lake)
+    if curation.bank_version is not None:
+        check_recuration(lake, curation.bank_version, force)
+    attempts = 1 if curation.bank_version is not None else 5   # a concurrent run may claim a new version first
+    for attempt in range(attempts):
+        try:
+            return _curate_version(curation, lake, curation.bank_version or next_bank_version(lake))
+        except BankVersionTaken:
+            if attempt == attempts - 1:
+                raise
+
+
+def _curate_version(curation: CurationConfig, lake: Lake, bank_version: int) -> dict[str, Any]:
     with lake.run("curate-bank", "curate", curation.model_dump(mode="json"), bank_version=bank_version,
                   prefect_flow_run_id=flow_run.id) as run:
+        claim_bank_version(lake, run, reuse=curation.bank_version is not None)
         loaded = [load_source_task.with_options(task_run_name=f"load {s.source_name}")(s, curation.validation)
                   for s in curation.sources]
         candidates = pl.concat([s.problems for s in loaded])
@@ -45,7 +57,7 @@ def curate_bank(config: dict[str, Any], lake_uri: str | None = None) -> dict[str
         existing = existing_bank_task(lake, bank_version)
         kept, duplicates = deduplicate_task(candidates, existing, curation.dedup)
         eval_sets = evaluation_sets_task(existing, kept, curation.decontamination, curation.validation)
-        kept, contaminated = decontaminate_task(kept, eval_sets, curation.decontamination)
+        kept, contaminated = decontaminate_task(kept, eval_sets, curation.decontamination, existing)
         dropped = pl.concat([duplicates, contaminated])
         write_bank_task(lake, run, bank_version, kept, quarantined, dropped)
     report = source_report(loaded, kept, dropped)

@@ -24,9 +24,9 @@ def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_wi
     table = Table(title=title, title_justify="left", show_lines=False)
     for field in arrow.schema:
         if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
-            table.add_column(field.name, justify="right", no_wrap=True, min_width=len(field.name))
+            table.add_column(field.name, justify="right", min_width=min(len(field.name), 7))
         else:
-            table.add_column(field.name, overflow="fold")
+            table.add_column(field.name, overflow="fold", min_width=min(len(field.name), 12))
     for row in arrow.to_pylist():
         table.add_row(*(_cell(value, max_width) for value in row.values()))
     return table

@@ -11,6 +11,9 @@ data files through the log entry written at the very end.
 from __future__ import annotations
 
 import json
+import os
+import random
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -20,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
@@ -39,7 +42,10 @@ class Lake:
 
     @classmethod
     def open(cls, uri: str | None = None) -> "Lake":
-        return cls(LakeLocation.resolve(uri))
+        location = LakeLocation.resolve(uri)
+        if not location.is_s3 and os.path.exists(location.uri) and not os.path.isdir(location.uri):
+            raise LakeError(f"lake location {location.uri} is a file, not a folder")
+        return cls(location)
 
     @property
     def uri(self) -> str:
@@ -85,6 +91,13 @@ class Lake:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
 
     def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
+        if isinstance(rows, (pl.DataFrame, pa.Table)):   # replayable: a commit conflict is retried
+            version = _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate), f"write {spec.name}")
+        else:
+            version = self._write_once(spec, rows, run, key, predicate)
+        return version
+
+    def _write_once(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
             spec.schema, _conformed_batches(spec, rows, run.run_id, key, counter))
@@ -103,9 +116,27 @@ class Lake:
             if counter["error"] is not None:   # the rows' own failure, not delta-rs's wrapping of it
                 raise counter["error"] from None
             raise
-        version = self.table(spec.name).version()
-        run.record_write(spec.name, version, counter["rows"])
+        version = self._committed_version(spec.name, run.run_id)
+        run.record_write(spec.name, version, counter["rows"], slice_key=predicate)
         return version
+
+    def _committed_version(self, name: str, run_id: str) -> int:
+        """The version of this run's latest commit to a table (others may have committed since).
+
+        Read from the log files themselves: `DeltaTable.history()` numbers commits by counting
+        down from the latest, which mislabels them when writers race.
+        """
+        fs = self.location.filesystem
+        log = self.location.table_uri(name).removeprefix("s3://") + "/_delta_log"
+        fs.invalidate_cache(log)                       # s3fs caches listings
+        commits = sorted((p for p in fs.ls(log, detail=False) if p.endswith(".json")), reverse=True)
+        for path in commits[:200]:
+            with fs.open(path, "rb") as handle:
+                for line in handle:
+                    info = json.loads(line).get("commitInfo")
+                    if info is not None and info.get("run_id") == run_id:
+                        return int(path.rsplit("/", 1)[1].split(".")[0])
+        raise LakeError(f"run {run_id} wrote to {name} but its commit is not in the log")
 
     # ---- runs ----------------------------------------------------------------------------
     @contextmanager
@@ -124,13 +155,17 @@ class Lake:
 
     def _write_run_row(self, row: dict[str, Any], insert: bool = False) -> None:
         data = pa.Table.from_pylist([row], schema=TABLES["runs"].schema)
-        table = self.table("runs")
-        if insert or table is None:
-            write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
-                            storage_options=self.location.storage_options())
-            return
-        (table.merge(data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
-              .when_matched_update_all().when_not_matched_insert_all().execute())
+
+        def commit() -> None:
+            table = self.table("runs")
+            if insert or table is None:
+                write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
+                                storage_options=self.location.storage_options())
+            else:
+                (table.merge(data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
+                      .when_matched_update_all().when_not_matched_insert_all().execute())
+
+        _retry_on_conflict(commit, f"record run {row['run_id']}")
 
     def runs_version(self) -> int | None:
         table = self.table("runs")
@@ -171,6 +206,16 @@ class Lake:
         if not before:
             raise LakeError(f"the lake at {self.uri} has no version at or before {instant.isoformat()}")
         return max(before)
+
+
+def _retry_on_conflict(commit, what: str, attempts: int = 30):
+    """Delta's optimistic concurrency: a commit that lost a race is retried on a fresh snapshot."""
+    for attempt in range(attempts):
+        try:
+            return commit()
+        except CommitFailedError:
+            time.sleep(random.uniform(0.02, 0.1) * min(attempt + 1, 10))
+    raise LakeError(f"could not {what}: {attempts} commits in a row lost a race with concurrent writers")
 
 
 def _sql_literal(value: Any) -> str:

@@ -54,9 +54,16 @@ class Run:
     table_versions: dict[str, int] = field(default_factory=dict)
     rows_written: dict[str, int] = field(default_factory=dict)
 
-    def record_write(self, table: str, version: int, rows: int) -> None:
+    slice_rows: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def record_write(self, table: str, version: int, rows: int, slice_key: str | None = None) -> None:
+        """Remember a committed write. Replacing the same slice again (a retried task) counts once."""
         self.table_versions[table] = version
-        self.rows_written[table] = self.rows_written.get(table, 0) + rows
+        if slice_key is None:
+            self.rows_written[table] = self.rows_written.get(table, 0) + rows
+            return
+        self.slice_rows[(table, slice_key)] = rows
+        self.rows_written[table] = sum(n for (name, _), n in self.slice_rows.items() if name == table)
 
     def row(self, status: str, ended_at: datetime | None = None, error: str | None = None) -> dict[str, Any]:
         return {

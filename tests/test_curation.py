@@ -54,8 +54,8 @@ def test_curation_writes_a_bank_version_with_quarantine(curate, files, lake, lak
     result = curate(config(files), lake_uri)
     assert result["bank_version"] == 1
     report = {row["source"]: row for row in result["sources"]}
-    assert report["toy-gsm8k"] == {"source": "toy-gsm8k", "loaded": 5, "quarantined": 3, "exact_duplicate": 0,
-                                   "near_duplicate": 0, "contaminated": 0, "kept": 2}
+    assert report["toy-gsm8k"] == {"source": "toy-gsm8k", "loaded": 5, "quarantined": 3, "exact_dup": 0,
+                                   "near_dup": 0, "contaminated": 0, "kept": 2}
     problems = lake.read("problems")
     assert problems.filter(pl.col("source") == "toy-gsm8k")["answer"].sort().to_list() == ["60", "7"]
     assert problems.filter(pl.col("source") == "toy-gsm8k")["steps"].to_list()[0] == ["3+4=7"]
@@ -163,3 +163,53 @@ def test_cli_quick_sources_without_a_prefect_server(files, tmp_path):
     assert len(missing.stderr.strip().splitlines()) == 1 and "nope.jsonl" in missing.stderr
     bad_spec = run_cli("curate", "--source", "nonsense", "--lake", lake)
     assert bad_spec.returncode == 2 and "KIND:PATH_OR_NAME" in bad_spec.stderr
+
+
+def test_a_failed_problems_write_puts_the_other_slices_back(lake):
+    from tasks.curation.stage import write_bank
+    from test_dedup import candidates
+
+    kept = candidates([{"problem_id": "p1", "prompt": "What is 1+1?", "answer": "2"}])
+    quarantine = pl.DataFrame({"source": ["s"], "source_uri": ["f"], "source_line": [3], "field": ["answer"],
+                               "reason": ["old reason"], "raw": ["{}"]})
+    dropped = pl.DataFrame(schema={"problem_id": pl.String, "source": pl.String, "source_uri": pl.String,
+                                   "source_line": pl.Int64, "seed": pl.Int64, "reason": pl.String,
+                                   "duplicate_of": pl.String, "similarity": pl.Float64, "prompt": pl.String})
+    with lake.run("curate-bank", "curate", {}, bank_version=1) as run:
+        write_bank(lake, run, 1, kept, quarantine, dropped)
+    original_replace = lake.replace
+
+    def failing_replace(name, rows, key, run):
+        if name == "problems":
+            raise OSError("storage went away")
+        return original_replace(name, rows, key, run)
+
+    lake.replace = failing_replace
+    with pytest.raises(OSError, match="storage went away"):
+        with lake.run("curate-bank", "curate", {}, bank_version=1) as run:
+            write_bank(lake, run, 1, kept, quarantine.with_columns(reason=pl.lit("new reason")), dropped)
+    assert lake.read("quarantine")["reason"].to_list() == ["old reason"]
+    assert lake.read("problems")["problem_id"].to_list() == ["p1"]
+
+
+def test_recurating_a_version_that_later_versions_depend_on_needs_force(curate, files, lake, lake_uri):
+    curate({"sources": [{"kind": "generator", "generator": "level1", "count": 20, "seed": 1}]}, lake_uri)
+    curate({"sources": [{"kind": "generator", "generator": "level1", "count": 40, "seed": 1}]}, lake_uri)
+    assert lake.read("dropped_problems")["reason"].to_list() == ["exact_duplicate"] * 20
+    with pytest.raises(ValueError, match="later versions \\[2\\]"):
+        curate({"bank_version": 1, "sources": [{"kind": "generator", "generator": "level2", "count": 5}]}, lake_uri)
+    assert lake.read("problems").height == 40
+    rerun_latest = curate({"bank_version": 2, "sources": [{"kind": "generator", "generator": "level1", "count": 40,
+                                                           "seed": 1}]}, lake_uri)
+    assert rerun_latest["bank_version"] == 2 and lake.read("problems").height == 40
+
+
+def test_a_bank_version_is_claimed_by_one_run(lake):
+    from storage.runs import Run
+    from tasks.curation.stage import BankVersionTaken, claim_bank_version
+
+    with lake.run("curate-bank", "curate", {}, bank_version=7):
+        later = Run(flow="curate-bank", stage="curate", parameters={}, bank_version=7)
+        lake._write_run_row(later.row("running"), insert=True)
+        with pytest.raises(BankVersionTaken, match="taken by run"):
+            claim_bank_version(lake, later, reuse=False)

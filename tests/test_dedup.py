@@ -77,12 +77,29 @@ def test_the_bank_is_never_dropped_and_wins_over_new_rows():
     assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("new", "near_duplicate", "old")]
 
 
-def test_eval_rows_win_over_train_rows_that_come_first():
+def test_a_training_copy_of_an_eval_problem_is_dropped_as_contaminated():
     new = candidates([{"problem_id": "train", "prompt": STORY, "split": "train"},
-                      {"problem_id": "eval", "prompt": STORY, "split": "eval"}])
+                      {"problem_id": "eval", "prompt": STORY, "split": "eval", "source": "gsm8k-test"}])
     kept, dropped = deduplicate(new, existing([]), DedupConfig())
+    assert kept["problem_id"].to_list() == ["train", "eval"] and dropped.height == 0
+    kept, dropped = decontaminate(kept, {"gsm8k-test": [STORY]}, DecontaminationConfig())
     assert kept["problem_id"].to_list() == ["eval"]
-    assert dropped["duplicate_of"].to_list() == ["eval"]
+    assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("train", "contaminated", "gsm8k-test")]
+
+
+def test_identical_problems_are_dropped_even_without_exact_dedup():
+    new = candidates([{"problem_id": "same", "prompt": "What is 2+2?"}, {"problem_id": "same", "prompt": "What is 2+2?"}])
+    kept, dropped = deduplicate(new, existing([]), DedupConfig(exact=False, near=False))
+    assert kept["problem_id"].to_list() == ["same"] and dropped["reason"].to_list() == ["exact_duplicate"]
+
+
+def test_training_problems_in_the_bank_are_flagged_when_a_new_eval_set_overlaps_them():
+    bank = candidates([{"problem_id": "old-train", "prompt": STORY, "source": "train-file"}]).select(
+        "problem_id", "source", "source_kind", "source_uri", "source_line", "seed", "domain", "split", "prompt")
+    new = candidates([{"problem_id": "new-eval", "prompt": STORY, "split": "eval", "source": "late-eval"}])
+    kept, dropped = decontaminate(new, {"late-eval": [STORY]}, DecontaminationConfig(), existing=bank)
+    assert kept["problem_id"].to_list() == ["new-eval"]
+    assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("old-train", "contaminated_later", "late-eval")]
 
 
 def test_procedural_rows_skip_similarity_checks_but_not_exact_ones():

@@ -30,12 +30,21 @@ def test_mapped_layout_with_levels_from_a_field(tmp_path):
     assert json.loads(loaded.problems["metadata"][0]) == {"difficulty": "easy"}
 
 
-def test_level_range_splits_by_prompt_length(tmp_path):
-    rows = [{"problem": "x" * (10 + i), "answer": str(i)} for i in range(10)]
-    source = SourceConfig(kind="math", path=write_jsonl(tmp_path / "m.jsonl", rows), level=(2, 3))
-    levels = load_source(source, ValidationConfig()).problems.sort("answer")["level"].to_list()
-    assert sorted(levels) == [2] * 5 + [3] * 5
-    assert levels[0] == 2 and levels[-1] == 3
+@pytest.mark.parametrize("kind, rows", [
+    ("math", [{"problem": "x" * (10 + i), "answer": str(i)} for i in range(10)]),
+    ("gsm8k", [{"question": "x" * (10 + i), "answer": f"#### {i}"} for i in range(10)]),
+])
+def test_level_range_splits_by_prompt_length_for_any_file(tmp_path, kind, rows):
+    source = SourceConfig(kind=kind, path=write_jsonl(tmp_path / "m.jsonl", rows), level=(3, 4))
+    levels = load_source(source, ValidationConfig()).problems.sort(pl.col("answer").cast(pl.Int64))["level"].to_list()
+    assert levels == [3] * 5 + [4] * 5
+
+
+def test_config_rules_for_levels_and_columns():
+    with pytest.raises(ValueError, match="give procedural sources one level"):
+        SourceConfig(kind="generator", level=(1, 2))
+    with pytest.raises(ValueError, match="columns can map only"):
+        SourceConfig(kind="mapped", path="x.jsonl", columns={"prompt": "q", "level": "lvl"})
 
 
 def test_generator_rows_record_seed_and_parameters():

@@ -10,6 +10,7 @@ def test_main_job_curates_the_demo_bank_and_prints_statistics(tmp_path):
     lake = str(tmp_path / "lake")
     result = run_cli("run", "--config", "configs/demo.yaml", "--lake", lake)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "skipping curation" not in result.stdout
     assert "bank version 1" in result.stdout and "by level" in result.stdout
     counts = run_cli("sql", "select split, count(*) as n from problems group by 1 order by 1", "--format", "json",
                      "--lake", lake)
@@ -21,3 +22,18 @@ def test_benchmark_reports_each_size():
     results = run_benchmark([300, 600], repeats=1)
     assert [r["size"] for r in results] == [300, 600]
     assert all(r["seconds"] > 0 for r in results)
+
+
+def test_a_second_run_skips_the_curation_it_already_did(tmp_path):
+    lake = str(tmp_path / "lake")
+    assert run_cli("run", "--config", "configs/demo.yaml", "--lake", lake).returncode == 0
+    again = run_cli("run", "--config", "configs/demo.yaml", "--lake", lake)
+    assert again.returncode == 0 and "skipping curation" in again.stdout
+    versions = run_cli("sql", "select count(distinct bank_version) as n from problems", "--format", "csv", "--lake", lake)
+    assert versions.stdout == "n\n1\n"
+
+
+def test_reports_fit_an_80_column_terminal(tmp_path):
+    result = run_cli("curate", "--source", "gen:level1:10", "--lake", str(tmp_path / "lake"), env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    assert "│ gen:level1" in result.stdout

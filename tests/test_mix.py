@@ -58,3 +58,13 @@ def test_asking_for_more_than_the_bank_holds_is_an_error():
         sample_mix(bank({(1, "math"): 10}), 11, seed=0)
     with pytest.raises(ValueError, match="levels with weight hold only 10"):
         sample_mix(bank({(1, "math"): 10, (2, "math"): 10}), 15, seed=0, level_weights={1: 1.0})
+
+
+def test_a_zero_weight_domain_is_never_drawn():
+    problems = bank({(1, "math"): 50, (1, "code"): 50})
+    drawn = sample_mix(problems, 30, seed=0, level_weights={1: 1.0}, domain_weights={"math": 0.0, "code": 1.0})
+    assert shares(drawn, "domain") == {"code": 30}
+    with pytest.raises(ValueError, match="domains with weight hold only 50"):
+        sample_mix(problems, 60, seed=0, level_weights={1: 1.0}, domain_weights={"math": 0.0, "code": 1.0})
+    with pytest.raises(ValueError, match="does not hold"):
+        sample_mix(problems, 10, seed=0, domain_weights={"chemistry": 1.0})

@@ -47,3 +47,23 @@ def test_unreadable_parquet_fails_naming_the_file(tmp_path):
     with pytest.raises(SourceReadError, match="not a readable Parquet file") as error:
         list(read_rows(str(path)))
     assert str(path) in str(error.value)
+
+
+def test_a_byte_order_mark_is_tolerated(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}\n')
+    from tasks.curation.readers import probe
+
+    probe(str(path))
+    assert [r.record for r in read_rows(str(path))] == [{"a": 1}]
+
+
+def test_an_empty_file_is_an_error(tmp_path):
+    from tasks.curation.readers import probe
+
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(SourceReadError, match="holds no rows"):
+        probe(str(path))
+    with pytest.raises(SourceReadError, match="holds no rows"):
+        list(read_rows(str(path)))

@@ -9,12 +9,14 @@ HUMANEVAL_LIKE = dict(prompt="def add(a, b):\n    \"\"\"Add.\"\"\"\n", solution=
 
 
 @pytest.mark.parametrize("answer", ["42", "-3", "1,234", "0.5", "3/4", "50%", "$18", r"\frac{\sqrt{2}}{2}",
-                                    r"\left( 3, \frac{\pi}{2} \right)", r"x^2+1", r"[0, 1)"])
+                                    r"\left( 3, \frac{\pi}{2} \right)", r"x^2+1", r"[0, 1)", r"\text{Navin}",
+                                    r"\sin x + \cos x", r"\text{(C)}"])
 def test_math_answers_that_parse(answer):
     assert math_answer_parses(answer)
 
 
-@pytest.mark.parametrize("answer", ["", "   ", r"\frac{", "$$"])
+@pytest.mark.parametrize("answer", ["", "   ", r"\frac{", "$$", "hello world", "N/A", "TODO", "None",
+                                    "see above", "Janet sells 16 eggs #### 18", "the answer is five"])
 def test_math_answers_that_do_not(answer):
     assert not math_answer_parses(answer)
 

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FILE_KINDS = ("gsm8k", "math", "olympiad", "humaneval", "mapped")
+MAPPABLE_FIELDS = {"prompt", "answer", "solution", "tests", "entry_point"}
 PROCEDURAL_KINDS = ("generator", "gym")
 SourceKind = Literal["gsm8k", "math", "olympiad", "humaneval", "mapped", "generator", "gym"]
 
@@ -57,6 +58,15 @@ class SourceConfig(Strict):
             raise ValueError("levels are 1 to 4")
         return level
 
+    @field_validator("columns")
+    @classmethod
+    def _mappable(cls, columns):
+        unknown = set(columns) - MAPPABLE_FIELDS
+        if unknown:
+            raise ValueError(f"columns can map only {sorted(MAPPABLE_FIELDS)}, not {sorted(unknown)} "
+                             "(levels come from level_field, domains from domain)")
+        return columns
+
     @model_validator(mode="after")
     def _kind_fields(self):
         if self.kind in FILE_KINDS and not self.path:
@@ -65,6 +75,8 @@ class SourceConfig(Strict):
             raise ValueError("a mapped source needs columns.prompt")
         if self.kind == "gym" and not self.dataset:
             raise ValueError("a gym source needs dataset: <reasoning-gym name>")
+        if self.kind in PROCEDURAL_KINDS and isinstance(self.level, tuple):
+            raise ValueError("a level range [lo, hi] splits a file by prompt length; give procedural sources one level")
         return self
 
     @property

@@ -22,7 +22,8 @@ def _drops(rows: pl.DataFrame, reason: str, duplicate_of: list, similarity) -> p
 
 
 def deduplicate(candidates: pl.DataFrame, existing: pl.DataFrame, config: DedupConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(kept candidates, dropped rows): exact duplicates of normalised text, then MinHash near-duplicates."""
+    """(kept candidates, dropped rows): exact duplicates of normalised text, then MinHash near-duplicates,
+    each within a split (a training copy of an evaluation problem is decontamination's business)."""
     new = candidates.with_row_index("_row").sort(pl.col("split") != "eval", "_row")
     pool = pl.concat([
         existing.select("problem_id", "domain", "split", "prompt", _row=pl.lit(None, pl.UInt32),
@@ -34,12 +35,13 @@ def deduplicate(candidates: pl.DataFrame, existing: pl.DataFrame, config: DedupC
     duplicate_of = np.full(pool.height, -1)
     similarity = np.full(pool.height, np.nan)
     reason = np.full(pool.height, None, dtype=object)
-    if config.exact:
-        keys = pl.Series([f"{d}\x1f{normalise_text(p)}" for d, p in zip(pool["domain"], pool["prompt"])])
-        first = keys.to_frame("key").with_row_index("i").group_by("key").agg(pl.col("i").min())
-        first_of = keys.to_frame("key").join(first, on="key", how="left", maintain_order="left")["i"].to_numpy()
-        exact = is_new & (first_of != np.arange(pool.height))
-        duplicate_of[exact], similarity[exact], reason[exact] = first_of[exact], 1.0, "exact_duplicate"
+    # Identical problems (same id) are always dropped; `exact` also drops same-text problems within a split.
+    keys = (pl.Series([f"{s}\x1f{d}\x1f{normalise_text(p)}" for s, d, p in zip(pool["split"], pool["domain"], pool["prompt"])])
+            if config.exact else pool["problem_id"])
+    first = keys.to_frame("key").with_row_index("i").group_by("key").agg(pl.col("i").min())
+    first_of = keys.to_frame("key").join(first, on="key", how="left", maintain_order="left")["i"].to_numpy()
+    exact = is_new & (first_of != np.arange(pool.height))
+    duplicate_of[exact], similarity[exact], reason[exact] = first_of[exact], 1.0, "exact_duplicate"
     if config.near:
         eligible = np.flatnonzero(pool["similarity_checks"].to_numpy() & (reason == None))  # noqa: E711 (object array)
         if len(eligible):
@@ -61,30 +63,45 @@ def deduplicate(candidates: pl.DataFrame, existing: pl.DataFrame, config: DedupC
     return kept, dropped
 
 
-def decontaminate(candidates: pl.DataFrame, eval_sets: dict[str, list[str]],
-                  config: DecontaminationConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+def decontaminate(candidates: pl.DataFrame, eval_sets: dict[str, list[str]], config: DecontaminationConfig,
+                  existing: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Drop training problems whose n-grams overlap an evaluation set by at least `min_overlap`.
 
+    New training rows are checked against every evaluation set. Training rows already in the bank
+    are never removed, but when an evaluation set arrives that they overlap, they are recorded as
+    `contaminated_later`, which keeps them out of training mixes from this bank version on.
     Only rows with similarity checks take part: a procedural problem shares its template with
     every problem of its family, held out or not, and its exact copies are already gone.
     """
+    empty = pl.DataFrame(schema=_drop_schema())
+    if not config.enabled or not eval_sets:
+        return candidates, empty
     train_mask = ((candidates["split"] == "train") & candidates["similarity_checks"]).to_numpy()
-    if not config.enabled or not eval_sets or not train_mask.any():
-        return candidates, pl.DataFrame(schema=_drop_schema())
-    texts = candidates["prompt"].to_list()
-    train_texts = [text for text, is_train in zip(texts, train_mask) if is_train]
-    best = np.zeros(len(train_texts))
-    best_set = np.full(len(train_texts), None, dtype=object)
-    for name, reference in eval_sets.items():
-        overlap = ngram_overlap(train_texts, reference, config.ngram)
-        better = overlap > best
-        best[better], best_set[better] = overlap[better], name
-    contaminated = np.zeros(len(texts), dtype=bool)
+    best, best_set = _best_overlap(candidates["prompt"].filter(pl.Series(train_mask)).to_list(), eval_sets, config)
+    contaminated = np.zeros(candidates.height, dtype=bool)
     contaminated[np.flatnonzero(train_mask)] = best >= config.min_overlap
     hits = best >= config.min_overlap
-    rows = candidates.filter(pl.Series(contaminated))
-    dropped = _drops(rows, "contaminated", list(best_set[hits]), best[hits])
-    return candidates.filter(~pl.Series(contaminated)), dropped
+    dropped = [_drops(candidates.filter(pl.Series(contaminated)), "contaminated", list(best_set[hits]), best[hits])]
+    new_eval = {name: texts for name, texts in eval_sets.items()
+                if name in set(candidates.filter(pl.col("split") == "eval")["source"].to_list())}
+    if existing is not None and new_eval:
+        old_train = existing.filter((pl.col("split") == "train") & pl.col("source_kind").is_in(list(FILE_KINDS)))
+        old_best, old_set = _best_overlap(old_train["prompt"].to_list(), new_eval, config)
+        old_hits = old_best >= config.min_overlap
+        dropped.append(_drops(old_train.filter(pl.Series(old_hits)), "contaminated_later", list(old_set[old_hits]),
+                              old_best[old_hits]))
+    return candidates.filter(~pl.Series(contaminated)), pl.concat([d for d in dropped if d.height] or [empty])
+
+
+def _best_overlap(texts: list[str], eval_sets: dict[str, list[str]], config: DecontaminationConfig):
+    """Per text, the highest n-gram overlap with any evaluation set, and that set's name."""
+    best = np.zeros(len(texts))
+    best_set = np.full(len(texts), None, dtype=object)
+    for name, reference in eval_sets.items():
+        overlap = ngram_overlap(texts, reference, config.ngram)
+        better = overlap > best
+        best[better], best_set[better] = overlap[better], name
+    return best, best_set
 
 
 def _drop_schema() -> dict:

@@ -44,7 +44,7 @@ def load_source(source: SourceConfig, validation: ValidationConfig) -> LoadedSou
         drafts, quarantined = _generator_drafts(source), []
     else:
         drafts, quarantined = _gym_drafts(source), []
-    _assign_range_levels(source, drafts)
+    _assign_range_levels(drafts)
     problems = []
     for draft in drafts:
         issue = problem_issue(draft, validation.max_prompt_chars, validation.check_math_answers)
@@ -52,7 +52,8 @@ def load_source(source: SourceConfig, validation: ValidationConfig) -> LoadedSou
             quarantined.append(_quarantine_row(source, draft["source_line"], issue[0], issue[1], draft.pop("_raw", None)))
             continue
         draft.pop("_raw", None)
-        draft["problem_id"] = problem_id(draft["domain"], draft["prompt"], draft.get("answer"), draft.get("tests"))
+        draft["problem_id"] = problem_id(draft["split"], draft["domain"], draft["prompt"], draft.get("answer"),
+                                         draft.get("tests"))
         draft["metadata"] = json.dumps(draft.get("metadata") or {}, ensure_ascii=False, default=str)
         draft["params"] = json.dumps(draft.get("params") or {}, sort_keys=True, default=str)
         problems.append(draft)
@@ -72,7 +73,7 @@ def _base(source: SourceConfig, domain: str, level: int | None, uri: str, line: 
 
 def _file_drafts(source: SourceConfig) -> tuple[list[dict], list[dict]]:
     drafts, quarantined = [], []
-    level = source.level if isinstance(source.level, int) else DEFAULT_LEVELS[source.kind]
+    level = source.level if source.level is not None else DEFAULT_LEVELS[source.kind]
     for row in track(read_rows(source.path, source.count), f"reading {source.source_name}"):
         if row.record is None:
             quarantined.append(_quarantine_row(source, row.line, None, row.error, row.raw))
@@ -105,15 +106,16 @@ def _level_from_field(source: SourceConfig, record: dict[str, Any]) -> int:
     raise layouts.Rejected(source.level_field, f"level value {key!r} is not in level_map")
 
 
-def _assign_range_levels(source: SourceConfig, drafts: list[dict]) -> None:
+def _assign_range_levels(drafts: list[dict]) -> None:
     """A level range [lo, hi] is split by prompt length within the source: longer problems rank harder."""
-    ranged = [d for d in drafts if d.pop("_level_range", None) is not None]
-    if not ranged:
-        return
-    low, high = source.level if isinstance(source.level, tuple) else DEFAULT_LEVELS[source.kind]
-    ranked = sorted(ranged, key=lambda d: (len(d["prompt"]), d["prompt"]))
-    for rank, draft in enumerate(ranked):
-        draft["level"] = low + rank * (high - low + 1) // len(ranked)
+    ranged = [d for d in drafts if d.get("_level_range")]
+    if ranged:
+        low, high = ranged[0]["_level_range"]
+        ranked = sorted(ranged, key=lambda d: (len(d["prompt"]), d["prompt"]))
+        for rank, draft in enumerate(ranked):
+            draft["level"] = low + rank * (high - low + 1) // len(ranked)
+    for draft in drafts:
+        draft.pop("_level_range", None)
 
 
 def _generator_drafts(source: SourceConfig) -> list[dict]:

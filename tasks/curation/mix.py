@@ -45,6 +45,10 @@ def sample_mix(problems: pl.DataFrame, n: int, seed: int, level_weights: dict[in
     The same (bank, n, seed, weights) always gives the same rows in the same order.
     """
     level_weights = level_weights or DEFAULT_LEVEL_WEIGHTS
+    if domain_weights:
+        unknown = set(domain_weights) - set(problems["domain"].unique().to_list())
+        if unknown:
+            raise ValueError(f"domain weights name domains the selection does not hold: {sorted(unknown)}")
     if n > problems.height:
         raise ValueError(f"cannot draw {n} problems: the selection holds only {problems.height}")
     cells = problems.group_by("level", "domain").len()
@@ -59,8 +63,9 @@ def sample_mix(problems: pl.DataFrame, n: int, seed: int, level_weights: dict[in
         weights = ({d: domain_weights.get(d, 0.0) for d in domain_capacity} if domain_weights
                    else {d: float(c) for d, c in domain_capacity.items()})
         domain_counts = allocate(level_n, weights, domain_capacity)
-        if sum(domain_counts.values()) < level_n:       # weighted domains ran dry: fill from the others
-            domain_counts = allocate(level_n, {d: weights[d] or 1e-9 for d in weights}, domain_capacity)
+        if sum(domain_counts.values()) < level_n:
+            raise ValueError(f"level {level}: domains with weight hold only {sum(domain_counts.values())} of the "
+                             f"{level_n} problems the mix needs")
         for domain, count in sorted(domain_counts.items()):
             if count:
                 cell = problems.filter((pl.col("level") == level) & (pl.col("domain") == domain)).sort("problem_id")

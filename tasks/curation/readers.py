@@ -36,7 +36,9 @@ def read_rows(path: str, limit: int | None = None) -> Iterator[RawRow]:
         yield row
         if limit is not None and valid >= limit:
             return
-    if seen_any and valid == 0:
+    if not seen_any:
+        raise SourceReadError(f"cannot read source file {path}: it holds no rows")
+    if valid == 0:
         raise SourceReadError(f"cannot read source file {path}: no line is a JSON object (is it JSONL?)")
 
 
@@ -51,7 +53,9 @@ def probe(path: str) -> None:
                 raise SourceReadError(f"cannot read source file {path}: not a readable Parquet file ({error})") from None
         return
     with _open(path) as handle:
-        head = handle.read(65536)
+        head = handle.read(65536).removeprefix(b"\xef\xbb\xbf")
+    if not head.strip():
+        raise SourceReadError(f"cannot read source file {path}: it holds no rows")
     lines = head.split(b"\n")
     if len(head) == 65536:
         lines = lines[:-1]                      # the last line may be cut
@@ -61,8 +65,7 @@ def probe(path: str) -> None:
                 return
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
-    if head.strip():
-        raise SourceReadError(f"cannot read source file {path}: no line is a JSON object (is it JSONL?)")
+    raise SourceReadError(f"cannot read source file {path}: no line is a JSON object (is it JSONL?)")
 
 
 def _open(path: str, mode: str = "rb"):
@@ -76,7 +79,7 @@ def _jsonl_rows(path: str) -> Iterator[RawRow]:
     with _open(path) as handle:
         for number, raw_bytes in enumerate(handle, start=1):
             try:
-                text = raw_bytes.decode("utf-8")
+                text = raw_bytes.decode("utf-8-sig" if number == 1 else "utf-8")   # tolerate a byte-order mark
             except UnicodeDecodeError as error:
                 yield RawRow(number, None, f"not UTF-8 text: {error.reason}", repr(raw_bytes[:200]))
                 continue

@@ -16,7 +16,8 @@ def normalise_text(text: str) -> str:
     return _TRIVIAL_PUNCTUATION.sub("", _SPACE.sub(" ", text).strip())
 
 
-def problem_id(domain: str, prompt: str, answer: str | None, tests: str | None) -> str:
-    """16 hex characters of SHA-256 over what makes the problem itself; stable across runs and machines."""
-    content = "\x1f".join([domain, prompt.strip(), (answer or "").strip(), (tests or "").strip()])
+def problem_id(split: str, domain: str, prompt: str, answer: str | None, tests: str | None) -> str:
+    """16 hex characters of SHA-256 over what makes the problem and its split; stable across runs and
+    machines. The split is part of it so that an evaluation copy never shares a training problem's id."""
+    content = "\x1f".join([split, domain, prompt.strip(), (answer or "").strip(), (tests or "").strip()])
     return hashlib.sha256(content.encode()).hexdigest()[:16]

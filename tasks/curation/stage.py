@@ -5,6 +5,7 @@ Each function is a plain step the Prefect flow wraps as a task; none of them imp
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import polars as pl
@@ -20,16 +21,52 @@ from tasks.generators import families
 from tasks.curation.readers import probe
 
 
+class BankVersionTaken(RuntimeError):
+    """Another run claimed the same bank version first."""
+
+
 def next_bank_version(lake: Lake) -> int:
     """One past the highest bank version any curation run has used (failed ones included, so no reuse)."""
     runs = lake.read("runs", filter=pc.field("stage") == "curate", columns=["bank_version"])
     return int(runs["bank_version"].max() or 0) + 1
 
 
+def check_recuration(lake: Lake, bank_version: int, force: bool) -> None:
+    """Re-curating a version that later versions were deduplicated against could drop problems they
+    rely on: refuse unless forced."""
+    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed")
+                     & (pc.field("bank_version") > bank_version), columns=["bank_version"])
+    if runs.height and not force:
+        later = sorted(set(runs["bank_version"].to_list()))
+        raise ValueError(f"bank version {bank_version} has later versions {later} deduplicated against it; "
+                         "re-curating it could drop problems they rely on (pass --force to do it anyway)")
+
+
+def claim_bank_version(lake: Lake, run: Run, reuse: bool) -> None:
+    """Make sure no concurrent run (or, for a new version, no earlier run) holds this bank version."""
+    others = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("bank_version") == run.bank_version)
+                       & (pc.field("run_id") != run.run_id), columns=["run_id", "status", "started_at"])
+    mine = (run.started_at, run.run_id)
+    for other in others.iter_rows(named=True):
+        earlier = (other["started_at"], other["run_id"]) < mine
+        if other["status"] == "running" and earlier or other["status"] == "completed" and not reuse:
+            raise BankVersionTaken(f"bank version {run.bank_version} is taken by run {other['run_id']}")
+
+
+def identical_curation(lake: Lake, config: CurationConfig) -> dict | None:
+    """The latest completed curation run with exactly this config, if any (so `rlvr run` can skip it)."""
+    parameters = json.dumps(config.model_dump(mode="json"), sort_keys=True, default=str)
+    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
+                     columns=["run_id", "bank_version", "parameters", "started_at"])
+    matches = runs.filter(pl.col("parameters") == parameters).sort("started_at")
+    return matches.row(-1, named=True) if matches.height else None
+
+
 def existing_bank(lake: Lake, bank_version: int) -> pl.DataFrame:
     """Problems of every other bank version: what new problems are deduplicated against."""
     return lake.read("problems", filter=pc.field("bank_version") != bank_version,
-                     columns=["problem_id", "source", "source_kind", "domain", "split", "prompt"])
+                     columns=["problem_id", "source", "source_kind", "source_uri", "source_line", "seed", "domain",
+                              "split", "prompt"])
 
 
 def evaluation_sets(existing: pl.DataFrame, candidates: pl.DataFrame, config: DecontaminationConfig,
@@ -52,13 +89,24 @@ def evaluation_sets(existing: pl.DataFrame, candidates: pl.DataFrame, config: De
 
 def write_bank(lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, quarantined: pl.DataFrame,
                dropped: pl.DataFrame) -> None:
-    """Replace this bank version's slice of each table; the problems table last, so that a failure
-    before it leaves the previous contents of the bank visible."""
+    """Replace this bank version's slice of each table, the problems table last.
+
+    Delta commits one table at a time; if a later write fails, the slices already replaced are put
+    back as they were (a compensating write), so a failed run leaves no trace in the bank.
+    """
+    key = {"bank_version": bank_version}
     version_column = pl.lit(bank_version, pl.Int64).alias("bank_version")
-    lake.replace("quarantine", quarantined.with_columns(version_column), {"bank_version": bank_version}, run)
-    lake.replace("dropped_problems", dropped.with_columns(version_column), {"bank_version": bank_version}, run)
-    lake.replace("problems", problems.drop("similarity_checks").with_columns(version_column),
-                 {"bank_version": bank_version}, run)
+    writes = [("quarantine", quarantined), ("dropped_problems", dropped), ("problems", problems.drop("similarity_checks"))]
+    previous = {name: lake.read(name, filter=pc.field("bank_version") == bank_version) for name, _ in writes[:-1]}
+    done: list[str] = []
+    try:
+        for name, rows in writes:
+            lake.replace(name, rows.with_columns(version_column), key, run)
+            done.append(name)
+    except BaseException:
+        for name in done:
+            lake.replace(name, previous[name].drop("run_id"), key, run)
+        raise
 
 
 def source_report(loaded: list[LoadedSource], kept: pl.DataFrame, dropped: pl.DataFrame) -> pl.DataFrame:
@@ -76,7 +124,8 @@ def source_report(loaded: list[LoadedSource], kept: pl.DataFrame, dropped: pl.Da
             by_reason = by_reason.with_columns(pl.lit(0, pl.UInt32).alias(reason))
     counts = counts.join(by_reason.cast({"source": pl.String}), on="source", how="left")
     counts = counts.join(kept.group_by("source").len("kept"), on="source", how="left")
-    return counts.fill_null(0).select("source", "loaded", "quarantined", *reasons, "kept")
+    counts = counts.fill_null(0).select("source", "loaded", "quarantined", *reasons, "kept")
+    return counts.rename({"exact_duplicate": "exact_dup", "near_duplicate": "near_dup"})
 
 
 def preflight(config: CurationConfig) -> None:
@@ -100,9 +149,13 @@ def bank_problems(lake: Lake, bank_version: int | None = None, split: str | None
     condition = pc.scalar(True)
     if bank_version is not None:
         condition = condition & (pc.field("bank_version") <= bank_version)
-    if split is not None:
-        condition = condition & (pc.field("split") == split)
-    return lake.read("problems", filter=condition)
+    problems = lake.read("problems", filter=condition if split is None else condition & (pc.field("split") == split))
+    if split != "train":
+        return problems
+    # training problems that a later evaluation set turned out to overlap stay in the bank, out of mixes
+    leaked = lake.read("dropped_problems", filter=condition & (pc.field("reason") == "contaminated_later"),
+                       columns=["problem_id"])
+    return problems.join(leaked, on="problem_id", how="anti")
 
 
 def draw_training_mix(lake: Lake, n: int, mix: MixConfig) -> pl.DataFrame:

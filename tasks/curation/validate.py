@@ -10,6 +10,13 @@ from typing import Any
 
 # Answers most sources use: integers, decimals, simple fractions, with optional sign, $, % or commas.
 SIMPLE_ANSWER = re.compile(r"^\$?-?\d[\d,]*(\.\d+)?%?$|^-?\d+/\d+$|^-?\.\d+$")
+# Prose is not an answer: words outside LaTeX commands and \text{} blocks (which hold names and units).
+_LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
+_LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_WORD = re.compile(r"[a-zA-Z]{3,}")
+MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "mod", "pi", "inf", "max", "min", "gcd",
+              "lcm", "arcsin", "arccos", "arctan", "sqrt", "det", "deg", "dx", "dy", "dt"}
+NON_ANSWERS = {"n/a", "na", "none", "null", "nan", "todo", "tbd", "unknown", "see above", "?"}
 
 
 def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_answers: bool) -> tuple[str | None, str] | None:
@@ -58,10 +65,13 @@ def code_issue(prompt: str, solution: str | None, tests: str | None, entry_point
 def math_answer_parses(answer: str) -> bool:
     """Fast path for plain numbers; otherwise math-verify must turn `$answer$` into a sympy value."""
     text = answer.strip()
-    if not text:
+    if not text or text.lower() in NON_ANSWERS or "####" in text:
         return False
     if SIMPLE_ANSWER.match(text.replace(" ", "")):
         return True
+    bare = _LATEX_COMMAND.sub(" ", _LATEX_TEXT.sub(" ", text))
+    if any(word.lower() not in MATH_WORDS and not word.isupper() for word in _WORD.findall(bare)):
+        return False                      # a lower-case word is prose; upper-case runs are products (2RC)
     from math_verify import parse  # imported lazily: it pulls in sympy
 
     logging.getLogger("math_verify.parser").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected
