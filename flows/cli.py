@@ -206,6 +206,51 @@ def bank_sample(
                                   title="first 10"))
 
 
+@app.command("verify-file")
+def verify_file(
+    input_path: Annotated[Path, typer.Argument(metavar="IN.jsonl", help="lines with id, domain, response, ground_truth / tests")],
+    output_path: Annotated[Path, typer.Argument(metavar="OUT.jsonl", help="where the scored lines go")],
+    workers: Annotated[int, typer.Option(min=0, help="worker processes (0: score in this process, no time bound)")] = 2,
+    verifier: Annotated[Optional[str], typer.Option(help="score every line with this verifier (e.g. process, random)")] = None,
+    item_timeout: Annotated[float, typer.Option(min=1, help="seconds one item may take before its worker is killed")] = 30.0,
+    partial_credit: Annotated[str, typer.Option(help="code rewards: fraction, seed (all 1, some 0.5) or none")] = "fraction",
+    process_weight: Annotated[float, typer.Option(help="λ of the process verifier: (1-λ)·outcome + λ·process")] = 0.5,
+) -> None:
+    """Score a JSONL file of responses (math, code, logic, qa) without a lake."""
+    import json
+
+    from rich.progress import Progress
+
+    from tasks.verifiers.engine import VerifierPool
+    from tasks.verifiers.files import BadLine, read_lines
+
+    parsed = list(read_lines(str(input_path)))
+    bad = [p for p in parsed if isinstance(p, BadLine)]
+    for line in bad:
+        errors.print(f"[yellow]skipped[/yellow] {escape(str(input_path))} {escape(str(line))}", highlight=False, soft_wrap=True)
+    items = [p for p in parsed if not isinstance(p, BadLine)]
+    if verifier is not None:
+        items = [(problem, response, verifier) for problem, response, _ in items]
+    options = {"code": {"partial_credit": partial_credit}, "process": {"process_weight": process_weight}}
+    pool = VerifierPool(workers=workers, item_timeout=item_timeout, options=options)
+    waiting: dict[int, dict] = {}
+    next_index, correct = 0, 0
+    with output_path.open("w") as out, Progress(console=errors, transient=True) as progress:
+        bar = progress.add_task("verifying", total=len(items))
+        for scored in pool.score(items):
+            correct += bool(scored.correct)
+            waiting[scored.index] = {
+                "id": items[scored.index][0]["id"], "reward": scored.reward, "correct": scored.correct,
+                "verifier": scored.verifier, "verifier_version": scored.verifier_version,
+                "details": {**scored.details, "format_reward": scored.format_reward},
+            }
+            while next_index in waiting:          # keep the input's order
+                out.write(json.dumps(waiting.pop(next_index), default=str) + "\n")
+                next_index += 1
+            progress.advance(bar)
+    console.print(f"scored {len(items):,} lines ({correct:,} correct) into {output_path}; {len(bad):,} bad lines skipped")
+
+
 @bench_app.command("dedup")
 def bench_dedup(
     sizes: Annotated[str, typer.Option(help="bank sizes to time, comma separated")] = "100000,200000",

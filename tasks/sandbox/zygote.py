@@ -23,11 +23,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 from tasks.sandbox import harness
 from tasks.sandbox.protocol import recv_json, recv_value, send_json
 
-PRIVATE_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+JAIL = "/run/rlvr-jail"
+# What a jailed program sees of the machine: the system's libraries and Python's own, read-only.
+# Not the orchestrator's files, the lake, the repository, /etc or anyone's home.
+JAIL_READ_ONLY = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+JAIL_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib", "heapq",
              "bisect", "random", "statistics", "fractions", "decimal", "copy", "json", "operator")
 UID_BASE = 61000
@@ -39,13 +44,14 @@ class Zygote:
         self.root = os.geteuid() == 0
         self.candidate_uid = UID_BASE + 2 * worker
         self.tests_uid = UID_BASE + 2 * worker + 1
-        if namespaces:
-            for mount_point in PRIVATE_MOUNTS:
-                if os.path.isdir(mount_point):
-                    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=256m", "tmpfs", mount_point], check=True)
         for module in PRELOADED:
             __import__(module)
-        self.scratch = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        if namespaces:
+            _build_jail()
+            self.scratch = os.path.join(JAIL, "tmp", "runs")
+            os.makedirs(self.scratch)
+        else:
+            self.scratch = tempfile.mkdtemp(prefix="rlvr-sandbox-")
 
     # ---- one job ---------------------------------------------------------------------------
     def run(self, job: dict) -> dict:
@@ -129,7 +135,8 @@ class Zygote:
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:                  # noqa: BLE001
+        except BaseException:                  # noqa: BLE001 - the program's own failure, shown in its output
+            traceback.print_exc(limit=5)
             code = 1
         finally:
             try:
@@ -149,6 +156,9 @@ class Zygote:
                     os.close(fd)
                 except OSError:
                     pass
+        if self.namespaces:
+            os.chroot(JAIL)
+            workdir = workdir[len(JAIL):]
         os.chdir(workdir)
         mb = 1024 * 1024
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -179,16 +189,11 @@ class Zygote:
                     except ProcessLookupError:
                         pass
         _reap()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.namespaces:                    # everything a run can write lives under the jail's /tmp
+            _empty_folder(os.path.join(JAIL, "tmp"))
+        else:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         os.makedirs(self.scratch, exist_ok=True)
-        if self.namespaces:
-            for mount_point in PRIVATE_MOUNTS:
-                if os.path.isdir(mount_point):
-                    for entry in os.listdir(mount_point):
-                        path = os.path.join(mount_point, entry)
-                        if path != self.scratch:
-                            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) \
-                                else _unlink(path)
 
 
 class _Watch:
@@ -272,11 +277,43 @@ def _reap(seconds: float = 1.0) -> None:
             time.sleep(0.001)
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+def _empty_folder(folder: str) -> None:
+    for entry in os.listdir(folder):
+        path = os.path.join(folder, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _mount(*arguments: str) -> None:
+    subprocess.run(["mount", *arguments], check=True, capture_output=True)
+
+
+def _build_jail() -> None:
+    """A root for the children: a private tmpfs holding read-only binds of the system and of Python."""
+    os.makedirs(JAIL, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "mode=755,size=512m", "tmpfs", JAIL)
+    python_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
+    for source in [*JAIL_READ_ONLY, *sorted(python_roots)]:
+        if not os.path.isdir(source) or any(source.startswith(r + "/") for r in JAIL_READ_ONLY):
+            continue
+        target = JAIL + source
+        os.makedirs(target, exist_ok=True)
+        _mount("--bind", source, target)
+        _mount("-o", "remount,bind,ro", target)
+    for source in JAIL_FILES:
+        if os.path.exists(source):
+            os.makedirs(os.path.dirname(JAIL + source), exist_ok=True)
+            open(JAIL + source, "a").close()
+            _mount("--bind", source, JAIL + source)
+    os.makedirs(JAIL + "/proc")
+    _mount("-t", "proc", "proc", JAIL + "/proc")
+    os.makedirs(JAIL + "/tmp", mode=0o1777)
+    os.chmod(JAIL + "/tmp", 0o1777)
 
 
 def _refuse_network(event: str, args: tuple) -> None:

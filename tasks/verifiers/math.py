@@ -85,3 +85,10 @@ def _latex(answer: str) -> str:
 def _same_text(gold: str, answer: str) -> bool:
     squeeze = lambda text: "".join(strip_noise(text).split())  # noqa: E731
     return squeeze(gold) == squeeze(answer)
+
+
+def gsm8k_reward(completions: list[str], answer: list[str]) -> list[float]:
+    """A TRL-style reward function for GSM8K: lists in, lists out. Numeric and fraction answers in any
+    equivalent form (1/2 = 0.5 = 50 %, 1,000 = 1000, $18 = 18) score 1."""
+    verifier = MathVerifier()
+    return [verifier.verify({"answer": gold}, completion).reward for completion, gold in zip(completions, answer)]
