@@ -1,7 +1,7 @@
 """`rlvr verify-file`: scoring a JSONL file of responses without a lake.
 
-Each input line: `id`, `domain` (math, code, logic, qa), `response`; `ground_truth` for math, qa and
-logic; `tests` and `entry_point` for code; optional `prompt`, `metadata` (logic: the reasoning-gym
+Each input line: `id`, `domain` (math, code, logic, qa), `response`; `ground_truth` for math and qa
+(and logic, where the dataset has a single answer); `tests` and `entry_point` for code; optional `prompt`, `metadata` (logic: the reasoning-gym
 entry's metadata), `steps` (process rewards) and `verifier` (override the domain's default).
 """
 
@@ -39,7 +39,7 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
     domain = record["domain"]
     if domain not in DOMAINS:
         return BadLine(number, "domain", f"{domain!r} is not one of {', '.join(DOMAINS)}")
-    if domain in ("math", "qa", "logic") and record.get("ground_truth") in (None, ""):
+    if domain in ("math", "qa") and record.get("ground_truth") in (None, ""):
         return BadLine(number, "ground_truth", f"required for {domain}")
     if domain == "code":
         for field in ("tests", "entry_point"):

@@ -1,0 +1,133 @@
+"""Math verification: extraction, every equivalence the issue names, and the anti-hacking policy."""
+
+import json
+
+import pytest
+
+from tasks.verifiers.extract import extract_answer, final_answers
+from tasks.verifiers.math import MathVerifier, gsm8k_reward
+
+verifier = MathVerifier()
+
+
+def score(gold: str, response: str) -> float:
+    return verifier.verify({"answer": gold}, response).reward
+
+
+@pytest.mark.parametrize("response, expected", [
+    (r"so the result is \boxed{42}.", ("42", "boxed")),
+    (r"first \boxed{1} then \boxed{\frac{1}{2}}", (r"\frac{1}{2}", "boxed")),
+    ("She makes 9 * 2 = 18 dollars.\n#### 18", ("18", "hash")),
+    ("Adding up, the answer is 7.", ("7", "answer_is")),
+    ("Final answer: 12", ("12", "answer_is")),
+    ("no conclusion here", (None, None)),
+])
+def test_extraction(response, expected):
+    assert extract_answer(response) == expected
+
+
+def test_extractors_are_configurable():
+    response = "#### 5\nThe answer is 6."
+    assert extract_answer(response, ("answer_is",)) == ("6", "answer_is")
+    assert MathVerifier(extractors=("hash",)).verify({"answer": "5"}, "the answer is 5").details["reason"] == "no final answer"
+
+
+@pytest.mark.parametrize("gold, response", [
+    ("0.5", r"\boxed{\frac{1}{2}}"),
+    ("1/2", r"\boxed{0.5}"),
+    ("0.5", r"\boxed{50\%}"),
+    ("50", r"\boxed{50\%}"),
+    (r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{1}{\sqrt{2}}}"),
+    (r"3\sqrt{13}", r"\boxed{\sqrt{117}}"),
+    ("1234", r"\boxed{1,234}"),
+    ("1000000", "#### 1,000,000"),
+    ("5", r"\boxed{5\text{ cm}}"),
+    ("18", r"\boxed{\$18}"),
+    ("18", "The answer is 18 dollars."),
+    ("30", r"\boxed{30^\circ}"),
+    ("30^\\circ", r"\boxed{30}"),
+    ("(1,2)", r"\boxed{(1, 2)}"),
+    (r"\{1,2\}", r"\boxed{\{2,1\}}"),
+    ("[0,1)", r"\boxed{[0, 1)}"),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"\boxed{(3, \pi/2)}"),
+    ("x^2+2x+1", r"\boxed{(x+1)^2}"),
+    ("-3/4", r"\boxed{-\frac{3}{4}}"),
+    ("x = 5", r"\boxed{5}"),
+])
+def test_equivalent_forms_score_one(gold, response):
+    assert score(gold, response) == 1.0
+
+
+@pytest.mark.parametrize("gold, response", [
+    ("(1,2)", r"\boxed{(2,1)}"),                  # ordered tuples keep their order
+    ("[0,1)", r"\boxed{[0,1]}"),                  # interval ends matter
+    ("(0,1]", r"\boxed{(0,1)}"),
+    (r"\pi", r"\boxed{3.14}"),
+    ("0.5", r"\boxed{5}"),
+    ("2", r"\boxed{2x}"),
+    ("2", r"\boxed{2 \pi}"),
+])
+def test_different_answers_score_zero(gold, response):
+    assert score(gold, response) == 0.0
+
+
+def test_hedging_with_several_final_answers_scores_zero():
+    result = verifier.verify({"answer": "2"}, r"It is \boxed{1}. Or maybe \boxed{2}.")
+    assert result.reward == 0.0 and result.details["reason"].startswith("hedged")
+    mixed = verifier.verify({"answer": "2"}, "So \\boxed{2}.\n#### 3")
+    assert mixed.reward == 0.0
+
+
+def test_restating_the_same_answer_is_not_hedging():
+    assert score("0.5", r"\boxed{\frac{1}{2}}, that is \boxed{0.5}") == 1.0
+    assert score(r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{1}{\sqrt{2}}} = \boxed{\frac{\sqrt2}{2}}") == 1.0
+
+
+def test_correct_value_only_in_the_reasoning_scores_zero():
+    assert score("18", "We get 18 eggs... wait, recount: \\boxed{16}") == 0.0
+
+
+@pytest.mark.parametrize("response", [r"\boxed{1, 2, 3, 4}", r"\boxed{2 \text{ or } 3}", r"\boxed{2 or 3}",
+                                      r"\boxed{\{1,2,3\}}", r"\boxed{2; 3}"])
+def test_listing_every_candidate_scores_zero(response):
+    result = verifier.verify({"answer": "2"}, response)
+    assert result.reward == 0.0
+
+
+@pytest.mark.parametrize("response", [r"\boxed{2^{2^{2^{2^{2^{2}}}}}}", r"\boxed{9^{9^{9^{9}}}}",
+                                      r"\boxed{" + "9" * 5000 + "}", r"\boxed{" + "9" * 300 + "^{2}}", r"\boxed{100000!}",
+                                      r"\boxed{" + "(" * 40 + "1" + ")" * 40 + "}"])
+def test_costly_expressions_are_bounded(response):
+    result = verifier.verify({"answer": "3"}, response)
+    assert result.reward == 0.0 and result.details["method"] == "text (costly expression)"
+
+
+def test_costly_expression_equal_as_text_still_scores():
+    assert score("10^{10^{10}}", r"\boxed{10^{10^{10}}}") == 1.0
+
+
+def test_no_gold_is_undecidable():
+    assert verifier.verify({"answer": None}, r"\boxed{1}").correct is None
+
+
+def test_gsm8k_reward_on_constructed_answers():
+    completions = ["#### 0.5", "#### 1/2", r"\boxed{50\%}", "The answer is 7.", "#### 8"]
+    assert gsm8k_reward(completions, ["1/2", "0.5", "0.5", "7", "7"]) == [1.0, 1.0, 1.0, 1.0, 0.0]
+
+
+def test_gsm8k_reward_on_ten_real_problems(shared_datasets):
+    rows = [json.loads(line) for line in (shared_datasets / "gsm8k" / "test.jsonl").open()][:10]
+    golds = [row["answer"].split("####")[1].strip() for row in rows]
+    right = [row["answer"] for row in rows]                                  # the reference solution itself
+    reformatted = [f"Putting it together, the answer is {int(g.replace(',', '')):,}.00" if g.replace(",", "").isdigit()
+                   else f"the answer is {g}" for g in golds]
+    wrong = [f"#### {int(g.replace(',', '')) + 1}" for g in golds]
+    hedged = [f"\\boxed{{{g}}} or \\boxed{{{int(g.replace(',', '')) + 1}}}" for g in golds]
+    assert gsm8k_reward(right, golds) == [1.0] * 10
+    assert gsm8k_reward(reformatted, golds) == [1.0] * 10
+    assert gsm8k_reward(wrong, golds) == [0.0] * 10
+    assert gsm8k_reward(hedged, golds) == [0.0] * 10
+
+
+def test_final_answers_lists_every_statement():
+    assert final_answers("\\boxed{1}\n#### 2\nthe answer is 3") == [("boxed", "1"), ("hash", "2"), ("answer_is", "3")]
