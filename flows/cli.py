@@ -251,6 +251,78 @@ def verify_file(
     console.print(f"scored {len(items):,} lines ({correct:,} correct) into {output_path}; {len(bad):,} bad lines skipped")
 
 
+@app.command()
+def verify(
+    iteration: Annotated[int, typer.Option(help="the iteration whose rollouts to score")],
+    verifier: Annotated[Optional[str], typer.Option(help="re-score with this verifier instead of each problem's own")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="YAML with a `verify:` section (VerifyConfig)")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=0, help="worker processes")] = None,
+    noise_correction: Annotated[bool, typer.Option(help="add corrected_reward from the verifier's audit")] = False,
+    lake: LakeOption = None,
+) -> None:
+    """Score an iteration's rollouts into the rewards table (replacing that verifier's previous scores)."""
+    import polars as pl
+
+    from tasks.curation.config import load_yaml_config
+    from tasks.verification import VerifyConfig
+
+    settings = load_yaml_config(config, VerifyConfig, section="verify") if config else VerifyConfig()
+    updates = {"verifier": verifier or settings.verifier, "noise_correction": noise_correction or settings.noise_correction}
+    if workers is not None:
+        updates["workers"] = workers
+    settings = settings.model_copy(update=updates)
+    _prefect_defaults()
+    from flows.verification import verify_iteration
+
+    result = verify_iteration(iteration, settings.model_dump(mode="json"), lake)
+    console.print(frame_table(pl.DataFrame(result["verifiers"]), title=f"iteration {iteration} (run {result['run_id']})"))
+
+
+@app.command("audit-verifier")
+def audit_verifier_command(
+    audit_file: Annotated[Path, typer.Argument(metavar="AUDIT.jsonl", help="verify-file lines with a boolean `label`")],
+    verifier: Annotated[Optional[str], typer.Option(help="the verifier to audit (default: each line's domain's)")] = None,
+    reference: Annotated[Optional[str], typer.Option(help="take the truth from this stricter verifier, not `label`")] = None,
+    workers: Annotated[int, typer.Option(min=0)] = 2,
+    lake: LakeOption = None,
+) -> None:
+    """Estimate a verifier's false-positive (rho0) and false-negative (rho1) rates and store them."""
+    import json
+
+    import numpy as np
+
+    from tasks.verifiers.engine import VerifierPool
+    from tasks.verifiers.files import BadLine, read_lines
+    from tasks.verifiers.noise import estimate_noise
+
+    labels = {}
+    for number, text in enumerate(audit_file.open(), start=1):
+        if text.strip():
+            record = json.loads(text)
+            labels[number] = record.get("label")
+    items = [p for p in read_lines(str(audit_file)) if not isinstance(p, BadLine)]
+    if not items:
+        fail(f"{audit_file}: no usable lines")
+    judged = list(VerifierPool(workers=workers).score([(p, r, verifier) for p, r, _ in items]))
+    judged.sort(key=lambda s: s.index)
+    if reference:
+        truth = [s.correct for s in VerifierPool(workers=workers).score([(p, r, reference) for p, r, _ in items])]
+        audit = f"reference verifier {reference} on {audit_file.name}"
+    else:
+        truth = [label for label in labels.values()]
+        if len(truth) != len(items) or any(not isinstance(t, bool) for t in truth):
+            fail(f"{audit_file}: every line needs a boolean `label` (or pass --reference)")
+        audit = f"labels in {audit_file.name}"
+    noise = estimate_noise(np.array([bool(s.correct) for s in judged]), np.array([bool(t) for t in truth]))
+    _prefect_defaults()
+    from flows.verification import audit_verifier
+
+    name, version = judged[0].verifier, judged[0].verifier_version
+    run_id = audit_verifier(name, version, noise.__dict__, audit, lake)
+    console.print(f"{name} {version}: rho0 (false positives) = {noise.rho0:.3f} over {noise.n_wrong} wrong, "
+                  f"rho1 (false negatives) = {noise.rho1:.3f} over {noise.n_correct} correct (run {run_id})")
+
+
 @bench_app.command("dedup")
 def bench_dedup(
     sizes: Annotated[str, typer.Option(help="bank sizes to time, comma separated")] = "100000,200000",

@@ -18,10 +18,11 @@ from storage.lake import Lake
 from tasks.curation.config import CurationConfig
 from tasks.curation.filter import decontaminate, deduplicate
 from tasks.curation.load import load_source
-from tasks.curation.stage import (BankVersionTaken, check_recuration, claim_bank_version, evaluation_sets,
+from tasks.curation.stage import (BankVersionTaken, check_code_solutions, check_recuration, claim_bank_version, evaluation_sets,
                                   existing_bank, next_bank_version, preflight, source_report, write_bank)
 
 load_source_task = task(load_source, name="load-source", cache_policy=NO_CACHE)
+check_code_task = task(check_code_solutions, name="check-code-solutions", cache_policy=NO_CACHE)
 existing_bank_task = task(existing_bank, name="read-existing-bank", cache_policy=NO_CACHE)
 deduplicate_task = task(deduplicate, name="deduplicate", cache_policy=NO_CACHE)
 evaluation_sets_task = task(evaluation_sets, name="evaluation-sets", cache_policy=NO_CACHE)
@@ -52,6 +53,7 @@ def _curate_version(curation: CurationConfig, lake: Lake, bank_version: int) -> 
         claim_bank_version(lake, run, reuse=curation.bank_version is not None)
         loaded = [load_source_task.with_options(task_run_name=f"load {s.source_name}")(s, curation.validation)
                   for s in curation.sources]
+        loaded = [check_code_task(s, curation.validation) for s in loaded]
         candidates = pl.concat([s.problems for s in loaded])
         quarantined = pl.concat([s.quarantined for s in loaded])
         existing = existing_bank_task(lake, bank_version)

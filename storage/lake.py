@@ -82,8 +82,8 @@ class Lake:
     def replace(self, name: str, rows: RowData, key: dict[str, Any], run: Run) -> int:
         """Atomically replace the rows whose key columns equal `key` with `rows`; returns the new version."""
         spec = TABLES[name]
-        if set(key) != set(spec.partition_by):
-            raise LakeError(f"{name}: replace key {sorted(key)} must be its partition columns {list(spec.partition_by)}")
+        if not spec.partition_by or not set(spec.partition_by) <= set(key):
+            raise LakeError(f"{name}: a replace key {sorted(key)} must include the partition columns {list(spec.partition_by)}")
         predicate = " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
         return self._write(spec, rows, run, key=key, predicate=predicate)
 

@@ -108,7 +108,68 @@ RUNS = TableSpec(
     ]),
 )
 
-TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (PROBLEMS, QUARANTINE, DROPPED, RUNS)}
+ROLLOUTS = TableSpec(
+    name="rollouts",
+    partition_by=("iteration",),
+    description="Sampled responses: one row per (problem, sample) of an iteration's groups.",
+    schema=pa.schema([
+        _field("rollout_id", pa.string(), False),
+        _field("iteration", pa.int64(), False),
+        _field("problem_id", pa.string(), False),
+        _field("group_id", pa.string(), False, "one group per (iteration, problem) draw"),
+        _field("sample_idx", pa.int32(), False),
+        _field("model_version", pa.int64(), False, "policy version that produced the response"),
+        _field("response", pa.string(), False),
+        _field("response_token_ids", pa.list_(pa.int32()), True),
+        _field("behaviour_logprobs", pa.list_(pa.float32()), True, "log-probs of the sampled tokens under the sampler"),
+        _field("n_tokens", pa.int32(), True),
+        _field("finish_reason", pa.string(), True, "stop or length"),
+        _field("sampler", pa.string(), True, "JSON: the full sampler config"),
+        _field("seed", pa.int64(), True),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), True),
+    ]),
+)
+
+REWARDS = TableSpec(
+    name="rewards",
+    partition_by=("iteration",),
+    description="Verifier verdicts on rollouts; one row per (rollout, verifier, verifier version).",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False),
+        _field("rollout_id", pa.string(), False),
+        _field("problem_id", pa.string(), False),
+        _field("verifier", pa.string(), False),
+        _field("verifier_version", pa.string(), False),
+        _field("reward", pa.float64(), False),
+        _field("correct", pa.bool_(), True, "null when the verifier cannot decide"),
+        _field("format_reward", pa.float64(), True, "answer given in the required form"),
+        _field("process_reward", pa.float64(), True, "step-level score, where the verifier computes one"),
+        _field("corrected_reward", pa.float64(), True, "(R - rho0) / (1 - rho0 - rho1) with the verifier's audited noise"),
+        _field("details", pa.string(), True, "JSON: extracted answer, failure reason, tests passed"),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
+VERIFIER_NOISE = TableSpec(
+    name="verifier_noise",
+    partition_by=(),
+    description="Audited error rates of a verifier version: false positives rho0, false negatives rho1.",
+    schema=pa.schema([
+        _field("verifier", pa.string(), False),
+        _field("verifier_version", pa.string(), False),
+        _field("rho0", pa.float64(), False, "P(judged correct | truly wrong)"),
+        _field("rho1", pa.float64(), False, "P(judged wrong | truly correct)"),
+        _field("n_correct", pa.int64(), False),
+        _field("n_wrong", pa.int64(), False),
+        _field("audit", pa.string(), False, "where the true labels came from"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+)
+
+TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (PROBLEMS, QUARANTINE, DROPPED, RUNS, ROLLOUTS, REWARDS,
+                                                              VERIFIER_NOISE)}
 
 
 def register(spec: TableSpec) -> TableSpec:

@@ -213,3 +213,19 @@ def test_a_bank_version_is_claimed_by_one_run(lake):
         lake._write_run_row(later.row("running"), insert=True)
         with pytest.raises(BankVersionTaken, match="taken by run"):
             claim_bank_version(lake, later, reuse=False)
+
+
+def test_code_problems_whose_reference_fails_are_quarantined(curate, tmp_path, lake, lake_uri):
+    rows = [
+        {"task_id": "T/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n",
+         "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n", "entry_point": "add"},
+        {"task_id": "T/1", "prompt": "def sub(a, b):\n", "canonical_solution": "    return a + b\n",
+         "test": "def check(candidate):\n    assert candidate(3, 2) == 1\n", "entry_point": "sub"},
+    ]
+    path = tmp_path / "code.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = curate({"sources": [{"kind": "humaneval", "path": str(path), "name": "toy-code"}]}, lake_uri)
+    assert result["sources"][0]["kept"] == 1 and result["sources"][0]["quarantined"] == 1
+    quarantine = lake.read("quarantine")
+    assert quarantine.select("source_line", "field").rows() == [(2, "canonical_solution")]
+    assert "reference solution fails its own tests (0/1 passed" in quarantine["reason"][0]

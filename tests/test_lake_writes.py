@@ -101,7 +101,7 @@ def test_schema_is_enforced(lake):
             lake.replace("quarantine", quarantine_rows(1, ["x"]).drop("reason"), {"bank_version": 1}, run)
         with pytest.raises(LakeError, match="not in the table's schema"):
             lake.replace("quarantine", quarantine_rows(1, ["x"]).with_columns(surprise=1), {"bank_version": 1}, run)
-        with pytest.raises(LakeError, match="partition columns"):
+        with pytest.raises(LakeError, match="must include the partition columns"):
             lake.replace("quarantine", quarantine_rows(1, ["x"]), {"source": "x"}, run)
     assert not lake.exists("quarantine")
     written = lake.table("runs")

@@ -118,6 +118,8 @@ class DecontaminationConfig(Strict):
 class ValidationConfig(Strict):
     max_prompt_chars: int = Field(20_000, ge=100, description="longer prompts are quarantined")
     check_math_answers: bool = Field(True, description="quarantine math answers that cannot be parsed")
+    run_code_solutions: bool = Field(True, description="run each code problem's reference solution against its "
+                                     "tests in the sandbox; quarantine the problem if it fails")
 
 
 class CurationConfig(Strict):

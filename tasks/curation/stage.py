@@ -128,6 +128,35 @@ def source_report(loaded: list[LoadedSource], kept: pl.DataFrame, dropped: pl.Da
     return counts.rename({"exact_duplicate": "exact_dup", "near_duplicate": "near_dup"})
 
 
+def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> LoadedSource:
+    """Move code problems whose reference solution fails its own tests (run in the sandbox) to quarantine."""
+    from tasks.sandbox.client import Sandbox
+    from tasks.verifiers.code import extract_program
+
+    problems = loaded.problems
+    runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null())
+    if not validation.run_code_solutions or runnable.is_empty():
+        return loaded
+    failing: dict[str, str] = {}
+    with Sandbox() as sandbox:
+        for row in runnable.iter_rows(named=True):
+            program = extract_program(row["solution"], row["prompt"], row["entry_point"])
+            result = sandbox.run_tests(program, row["tests"], row["entry_point"], row["prompt"])
+            if not result.all_passed:
+                detail = "; ".join(result.failures[:1]) or result.status
+                failing[row["problem_id"]] = (f"reference solution fails its own tests ({result.passed}/{result.total} "
+                                              f"passed: {detail})")[:500]
+    if not failing:
+        return loaded
+    bad = problems.filter(pl.col("problem_id").is_in(list(failing)))
+    quarantined = bad.select(
+        "source", "source_uri", "source_line", field=pl.lit("canonical_solution"),
+        reason=pl.col("problem_id").replace_strict(failing, return_dtype=pl.String),
+        raw=pl.col("solution").str.slice(0, 2000))
+    return LoadedSource(loaded.name, problems.filter(~pl.col("problem_id").is_in(list(failing))),
+                        pl.concat([loaded.quarantined, quarantined.select(loaded.quarantined.columns)]))
+
+
 def preflight(config: CurationConfig) -> None:
     """Fail before any work on a file that cannot be read, or on two sources sharing a name
     (their rows would be indistinguishable in the bank)."""

@@ -9,6 +9,7 @@ stalls the stage.
 from __future__ import annotations
 
 import multiprocessing
+from functools import lru_cache
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -83,6 +84,11 @@ def _worker_main(connection: Connection, options: dict, worker: int) -> None:
             connection.send(verifiers.score(*item))
     finally:
         verifiers.close()
+
+
+@lru_cache(maxsize=None)
+def _version_of(name: str) -> str:
+    return build_verifier(name).version
 
 
 class VerifierPool:
@@ -166,7 +172,7 @@ class VerifierPool:
         slot["process"].join(5)
         slot.update(self._start(slot["worker"]))
         name = name or problem.get("verifier") or DEFAULT_VERIFIER.get(problem.get("domain", ""), "math")
-        return Scored(index, 0.0, False, name, "unknown", 0.0, {"reason": reason})
+        return Scored(index, 0.0, False, name, _version_of(name), 0.0, {"reason": reason})
 
     def _stop(self, slot: dict[str, Any]) -> None:
         try:

@@ -1,0 +1,102 @@
+"""The verification stage: score an iteration's rollouts into the `rewards` table.
+
+Each rollout is joined with its problem, scored by the problem's verifier (or one named in the
+config, to re-score old rollouts with a new verifier) across worker processes with a hard
+per-item deadline, and written as one replace of (iteration, verifier, verifier version):
+re-running replaces exactly that output, while another verifier's rewards stay beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.compute as pc
+from pydantic import Field
+
+from storage.lake import Lake
+from storage.runs import Run
+from tasks.curation.config import Strict
+from tasks.progress import track
+from tasks.verifiers.engine import VerifierPool
+from tasks.verifiers.noise import NoiseEstimate, corrected_reward
+
+PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
+                  "params"]
+
+
+class VerifyConfig(Strict):
+    """How the verification stage scores rollouts."""
+
+    verifier: str | None = Field(None, description="score every rollout with this verifier instead of each problem's own")
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per verifier name, "
+                                               "e.g. {code: {partial_credit: seed}, process: {process_weight: 0.5}}")
+    workers: int = Field(2, ge=0, description="worker processes; 0 scores in the orchestrator, without deadlines")
+    item_timeout: float = Field(30.0, gt=0, description="seconds one rollout may take before its worker is killed")
+    noise_correction: bool = Field(False, description="add corrected_reward from the verifier's latest audit")
+
+
+def rollouts_with_problems(lake: Lake, iteration: int) -> pl.DataFrame:
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") == iteration,
+                         columns=["rollout_id", "iteration", "problem_id", "response"])
+    if rollouts.is_empty():
+        raise ValueError(f"iteration {iteration} has no rollouts in {lake.uri}")
+    ids = rollouts["problem_id"].unique().to_list()
+    problems = lake.read("problems", filter=pc.field("problem_id").isin(ids), columns=PROBLEM_FIELDS)
+    missing = set(ids) - set(problems["problem_id"].to_list())
+    if missing:
+        raise ValueError(f"rollouts of iteration {iteration} name {len(missing)} problems not in the bank, "
+                         f"e.g. {sorted(missing)[:3]}")
+    return rollouts.join(problems.unique("problem_id"), on="problem_id", how="left")
+
+
+def score_rollouts(frame: pl.DataFrame, config: VerifyConfig) -> pl.DataFrame:
+    """Reward rows (without run id) for every rollout of the frame."""
+    rows = frame.to_dicts()
+    pool = VerifierPool(workers=config.workers, item_timeout=config.item_timeout, options=config.options)
+    items = ((row, row["response"], config.verifier) for row in rows)
+    scored = {s.index: s for s in track(pool.score(items), "verifying", total=len(rows))}
+    return pl.DataFrame([{
+        "iteration": row["iteration"], "rollout_id": row["rollout_id"], "problem_id": row["problem_id"],
+        "verifier": scored[i].verifier, "verifier_version": scored[i].verifier_version,
+        "reward": scored[i].reward, "correct": scored[i].correct, "format_reward": scored[i].format_reward,
+        "process_reward": scored[i].details.get("process_reward"),
+        "details": json.dumps(scored[i].details, default=str),
+    } for i, row in enumerate(rows)], schema_overrides={"correct": pl.Boolean, "process_reward": pl.Float64})
+
+
+def latest_noise(lake: Lake, verifier: str, version: str) -> NoiseEstimate | None:
+    audits = lake.read("verifier_noise", filter=(pc.field("verifier") == verifier)
+                       & (pc.field("verifier_version") == version)).sort("created_at")
+    if audits.is_empty():
+        return None
+    row = audits.row(-1, named=True)
+    return NoiseEstimate(row["rho0"], row["rho1"], row["n_wrong"], row["n_correct"])
+
+
+def with_noise_correction(lake: Lake, rewards: pl.DataFrame) -> pl.DataFrame:
+    """Fill corrected_reward for every (verifier, version) that has an audit."""
+    corrected = np.full(rewards.height, np.nan)
+    groups = rewards.with_row_index().group_by("verifier", "verifier_version").agg("index")
+    for verifier, version, index in groups.rows():
+        noise = latest_noise(lake, verifier, version)
+        if noise is not None:
+            positions = np.asarray(index)
+            corrected[positions] = corrected_reward(rewards["reward"].to_numpy()[positions], noise.rho0, noise.rho1)
+    return rewards.with_columns(corrected_reward=pl.Series(corrected).fill_nan(None))
+
+
+def write_rewards(lake: Lake, run: Run, iteration: int, rewards: pl.DataFrame) -> None:
+    """One replace per (iteration, verifier, version) present in the rows."""
+    for (verifier, version), part in rewards.group_by("verifier", "verifier_version"):
+        lake.replace("rewards", part, {"iteration": iteration, "verifier": verifier, "verifier_version": version}, run)
+
+
+def record_noise(lake: Lake, run: Run, verifier: str, version: str, noise: NoiseEstimate, audit: str) -> None:
+    lake.append("verifier_noise", pl.DataFrame([{
+        "verifier": verifier, "verifier_version": version, "rho0": noise.rho0, "rho1": noise.rho1,
+        "n_correct": noise.n_correct, "n_wrong": noise.n_wrong, "audit": audit,
+        "created_at": datetime.now(timezone.utc)}]), run)

@@ -1,0 +1,99 @@
+"""The verification stage over the lake: rewards per iteration, re-scoring, noise correction."""
+
+import json
+
+import polars as pl
+import pytest
+
+from conftest import run_cli
+from tasks.curation.config import SourceConfig, ValidationConfig
+from tasks.curation.load import load_source
+
+
+def seed_iteration(lake, iteration=1):
+    """A tiny bank (math + code) and rollouts for one iteration: half right, half wrong."""
+    math = load_source(SourceConfig(kind="generator", generator="level1", count=4, seed=3), ValidationConfig()).problems
+    code = pl.DataFrame([{"problem_id": "code-1", "source": "toy", "source_kind": "humaneval", "source_uri": "toy",
+                          "split": "train", "domain": "code", "level": 2, "prompt": "def add(a, b):\n",
+                          "tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n", "entry_point": "add",
+                          "verifier": "code"}])
+    problems = pl.concat([math.drop("similarity_checks"), code], how="diagonal_relaxed")
+    with lake.run("test", "seed", {}, bank_version=1) as run:
+        lake.replace("problems", problems.with_columns(bank_version=pl.lit(1, pl.Int64)), {"bank_version": 1}, run)
+    rows = []
+    for row in math.iter_rows(named=True):
+        rows.append({"problem_id": row["problem_id"], "response": f"\\boxed{{{row['answer']}}}"})
+        rows.append({"problem_id": row["problem_id"], "response": f"\\boxed{{{int(row['answer']) + 1}}}"})
+    rows += [{"problem_id": "code-1", "response": "    return a + b\n"}, {"problem_id": "code-1", "response": "    return 0\n"}]
+    rollouts = pl.DataFrame([{**r, "rollout_id": f"r{i}", "iteration": iteration, "group_id": r["problem_id"],
+                              "sample_idx": i % 2, "model_version": 0} for i, r in enumerate(rows)])
+    with lake.run("test", "rollout", {}, iteration=iteration) as run:
+        lake.replace("rollouts", rollouts, {"iteration": iteration}, run)
+    return rollouts
+
+
+@pytest.fixture
+def verify_iteration(prefect_api):
+    from flows.verification import verify_iteration
+
+    return verify_iteration
+
+
+def test_rewards_for_an_iteration(verify_iteration, lake, lake_uri):
+    rollouts = seed_iteration(lake)
+    result = verify_iteration(1, {"workers": 2}, lake_uri)
+    rewards = lake.read("rewards").sort("rollout_id")
+    assert rewards.height == rollouts.height
+    assert rewards.group_by("verifier").agg(pl.col("reward").sum()).sort("verifier").rows() == [("code", 1.0), ("math", 4.0)]
+    assert set(rewards["verifier_version"]) == {"1.0"} and set(rewards["run_id"]) == {result["run_id"]}
+    assert json.loads(rewards.filter(pl.col("verifier") == "code")["details"][0])["tests_total"] == 1
+    runs = lake.read("runs").filter(pl.col("stage") == "verify")
+    assert runs.select("iteration", "status").rows() == [(1, "completed")]
+
+
+def test_rescoring_replaces_its_own_rows_and_keeps_other_verifiers(verify_iteration, lake, lake_uri):
+    seed_iteration(lake)
+    verify_iteration(1, {"workers": 0}, lake_uri)
+    verify_iteration(1, {"workers": 0}, lake_uri)
+    verify_iteration(1, {"workers": 0, "verifier": "flipped"}, lake_uri)
+    rewards = lake.read("rewards")
+    counts = dict(rewards.group_by("verifier").len().rows())
+    assert counts == {"math": 8, "code": 2, "flipped": 10}
+    disagreement = rewards.pivot(on="verifier", index="rollout_id", values="reward", aggregate_function="first")
+    math_rows = disagreement.drop_nulls("math")
+    assert (math_rows["math"] + math_rows["flipped"]).to_list() == [1.0] * 8
+    assert lake.read("runs").filter(pl.col("stage") == "verify").height == 3
+
+
+def test_noise_correction_uses_the_latest_audit(verify_iteration, lake, lake_uri, tmp_path):
+    from flows.verification import audit_verifier
+
+    seed_iteration(lake)
+    audit_verifier("math", "1.0", {"rho0": 0.1, "rho1": 0.2, "n_wrong": 50, "n_correct": 50}, "test", lake_uri)
+    verify_iteration(1, {"workers": 0, "noise_correction": True}, lake_uri)
+    rewards = lake.read("rewards")
+    math = rewards.filter(pl.col("verifier") == "math")
+    expected = ((math["reward"] - 0.1) / (1 - 0.1 - 0.2)).to_list()
+    assert math["corrected_reward"].to_list() == pytest.approx(expected)
+    assert rewards.filter(pl.col("verifier") == "code")["corrected_reward"].null_count() == 2
+
+
+def test_missing_rollouts_are_a_clear_error(verify_iteration, lake, lake_uri):
+    seed_iteration(lake)
+    with pytest.raises(ValueError, match="iteration 9 has no rollouts"):
+        verify_iteration(9, {}, lake_uri)
+
+
+def test_audit_command_stores_rho(tmp_path):
+    lake = str(tmp_path / "lake")
+    lines = [{"id": i, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": True} for i in range(8)]
+    lines += [{"id": 100 + i, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": False} for i in range(6)]
+    lines += [{"id": 200, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": True},   # a false negative
+              {"id": 201, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": False}]  # a false positive
+    path = tmp_path / "audit.jsonl"
+    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    result = run_cli("audit-verifier", str(path), "--workers", "0", "--lake", lake)
+    assert result.returncode == 0, result.stderr
+    stored = run_cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
+                     "--lake", lake)
+    assert json.loads(stored.stdout) == {"verifier": "math", "rho0": 1 / 7, "rho1": 1 / 9, "n_correct": 9, "n_wrong": 7}
