@@ -334,6 +334,28 @@ def bench_dedup(
     run_benchmark([int(s) for s in sizes.split(",")], repeats)
 
 
+@bench_app.command("verify")
+def bench_verify(
+    limit: Annotated[int, typer.Option(help="gold answers (MATH-500 then GSM8K test), two responses each")] = 2000,
+    workers: Annotated[int, typer.Option(min=1, help="our verifier's worker processes")] = 2,
+) -> None:
+    """Math verification throughput and accuracy against math-verify called directly."""
+    from bench.verify_throughput import run_benchmark
+
+    run_benchmark(limit, workers)
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    workers: Annotated[int, typer.Option(min=1, help="concurrent runs on both sides")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="passes over the 164 problems")] = 1,
+) -> None:
+    """Sandboxed executions per second against bare subprocesses, on HumanEval's canonical solutions."""
+    from bench.sandbox_rate import run_benchmark
+
+    run_benchmark(workers, repeats)
+
+
 def main() -> None:
     """The console entry point: errors the user can act on are one line, never a traceback."""
     from deltalake.exceptions import DeltaError

@@ -8,7 +8,9 @@ stalls the stage.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
+from collections import deque
 from functools import lru_cache
 import time
 import traceback
@@ -72,16 +74,19 @@ class VerifierSet:
 
 
 def _worker_main(connection: Connection, options: dict, worker: int) -> None:
+    """Score each chunk of items it receives, sending every result as soon as it is ready."""
     verifiers = VerifierSet(options, worker)
+    verifiers.get("math").verify({"answer": "x^2"}, r"\boxed{x^2}")     # warm up: sympy and the LaTeX parser
     try:
         while True:
             try:
-                item = connection.recv()
+                chunk = connection.recv()
             except EOFError:
                 return
-            if item is None:
+            if chunk is None:
                 return
-            connection.send(verifiers.score(*item))
+            for item in chunk:
+                connection.send(verifiers.score(*item))
     finally:
         verifiers.close()
 
@@ -92,25 +97,50 @@ def _version_of(name: str) -> str:
 
 
 class VerifierPool:
-    """`workers` processes scoring items in parallel; `workers=0` scores in this process, unbounded."""
+    """`workers` processes scoring items in parallel; `workers=0` scores in this process, unbounded.
+
+    Items travel in chunks (fewer round trips), but results come back one by one, and each item
+    has its own deadline: `item_timeout` seconds from the previous result of its worker. When it
+    passes, the worker is killed and replaced, the item scores 0, and the rest of its chunk is
+    sent again.
+    """
 
     def __init__(self, workers: int = 2, item_timeout: float = 30.0,
-                 options: Mapping[str, Mapping[str, Any]] | None = None):
+                 options: Mapping[str, Mapping[str, Any]] | None = None, chunk_size: int = 16):
         self.workers = workers
         self.item_timeout = item_timeout
+        self.chunk_size = chunk_size
         self.options = {name: dict(value) for name, value in (options or {}).items()}
         self._context = multiprocessing.get_context("spawn")
         self._slots: list[dict[str, Any]] = []
+
+    def start(self) -> "VerifierPool":
+        """Start (and warm up) the workers now rather than at the first `score`; they serve every call."""
+        if not self._slots and self.workers:
+            self._slots = [self._start(w) for w in range(self.workers)]
+            for slot in self._slots:                      # a no-op round trip: the worker is warm once it answers
+                slot["connection"].send([])
+        return self
+
+    def close(self) -> None:
+        for slot in self._slots:
+            self._stop(slot)
+        self._slots = []
+
+    def __enter__(self) -> "VerifierPool":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _start(self, worker: int) -> dict[str, Any]:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=_worker_main, args=(child, self.options, worker), daemon=True)
         process.start()
         child.close()
-        return {"worker": worker, "process": process, "connection": parent, "item": None, "deadline": None}
+        return {"worker": worker, "process": process, "connection": parent, "in_flight": deque(), "deadline": 0.0}
 
-    def score(self, items: Iterable[tuple[Mapping[str, Any], str, str | None]],
-              on_result: Callable[[Scored], None] | None = None) -> Iterator[Scored]:
+    def score(self, items: Iterable[tuple[Mapping[str, Any], str, str | None]]) -> Iterator[Scored]:
         """Yield a `Scored` per (problem, response, verifier name or None), in completion order."""
         if self.workers == 0:
             verifiers = VerifierSet(self.options)
@@ -120,54 +150,48 @@ class VerifierPool:
             finally:
                 verifiers.close()
             return
-        pending = iter(enumerate(items))
-        self._slots = [self._start(w) for w in range(self.workers)]
+        queue = _Queue(((index, dict(problem), response, name) for index, (problem, response, name) in enumerate(items)))
+        owned = not self._slots
+        self.start()
         try:
-            busy = 0
             for slot in self._slots:
-                busy += self._feed(slot, pending)
-            while busy:
-                now = time.monotonic()
-                timeout = max(0.0, min(s["deadline"] for s in self._slots if s["item"] is not None) - now)
-                ready = wait([s["connection"] for s in self._slots if s["item"] is not None], timeout)
-                for slot in self._slots:
-                    if slot["item"] is None:
-                        continue
-                    if slot["connection"] in ready:
-                        result = self._receive(slot)
-                    elif time.monotonic() >= slot["deadline"]:
-                        result = self._timed_out(slot)
-                    else:
-                        continue
-                    yield result
-                    busy -= 1
-                    busy += self._feed(slot, pending)
+                self._feed(slot, queue)
+            while any(slot["in_flight"] for slot in self._slots):
+                busy = [slot for slot in self._slots if slot["in_flight"]]
+                wait([slot["connection"] for slot in busy], max(0.0, min(s["deadline"] for s in busy) - time.monotonic()))
+                for slot in busy:
+                    yield from self._collect(slot, queue)
         finally:
-            for slot in self._slots:
-                self._stop(slot)
+            if owned:
+                self.close()
 
-    def _feed(self, slot: dict[str, Any], pending: Iterator) -> int:
-        try:
-            index, (problem, response, name) = next(pending)
-        except StopIteration:
-            slot["item"] = None
-            return 0
-        slot["item"] = (index, dict(problem), response, name)
-        slot["deadline"] = time.monotonic() + self.item_timeout
-        slot["connection"].send(slot["item"])
-        return 1
+    def _feed(self, slot: dict[str, Any], queue: "_Queue") -> None:
+        chunk = queue.take(self.chunk_size)
+        if chunk:
+            slot["in_flight"].extend(chunk)
+            slot["deadline"] = time.monotonic() + self.item_timeout
+            slot["connection"].send(chunk)
 
-    def _receive(self, slot: dict[str, Any]) -> Scored:
+    def _collect(self, slot: dict[str, Any], queue: "_Queue") -> Iterator[Scored]:
+        connection = slot["connection"]
         try:
-            return slot["connection"].recv()
+            while slot["in_flight"] and connection.poll():
+                result = connection.recv()
+                slot["in_flight"].popleft()
+                slot["deadline"] = time.monotonic() + self.item_timeout
+                yield result
         except (EOFError, OSError):
-            return self._replace(slot, "the verification worker died")
+            yield self._replace(slot, queue, "the verification worker died")
+        else:
+            if slot["in_flight"] and time.monotonic() >= slot["deadline"]:
+                yield self._replace(slot, queue, f"verification timed out after {self.item_timeout:g} s")
+        if not slot["in_flight"]:
+            self._feed(slot, queue)
 
-    def _timed_out(self, slot: dict[str, Any]) -> Scored:
-        return self._replace(slot, f"verification timed out after {self.item_timeout:g} s")
-
-    def _replace(self, slot: dict[str, Any], reason: str) -> Scored:
-        index, problem, _, name = slot["item"]
+    def _replace(self, slot: dict[str, Any], queue: "_Queue", reason: str) -> Scored:
+        """Kill the worker; its current item fails, the rest of its chunk goes back in the queue."""
+        index, problem, _, name = slot["in_flight"].popleft()
+        queue.put_back(slot["in_flight"])
         slot["process"].kill()
         slot["process"].join(5)
         slot.update(self._start(slot["worker"]))
@@ -183,3 +207,20 @@ class VerifierPool:
         if slot["process"].is_alive():
             slot["process"].kill()
             slot["process"].join(5)
+
+
+class _Queue:
+    """Items still to score: returned ones first, then the source, lazily."""
+
+    def __init__(self, source: Iterator):
+        self.source = source
+        self.returned: deque = deque()
+
+    def take(self, count: int) -> list:
+        chunk = [self.returned.popleft() for _ in range(min(count, len(self.returned)))]
+        chunk += list(itertools.islice(self.source, count - len(chunk)))
+        return chunk
+
+    def put_back(self, items: deque) -> None:
+        self.returned.extendleft(reversed(items))
+        items.clear()

@@ -34,8 +34,9 @@ def final_answers(text: str, extractors: tuple[str, ...] = EXTRACTORS) -> list[t
             statements += [("boxed", b) for b in all_boxed(text)]
         elif extractor == "hash":
             statements += [("hash", m.group(1)) for m in HASH_LINE.finditer(text)]
-        elif extractor == "answer_is":
-            statements += [("answer_is", m.group(1).strip().rstrip(".")) for m in ANSWER_IS.finditer(text[-400:])]
+        elif extractor == "answer_is":            # "the answer is \boxed{7}" is the boxed statement, not another one
+            statements += [("answer_is", m.group(1).strip().rstrip(".")) for m in ANSWER_IS.finditer(text[-400:])
+                           if "\\boxed" not in m.group(1) and "\\fbox" not in m.group(1)]
         else:
             raise ValueError(f"unknown extractor {extractor!r}; use {EXTRACTORS}")
     return [(kind, answer) for kind, answer in statements if answer]

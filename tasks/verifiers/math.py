@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import lru_cache
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tasks.verifiers.base import Verdict, failed, register
-from tasks.verifiers.extract import EXTRACTORS, final_answers
+from tasks.verifiers.extract import EXTRACTORS, extract_answer, final_answers
 from tasks.verifiers.guards import canonical, costly, lists_candidates
 from tasks.verifiers.numbers import numbers_equal, parse_number, strip_noise
 
@@ -37,8 +38,8 @@ class MathVerifier:
         statements = final_answers(response, tuple(self.extractors))
         if not statements:
             return failed("no final answer", extracted=None)
-        answer = statements[-1][1]
-        details = {"extracted": answer, "extractor": statements[-1][0]}
+        answer, extractor = extract_answer(response, tuple(self.extractors))
+        details = {"extracted": answer, "extractor": extractor}
         if self._hedged([a for _, a in statements]):
             return failed("hedged: several different final answers", **details,
                           final_answers=[a for _, a in statements])
@@ -69,13 +70,21 @@ class MathVerifier:
         logging.getLogger("math_verify").setLevel(logging.ERROR)
         timeout = max(1, int(self.timeout_seconds)) if threading.current_thread() is threading.main_thread() else None
         try:
-            gold_parsed = parse(_latex(gold), parsing_timeout=timeout)
+            gold_parsed = _parse_gold(gold, timeout)
             answer_parsed = parse(_latex(answer), parsing_timeout=timeout)
             if not answer_parsed or not gold_parsed:
                 return _same_text(gold, answer)
             return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
         except Exception:        # math-verify's own timeout, or a sympy failure: not provably equal
             return False
+
+
+@lru_cache(maxsize=8192)
+def _parse_gold(gold: str, timeout: int | None) -> list:
+    """Gold answers repeat across a group's samples: parse each once per worker."""
+    from math_verify import parse
+
+    return parse(_latex(gold), parsing_timeout=timeout)
 
 
 def _latex(answer: str) -> str:
