@@ -6,8 +6,9 @@ import pytest
 
 from conftest import ROOT
 from tasks.curation.config import CurationConfig, load_yaml_config, parse_source_spec
+from tasks.verification import VerifyConfig
 
-SECTIONS = {"bank": CurationConfig}
+SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig}
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

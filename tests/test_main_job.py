@@ -37,3 +37,15 @@ def test_reports_fit_an_80_column_terminal(tmp_path):
     result = run_cli("curate", "--source", "gen:level1:10", "--lake", str(tmp_path / "lake"), env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     assert "│ gen:level1" in result.stdout
+
+
+def test_verification_benchmarks_measure_both_sides():
+    from bench.sandbox_rate import run_benchmark as sandbox_benchmark
+    from bench.verify_throughput import build_items, run_benchmark as verify_benchmark
+
+    items = build_items(20)
+    assert len(items) == 40 and {label for _, _, label in items} == {True, False}
+    measured = verify_benchmark(limit=20, workers=1)
+    assert measured["items"] == 40 and measured["accuracy"] >= 0.9 and measured["rate"] > 0
+    rates = sandbox_benchmark(workers=1)
+    assert rates["passed"] == rates["baseline_passed"] == rates["runs"]

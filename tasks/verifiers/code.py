@@ -58,7 +58,7 @@ class CodeVerifier:
         program = extract_program(response, prompt, entry_point)
         result = self.sandbox.run_tests(program, tests, entry_point, prompt)
         details = {"tests_passed": result.passed, "tests_total": result.total, "status": result.status,
-                   "failures": result.failures, "seconds": result.seconds}
+                   "failures": result.failures, "seconds": result.seconds, "isolation": self.sandbox.isolation}
         if result.status not in ("ok", "incomplete"):
             return failed(f"sandbox: {result.status}", **details)
         all_passed = result.all_passed
