@@ -58,6 +58,12 @@ HOSTILE = {
         "                found = re.search(r\"solve\\(2\\) == '(hidden-[0-9a-f]+)'\", text)\n"
         "                if found:\n                    return found.group(1)\n            if base.count('/') > 8:\n"
         "                dirs[:] = []\n    return None\n", expecting("hidden-" + uuid.uuid4().hex[:12])),
+    "read the tests from its own memory": (
+        "import gc\ndef solve(x):\n    for obj in gc.get_objects():\n"
+        "        if isinstance(obj, dict) and isinstance(obj.get('tests'), str) and 'hidden' in obj['tests']:\n"
+        "            return obj['tests'].split(\"'\")[1]\n"
+        "    import re\n    raw = open('/proc/self/maps').read()\n    return None\n",
+        expecting("hidden-" + uuid.uuid4().hex[:12])),
     "read other processes' memory": (
         "import os, re\ndef solve(x):\n    for pid in os.listdir('/proc'):\n        if not pid.isdigit():\n"
         "            continue\n        for part in ('cmdline', 'environ'):\n            try:\n"
@@ -211,3 +217,14 @@ def test_the_rlimits_fallback_still_refuses_sockets(answer_server):
     with Sandbox(limits=LIMITS, isolation="rlimits") as sandbox:
         result = sandbox.run_script(program)
     assert SECRET not in result.output and result.exit_code != 0
+
+
+def test_closing_a_sandbox_leaves_no_folder_or_process_behind():
+    before = set(Path("/tmp").glob("rlvr-sandbox-*"))
+    for isolation in {"rlimits", isolation_mode()}:
+        with Sandbox(limits=LIMITS, isolation=isolation) as sandbox:
+            assert sandbox.run_script("open('x', 'w').write('1')").exit_code == 0
+            server = sandbox._process.pid
+        assert subprocess.run(["ps", "-p", str(server)], capture_output=True).returncode != 0
+    assert set(Path("/tmp").glob("rlvr-sandbox-*")) == before
+    assert not Path("/run/rlvr-jail").exists() and not Path("/tmp/rlvr-jail").exists()

@@ -68,7 +68,8 @@ class Sandbox:
         # the environment carries nothing of the orchestrator's; the working directory is /
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": _package_root()}
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
-                                         stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                                         stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         ready = self._receive(time.monotonic() + 60)
         if not ready or not ready.get("ready"):
             self.close()
@@ -139,6 +140,15 @@ class Sandbox:
             except ProcessLookupError:
                 pass
             process.wait(10)
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the server (and, through `unshare --kill-child`, its namespace) is killed with
+    the process that started it, so a verification worker killed for a timeout leaves nothing behind."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _package_root() -> str:

@@ -14,11 +14,13 @@ Python audit hook refuses socket connections: a guard, not isolation (see the RE
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,7 @@ import traceback
 from tasks.sandbox import harness
 from tasks.sandbox.protocol import recv_json, recv_value, send_json
 
-JAIL = "/run/rlvr-jail"
+JAIL = "/tmp/rlvr-jail"          # on a tmpfs mounted over /tmp in the server's own mount namespace
 # What a jailed program sees of the machine: the system's libraries and Python's own, read-only.
 # Not the orchestrator's files, the lake, the repository, /etc or anyone's home.
 JAIL_READ_ONLY = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
@@ -52,6 +54,53 @@ class Zygote:
             os.makedirs(self.scratch)
         else:
             self.scratch = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        self._start_template()
+
+    def _start_template(self) -> None:
+        """Fork the process that forks candidates, now, while this one has seen no test.
+
+        Programs under test are forked from it, never from this server: a fork copies memory, and
+        this server's memory holds the tests of this job and the remains of earlier ones.
+        """
+        self.template_socket, child_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.template_pid = os.fork()
+        if self.template_pid == 0:
+            self.template_socket.close()
+            try:
+                self._template_loop(child_socket)
+            finally:
+                os._exit(0)
+        child_socket.close()
+
+    def _template_loop(self, connection: socket.socket) -> None:
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)        # its children are reaped by the kernel
+        while True:
+            message, fds, _, _ = socket.recv_fds(connection, 8, 3)
+            if not message:
+                return
+            payload = _recv_exactly(connection, int.from_bytes(message, "big"))
+            job = json.loads(payload)
+            if job["kind"] == "tests":
+                request_fd, response_fd, out_fd = fds
+                keep = (request_fd, response_fd)
+                body = lambda: harness.serve_candidate(job["program"], request_fd, response_fd)  # noqa: E731
+            else:
+                out_fd, status_fd = fds
+                keep = (status_fd,)
+                body = lambda: harness.run_script(job["program"])  # noqa: E731
+            pid = self._fork_jailed(self.candidate_uid, job["workdir"], job["limits"], out_fd, keep, body,
+                                    status_fd=None if job["kind"] == "tests" else fds[1])
+            for fd in fds:
+                os.close(fd)
+            connection.sendall(pid.to_bytes(8, "big"))
+
+    def _spawn_candidate(self, kind: str, program: str, limits: dict, fds: list[int]) -> int:
+        """Have the template fork the program's process; returns its pid (also its process group)."""
+        workdir = self._workdir(self.candidate_uid)
+        payload = json.dumps({"kind": kind, "program": program, "limits": limits, "workdir": workdir}).encode()
+        socket.send_fds(self.template_socket, [len(payload).to_bytes(8, "big")], fds)
+        self.template_socket.sendall(payload)
+        return int.from_bytes(_recv_exactly(self.template_socket, 8), "big")
 
     # ---- one job ---------------------------------------------------------------------------
     def run(self, job: dict) -> dict:
@@ -69,25 +118,28 @@ class Zygote:
 
     def _run_script(self, job: dict, limits: dict) -> dict:
         out_read, out_write = os.pipe()
-        pid = self._spawn(self.candidate_uid, limits, stdout=out_write, keep=(),
-                          body=lambda: harness.run_script(job["program"]))
+        status_read, status_write = os.pipe()        # the child writes its exit code here; EOF if killed
+        pid = self._spawn_candidate("script", job["program"], limits, [out_write, status_write])
         os.close(out_write)
+        os.close(status_write)
         watch = _Watch(limits)
         watch.output(out_read)
-        status = watch.until(lambda: _exited(pid))
-        exit_code = _wait_exit(pid) if status == "ok" else None
-        return {"status": status, "exit_code": exit_code, "output": watch.text(out_read)}
+        status = watch.until(lambda: bool(select.select([status_read], [], [], 0)[0]), extra=(status_read,))
+        code = os.read(status_read, 16) if status == "ok" else b""
+        os.close(status_read)
+        _kill_group(pid)
+        return {"status": status, "exit_code": int(code) if code else None, "output": watch.text(out_read)}
 
     def _run_tests(self, job: dict, limits: dict) -> dict:
         request_read, request_write = os.pipe()
         response_read, response_write = os.pipe()
         result_read, result_write = os.pipe()
         out_read, out_write = os.pipe()
-        candidate = self._spawn(self.candidate_uid, limits, stdout=out_write, keep=(request_read, response_write),
-                                body=lambda: harness.serve_candidate(job["program"], request_read, response_write))
-        tester = self._spawn(self.tests_uid, limits, stdout=None, keep=(request_write, response_read, result_write),
-                             body=lambda: harness.run_tests(job.get("prompt", ""), job["tests"], job["entry_point"],
-                                                            request_write, response_read, result_write))
+        candidate = self._spawn_candidate("tests", job["program"], limits, [request_read, response_write, out_write])
+        tester = self._fork_jailed(self.tests_uid, self._workdir(self.tests_uid), limits, None,
+                                   (request_write, response_read, result_write),
+                                   lambda: harness.run_tests(job.get("prompt", ""), job["tests"], job["entry_point"],
+                                                             request_write, response_read, result_write))
         for fd in (request_read, request_write, response_read, response_write, result_write, out_write):
             os.close(fd)
         watch = _Watch(limits)
@@ -121,15 +173,19 @@ class Zygote:
         return False
 
     # ---- the jail --------------------------------------------------------------------------
-    def _spawn(self, uid: int, limits: dict, stdout: int | None, keep: tuple[int, ...], body) -> int:
+    def _workdir(self, uid: int) -> str:
         workdir = tempfile.mkdtemp(dir=self.scratch)
         if self.root:
             os.chown(workdir, uid, uid)
+        return workdir
+
+    def _fork_jailed(self, uid: int, workdir: str, limits: dict, stdout: int | None, keep: tuple[int, ...], body,
+                     status_fd: int | None = None) -> int:
         pid = os.fork()
         if pid:
             return pid
         code = 1
-        try:                                   # the child: never returns into the server's loop
+        try:                                   # the child: never returns into its parent's loop
             self._enter_jail(uid, workdir, limits, stdout, keep)
             body()
             code = 0
@@ -141,6 +197,8 @@ class Zygote:
         finally:
             try:
                 sys.stdout.flush()
+                if status_fd is not None:
+                    os.write(status_fd, str(code).encode())
             finally:
                 os._exit(code)
 
@@ -183,12 +241,12 @@ class Zygote:
         """Kill whatever the run left behind and remove every file it wrote."""
         if self.namespaces:
             for entry in os.listdir("/proc"):
-                if entry.isdigit() and int(entry) != os.getpid():
+                if entry.isdigit() and int(entry) not in (os.getpid(), self.template_pid):
                     try:
                         os.kill(int(entry), signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-        _reap()
+        _reap((os.getpid(), self.template_pid), self.namespaces)
         if self.namespaces:                    # everything a run can write lives under the jail's /tmp
             _empty_folder(os.path.join(JAIL, "tmp"))
         else:
@@ -241,23 +299,6 @@ class _Watch:
         return bytes(self.buffers[fd][: min(len(self.buffers[fd]), 4000)]).decode("utf-8", "replace")
 
 
-_EXIT_CODES: dict[int, int] = {}
-
-
-def _exited(pid: int) -> bool:
-    try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    if done:
-        _EXIT_CODES[pid] = os.waitstatus_to_exitcode(status)
-    return bool(done)
-
-
-def _wait_exit(pid: int) -> int | None:
-    return _EXIT_CODES.pop(pid, None)
-
-
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -265,16 +306,30 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _reap(seconds: float = 1.0) -> None:
-    """Collect exited children (and, as PID 1, orphans) for up to `seconds`."""
+def _reap(spare: tuple[int, ...], namespaces: bool, seconds: float = 2.0) -> None:
+    """Collect exited children (and, as PID 1, orphans). In a PID namespace, wait until no process
+    but the spared ones is left; otherwise take the zombies there are."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
         except ChildProcessError:
+            pass
+        if not namespaces or not [e for e in os.listdir("/proc") if e.isdigit() and int(e) not in spare]:
             return
-        if pid == 0:
-            time.sleep(0.001)
+        time.sleep(0.0005)
+
+
+def _recv_exactly(connection: socket.socket, size: int) -> bytes:
+    chunks, remaining = [], size
+    while remaining:
+        chunk = connection.recv(min(remaining, 1 << 20))
+        if not chunk:
+            raise EOFError("the other end closed the socket")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 def _empty_folder(folder: str) -> None:
@@ -295,7 +350,8 @@ def _mount(*arguments: str) -> None:
 
 def _build_jail() -> None:
     """A root for the children: a private tmpfs holding read-only binds of the system and of Python."""
-    os.makedirs(JAIL, exist_ok=True)
+    _mount("-t", "tmpfs", "-o", "mode=1777,size=16m", "tmpfs", "/tmp")      # nothing below is seen by the host
+    os.makedirs(JAIL)
     _mount("-t", "tmpfs", "-o", "mode=755,size=512m", "tmpfs", JAIL)
     python_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
     for source in [*JAIL_READ_ONLY, *sorted(python_roots)]:
@@ -328,11 +384,15 @@ def main() -> None:
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)      # stray prints must not corrupt the protocol
     send_json(replies, {"ready": True, "isolation": mode, "pid": os.getpid()})
-    while True:
-        job = recv_json(requests)
-        if job is None:
-            return
-        send_json(replies, zygote.run(job))
+    try:
+        while True:
+            job = recv_json(requests)
+            if job is None:
+                return
+            send_json(replies, zygote.run(job))
+    finally:
+        if not zygote.namespaces:
+            shutil.rmtree(zygote.scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
