@@ -224,6 +224,10 @@ def verify_file(
     from tasks.verifiers.engine import VerifierPool
     from tasks.verifiers.files import BadLine, read_lines
 
+    if verifier is not None:
+        from tasks.verifiers.base import build_verifier
+
+        build_verifier(verifier)                    # an unknown name fails here, before any work
     parsed = list(read_lines(str(input_path)))
     bad = [p for p in parsed if isinstance(p, BadLine)]
     for line in bad:
@@ -287,30 +291,33 @@ def audit_verifier_command(
     lake: LakeOption = None,
 ) -> None:
     """Estimate a verifier's false-positive (rho0) and false-negative (rho1) rates and store them."""
-    import json
-
     import numpy as np
 
     from tasks.verifiers.engine import VerifierPool
     from tasks.verifiers.files import BadLine, read_lines
     from tasks.verifiers.noise import estimate_noise
 
-    labels = {}
-    for number, text in enumerate(audit_file.open(), start=1):
-        if text.strip():
-            record = json.loads(text)
-            labels[number] = record.get("label")
-    items = [p for p in read_lines(str(audit_file)) if not isinstance(p, BadLine)]
+    parsed = list(read_lines(str(audit_file)))
+    for line in parsed:
+        if isinstance(line, BadLine):
+            errors.print(f"[yellow]skipped[/yellow] {escape(str(audit_file))} {escape(str(line))}", highlight=False)
+    items = [p for p in parsed if not isinstance(p, BadLine)]
     if not items:
         fail(f"{audit_file}: no usable lines")
-    judged = list(VerifierPool(workers=workers).score([(p, r, verifier) for p, r, _ in items]))
-    judged.sort(key=lambda s: s.index)
+
+    def verdicts(name: str | None) -> list:
+        return sorted(VerifierPool(workers=workers).score([(p, r, name or v) for p, r, v in items]), key=lambda s: s.index)
+
+    judged = verdicts(verifier)
+    identities = {(s.verifier, s.verifier_version) for s in judged}
+    if len(identities) != 1:
+        fail(f"{audit_file}: the lines are scored by {sorted(identities)}; audit one verifier at a time (--verifier)")
     if reference:
-        truth = [s.correct for s in VerifierPool(workers=workers).score([(p, r, reference) for p, r, _ in items])]
+        truth = [s.correct for s in verdicts(reference)]
         audit = f"reference verifier {reference} on {audit_file.name}"
     else:
-        truth = [label for label in labels.values()]
-        if len(truth) != len(items) or any(not isinstance(t, bool) for t in truth):
+        truth = [problem["label"] for problem, _, _ in items]
+        if any(t is None for t in truth):
             fail(f"{audit_file}: every line needs a boolean `label` (or pass --reference)")
         audit = f"labels in {audit_file.name}"
     noise = estimate_noise(np.array([bool(s.correct) for s in judged]), np.array([bool(t) for t in truth]))
@@ -338,11 +345,12 @@ def bench_dedup(
 def bench_verify(
     limit: Annotated[int, typer.Option(help="gold answers (MATH-500 then GSM8K test), two responses each")] = 2000,
     workers: Annotated[int, typer.Option(min=1, help="our verifier's worker processes")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="back-to-back measurements; the median is reported")] = 3,
 ) -> None:
     """Math verification throughput and accuracy against math-verify called directly."""
     from bench.verify_throughput import run_benchmark
 
-    run_benchmark(limit, workers)
+    run_benchmark(limit, workers, repeats)
 
 
 @bench_app.command("sandbox")

@@ -53,6 +53,9 @@ def test_extractors_are_configurable():
     ("x^2+2x+1", r"\boxed{(x+1)^2}"),
     ("-3/4", r"\boxed{-\frac{3}{4}}"),
     ("x = 5", r"\boxed{5}"),
+    ("1000", r"\boxed{1{,}000}"),
+    ("a^2+b^2+c^2+d^2+e^2", r"\boxed{a^{2}+b^{2}+c^{2}+d^{2}+e^{2}}"),
+    (r"x \geq 2", r"\boxed{x \ge 2}"),
 ])
 def test_equivalent_forms_score_one(gold, response):
     assert score(gold, response) == 1.0
@@ -88,10 +91,42 @@ def test_correct_value_only_in_the_reasoning_scores_zero():
 
 
 @pytest.mark.parametrize("response", [r"\boxed{1, 2, 3, 4}", r"\boxed{2 \text{ or } 3}", r"\boxed{2 or 3}",
-                                      r"\boxed{\{1,2,3\}}", r"\boxed{2; 3}"])
+                                      r"\boxed{\{1,2,3\}}", r"\boxed{2; 3}", "The answer is 2 (or possibly 3).",
+                                      "#### 3 (or 2)", r"\boxed{5 \\ 4 \\ 3 \\ 2}"])
 def test_listing_every_candidate_scores_zero(response):
     result = verifier.verify({"answer": "2"}, response)
-    assert result.reward == 0.0
+    assert result.reward == 0.0 and result.details["reason"] == "lists several candidates for a single-valued answer"
+
+
+def test_a_box_inside_a_box_scores_zero():
+    result = verifier.verify({"answer": "2"}, r"\boxed{3 \text{ or } \boxed{2}}")
+    assert result.reward == 0.0 and result.details["reason"] == "a box inside a box"
+
+
+@pytest.mark.parametrize("response", [r"\boxed{\text{not } 2}", r"\boxed{\text{at least } 2}", r"\boxed{2 \text{ million}}",
+                                      "#### 2 dozen", r"\boxed{2 \text{ squared}}", r"\boxed{2 \text{ is wrong}}"])
+def test_words_that_change_the_value_score_zero(response):
+    result = verifier.verify({"answer": "2"}, response)
+    assert result.reward == 0.0 and result.details["reason"].startswith("words that change the value")
+
+
+@pytest.mark.parametrize("response", [r"\boxed{\neq 2}", r"\boxed{> 2}", r"\boxed{\approx 2}", r"\boxed{3 = 2}"])
+def test_relations_where_a_value_is_asked_score_zero(response):
+    result = verifier.verify({"answer": "2"}, response)
+    assert result.reward == 0.0 and result.details["reason"] == "a relation where a value is asked"
+
+
+def test_a_percentage_reads_by_the_question():
+    assert verifier.verify({"answer": "0.02", "prompt": "What fraction is left?"}, r"\boxed{2\%}").reward == 1.0
+    assert verifier.verify({"answer": "2", "prompt": "What fraction is left?"}, r"\boxed{2\%}").reward == 0.0
+    assert verifier.verify({"answer": "50", "prompt": "What percent is left?"}, r"\boxed{50\%}").reward == 1.0
+    assert verifier.verify({"answer": "1/2"}, "The answer is 50 percent.").reward == 1.0
+
+
+def test_pathological_inputs_are_refused_without_evaluating_them():
+    # unclosed boxes (quadratic once), a billion-digit exponent, a number past int-to-str limits
+    for response in ["\\boxed{" * 4000, r"\boxed{1e999999999}", r"\boxed{1e5000}"]:
+        assert verifier.verify({"answer": "1"}, response).reward == 0.0
 
 
 @pytest.mark.parametrize("response", [r"\boxed{2^{2^{2^{2^{2^{2}}}}}}", r"\boxed{9^{9^{9^{9}}}}",
@@ -122,7 +157,7 @@ def test_gsm8k_reward_on_ten_real_problems(shared_datasets):
     reformatted = [f"Putting it together, the answer is {int(g.replace(',', '')):,}.00" if g.replace(",", "").isdigit()
                    else f"the answer is {g}" for g in golds]
     wrong = [f"#### {int(g.replace(',', '')) + 1}" for g in golds]
-    hedged = [f"\\boxed{{{g}}} or \\boxed{{{int(g.replace(',', '')) + 1}}}" for g in golds]
+    hedged = [f"\\boxed{{{int(g.replace(',', '')) + 1}}} or \\boxed{{{g}}}" for g in golds]   # the right one last
     assert gsm8k_reward(right, golds) == [1.0] * 10
     assert gsm8k_reward(reformatted, golds) == [1.0] * 10
     assert gsm8k_reward(wrong, golds) == [0.0] * 10

@@ -65,8 +65,18 @@ def test_process_verifier_mixes_with_lambda():
     process = build_verifier("process", process_weight=0.5)
     right_answer_wrong_steps = process.verify({"answer": "72", "steps": ["48/2=24", "48+24=72"]},
                                               "48/2 = 25, 25 + 48 = 72\n#### 72")
-    assert right_answer_wrong_steps.reward == pytest.approx(0.5 * 1.0 + 0.5 * ((0 / 2 + 1 / 2) / 2))
+    # both stated steps are false and none produces a gold result: process 0, outcome 1
+    assert right_answer_wrong_steps.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.0)
     assert right_answer_wrong_steps.correct is True
+
+
+def test_padding_with_true_but_irrelevant_arithmetic_earns_nothing():
+    process = build_verifier("process", process_weight=0.5)
+    problem = {"answer": "18", "steps": ["16-3-4=9", "9*2=18"], "prompt": "16 eggs, eats 3, bakes with 4, sells at $2."}
+    bare = process.verify(problem, r"\boxed{18}").reward
+    assert process.verify(problem, r"1+1=2, 5*5=25 \boxed{18}").reward == bare
+    assert process.verify(problem, r"1+1=2. 9 18 \boxed{17}").reward == 0.0
+    assert process.verify(problem, r"16-3-4=9 and 9*2=18, so \boxed{18}").reward == 1.0
 
 
 def test_small_process_weight_warns():

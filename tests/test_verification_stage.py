@@ -92,8 +92,27 @@ def test_audit_command_stores_rho(tmp_path):
               {"id": 201, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": False}]  # a false positive
     path = tmp_path / "audit.jsonl"
     path.write_text("".join(json.dumps(l) + "\n" for l in lines))
-    result = run_cli("audit-verifier", str(path), "--workers", "0", "--lake", lake)
+    result = run_cli("audit-verifier", str(path), "--workers", "2", "--lake", lake)
     assert result.returncode == 0, result.stderr
     stored = run_cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
                      "--lake", lake)
     assert json.loads(stored.stdout) == {"verifier": "math", "rho0": 1 / 7, "rho1": 1 / 9, "n_correct": 9, "n_wrong": 7}
+
+
+def test_audit_against_a_reference_verifier_keeps_lines_aligned(tmp_path):
+    """`process` (stricter: wants the steps too) as the truth for `math`, with 2 workers and many lines."""
+    lake = str(tmp_path / "lake")
+    lines = []
+    for i in range(40):
+        right_steps = i % 2 == 0
+        steps = "3*4=12, 12+5=17" if right_steps else "3*4=13, 13+5=18"
+        answer = 17 if i % 4 < 3 else 18
+        lines.append({"id": i, "domain": "math", "ground_truth": "17", "steps": ["3*4=12", "12+5=17"],
+                      "response": f"{steps}. \\boxed{{{answer}}}"})
+    path = tmp_path / "audit.jsonl"
+    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    result = run_cli("audit-verifier", str(path), "--reference", "flipped", "--workers", "2", "--lake", lake)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(run_cli("sql", "select rho0, rho1 from verifier_noise", "--format", "json", "--lake", lake).stdout)
+    # flipped keeps `correct` as the truth of math: aligned lines mean math agrees with it everywhere
+    assert stored == {"rho0": 0.0, "rho1": 0.0}

@@ -27,6 +27,7 @@ def test_every_domain_and_bad_lines(tmp_path):
         {"id": 8, "domain": "code", "entry_point": "add", "response": "def add(a, b): return 0"},
         {"id": 9, "domain": "logic", "ground_truth": "x", "response": "<answer>x</answer>"},
         {"id": 10, "domain": "logic", "ground_truth": None, "metadata": entry["metadata"], "response": "<answer>P</answer>"},
+        {"id": 11, "domain": "math", "ground_truth": "1", "response": "1", "verifier": "bogus"},
     ]
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_lines(source, lines)
@@ -43,7 +44,8 @@ def test_every_domain_and_bad_lines(tmp_path):
     assert "line 6: domain: 'chemistry' is not one of" in result.stderr
     assert "line 8: tests: required for code" in result.stderr
     assert "line 9: metadata:" in result.stderr
-    assert "4 bad lines skipped" in result.stdout
+    assert "line 11: verifier: unknown verifier 'bogus'" in result.stderr
+    assert "5 bad lines skipped" in result.stdout
 
 
 def test_a_verifier_override_and_options(tmp_path):

@@ -58,13 +58,15 @@ class VerifierSet:
 
     def score(self, index: int, problem: Mapping[str, Any], response: str, verifier_name: str | None) -> Scored:
         name = verifier_name or problem.get("verifier") or DEFAULT_VERIFIER.get(problem.get("domain", ""), "math")
-        verifier = self.get(name)
         try:
+            verifier = self.get(name)
             verdict = verifier.verify(problem, response)
-        except Exception as error:  # noqa: BLE001 - a verifier bug must not lose the other items
+            identity = (verifier.name, verifier.version)
+        except Exception as error:  # noqa: BLE001 - a verifier bug or a bad name must not lose the other items
             verdict = Verdict(0.0, None, {"reason": f"verifier error: {type(error).__name__}: {error}",
                                           "traceback": traceback.format_exc(limit=3)})
-        return Scored(index, float(verdict.reward), verdict.correct, verifier.name, verifier.version,
+            identity = (name, "unknown")
+        return Scored(index, float(verdict.reward), verdict.correct, *identity,
                       format_reward(problem.get("domain", "math"), response), verdict.details)
 
     def close(self) -> None:
@@ -76,7 +78,9 @@ class VerifierSet:
 def _worker_main(connection: Connection, options: dict, worker: int) -> None:
     """Score each chunk of items it receives, sending every result as soon as it is ready."""
     verifiers = VerifierSet(options, worker)
-    verifiers.get("math").verify({"answer": "x^2"}, r"\boxed{x^2}")     # warm up: sympy and the LaTeX parser
+    from tasks.verifiers.math import warm_up
+
+    warm_up(verifiers.get("math"))                  # sympy and the LaTeX parser, before the first item
     try:
         while True:
             try:
@@ -93,7 +97,10 @@ def _worker_main(connection: Connection, options: dict, worker: int) -> None:
 
 @lru_cache(maxsize=None)
 def _version_of(name: str) -> str:
-    return build_verifier(name).version
+    try:
+        return build_verifier(name).version
+    except (ValueError, TypeError):
+        return "unknown"
 
 
 class VerifierPool:

@@ -14,15 +14,19 @@ EXTRACTORS = ("boxed", "hash", "answer_is")
 
 
 def all_boxed(text: str) -> list[str]:
-    """Contents of every `\\boxed{...}` / `\\fbox{...}`, in order, braces balanced."""
+    """Contents of every `\\boxed{...}` / `\\fbox{...}`, in order, braces balanced (one linear pass)."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for position, char in enumerate(text):
+        if char == "{":
+            stack.append(position)
+        elif char == "}" and stack:
+            closing[stack.pop()] = position
     found = []
     for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, start = 0, match.end() - 1
-        for position in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[position], 0)
-            if depth == 0:
-                found.append(text[start + 1:position].strip())
-                break
+        start = match.end() - 1
+        if start in closing:
+            found.append(text[start + 1:closing[start]].strip())
     return found
 
 

@@ -47,7 +47,17 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
                 return BadLine(number, field, "required for code")
     if domain == "logic" and not (isinstance(record.get("metadata"), dict) and record["metadata"].get("source_dataset")):
         return BadLine(number, "metadata", "logic lines need the reasoning-gym entry's metadata (with source_dataset)")
+    verifier = record.get("verifier")
+    if verifier is not None:
+        from tasks.verifiers.base import VERIFIERS, build_verifier
+
+        build_verifier("math")                      # loads the registry
+        if verifier not in VERIFIERS:
+            return BadLine(number, "verifier", f"unknown verifier {verifier!r}; known: {', '.join(sorted(VERIFIERS))}")
+    if "label" in record and not isinstance(record["label"], bool):
+        return BadLine(number, "label", "must be true or false")
     problem = {
+        "label": record.get("label"),
         "id": record["id"], "problem_id": str(record["id"]), "domain": domain, "answer": record.get("ground_truth"),
         "prompt": record.get("prompt") or "", "tests": record.get("tests"), "entry_point": record.get("entry_point"),
         "metadata": record.get("metadata"), "steps": record.get("steps"),
@@ -56,7 +66,7 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
         problem["answer"] = json.dumps(problem["answer"])
     elif problem["answer"] is not None and not isinstance(problem["answer"], list):
         problem["answer"] = str(problem["answer"])
-    return problem, record["response"], record.get("verifier")
+    return problem, record["response"], verifier
 
 
 def read_lines(path: str) -> Iterator[tuple[dict[str, Any], str, str | None] | BadLine]:

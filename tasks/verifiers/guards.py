@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import re
 
-from tasks.verifiers.numbers import parse_number, strip_noise
+from tasks.verifiers.numbers import MODIFIERS, parse_number, strip_noise
 
 MAX_ANSWER_CHARS = 300
 MAX_NESTING = 12
 MAX_DIGITS = 200
-MAX_POWERS = 4
-_CANDIDATE_SEPARATORS = re.compile(r"\s+(?:or|and/or)\s+|\\text\{\s*or\s*\}|\\lor|;")
+MAX_POWERS = 20
+_CANDIDATE_SEPARATORS = re.compile(r"\bor\b|\band/or\b|\\lor|;|\\\\|\\quad|\\qquad")
+_RELATION = re.compile(r"\\(?:neq?|leq?|geq?|lt|gt|approx|sim|simeq|equiv|propto)\b|[=<>≠≤≥≈]")
 
 
 def canonical(answer: str) -> str:
@@ -31,13 +32,27 @@ def lists_candidates(answer: str, gold: str) -> bool:
     """True when a single-valued gold is answered with several values."""
     if parse_number(gold) is None:
         return False                                    # tuples, sets, expressions: no such rule
-    if _CANDIDATE_SEPARATORS.search(answer):
+    if _CANDIDATE_SEPARATORS.search(answer.replace("{,}", ",")):
         return True
     cleaned = strip_noise(answer).strip("{}()[] \\")
     parts = [p for p in re.split(r",", cleaned) if p.strip()]
     if len(parts) < 2:
         return False
     return parse_number(answer) is None                  # "1,234" is one number, "1, 2, 3" is three
+
+
+def qualifies(answer: str, gold: str) -> str | None:
+    """Why the answer says something other than a value: a relation (≠ 2, > 2, 3 = 2) or words that
+    change the number (not 2, at least 2, 2 million) that the gold does not have."""
+    bare_answer = re.sub(r"^\s*\$?\s*[a-zA-Z](?:_\{?\w+\}?)?\s*=", "", answer)     # "x = 5" is an assignment
+    if _RELATION.search(bare_answer) and not _RELATION.search(gold):
+        return "a relation where a value is asked"
+    words = {w.lower() for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"\\[a-zA-Z]+", " ", answer))}
+    gold_words = {w.lower() for w in re.findall(r"[A-Za-z]{2,}", gold)}
+    changed = (words & MODIFIERS) - gold_words
+    if changed:
+        return f"words that change the value: {', '.join(sorted(changed))}"
+    return None
 
 
 def costly(answer: str) -> str | None:
@@ -52,8 +67,11 @@ def costly(answer: str) -> str | None:
         return f"nesting deeper than {MAX_NESTING}"
     if any(len(run) > MAX_DIGITS for run in re.findall(r"\d+", answer)):
         return f"a number with more than {MAX_DIGITS} digits"
-    if answer.count("^") + answer.count("**") > MAX_POWERS or re.search(r"\^\s*\{[^{}]*\^", answer):
+    if answer.count("^") + answer.count("**") > MAX_POWERS or re.search(r"\^\s*\{[^{}]*\^", answer) \
+            or re.search(r"\^\s*\d+\s*\^", answer):
         return "a tower of powers"
+    if re.search(r"\d[eE][-+]?\d{4,}", answer):
+        return "an exponent of more than 3 digits"
     if re.search(r"\d{3,}\s*!|!\s*!", answer):
         return "a large factorial"
     return None

@@ -9,6 +9,7 @@ deadline (which kills the worker) is the only bound.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from functools import lru_cache
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from typing import Any
 
 from tasks.verifiers.base import Verdict, failed, register
 from tasks.verifiers.extract import EXTRACTORS, extract_answer, final_answers
-from tasks.verifiers.guards import canonical, costly, lists_candidates
+from tasks.verifiers.guards import canonical, costly, lists_candidates, qualifies
 from tasks.verifiers.numbers import numbers_equal, parse_number, strip_noise
 
 
@@ -43,18 +44,27 @@ class MathVerifier:
         if self._hedged([a for _, a in statements]):
             return failed("hedged: several different final answers", **details,
                           final_answers=[a for _, a in statements])
+        if any("\\boxed" in a or "\\fbox" in a for _, a in statements):
+            return failed("a box inside a box", **details)
         if lists_candidates(answer, gold):
             return failed("lists several candidates for a single-valued answer", **details)
-        equal, method = self.equivalent(gold, answer)
+        reason = qualifies(answer, gold)
+        if reason is not None:
+            return failed(reason, **details)
+        prompt = problem.get("prompt")
+        percent_question = None if not prompt else bool(re.search(r"percent|%", prompt, re.IGNORECASE))
+        equal, method = self.equivalent(gold, answer, percent_question)
         return Verdict(float(equal), equal, {**details, "method": method, "reason": None if equal else "wrong answer"})
 
-    def equivalent(self, gold: str, answer: str) -> tuple[bool, str]:
+    def equivalent(self, gold: str, answer: str, percent_question: bool | None = None) -> tuple[bool, str]:
         """(equal, how it was decided): exact numbers, the text of costly expressions, or math-verify."""
-        gold_number, answer_number = parse_number(gold), parse_number(answer)
-        if gold_number is not None and answer_number is not None:
-            return numbers_equal(gold_number, answer_number), "exact"
         if costly(answer) or costly(gold):
             return _same_text(gold, answer), "text (costly expression)"
+        gold_number, answer_number = parse_number(gold), parse_number(answer)
+        if gold_number is not None and answer_number is not None:
+            return numbers_equal(gold_number, answer_number, percent_question), "exact"
+        if _same_text(gold, answer):                 # identical up to spacing and noise: no need to parse
+            return True, "text"
         return self._math_verify(gold, answer), "math-verify"
 
     def _hedged(self, answers: list[str]) -> bool:
@@ -101,3 +111,16 @@ def gsm8k_reward(completions: list[str], answer: list[str]) -> list[float]:
     equivalent form (1/2 = 0.5 = 50 %, 1,000 = 1000, $18 = 18) score 1."""
     verifier = MathVerifier()
     return [verifier.verify({"answer": gold}, completion).reward for completion, gold in zip(completions, answer)]
+
+
+WARM_UP = [r"\frac{1}{2}", r"\sqrt{2}", r"3\sqrt{13}", r"\left( 3, \frac{\pi}{2} \right)", r"[0, 1)", r"(1, 2]",
+           r"\{1, 2\}", r"x^2 + 2x + 1", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"2\pi", r"\dfrac{\sqrt{3}}{4}",
+           r"10^{\circ}", r"\text{(C)}", r"a^2+b^2", r"\infty", r"-\frac{7}{3}", r"\log_2 8", r"e^{i\pi}"]
+
+
+def warm_up(verifier: "MathVerifier | None" = None) -> None:
+    """Parse a spread of LaTeX forms once: the LaTeX parser builds its tables lazily, and a worker
+    that will score thousands of answers should not pay that on its first few."""
+    verifier = verifier or MathVerifier()
+    for form in WARM_UP:
+        verifier.verify({"answer": form}, rf"\boxed{{{form} + 1}}")

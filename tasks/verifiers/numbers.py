@@ -21,7 +21,14 @@ _TRAILING_WORDS = re.compile(r"(?<=[\d.}%])\s+([a-zA-Z][a-zA-Z .]*)$")
 # words after a number that are mathematics, not units: "2 pi" is not 2
 _MATH_WORDS = {"pi", "e", "i", "sqrt", "log", "ln", "sin", "cos", "tan", "mod", "times", "cdot"}
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-_DECIMAL = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+_DECIMAL = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,3})?$")
+_PERCENT_WORD = re.compile(r"\s*(?:\\text\{\s*)?(?:per\s?cent|percentage points?)(?:\s*\})?", re.IGNORECASE)
+# words that change a number's meaning rather than name its unit: "not 2", "2 million", "at least 2"
+MODIFIERS = {"not", "no", "least", "most", "million", "millions", "billion", "billions", "thousand", "thousands",
+             "hundred", "hundreds", "dozen", "dozens", "squared", "cubed", "wrong", "incorrect", "approximately",
+             "about", "around", "roughly", "nearly", "almost", "over", "under", "more", "less", "than", "maybe",
+             "possibly", "perhaps", "or", "between", "except", "none", "times", "half", "twice", "double", "minus",
+             "plus", "negative", "positive", "greater", "smaller", "fewer", "above", "below", "up", "to", "is", "isn"}
 _SLASH_FRACTION = re.compile(r"^([-+]?\d+)\s*/\s*([-+]?\d+)$")
 _LATEX_FRACTION = re.compile(r"^([-+]?)\\[dt]?frac\s*\{\s*([-+]?\d+)\s*\}\s*\{\s*([-+]?\d+)\s*\}$")
 _LATEX_FRACTION_SHORT = re.compile(r"^([-+]?)\\[dt]?frac\s*(\d)(\d)$")
@@ -35,8 +42,9 @@ class Number:
 
 def strip_noise(text: str) -> str:
     """The answer without dollars, text blocks that are units, spacing commands and degrees."""
-    text = text.strip().strip("$").strip()
-    text = _TEXT_BLOCK.sub(lambda m: m.group(1) if re.search(r"\d", m.group(1)) else "", text)
+    text = text.strip().strip("$").strip().replace("{,}", ",")
+    text = _PERCENT_WORD.sub("%", text)
+    text = _TEXT_BLOCK.sub(lambda m: m.group(1) if re.search(r"\d", m.group(1)) or _modifies(m.group(1)) else "", text)
     text = _SPACING.sub("", _DEGREES.sub("", text))
     text = text.replace("\\$", "").replace("$", "").strip()
     text = _LEADING_ASSIGNMENT.sub("", text)
@@ -68,13 +76,17 @@ def parse_number(text: str) -> Number | None:
     return Number(value, percent)
 
 
+def _modifies(text: str) -> bool:
+    return any(word.lower() in MODIFIERS for word in re.findall(r"[A-Za-z]+", text))
+
+
 def _strip_unit_words(text: str) -> str:
     """`18 dollars` → `18`, `5 cm` → `5`; single letters and mathematical words are kept."""
     match = _TRAILING_WORDS.search(text)
     if not match:
         return text
     words = match.group(1).lower().replace(".", " ").split()
-    if any(len(word) < 2 or word in _MATH_WORDS for word in words):
+    if any(len(word) < 2 or word in _MATH_WORDS or word in MODIFIERS for word in words):
         return text
     return text[:match.start()].strip()
 
@@ -83,8 +95,13 @@ def _fraction(numerator: str, denominator: str) -> Fraction | None:
     return None if int(denominator) == 0 else Fraction(int(numerator), int(denominator))
 
 
-def numbers_equal(gold: Number, answer: Number) -> bool:
-    """Exact equality, where a percentage may stand for the number itself or for its hundredth."""
-    candidates = {answer.value} | ({answer.value / 100} if answer.percent else set())
-    golds = {gold.value} | ({gold.value / 100} if gold.percent else set())
-    return bool(candidates & golds)
+def numbers_equal(gold: Number, answer: Number, percent_question: bool | None = None) -> bool:
+    """Exact equality. "50 %" is 0.5; it is also 50 where the question asks for a percentage (its
+    prompt says "percent" or "%"), or where the prompt is unknown."""
+    def readings(number: Number) -> set[Fraction]:
+        if not number.percent:
+            return {number.value}
+        if percent_question is None:
+            return {number.value, number.value / 100}
+        return {number.value} if percent_question else {number.value / 100}
+    return bool(readings(gold) & readings(answer))

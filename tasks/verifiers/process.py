@@ -18,7 +18,9 @@ from typing import Any
 
 from tasks.verifiers.base import Verdict, Verifier, build_verifier, register
 
-EQUALITY = re.compile(r"<<([^<>=]+)=([^<>]+)>>|([\d(][\d\s.,+\-*/×÷()]*[\d)])\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")
+EQUALITY = re.compile(r"<<([^<>=]{1,120})=([^<>]{1,40})>>|([\d(][\d\s.,+\-*/×÷()]{0,80}[\d)])\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+MAX_CHARS = 20_000
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 LOW_PROCESS_WEIGHT = 0.1
 
@@ -61,7 +63,7 @@ def _number(text: str) -> float | None:
 def stated_equalities(response: str) -> list[tuple[str, float, float]]:
     """(expression, stated result, true value) for every checkable arithmetic equality."""
     found = []
-    for match in EQUALITY.finditer(response):
+    for match in EQUALITY.finditer(response[-MAX_CHARS:]):
         expression, stated = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
         if not re.search(r"[+\-*/×÷]", expression.strip().lstrip("-")):
             continue
@@ -71,22 +73,38 @@ def stated_equalities(response: str) -> list[tuple[str, float, float]]:
     return found
 
 
-def process_score(response: str, gold_steps: list[str] | None) -> tuple[float | None, dict[str, Any]]:
-    equalities = stated_equalities(response)
-    parts, details = [], {"equalities": len(equalities)}
-    if equalities:
-        correct = sum(1 for _, stated, true in equalities if abs(stated - true) <= 1e-6 * max(1.0, abs(true)) + 1e-9
-                      or round(true, 2) == stated)
-        parts.append(correct / len(equalities))
-        details["equalities_correct"] = correct
-    if gold_steps:
-        numbers = {_number(n) for n in re.findall(r"-?\d[\d,]*(?:\.\d+)?", response)}
-        results = [_number(step.rsplit("=", 1)[1]) for step in gold_steps if "=" in step]
-        results = [r for r in results if r is not None]
-        if results:
-            reached = sum(1 for r in results if r in numbers)
-            parts.append(reached / len(results))
-            details["gold_steps_reached"] = f"{reached}/{len(results)}"
+def _numbers(text: str) -> set[float]:
+    return {n for n in (_number(m) for m in NUMBER.findall(text[-MAX_CHARS:])) if n is not None}
+
+
+def process_score(response: str, gold_steps: list[str] | None, prompt: str | None = None) -> tuple[float | None, dict[str, Any]]:
+    """Share of the response's relevant arithmetic that is true, averaged with the share of the
+    gold steps it reaches.
+
+    Only steps on the problem's path count: an equality whose operands come from the prompt, the
+    gold steps or an earlier true step ("1 + 1 = 2" padding adds nothing). A gold step is reached
+    when a true stated equality produces its result, not when the number merely appears.
+    """
+    gold_results = [r for r in (_number(step.rsplit("=", 1)[1]) for step in gold_steps or [] if "=" in step)
+                    if r is not None]
+    relevant = _numbers(prompt or "") | {n for step in gold_steps or [] for n in _numbers(step)}
+    counted, produced = [], set()
+    for expression, stated, true in stated_equalities(response):
+        operands = _numbers(expression)
+        if relevant and not operands & (relevant | produced):
+            continue
+        correct = abs(stated - true) <= 1e-6 * max(1.0, abs(true)) + 1e-9 or round(true, 2) == stated
+        counted.append(correct)
+        if correct:
+            produced.add(stated)
+    parts, details = [], {"equalities": len(counted)}
+    if counted:
+        parts.append(sum(counted) / len(counted))
+        details["equalities_correct"] = sum(counted)
+    if gold_results:
+        reached = sum(1 for result in gold_results if result in produced)
+        parts.append(reached / len(gold_results))
+        details["gold_steps_reached"] = f"{reached}/{len(gold_results)}"
     return (sum(parts) / len(parts) if parts else None), details
 
 
@@ -112,7 +130,7 @@ class ProcessVerifier:
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         outcome = self._outcome.verify(problem, response)
         steps = problem.get("steps")
-        process, details = process_score(response, list(steps) if steps is not None else None)
+        process, details = process_score(response, list(steps) if steps is not None else None, problem.get("prompt"))
         reward = outcome.reward if process is None else (1 - self.process_weight) * outcome.reward + self.process_weight * process
         return Verdict(reward, outcome.correct, {**outcome.details, "outcome_reward": outcome.reward,
                                                  "process_reward": process, **details})
