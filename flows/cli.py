@@ -353,6 +353,17 @@ def bench_verify(
     run_benchmark(limit, workers, repeats)
 
 
+@bench_app.command("advantages")
+def bench_advantages(
+    groups: Annotated[int, typer.Option(min=1, help="groups of rollouts")] = 625_000,
+    group_size: Annotated[int, typer.Option(min=2, help="rollouts per group")] = 16,
+) -> None:
+    """Advantages plus filtering against per-group Python and a bare Polars group-by."""
+    from bench.advantages_scale import run_benchmark
+
+    run_benchmark(groups, group_size)
+
+
 @bench_app.command("sandbox")
 def bench_sandbox(
     workers: Annotated[int, typer.Option(min=1, help="concurrent runs on both sides")] = 2,

@@ -107,3 +107,13 @@ def test_truncated_importance_weight():
     frame = pl.DataFrame({"current": [-1.0, -2.0, -3.0], "behaviour": [-2.0, -1.0, -3.0]})
     weights = frame.select(w=truncated_importance_weight(pl.col("current"), pl.col("behaviour"), cap=2.0))["w"]
     assert weights.to_list() == pytest.approx([2.0, math.exp(-1), 1.0])      # e ≈ 2.72 truncated to 2
+
+
+def test_keeping_informative_groups_then_advantages_matches_the_group_table():
+    from tasks.advantages.estimators import with_group_columns
+    from tasks.advantages.shaping import keep_informative_groups
+
+    kept = advantages(keep_informative_groups(with_group_columns(ROLLOUTS)), "grpo")
+    assert kept["group_id"].unique().to_list() == ["g1"]
+    assert kept["advantage"].to_list() == pytest.approx(advantage_values("grpo")[:4])
+    assert group_statistics(ROLLOUTS).filter("kept")["group_id"].to_list() == ["g1"]

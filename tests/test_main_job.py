@@ -49,3 +49,12 @@ def test_verification_benchmarks_measure_both_sides():
     assert measured["items"] == 40 and measured["accuracy"] >= 0.9 and measured["rate"] > 0
     rates = sandbox_benchmark(workers=1)
     assert rates["passed"] == rates["baseline_passed"] == rates["runs"]
+
+
+def test_advantage_benchmark_sides_agree():
+    from bench.advantages_scale import ours, per_group_python, run_benchmark, synthetic_rollouts
+
+    frame = synthetic_rollouts(500, 8)
+    assert ours(frame) == per_group_python(frame)            # the same rollouts survive the filter
+    results = run_benchmark(groups=200, group_size=4)
+    assert results["ours"]["rows"] == results["per_group_python"]["rows"]

@@ -1,7 +1,8 @@
 """Advantage estimators, vectorised over a frame of rollouts (one row per rollout, `group_id`, `reward`).
 
-Every estimator is a Polars expression over the whole table — window functions over `group_id`,
-never a Python loop per group — so 10 million rollouts cost a few group-bys.
+Every estimator is a Polars expression over the whole table, never a Python loop per group: the
+group statistics are window columns computed in one pass (`with_group_columns`), and each
+estimator is element-wise arithmetic on them, so 10 million rollouts cost about one group-by.
 
 - grpo: (r − mean_g) / (std_g + ε), the group's sample standard deviation (ddof 1, as TRL's
   `rewards.view(-1, G).std(dim=1)`);
@@ -20,13 +21,26 @@ from collections.abc import Callable
 import polars as pl
 
 EPSILON = 1e-4
+GROUP_COLUMNS = ("group_mean", "group_std", "solve_rate")
 
 reward = pl.col("reward")
-group_mean = reward.mean().over("group_id")
+group_mean = pl.col("group_mean")
+
+
+def with_group_columns(rollouts: pl.DataFrame) -> pl.DataFrame:
+    """Each rollout with its group's mean and sample std of reward, and solve rate (one pass)."""
+    if set(GROUP_COLUMNS) <= set(rollouts.columns):
+        return rollouts
+    group = pl.col("group_id")
+    return rollouts.with_columns(
+        group_mean=reward.mean().over(group),
+        group_std=reward.std(ddof=1).over(group).fill_null(0.0),
+        solve_rate=pl.col("correct").cast(pl.Float64).mean().over(group),
+    )
 
 
 def grpo(epsilon: float = EPSILON) -> pl.Expr:
-    return (reward - group_mean) / (reward.std(ddof=1).over("group_id").fill_null(0.0) + epsilon)
+    return (reward - group_mean) / (pl.col("group_std") + epsilon)
 
 
 def dr_grpo(epsilon: float = EPSILON) -> pl.Expr:
@@ -35,7 +49,7 @@ def dr_grpo(epsilon: float = EPSILON) -> pl.Expr:
 
 def rloo(epsilon: float = EPSILON) -> pl.Expr:
     size = pl.len().over("group_id")
-    others = (reward.sum().over("group_id") - reward) / (size - 1)
+    others = (group_mean * size - reward) / (size - 1)
     return pl.when(size > 1).then(reward - others).otherwise(0.0)
 
 
@@ -55,12 +69,13 @@ ESTIMATORS: dict[str, Callable[..., pl.Expr]] = {
 
 
 def advantages(rollouts: pl.DataFrame, estimator: str = "grpo", epsilon: float = EPSILON) -> pl.DataFrame:
-    """The rollouts with an `advantage` column and the `estimator` that produced it."""
+    """The rollouts (with their group columns) plus `advantage`. Which estimator produced it is a
+    property of the whole batch, recorded where the batch is written, not repeated on 10 M rows."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose from {', '.join(ESTIMATORS)}")
     if estimator == "dbb" and not {"dbb_alpha", "dbb_beta"} <= set(rollouts.columns):
         raise ValueError("the dbb estimator needs each rollout's dbb_alpha and dbb_beta (join `dbb_state` first)")
-    return rollouts.with_columns(advantage=ESTIMATORS[estimator](epsilon), estimator=pl.lit(estimator))
+    return with_group_columns(rollouts).with_columns(advantage=ESTIMATORS[estimator](epsilon))
 
 
 def dbb_update(state: pl.DataFrame, rollouts: pl.DataFrame, discount: float = 0.9,

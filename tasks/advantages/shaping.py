@@ -34,23 +34,39 @@ def shape_overlong(rollouts: pl.DataFrame, max_length: int, cache_length: int, f
     return shaped.with_columns(loss_mask=mask)
 
 
+def filter_reason(band: tuple[float, float] = (0.0, 1.0)) -> pl.Expr:
+    """Why dynamic sampling drops a group (null when kept), from its `solve_rate`."""
+    low, high = band
+    rate = pl.col("solve_rate")
+    return (pl.when(rate <= 0.0).then(pl.lit("all_wrong")).when(rate >= 1.0).then(pl.lit("all_correct"))
+            .when((rate <= low) | (rate >= high)).then(pl.lit("outside_band")).otherwise(None))
+
+
+def kept(band: tuple[float, float] = (0.0, 1.0)) -> pl.Expr:
+    """True for groups dynamic sampling keeps: the same rule as `filter_reason`, without building strings."""
+    low, high = band
+    rate = pl.col("solve_rate")
+    return (rate > max(low, 0.0)) & (rate < min(high, 1.0))
+
+
+def keep_informative_groups(rollouts: pl.DataFrame, band: tuple[float, float] = (0.0, 1.0)) -> pl.DataFrame:
+    """The rollouts of the groups dynamic sampling keeps (rollouts need their group columns)."""
+    return rollouts.filter(kept(band))
+
+
 def group_statistics(rollouts: pl.DataFrame, band: tuple[float, float] = (0.0, 1.0)) -> pl.DataFrame:
     """One row per group: reward statistics, solve rate, and whether dynamic sampling keeps it.
 
     A group is kept when band[0] < solve_rate < band[1]; otherwise its reason is `all_wrong`,
     `all_correct`, or `outside_band` for a narrower band.
     """
-    low, high = band
     stats = rollouts.group_by("group_id", maintain_order=True).agg(
         pl.col("problem_id").first(), pl.col("model_version").first(), n_samples=pl.len(),
         mean_reward=pl.col("reward").mean(), std_reward=pl.col("reward").std(ddof=1).fill_null(0.0),
         min_reward=pl.col("reward").min(), max_reward=pl.col("reward").max(),
         solve_rate=pl.col("correct").cast(pl.Float64).mean(),
     )
-    rate = pl.col("solve_rate")
-    reason = (pl.when(rate <= 0.0).then(pl.lit("all_wrong")).when(rate >= 1.0).then(pl.lit("all_correct"))
-              .when((rate <= low) | (rate >= high)).then(pl.lit("outside_band")).otherwise(None))
-    return stats.with_columns(filter_reason=reason).with_columns(kept=pl.col("filter_reason").is_null())
+    return stats.with_columns(filter_reason=filter_reason(band)).with_columns(kept=pl.col("filter_reason").is_null())
 
 
 def staleness(rollouts: pl.DataFrame, current_version: int, max_stale_versions: int = 3) -> pl.DataFrame:
