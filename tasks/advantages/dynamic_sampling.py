@@ -1,0 +1,82 @@
+"""DAPO's dynamic sampling: keep drawing groups until the batch holds enough informative ones.
+
+The loop is pure: it is handed a `draw_groups(n_groups, round)` function (the rollout and
+verification stages, in production; a fake in tests) that returns scored rollouts of `n_groups`
+new groups, and it decides what to keep, when to stop, and what every drawn group became.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from tasks.advantages.estimators import with_group_columns
+from tasks.advantages.shaping import filter_reason, kept
+
+LEARNING_ZONE = (0.2, 0.5)
+HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+class BatchShortfall(RuntimeError):
+    """The generation-round bound was reached before the batch was full, and the config says fail."""
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    groups_per_batch: int = 16            # informative groups a training step consumes
+    band: tuple[float, float] = (0.0, 1.0)  # keep groups whose solve rate lies strictly inside
+    max_rounds: int = 4                   # generation rounds before giving up
+    oversample: float = 1.5               # groups drawn per round, relative to the groups still missing
+    on_shortfall: str = "train_smaller"   # train_smaller | fail
+
+
+@dataclass
+class FilledBatch:
+    rollouts: pl.DataFrame                # the kept groups' rollouts, with group columns
+    groups: pl.DataFrame                  # every drawn group: round, solve rate, kept, filter_reason
+    rounds: int
+    short_by: int                         # groups missing when the bound was reached (0 if full)
+
+
+def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicSamplingConfig) -> FilledBatch:
+    kept_parts: list[pl.DataFrame] = []
+    group_parts: list[pl.DataFrame] = []
+    have = 0
+    rounds = 0
+    while have < config.groups_per_batch and rounds < config.max_rounds:
+        rounds += 1
+        missing = config.groups_per_batch - have
+        scored = with_group_columns(draw_groups(math.ceil(missing * config.oversample), rounds))
+        groups = (scored.group_by("group_id", maintain_order=True)
+                  .agg(pl.col("problem_id").first(), pl.col("solve_rate").first(), n_samples=pl.len())
+                  .with_columns(round=pl.lit(rounds), filter_reason=filter_reason(config.band)))
+        informative = groups.filter(kept(config.band))["group_id"].to_list()
+        taken, surplus = informative[:missing], informative[missing:]
+        groups = groups.with_columns(filter_reason=pl.when(pl.col("group_id").is_in(surplus))
+                                     .then(pl.lit("surplus")).otherwise(pl.col("filter_reason")))
+        group_parts.append(groups.with_columns(kept=pl.col("filter_reason").is_null()))
+        kept_parts.append(scored.filter(pl.col("group_id").is_in(taken)))
+        have += len(taken)
+    short_by = config.groups_per_batch - have
+    if short_by and config.on_shortfall == "fail":
+        drawn = sum(part.height for part in group_parts)
+        raise BatchShortfall(f"after {rounds} generation rounds only {have} of {config.groups_per_batch} groups "
+                             f"were informative ({drawn} drawn); the problems may be too easy or too hard for "
+                             f"this policy: raise max_rounds, widen the band or change the level mix")
+    return FilledBatch(pl.concat(kept_parts) if kept_parts else pl.DataFrame(), pl.concat(group_parts), rounds, short_by)
+
+
+def sampling_metrics(groups: pl.DataFrame) -> dict:
+    """Share of groups filtered (surplus excluded), the solve-rate histogram, the share in the 20-50 % zone."""
+    judged = groups.filter(pl.col("filter_reason").fill_null("") != "surplus")
+    rates = judged["solve_rate"]
+    histogram = {}
+    for low, high in zip(HISTOGRAM_EDGES, HISTOGRAM_EDGES[1:]):
+        inside = (rates >= low) & ((rates < high) if high < 1.0 else (rates <= high))
+        histogram[f"{low:.1f}-{high:.1f}"] = int(inside.sum())
+    zone = ((rates >= LEARNING_ZONE[0]) & (rates <= LEARNING_ZONE[1])).mean() if len(rates) else 0.0
+    return {"groups": judged.height, "filtered_share": float((~judged["kept"]).mean()) if judged.height else 0.0,
+            "solve_rate_histogram": histogram, "learning_zone_share": float(zone or 0.0)}
