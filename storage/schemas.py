@@ -168,8 +168,77 @@ VERIFIER_NOISE = TableSpec(
     ]),
 )
 
+GROUPS = TableSpec(
+    name="groups",
+    partition_by=("iteration",),
+    description="One row per sampled group: reward statistics, solve rate, and what dynamic sampling did with it.",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False),
+        _field("group_id", pa.string(), False),
+        _field("problem_id", pa.string(), False),
+        _field("model_version", pa.int64(), True),
+        _field("n_samples", pa.int64(), False),
+        _field("mean_reward", pa.float64(), True),
+        _field("std_reward", pa.float64(), True),
+        _field("min_reward", pa.float64(), True),
+        _field("max_reward", pa.float64(), True),
+        _field("solve_rate", pa.float64(), True),
+        _field("kept", pa.bool_(), False),
+        _field("filter_reason", pa.string(), True, "all_wrong, all_correct, outside_band, surplus, or null when kept"),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
+ADVANTAGES = TableSpec(
+    name="advantages",
+    partition_by=("iteration",),
+    description="Per-rollout advantage with the estimator, the shaped reward and the freshness that produced it.",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False),
+        _field("rollout_id", pa.string(), False),
+        _field("group_id", pa.string(), False),
+        _field("problem_id", pa.string(), False),
+        _field("estimator", pa.string(), False),
+        _field("reward", pa.float64(), False, "the verifier's reward"),
+        _field("shaped_reward", pa.float64(), False, "after overlong shaping; what the estimator used"),
+        _field("advantage", pa.float64(), False),
+        _field("loss_mask", pa.float64(), False, "0 excludes the rollout from the loss (masked truncation)"),
+        _field("staleness", pa.int64(), False),
+        _field("freshness", pa.string(), False, "fresh, acceptable or stale"),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
+BATCHES = TableSpec(
+    name="batches",
+    partition_by=("iteration",),
+    description="Exactly what a training step consumes: rollouts, their advantages and weights.",
+    schema=pa.schema([
+        _field("batch_id", pa.string(), False),
+        _field("iteration", pa.int64(), False),
+        _field("rollout_id", pa.string(), False),
+        _field("group_id", pa.string(), False),
+        _field("advantage", pa.float64(), False),
+        _field("weight", pa.float64(), False, "loss mask times importance weight (1 for fresh rollouts)"),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
+DBB_STATE = TableSpec(
+    name="dbb_state",
+    partition_by=("iteration",),
+    description="Discounted Beta-Bernoulli success state per problem after each iteration.",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False, "the state holds after this iteration"),
+        _field("problem_id", pa.string(), False),
+        _field("dbb_alpha", pa.float64(), False),
+        _field("dbb_beta", pa.float64(), False),
+        _field("run_id", pa.string(), False),
+    ]),
+)
+
 TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (PROBLEMS, QUARANTINE, DROPPED, RUNS, ROLLOUTS, REWARDS,
-                                                              VERIFIER_NOISE)}
+                                                              VERIFIER_NOISE, GROUPS, ADVANTAGES, BATCHES, DBB_STATE)}
 
 
 def register(spec: TableSpec) -> TableSpec:

@@ -1,0 +1,96 @@
+"""The advantage stage over the lake: an iteration's scored rollouts → groups, advantages, batch.
+
+One round of dynamic sampling over the rollouts that exist (the resampling loop that draws more
+belongs to the rollout stage, which `dynamic_sampling.fill_batch` is written for).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow.compute as pc
+from pydantic import Field
+
+from storage.lake import Lake
+from storage.runs import Run
+from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
+from tasks.advantages.shaping import group_statistics, shape_overlong, staleness
+from tasks.curation.config import Strict
+
+
+class AdvantageConfig(Strict):
+    """How rewards become advantages and a batch."""
+
+    estimator: str = Field("grpo", description="grpo, dr_grpo, rloo, batch_std or dbb")
+    verifier: str | None = Field(None, description="whose rewards to use; default the verifier each problem names")
+    band: tuple[float, float] = Field((0.0, 1.0), description="keep groups whose solve rate lies strictly inside")
+    max_length: int | None = Field(None, description="L_max for overlong shaping; none disables it")
+    cache_length: int = Field(256, description="L_cache: the buffer over which the penalty ramps to -factor")
+    overlong_factor: float = Field(1.0, description="size of the overlong penalty")
+    mask_truncated: bool = Field(False, description="mask truncated completions out of the loss instead")
+    max_stale_versions: int = Field(3, description="rollouts older than this many versions are dropped")
+    dbb_discount: float = Field(0.9, gt=0, le=1, description="gamma of the Beta-Bernoulli state")
+
+
+def scored_rollouts(lake: Lake, iteration: int, verifier: str | None) -> pl.DataFrame:
+    by_iteration = pc.field("iteration") == iteration
+    rollouts = lake.read("rollouts", filter=by_iteration,
+                         columns=["rollout_id", "group_id", "problem_id", "model_version", "n_tokens", "finish_reason"])
+    rewards = lake.read("rewards", filter=by_iteration, columns=["rollout_id", "verifier", "reward", "correct"])
+    if verifier is not None:
+        rewards = rewards.filter(pl.col("verifier") == verifier)
+    else:                                             # each problem's own verifier: its first reward row
+        rewards = rewards.unique("rollout_id", keep="first", maintain_order=True)
+    scored = rollouts.join(rewards.drop("verifier"), on="rollout_id", how="inner")
+    if scored.height < rollouts.height:
+        raise ValueError(f"iteration {iteration}: {rollouts.height - scored.height} rollouts have no reward"
+                         f"{' from ' + verifier if verifier else ''}; run `rlvr verify --iteration {iteration}` first")
+    return scored
+
+
+def compute(scored: pl.DataFrame, config: AdvantageConfig, current_version: int,
+            dbb_state: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
+    """Pure: shaped rewards, freshness, group statistics, advantages, the batch and the new DBB state."""
+    if config.estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {config.estimator!r}")
+    frame = staleness(scored.with_columns(pl.col("correct").fill_null(False)), current_version, config.max_stale_versions)
+    frame = frame.filter(pl.col("freshness") != "stale")
+    if config.max_length is not None:
+        frame = shape_overlong(frame, config.max_length, config.cache_length, config.overlong_factor, config.mask_truncated)
+    else:
+        frame = frame.with_columns(shaped_reward=pl.col("reward"), loss_mask=pl.lit(1.0))
+    groups = group_statistics(frame, config.band)
+    state = dbb_state if dbb_state is not None else pl.DataFrame(schema={"problem_id": pl.String, "dbb_alpha": pl.Float64,
+                                                                          "dbb_beta": pl.Float64})
+    shaped = frame.rename({"reward": "verifier_reward"}).with_columns(reward=pl.col("shaped_reward"))
+    if config.estimator == "dbb":
+        shaped = with_dbb_state(shaped, state)
+    scored_rows = advantages(with_group_columns(shaped), config.estimator)
+    kept_groups = groups.filter("kept").select("group_id")
+    batch_rows = scored_rows.join(kept_groups, on="group_id", how="semi")
+    return {
+        "groups": groups,
+        "advantages": scored_rows.select("rollout_id", "group_id", "problem_id", pl.lit(config.estimator).alias("estimator"),
+                                         pl.col("verifier_reward").alias("reward"), "shaped_reward", "advantage",
+                                         "loss_mask", "staleness", "freshness"),
+        "batch": batch_rows.select("rollout_id", "group_id", "advantage", weight=pl.col("loss_mask")),
+        "dbb_state": dbb_update(state, frame, config.dbb_discount),
+    }
+
+
+def write(lake: Lake, run: Run, iteration: int, results: dict[str, pl.DataFrame]) -> str:
+    key = {"iteration": iteration}
+    column = pl.lit(iteration, pl.Int64).alias("iteration")
+    batch_id = f"{iteration}-{run.run_id}"
+    lake.replace("groups", results["groups"].with_columns(column), key, run)
+    lake.replace("advantages", results["advantages"].with_columns(column), key, run)
+    lake.replace("dbb_state", results["dbb_state"].with_columns(column), key, run)
+    lake.replace("batches", results["batch"].with_columns(column, batch_id=pl.lit(batch_id)), key, run)
+    return batch_id
+
+
+def latest_dbb_state(lake: Lake, before_iteration: int) -> pl.DataFrame | None:
+    states = lake.read("dbb_state", filter=pc.field("iteration") < before_iteration)
+    if states.is_empty():
+        return None
+    last = states["iteration"].max()
+    return states.filter(pl.col("iteration") == last).select("problem_id", "dbb_alpha", "dbb_beta")
