@@ -222,17 +222,11 @@ def verify_file(
     from rich.progress import Progress
 
     from tasks.verifiers.engine import VerifierPool
-    from tasks.verifiers.files import BadLine, read_lines
-
     if verifier is not None:
         from tasks.verifiers.base import build_verifier
 
         build_verifier(verifier)                    # an unknown name fails here, before any work
-    parsed = list(read_lines(str(input_path)))
-    bad = [p for p in parsed if isinstance(p, BadLine)]
-    for line in bad:
-        errors.print(f"[yellow]skipped[/yellow] {escape(str(input_path))} {escape(str(line))}", highlight=False, soft_wrap=True)
-    items = [p for p in parsed if not isinstance(p, BadLine)]
+    items, bad = _verify_lines(input_path)
     if verifier is not None:
         items = [(problem, response, verifier) for problem, response, _ in items]
     options = {"code": {"partial_credit": partial_credit}, "process": {"process_weight": process_weight}}
@@ -253,6 +247,17 @@ def verify_file(
                 next_index += 1
             progress.advance(bar)
     console.print(f"scored {len(items):,} lines ({correct:,} correct) into {output_path}; {len(bad):,} bad lines skipped")
+
+
+def _verify_lines(path: Path) -> tuple[list, list]:
+    """(usable items, bad lines) of a verify-file JSONL; each bad line is reported on stderr."""
+    from tasks.verifiers.files import BadLine, read_lines
+
+    parsed = list(read_lines(str(path)))
+    bad = [line for line in parsed if isinstance(line, BadLine)]
+    for line in bad:
+        errors.print(f"[yellow]skipped[/yellow] {escape(str(path))} {escape(str(line))}", highlight=False, soft_wrap=True)
+    return [line for line in parsed if not isinstance(line, BadLine)], bad
 
 
 @app.command()
@@ -294,14 +299,9 @@ def audit_verifier_command(
     import numpy as np
 
     from tasks.verifiers.engine import VerifierPool
-    from tasks.verifiers.files import BadLine, read_lines
     from tasks.verifiers.noise import estimate_noise
 
-    parsed = list(read_lines(str(audit_file)))
-    for line in parsed:
-        if isinstance(line, BadLine):
-            errors.print(f"[yellow]skipped[/yellow] {escape(str(audit_file))} {escape(str(line))}", highlight=False)
-    items = [p for p in parsed if not isinstance(p, BadLine)]
+    items, _ = _verify_lines(audit_file)
     if not items:
         fail(f"{audit_file}: no usable lines")
 

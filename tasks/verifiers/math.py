@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.verifiers.base import Verdict, failed, register
-from tasks.verifiers.extract import EXTRACTORS, extract_answer, final_answers
+from tasks.verifiers.extract import EXTRACTORS, final_answers
 from tasks.verifiers.guards import canonical, costly, lists_candidates, qualifies
 from tasks.verifiers.numbers import numbers_equal, parse_number, strip_noise
 
@@ -39,7 +39,9 @@ class MathVerifier:
         statements = final_answers(response, tuple(self.extractors))
         if not statements:
             return failed("no final answer", extracted=None)
-        answer, extractor = extract_answer(response, tuple(self.extractors))
+        # the answer: the last statement of the first extractor (in preference order) that found one
+        extractor = next(kind for kind in self.extractors if any(k == kind for k, _ in statements))
+        answer = [a for k, a in statements if k == extractor][-1]
         details = {"extracted": answer, "extractor": extractor}
         if self._hedged([a for _, a in statements]):
             return failed("hedged: several different final answers", **details,
