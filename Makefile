@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 $(BIN)/rlvr: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, from the CPU build: otherwise a dependency may pull a multi-GB CUDA build
+	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 

@@ -118,14 +118,20 @@ ROLLOUTS = TableSpec(
         _field("problem_id", pa.string(), False),
         _field("group_id", pa.string(), False, "one group per (iteration, problem) draw"),
         _field("sample_idx", pa.int32(), False),
+        _field("round", pa.int32(), True, "dynamic-sampling generation round that drew the group (1 = first)"),
         _field("model_version", pa.int64(), False, "policy version that produced the response"),
+        _field("prompt", pa.string(), True, "the formatted prompt sent to the policy (template applied)"),
+        _field("prompt_token_ids", pa.list_(pa.int32()), True),
         _field("response", pa.string(), False),
         _field("response_token_ids", pa.list_(pa.int32()), True),
         _field("behaviour_logprobs", pa.list_(pa.float32()), True, "log-probs of the sampled tokens under the sampler"),
         _field("n_tokens", pa.int32(), True),
         _field("finish_reason", pa.string(), True, "stop or length"),
+        _field("self_certainty", pa.float64(), True, "mean over response tokens of KL(uniform || next-token "
+               "distribution); null where the backend gives no full distribution"),
+        _field("backend", pa.string(), True, "hf or openai (with the endpoint that answered)"),
         _field("sampler", pa.string(), True, "JSON: the full sampler config"),
-        _field("seed", pa.int64(), True),
+        _field("seed", pa.int64(), True, "seed of the generation call that produced the group"),
         _field("run_id", pa.string(), False),
         _field("created_at", pa.timestamp("us", tz="UTC"), True),
     ]),
@@ -177,6 +183,7 @@ GROUPS = TableSpec(
         _field("group_id", pa.string(), False),
         _field("problem_id", pa.string(), False),
         _field("model_version", pa.int64(), True),
+        _field("round", pa.int32(), True, "dynamic-sampling generation round that drew it"),
         _field("n_samples", pa.int64(), False),
         _field("mean_reward", pa.float64(), True),
         _field("std_reward", pa.float64(), True),
@@ -237,8 +244,28 @@ DBB_STATE = TableSpec(
     ]),
 )
 
+MODEL_VERSIONS = TableSpec(
+    name="model_versions",
+    partition_by=("model_version",),
+    description="The model registry: one row per policy version, with its parent and what produced it.",
+    schema=pa.schema([
+        _field("model_version", pa.int64(), False),
+        _field("parent_version", pa.int64(), True, "null for a base model"),
+        _field("kind", pa.string(), False, "base, warmup or rl"),
+        _field("checkpoint_uri", pa.string(), False, "HF checkpoint folder (local or s3://) or an external path"),
+        _field("served_name", pa.string(), True, "model name an OpenAI-compatible server knows it by, if any"),
+        _field("iteration", pa.int64(), True, "training iteration that produced it"),
+        _field("batch_ids", pa.list_(pa.string()), True, "batches the training step consumed"),
+        _field("architecture", pa.string(), True, "JSON: model config (type, sizes, vocabulary)"),
+        _field("metrics", pa.string(), True, "JSON: training metrics"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+)
+
 TABLES: dict[str, TableSpec] = {spec.name: spec for spec in (PROBLEMS, QUARANTINE, DROPPED, RUNS, ROLLOUTS, REWARDS,
-                                                              VERIFIER_NOISE, GROUPS, ADVANTAGES, BATCHES, DBB_STATE)}
+                                                              VERIFIER_NOISE, GROUPS, ADVANTAGES, BATCHES, DBB_STATE,
+                                                              MODEL_VERSIONS)}
 
 
 def register(spec: TableSpec) -> TableSpec:

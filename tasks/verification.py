@@ -53,10 +53,14 @@ def rollouts_with_problems(lake: Lake, iteration: int) -> pl.DataFrame:
     return rollouts.join(problems.unique("problem_id"), on="problem_id", how="left")
 
 
-def score_rollouts(frame: pl.DataFrame, config: VerifyConfig) -> pl.DataFrame:
-    """Reward rows (without run id) for every rollout of the frame."""
+def verifier_pool(config: VerifyConfig) -> VerifierPool:
+    return VerifierPool(workers=config.workers, item_timeout=config.item_timeout, options=config.options)
+
+
+def score_rollouts(frame: pl.DataFrame, config: VerifyConfig, pool: VerifierPool | None = None) -> pl.DataFrame:
+    """Reward rows (without run id) for every rollout of the frame; a started `pool` is reused."""
     rows = frame.to_dicts()
-    pool = VerifierPool(workers=config.workers, item_timeout=config.item_timeout, options=config.options)
+    pool = pool or verifier_pool(config)
     items = ((row, row["response"], config.verifier) for row in rows)
     scored = {s.index: s for s in track(pool.score(items), "verifying", total=len(rows))}
     return pl.DataFrame([{

@@ -6,6 +6,7 @@ import polars as pl
 import pytest
 
 from storage.catalog import open_catalog
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig, compute, latest_dbb_state, scored_rollouts, write
 from tasks.verification import VerifyConfig, rollouts_with_problems, score_rollouts, write_rewards
 from test_verification_stage import seed_iteration
@@ -18,8 +19,8 @@ def verified_iteration(lake, iteration=1):
         write_rewards(lake, run, iteration, rewards)
 
 
-def run_stage(lake, iteration, config=AdvantageConfig()):
-    results = compute(scored_rollouts(lake, iteration, None), config, current_version=0,
+def run_stage(lake, iteration, config=AdvantageConfig(), sampling=DynamicSamplingConfig()):
+    results = compute(scored_rollouts(lake, iteration, None), config, sampling, current_version=0,
                       dbb_state=latest_dbb_state(lake, iteration))
     with lake.run("test", "advantages", config.model_dump(), iteration=iteration) as run:
         return write(lake, run, iteration, results)
@@ -63,7 +64,7 @@ def test_filtered_groups_stay_out_of_the_batch_and_dbb_carries_across_iterations
 
     lake = Lake.open(str(tmp_path / "lake"))
     verified_iteration(lake, 1)
-    run_stage(lake, 1, AdvantageConfig(estimator="dbb", band=(0.6, 1.0)))   # every group at 0.5 is outside
+    run_stage(lake, 1, AdvantageConfig(estimator="dbb"), DynamicSamplingConfig(band=(0.6, 1.0)))   # every group at 0.5 is outside
     assert set(lake.read("groups")["filter_reason"]) == {"outside_band"}
     assert lake.read("batches").is_empty()
     verified_iteration(lake, 2)
@@ -79,3 +80,15 @@ def test_missing_rewards_are_a_clear_error(tmp_path):
     seed_iteration(lake, 1)
     with pytest.raises(ValueError, match="have no reward; run `rlvr verify --iteration 1` first"):
         scored_rollouts(lake, 1, None)
+
+
+def test_informative_groups_past_the_batch_size_are_surplus_in_draw_order(tmp_path):
+    from storage.lake import Lake
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    verified_iteration(lake)
+    run_stage(lake, 1, sampling=DynamicSamplingConfig(groups_per_batch=3))
+    groups = lake.read("groups").sort("group_id")
+    assert groups["kept"].to_list() == [True, True, True, False, False]
+    assert groups["filter_reason"].to_list() == [None, None, None, "surplus", "surplus"]
+    assert set(lake.read("batches")["group_id"]) == set(groups["group_id"][:3])

@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import polars as pl
+from pydantic import Field
 
 from tasks.advantages.estimators import with_group_columns
 from tasks.advantages.shaping import filter_reason, kept
+from tasks.curation.config import Strict
 
 LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
@@ -23,14 +26,21 @@ HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
 class BatchShortfall(RuntimeError):
     """The generation-round bound was reached before the batch was full, and the config says fail."""
 
+    def __init__(self, message: str, rounds: int, short_by: int):
+        super().__init__(message)
+        self.rounds, self.short_by = rounds, short_by
 
-@dataclass(frozen=True)
-class DynamicSamplingConfig:
-    groups_per_batch: int = 16            # informative groups a training step consumes
-    band: tuple[float, float] = (0.0, 1.0)  # keep groups whose solve rate lies strictly inside
-    max_rounds: int = 4                   # generation rounds before giving up
-    oversample: float = 1.5               # groups drawn per round, relative to the groups still missing
-    on_shortfall: str = "train_smaller"   # train_smaller | fail
+
+class DynamicSamplingConfig(Strict):
+    """DAPO's dynamic sampling: which groups carry signal, and how hard to try to fill the batch."""
+
+    groups_per_batch: int = Field(16, ge=1, description="informative groups a training step consumes")
+    band: tuple[float, float] = Field((0.0, 1.0), description="keep groups whose solve rate lies strictly inside "
+                                      "(0-1 drops only all-wrong and all-correct groups, as DAPO does)")
+    max_rounds: int = Field(4, ge=1, description="generation rounds before the batch is declared short")
+    oversample: float = Field(1.5, ge=1.0, description="groups drawn per round, relative to the groups still missing")
+    on_shortfall: Literal["train_smaller", "fail"] = Field("train_smaller", description="when the round bound is "
+                                                           "reached: train on the groups kept so far, or fail")
 
 
 @dataclass
@@ -65,7 +75,7 @@ def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicS
         drawn = sum(part.height for part in group_parts)
         raise BatchShortfall(f"after {rounds} generation rounds only {have} of {config.groups_per_batch} groups "
                              f"were informative ({drawn} drawn); the problems may be too easy or too hard for "
-                             f"this policy: raise max_rounds, widen the band or change the level mix")
+                             f"this policy: raise max_rounds, widen the band or change the level mix", rounds, short_by)
     return FilledBatch(pl.concat(kept_parts) if kept_parts else pl.DataFrame(), pl.concat(group_parts), rounds, short_by)
 
 

@@ -17,6 +17,12 @@ from __future__ import annotations
 import polars as pl
 
 
+def success() -> pl.Expr:
+    """Whether a rollout counts as solved: the verifier's `correct`, or, where it gives no verdict
+    (reward controls such as `random`), a reward of at least 0.5."""
+    return pl.coalesce(pl.col("correct"), pl.col("reward") >= 0.5)
+
+
 def overlong_penalty(max_length: int, cache_length: int, factor: float = 1.0) -> pl.Expr:
     """The shaping term for column `n_tokens`: 0, then a linear ramp to −factor over the last `cache_length` tokens."""
     if not 0 < cache_length < max_length:
@@ -60,8 +66,9 @@ def group_statistics(rollouts: pl.DataFrame, band: tuple[float, float] = (0.0, 1
     A group is kept when band[0] < solve_rate < band[1]; otherwise its reason is `all_wrong`,
     `all_correct`, or `outside_band` for a narrower band.
     """
+    draw_round = [pl.col("round").first()] if "round" in rollouts.columns else []
     stats = rollouts.group_by("group_id", maintain_order=True).agg(
-        pl.col("problem_id").first(), pl.col("model_version").first(), n_samples=pl.len(),
+        pl.col("problem_id").first(), pl.col("model_version").first(), *draw_round, n_samples=pl.len(),
         mean_reward=pl.col("reward").mean(), std_reward=pl.col("reward").std(ddof=1).fill_null(0.0),
         min_reward=pl.col("reward").min(), max_reward=pl.col("reward").max(),
         solve_rate=pl.col("correct").cast(pl.Float64).mean(),

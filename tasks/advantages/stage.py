@@ -12,8 +12,9 @@ from pydantic import Field
 
 from storage.lake import Lake
 from storage.runs import Run
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
-from tasks.advantages.shaping import group_statistics, shape_overlong, staleness
+from tasks.advantages.shaping import group_statistics, shape_overlong, staleness, success
 from tasks.curation.config import Strict
 
 
@@ -22,7 +23,6 @@ class AdvantageConfig(Strict):
 
     estimator: str = Field("grpo", description="grpo, dr_grpo, rloo, batch_std or dbb")
     verifier: str | None = Field(None, description="whose rewards to use; default the verifier each problem names")
-    band: tuple[float, float] = Field((0.0, 1.0), description="keep groups whose solve rate lies strictly inside")
     max_length: int | None = Field(None, description="L_max for overlong shaping; none disables it")
     cache_length: int = Field(256, description="L_cache: the buffer over which the penalty ramps to -factor")
     overlong_factor: float = Field(1.0, description="size of the overlong penalty")
@@ -34,7 +34,8 @@ class AdvantageConfig(Strict):
 def scored_rollouts(lake: Lake, iteration: int, verifier: str | None) -> pl.DataFrame:
     by_iteration = pc.field("iteration") == iteration
     rollouts = lake.read("rollouts", filter=by_iteration,
-                         columns=["rollout_id", "group_id", "problem_id", "model_version", "n_tokens", "finish_reason"])
+                         columns=["rollout_id", "group_id", "problem_id", "round", "model_version", "n_tokens",
+                                  "finish_reason"])
     rewards = lake.read("rewards", filter=by_iteration, columns=["rollout_id", "verifier", "reward", "correct"])
     if verifier is not None:
         rewards = rewards.filter(pl.col("verifier") == verifier)
@@ -47,18 +48,22 @@ def scored_rollouts(lake: Lake, iteration: int, verifier: str | None) -> pl.Data
     return scored
 
 
-def compute(scored: pl.DataFrame, config: AdvantageConfig, current_version: int,
+def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamplingConfig, current_version: int,
             dbb_state: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
-    """Pure: shaped rewards, freshness, group statistics, advantages, the batch and the new DBB state."""
+    """Pure: shaped rewards, freshness, group statistics, advantages, the batch and the new DBB state.
+
+    The batch takes the first `groups_per_batch` informative groups in draw order (group ids sort
+    by round), the same ones the resampling loop stopped on; later informative groups are `surplus`.
+    """
     if config.estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {config.estimator!r}")
-    frame = staleness(scored.with_columns(pl.col("correct").fill_null(False)), current_version, config.max_stale_versions)
+    frame = staleness(scored.with_columns(correct=success()), current_version, config.max_stale_versions)
     frame = frame.filter(pl.col("freshness") != "stale")
     if config.max_length is not None:
         frame = shape_overlong(frame, config.max_length, config.cache_length, config.overlong_factor, config.mask_truncated)
     else:
         frame = frame.with_columns(shaped_reward=pl.col("reward"), loss_mask=pl.lit(1.0))
-    groups = group_statistics(frame, config.band)
+    groups = mark_surplus(group_statistics(frame, sampling.band), sampling.groups_per_batch)
     state = dbb_state if dbb_state is not None else pl.DataFrame(schema={"problem_id": pl.String, "dbb_alpha": pl.Float64,
                                                                           "dbb_beta": pl.Float64})
     shaped = frame.rename({"reward": "verifier_reward"}).with_columns(reward=pl.col("shaped_reward"))
@@ -75,6 +80,14 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, current_version: int,
         "batch": batch_rows.select("rollout_id", "group_id", "advantage", weight=pl.col("loss_mask")),
         "dbb_state": dbb_update(state, frame, config.dbb_discount),
     }
+
+
+def mark_surplus(groups: pl.DataFrame, groups_per_batch: int) -> pl.DataFrame:
+    """Informative groups past the first `groups_per_batch` (in group-id order) become `surplus`."""
+    rank = pl.col("kept").cast(pl.Int64).cum_sum().over(order_by="group_id")
+    surplus = pl.col("kept") & (rank > groups_per_batch)
+    return groups.with_columns(filter_reason=pl.when(surplus).then(pl.lit("surplus")).otherwise("filter_reason"),
+                               kept=pl.col("kept") & ~surplus)
 
 
 def write(lake: Lake, run: Run, iteration: int, results: dict[str, pl.DataFrame]) -> str:

@@ -1,0 +1,118 @@
+"""The `openai` backend: groups sampled from OpenAI-compatible completions servers (vLLM first).
+
+One request per prompt asks for `n` samples with the sampled tokens' ids and log-probs
+(`logprobs: 0` plus vLLM's `return_tokens_as_token_ids` / `return_token_ids`). Requests run
+concurrently over several endpoints (data parallelism); a failed request (connection refused,
+timeout, 429 or 5xx) is retried with exponential backoff and jitter on the next endpoint, so one
+server going down slows the stage instead of failing it. The model version picks the served
+model per request: a LoRA adapter name or a checkpoint name, from `model_name`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+from pydantic import Field
+
+from tasks.curation.config import Strict
+from tasks.generators.base import derive_seed
+from tasks.rollout.sampling import Sample, SamplerConfig
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class OpenAIBackendConfig(Strict):
+    """Where the inference servers are and how hard to try them."""
+
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"],
+                                 description="base URLs of the servers (without /v1); requests spread over all")
+    model_name: str = Field("v{model_version}", description="served model name per version: a LoRA adapter "
+                            "or checkpoint name, formatted with {model_version}")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the bearer token, if any")
+    concurrency: int = Field(8, ge=1, description="requests in flight at once, over all endpoints")
+    max_retries: int = Field(6, ge=0, description="retries of one request before the stage fails")
+    backoff_seconds: float = Field(0.5, gt=0, description="first retry delay; doubles each retry (with jitter)")
+    max_backoff_seconds: float = Field(20.0, gt=0, description="cap of one retry delay")
+    timeout_seconds: float = Field(600.0, gt=0, description="read timeout of one request (a whole group)")
+
+
+class BackendUnavailable(RuntimeError):
+    """Every retry of a request failed."""
+
+
+@dataclass
+class OpenAIPolicy:
+    config: OpenAIBackendConfig
+    api_key: str | None = None
+    _client: httpx.Client = field(init=False, repr=False)
+
+    def __post_init__(self):
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        limits = httpx.Limits(max_connections=self.config.concurrency)
+        self._client = httpx.Client(headers=headers, limits=limits,
+                                    timeout=httpx.Timeout(self.config.timeout_seconds, connect=10.0))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
+                 model_version: int) -> list[list[Sample]]:
+        model = self.config.model_name.format(model_version=model_version)
+        with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
+            futures = [pool.submit(self._group, index, prompt, n, sampler, derive_seed(seed, index) % 2**31, model)
+                       for index, prompt in enumerate(prompts)]
+            return [future.result() for future in futures]
+
+    def _group(self, index: int, prompt: str, n: int, sampler: SamplerConfig, seed: int, model: str) -> list[Sample]:
+        body = {"model": model, "prompt": prompt, "n": n, "max_tokens": sampler.max_new_tokens,
+                "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1,
+                "seed": seed, "stop": sampler.stop or None, "logprobs": 0,
+                "return_tokens_as_token_ids": True, "return_token_ids": True}
+        endpoints = self.config.endpoints
+        errors: list[str] = []
+        for attempt in range(self.config.max_retries + 1):
+            endpoint = endpoints[(index + attempt) % len(endpoints)].rstrip("/")
+            try:
+                response = self._client.post(f"{endpoint}/v1/completions", json=body)
+            except httpx.TransportError as error:
+                errors.append(f"{endpoint}: {type(error).__name__}: {error}")
+            else:
+                if response.status_code == 200:
+                    return parse_choices(response.json(), n, endpoint)
+                message = f"{endpoint}: HTTP {response.status_code}: {response.text[:300]}"
+                if response.status_code not in RETRYABLE_STATUS:
+                    raise BackendUnavailable(f"request for model {model!r} was refused: {message}")
+                errors.append(message)
+            if attempt < self.config.max_retries:
+                delay = min(self.config.backoff_seconds * 2 ** attempt, self.config.max_backoff_seconds)
+                time.sleep(delay * random.uniform(0.5, 1.0))
+        raise BackendUnavailable(f"{self.config.max_retries + 1} attempts over {len(endpoints)} endpoint(s) failed "
+                                 f"for model {model!r}; last errors: " + " | ".join(errors[-3:]))
+
+
+def parse_choices(payload: dict, n: int, endpoint: str) -> list[Sample]:
+    """Samples from a completions response; token ids from `token_ids` or vLLM's `token_id:N` tokens."""
+    choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != n:
+        raise BackendUnavailable(f"{endpoint} returned {len(choices)} choices for n={n}")
+    samples = []
+    for choice in choices:
+        logprobs = choice.get("logprobs") or {}
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            tokens = logprobs.get("tokens") or []
+            if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+                raise BackendUnavailable(f"{endpoint} returned no token ids: start vLLM with a version that "
+                                         "supports return_tokens_as_token_ids")
+            token_ids = [int(t.split(":", 1)[1]) for t in tokens]
+        token_logprobs = [float(lp) if lp is not None else 0.0 for lp in logprobs.get("token_logprobs") or []]
+        if len(token_logprobs) != len(token_ids):
+            raise BackendUnavailable(f"{endpoint} returned {len(token_ids)} tokens but {len(token_logprobs)} log-probs")
+        samples.append(Sample(text=choice.get("text", ""), token_ids=token_ids, logprobs=token_logprobs,
+                              finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                              prompt_token_ids=choice.get("prompt_token_ids"), backend=f"openai:{endpoint}"))
+    return samples

@@ -1,0 +1,200 @@
+"""The rollout stage: draw prompts from the bank by the training mix, sample G responses each from
+the policy, and score them, one generation round at a time for dynamic sampling.
+
+`GroupSampler.draw` is the `draw_groups` callback of `dynamic_sampling.fill_batch`: each round
+draws problems not yet drawn this iteration, and keeps every rollout and reward it made, kept
+or not, so that the stage writes all of them and the groups table can say why each was dropped.
+Ids sort in draw order: group `i00003-r02-g0007` is the 8th group of round 2 of iteration 3.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Literal
+
+import polars as pl
+from pydantic import Field
+
+from storage.lake import Lake
+from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
+from tasks.advantages.shaping import success
+from tasks.advantages.stage import AdvantageConfig
+from tasks.curation.config import MixConfig, Strict
+from tasks.curation.mix import sample_mix
+from tasks.curation.stage import bank_problems
+from tasks.generators.base import derive_seed
+from tasks.rollout.openai_backend import OpenAIBackendConfig
+from tasks.rollout.prompts import PromptConfig, format_prompt
+from tasks.rollout.sampling import Policy, Sample, SamplerConfig
+from tasks.verification import PROBLEM_FIELDS, VerifyConfig, score_rollouts, verifier_pool
+from tasks.verifiers.engine import VerifierPool
+from trainers.registry import BasePolicyConfig
+
+
+class RolloutConfig(Strict):
+    """Which policy samples, how prompts are drawn and formatted, and how responses are sampled."""
+
+    backend: Literal["hf", "openai"] = Field("hf", description="hf: transformers in this process; openai: "
+                                             "OpenAI-compatible servers (vLLM)")
+    group_size: int = Field(16, ge=2, description="G: responses sampled per prompt")
+    seed: int = Field(0, description="root seed; each round's draw and sampling seeds derive from it and the iteration")
+    mix: MixConfig = Field(default_factory=MixConfig, description="level and domain mix of the drawn prompts")
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="prompt template")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="sampling parameters")
+    device: str = Field("cpu", description="hf backend: torch device")
+    batch_size: int = Field(64, ge=1, description="hf backend: sequences generated together")
+    openai: OpenAIBackendConfig = Field(default_factory=OpenAIBackendConfig, description="openai backend: servers")
+    base_policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="what model version 0 is")
+
+
+class IterationConfig(Strict):
+    """The sections of a run config that one RL iteration reads."""
+
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+
+
+def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[Sample]], *, iteration: int,
+                 round_: int, model_version: int, sampler: dict, seed: int) -> pl.DataFrame:
+    """One row per sample, in the `rollouts` contract."""
+    now = datetime.now(timezone.utc)
+    rows = []
+    for k, (problem_id, prompt, samples) in enumerate(zip(problems["problem_id"], prompts, groups)):
+        group_id = f"i{iteration:05d}-r{round_:02d}-g{k:04d}"
+        for index, sample in enumerate(samples):
+            rows.append({
+                "rollout_id": f"{group_id}-s{index:02d}", "iteration": iteration, "problem_id": problem_id,
+                "group_id": group_id, "sample_idx": index, "round": round_, "model_version": model_version,
+                "prompt": prompt, "prompt_token_ids": sample.prompt_token_ids, "response": sample.text,
+                "response_token_ids": sample.token_ids, "behaviour_logprobs": sample.logprobs,
+                "n_tokens": len(sample.token_ids), "finish_reason": sample.finish_reason,
+                "self_certainty": sample.self_certainty, "backend": sample.backend,
+                "sampler": json.dumps(sampler, sort_keys=True), "seed": seed, "created_at": now})
+    return pl.DataFrame(rows, schema_overrides={"self_certainty": pl.Float64, "round": pl.Int32,
+                                                "sample_idx": pl.Int32, "n_tokens": pl.Int32,
+                                                "prompt_token_ids": pl.List(pl.Int32),
+                                                "response_token_ids": pl.List(pl.Int32),
+                                                "behaviour_logprobs": pl.List(pl.Float32)})
+
+
+@dataclass
+class GroupSampler:
+    """Draws, samples and scores groups round by round; keeps everything it made."""
+
+    config: IterationConfig
+    policy: Policy
+    tokenizer: object | None
+    pool: VerifierPool
+    bank: pl.DataFrame
+    iteration: int
+    model_version: int
+    rollouts: list[pl.DataFrame] = field(default_factory=list)
+    rewards: list[pl.DataFrame] = field(default_factory=list)
+    drawn: set[str] = field(default_factory=set)
+
+    def draw(self, n_groups: int, round_: int) -> pl.DataFrame:
+        """`n_groups` new groups, scored: one row per rollout with group_id, problem_id, reward, correct."""
+        rollout = self.config.rollout
+        available = self.bank.filter(~pl.col("problem_id").is_in(list(self.drawn)))
+        n = min(n_groups, available.height)
+        if n == 0:
+            return pl.DataFrame(schema={"group_id": pl.String, "problem_id": pl.String, "reward": pl.Float64,
+                                        "correct": pl.Boolean})
+        problems = sample_mix(available, n, derive_seed(rollout.seed, self.iteration, round_, "draw"),
+                              rollout.mix.level_weights, rollout.mix.domain_weights)
+        self.drawn.update(problems["problem_id"].to_list())
+        prompts = [format_prompt(text, rollout.prompt, self.tokenizer) for text in problems["prompt"]]
+        seed = derive_seed(rollout.seed, self.iteration, round_, "sample")
+        groups = self.policy.generate(prompts, rollout.group_size, rollout.sampler, seed, self.model_version)
+        sampler = {"backend": rollout.backend, "group_size": rollout.group_size, **rollout.sampler.model_dump(),
+                   "prompt": rollout.prompt.model_dump()}
+        rows = rollout_rows(problems, prompts, groups, iteration=self.iteration, round_=round_,
+                            model_version=self.model_version, sampler=sampler, seed=seed)
+        to_score = rows.select("rollout_id", "iteration", "problem_id", "response").join(
+            problems.select(PROBLEM_FIELDS), on="problem_id", how="left")
+        rewards = score_rollouts(to_score, self.config.verify, self.pool)
+        self.rollouts.append(rows)
+        self.rewards.append(rewards)
+        return rows.select("rollout_id", "group_id", "problem_id").join(
+            rewards.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
+
+
+def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
+    problems = bank_problems(lake, mix.bank_version, mix.split)
+    if problems.is_empty():
+        raise ValueError(f"the bank at {lake.uri} holds no {mix.split} problems: run `rlvr curate` first")
+    return problems.select(*PROBLEM_FIELDS, "level")
+
+
+def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[Policy, object | None]:
+    """The configured backend holding `model_version`, and the tokenizer chat templates need (if any)."""
+    from trainers.registry import version_row
+
+    checkpoint = version_row(lake, model_version)["checkpoint_uri"]
+    if config.backend == "hf":
+        from tasks.rollout.hf import HFPolicy
+        from trainers.registry import load_policy
+
+        model, tokenizer = load_policy(checkpoint, config.device)
+        return HFPolicy(model, tokenizer, model_version, config.batch_size), tokenizer
+    import os
+
+    from tasks.rollout.openai_backend import OpenAIPolicy
+
+    tokenizer = None
+    if config.prompt.template == "chat":
+        from transformers import AutoTokenizer
+
+        from trainers.registry import local_checkpoint
+
+        tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
+    return OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env)), tokenizer
+
+
+@dataclass
+class SampledIteration:
+    rollouts: pl.DataFrame
+    rewards: pl.DataFrame
+    rounds: int
+    short_by: int
+    shortfall: BatchShortfall | None
+
+
+def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int) -> SampledIteration:
+    """Rounds of draw → sample → score until the batch is full or the round bound is hit.
+
+    A shortfall that the config says must fail is returned, not raised, so that the rollouts and
+    rewards already paid for are still written before the iteration fails.
+    """
+    policy, tokenizer = open_policy(lake, config.rollout, model_version)
+    bank = training_bank(lake, config.rollout.mix)
+    try:
+        with verifier_pool(config.verify) as pool:
+            sampler = GroupSampler(config, policy, tokenizer, pool, bank, iteration, model_version)
+            try:
+                filled = fill_batch(sampler.draw, config.dynamic_sampling)
+                rounds, short_by, shortfall = filled.rounds, filled.short_by, None
+            except BatchShortfall as error:
+                rounds, short_by, shortfall = error.rounds, error.short_by, error
+    finally:
+        getattr(policy, "close", lambda: None)()
+    if not sampler.rollouts:
+        raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
+    return SampledIteration(pl.concat(sampler.rollouts), pl.concat(sampler.rewards), rounds, short_by, shortfall)
+
+
+def next_iteration(lake: Lake) -> int:
+    iterations = lake.read("rollouts", columns=["iteration"])["iteration"]
+    return int(iterations.max() or 0) + 1
+
+
+def current_model_version(lake: Lake, base: BasePolicyConfig) -> int:
+    """The latest registered version; registers version 0 first on a new lake."""
+    from trainers.registry import ensure_base_policy, latest_version
+
+    latest = latest_version(lake)
+    return latest if latest is not None else ensure_base_policy(lake, base)

@@ -1,0 +1,140 @@
+"""The model registry: policy versions as HF checkpoints in the lake's storage, one `model_versions` row each.
+
+Version 0 is the base policy: the embedded tiny model (built and saved on first use) or a local
+checkpoint named in the config (registered in place, not copied). Training registers N+1 with
+its parent and the batches it consumed. Checkpoints on S3 are downloaded once into a local cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import polars as pl
+import pyarrow.compute as pc
+from pydantic import Field
+
+from storage.lake import Lake
+from storage.runs import Run, utc_now
+from tasks.curation.config import Strict
+from trainers.tiny import TinyModelConfig
+
+CACHE_DIR = Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr")) / "checkpoints"
+
+
+class BasePolicyConfig(Strict):
+    """Which model is version 0."""
+
+    checkpoint: str | None = Field(None, description="a local HF checkpoint folder to register as version 0; "
+                                   "default: build the embedded tiny model")
+    served_name: str | None = Field(None, description="name an OpenAI-compatible server serves version 0 under")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="shape of the embedded tiny model")
+    tokenizer_corpus: int = Field(2000, ge=10, description="generated problems the tiny tokenizer is trained on")
+
+
+def checkpoint_uri(lake: Lake, version: int) -> str:
+    return lake.location.path("models", f"v{version:05d}")
+
+
+def versions(lake: Lake) -> pl.DataFrame:
+    return lake.read("model_versions").sort("model_version")
+
+
+def latest_version(lake: Lake) -> int | None:
+    registered = lake.read("model_versions", columns=["model_version"])
+    return None if registered.is_empty() else int(registered["model_version"].max())
+
+
+def version_row(lake: Lake, version: int) -> dict:
+    rows = lake.read("model_versions", filter=pc.field("model_version") == version)
+    if rows.is_empty():
+        known = lake.read("model_versions", columns=["model_version"])["model_version"].to_list()
+        raise ValueError(f"model version {version} is not registered in {lake.uri} (registered: {sorted(known)}); "
+                         "run an iteration or `rlvr policy init` to create version 0")
+    return rows.row(0, named=True)
+
+
+def save_checkpoint(lake: Lake, version: int, model, tokenizer) -> str:
+    """Write model and tokenizer to the lake's storage; returns the checkpoint URI."""
+    uri = checkpoint_uri(lake, version)
+    if not lake.location.is_s3:
+        model.save_pretrained(uri)
+        tokenizer.save_pretrained(uri)
+        return uri
+    with tempfile.TemporaryDirectory() as local:
+        model.save_pretrained(local)
+        tokenizer.save_pretrained(local)
+        fs = lake.location.filesystem
+        for name in os.listdir(local):
+            fs.put_file(os.path.join(local, name), f"{uri}/{name}")
+    return uri
+
+
+def local_checkpoint(uri: str) -> str:
+    """A local folder holding the checkpoint (downloading an s3:// one into the cache once)."""
+    if not uri.startswith("s3://"):
+        if not os.path.isdir(uri):
+            raise FileNotFoundError(f"checkpoint folder {uri} does not exist")
+        return uri
+    from storage.location import s3_filesystem
+
+    target = CACHE_DIR / hashlib.sha1(uri.encode()).hexdigest()[:16]
+    if not (target / "config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent))
+        fs = s3_filesystem()
+        for remote in fs.ls(uri.removeprefix("s3://"), detail=False):
+            fs.get_file(remote, str(staging / remote.rsplit("/", 1)[1]))
+        try:
+            os.replace(staging, target)
+        except OSError:                               # another process finished the download first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def load_policy(uri: str, device: str = "cpu"):
+    """(model, tokenizer) from a checkpoint URI, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = local_checkpoint(uri)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(folder).to(device)
+    return model.eval(), tokenizer
+
+
+def register(lake: Lake, run: Run, version: int, *, uri: str, kind: str, parent: int | None = None,
+             iteration: int | None = None, batch_ids: list[str] | None = None, architecture: dict | None = None,
+             metrics: dict | None = None, served_name: str | None = None) -> None:
+    row = {"model_version": version, "parent_version": parent, "kind": kind, "checkpoint_uri": uri,
+           "served_name": served_name, "iteration": iteration, "batch_ids": batch_ids or [],
+           "architecture": json.dumps(architecture or {}, sort_keys=True, default=str),
+           "metrics": json.dumps(metrics or {}, sort_keys=True, default=str), "created_at": utc_now()}
+    lake.replace("model_versions", pl.DataFrame([row], schema_overrides={"parent_version": pl.Int64,
+                                                                          "iteration": pl.Int64}),
+                 {"model_version": version}, run)
+
+
+def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:
+    """Register version 0 if the lake has none yet; returns 0."""
+    if not lake.read("model_versions", filter=pc.field("model_version") == 0, columns=["model_version"]).is_empty():
+        return 0
+    with lake.run("policy-init", "policy-init", config.model_dump(mode="json")) as run:
+        if config.checkpoint is not None:
+            model, _ = load_policy(config.checkpoint)
+            uri = config.checkpoint
+        else:
+            from trainers.tiny import build_model, tokenizer_corpus, train_tokenizer
+
+            tokenizer = train_tokenizer(tokenizer_corpus(count=config.tokenizer_corpus), config.tiny.merges)
+            model = build_model(config.tiny, tokenizer)
+            uri = save_checkpoint(lake, 0, model, tokenizer)
+        architecture = {"model_type": model.config.model_type, "vocab_size": model.config.vocab_size,
+                        "parameters": sum(p.numel() for p in model.parameters()),
+                        "hidden_size": model.config.hidden_size, "layers": model.config.num_hidden_layers}
+        register(lake, run, 0, uri=uri, kind="base", architecture=architecture, served_name=config.served_name)
+    return 0
