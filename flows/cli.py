@@ -375,6 +375,9 @@ def bench_sandbox(
     run_benchmark(workers, repeats)
 
 
+from flows import cli_rl  # noqa: E402,F401  (registers the RL iteration's commands on `app`)
+
+
 def main() -> None:
     """The console entry point: errors the user can act on are one line, never a traceback."""
     from deltalake.exceptions import DeltaError

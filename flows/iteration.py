@@ -77,6 +77,6 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
           f"holds {results['batch'].height} rollouts; {metrics['learning_zone_share']:.0%} of groups in the 20-50 % zone")
     return {"iteration": iteration, "model_version": model_version, "batch_id": batch_id,
             "batch_rollouts": results["batch"].height, "groups_kept": int(groups["kept"].sum()),
-            "groups": groups.height, "run_id": run.run_id, **metrics,
+            "run_id": run.run_id, **metrics, "groups": groups.height,
             "filter_reasons": dict(groups.group_by("filter_reason").len().rows())}
 

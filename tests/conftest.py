@@ -22,6 +22,8 @@ BIN = Path(sys.executable).parent
 # Prefect must never touch the user's ~/.prefect nor phone home; set before anything imports it.
 _PREFECT_HOME = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-"))
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
+# Checkpoints downloaded from S3 lakes are cached here, not in the user's ~/.cache/rlvr.
+os.environ["RLVR_CACHE"] = tempfile.mkdtemp(prefix="rlvr-test-cache-")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ.pop("PREFECT_API_URL", None)

@@ -6,9 +6,13 @@ import pytest
 
 from conftest import ROOT
 from tasks.curation.config import CurationConfig, load_yaml_config, parse_source_spec
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
+from tasks.advantages.stage import AdvantageConfig
+from tasks.rollout.stage import RolloutConfig
 from tasks.verification import VerifyConfig
 
-SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig}
+SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig,
+            "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig}
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

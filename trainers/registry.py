@@ -36,6 +36,13 @@ class BasePolicyConfig(Strict):
     tokenizer_corpus: int = Field(2000, ge=10, description="generated problems the tiny tokenizer is trained on")
 
 
+def _quiet_transformers() -> None:
+    """No per-shard progress bars: the stages show their own progress."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
 def checkpoint_uri(lake: Lake, version: int) -> str:
     return lake.location.path("models", f"v{version:05d}")
 
@@ -60,6 +67,7 @@ def version_row(lake: Lake, version: int) -> dict:
 
 def save_checkpoint(lake: Lake, version: int, model, tokenizer) -> str:
     """Write model and tokenizer to the lake's storage; returns the checkpoint URI."""
+    _quiet_transformers()
     uri = checkpoint_uri(lake, version)
     if not lake.location.is_s3:
         model.save_pretrained(uri)
@@ -100,6 +108,7 @@ def load_policy(uri: str, device: str = "cpu"):
     """(model, tokenizer) from a checkpoint URI, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _quiet_transformers()
     folder = local_checkpoint(uri)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"

@@ -31,11 +31,14 @@ class AdvantageConfig(Strict):
     dbb_discount: float = Field(0.9, gt=0, le=1, description="gamma of the Beta-Bernoulli state")
 
 
-def scored_rollouts(lake: Lake, iteration: int, verifier: str | None) -> pl.DataFrame:
+def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tuple[str, ...] = ()) -> pl.DataFrame:
+    """An iteration's rollouts with their rewards (`verifier`'s, or each problem's own verifier's)."""
     by_iteration = pc.field("iteration") == iteration
     rollouts = lake.read("rollouts", filter=by_iteration,
                          columns=["rollout_id", "group_id", "problem_id", "round", "model_version", "n_tokens",
-                                  "finish_reason"])
+                                  "finish_reason", *extra])
+    if rollouts.is_empty():
+        raise ValueError(f"iteration {iteration} has no rollouts in {lake.uri}")
     rewards = lake.read("rewards", filter=by_iteration, columns=["rollout_id", "verifier", "reward", "correct"])
     if verifier is not None:
         rewards = rewards.filter(pl.col("verifier") == verifier)

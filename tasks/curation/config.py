@@ -151,8 +151,9 @@ class MixConfig(Strict):
         return weights
 
 
-def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | None = None) -> BaseModel:
-    """Load and validate a YAML config (its `section` if it has one); errors name the file and the field."""
+def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None) -> BaseModel:
+    """Load and validate a YAML config (its `section` if it has one, or the named sections of a run
+    config); errors name the file and the field."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -160,7 +161,9 @@ def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | No
         raise ValueError(f"{path}: cannot read config: {error}") from error
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings at the top level")
-    if section is not None and section in data:     # a run config's stage section, or a stage config itself
+    if isinstance(section, tuple):                   # several stage sections of a run config
+        data = {name: data[name] for name in section if name in data}
+    elif section is not None and section in data:   # a run config's stage section, or a stage config itself
         data = data[section]
     try:
         return model.model_validate(data)

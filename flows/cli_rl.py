@@ -1,0 +1,187 @@
+"""`rlvr` commands of the RL iteration: the policy registry, one iteration, the advantage stage
+alone, and the sampling analysis. Registered on the main app by `flows.cli`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.cli import LakeOption, _prefect_defaults, app, fail
+from flows.display import console, frame_table, write_result
+
+policy_app = typer.Typer(help="The model registry and policy servers.", no_args_is_help=True)
+analyze_app = typer.Typer(help="Analyses of stored iterations.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+app.add_typer(analyze_app, name="analyze")
+
+ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
+ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
+                                                      "verify / advantages sections")]
+
+
+def iteration_config(path: Path | None, overrides: dict | None = None):
+    from tasks.curation.config import load_yaml_config
+    from tasks.rollout.stage import IterationConfig
+
+    try:
+        settings = load_yaml_config(path, IterationConfig, ITERATION_SECTIONS) if path else IterationConfig()
+    except ValueError as error:
+        fail(str(error), 2)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            section, name = dotted.split(".")
+            part = getattr(settings, section).model_copy(update={name: value})
+            settings = settings.model_copy(update={section: type(part).model_validate(part.model_dump())})
+    return settings
+
+
+@app.command()
+def iterate(
+    config: ConfigOption = None,
+    iteration: Annotated[Optional[int], typer.Option(help="iteration number (replaces its output); default: next")] = None,
+    model_version: Annotated[Optional[int], typer.Option(help="policy version to sample; default: the latest")] = None,
+    groups: Annotated[Optional[int], typer.Option(help="informative groups the batch needs")] = None,
+    group_size: Annotated[Optional[int], typer.Option(help="G: samples per prompt")] = None,
+    verifier: Annotated[Optional[str], typer.Option(help="score with this verifier (or reward control) instead")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """One RL iteration without training: rollout with dynamic sampling, verification, advantages, batch."""
+    settings = iteration_config(config, {"dynamic_sampling.groups_per_batch": groups, "rollout.group_size": group_size,
+                                         "verify.verifier": verifier})
+    _prefect_defaults()
+    from flows.iteration import rl_iteration
+    from tasks.advantages.dynamic_sampling import BatchShortfall
+
+    try:
+        result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
+    except (BatchShortfall, ValueError, FileNotFoundError) as error:
+        fail(str(error))
+    _print_iteration(result)
+
+
+@app.command()
+def advantages(
+    iteration: Annotated[int, typer.Option(help="the iteration whose stored rollouts and rewards to use")],
+    config: ConfigOption = None,
+    estimator: Annotated[Optional[str], typer.Option(help="grpo, dr_grpo, rloo, batch_std or dbb")] = None,
+    model_version: Annotated[Optional[int], typer.Option(help="current policy version, for staleness")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Re-run the advantage stage of an iteration: groups, advantages, batch and DBB state are replaced."""
+    settings = iteration_config(config, {"advantages.estimator": estimator})
+    _prefect_defaults()
+    from flows.iteration import compute_advantages
+
+    try:
+        result = compute_advantages(iteration, settings.model_dump(mode="json"), lake, model_version)
+    except ValueError as error:
+        fail(str(error))
+    _print_iteration(result)
+
+
+def _print_iteration(result: dict) -> None:
+    import polars as pl
+
+    rows = [("model version", result["model_version"]), ("batch", result["batch_id"]),
+            ("groups kept / drawn", f"{result['groups_kept']} / {result['groups']}"),
+            ("rollouts in batch", result["batch_rollouts"]),
+            ("filtered share", f"{result['filtered_share']:.0%}"),
+            ("learning-zone share (20-50 %)", f"{result['learning_zone_share']:.0%}"),
+            ("filter reasons", ", ".join(f"{k or 'kept'}: {v}" for k, v in sorted(result["filter_reasons"].items(),
+                                                                                   key=lambda kv: str(kv[0]))))]
+    if "rounds" in result:
+        rows[1:1] = [("generation rounds", result["rounds"]), ("rollouts", result["rollouts"]),
+                     ("mean reward", f"{result['mean_reward']:.3f}")]
+        if result["short_by"]:
+            rows.append(("batch short by", f"{result['short_by']} groups (round bound reached)"))
+    table = pl.DataFrame({"": [k for k, _ in rows], "value": [str(v) for _, v in rows]})
+    console.print(frame_table(table, title=f"iteration {result['iteration']}"))
+    histogram = pl.DataFrame({"solve rate": list(result["solve_rate_histogram"]),
+                              "groups": list(result["solve_rate_histogram"].values())})
+    console.print(frame_table(histogram, title="solve-rate histogram"))
+
+
+@analyze_app.command("sampling")
+def analyze_sampling(
+    iteration: Annotated[int, typer.Option(help="the iteration to analyse")],
+    verifier: Annotated[Optional[str], typer.Option(help="whose rewards; default each problem's own verifier")] = None,
+    limit: Annotated[int, typer.Option(help="problems shown in the table (all with --format csv/json)")] = 20,
+    format: Annotated[str, typer.Option("--format", help="table, csv or json (per-problem rows)")] = "table",
+    lake: LakeOption = None,
+) -> None:
+    """Per problem: solve rate of its G samples, correct vs incorrect (length, truncation, answer form), zone."""
+    import polars as pl
+    import pyarrow.compute as pc
+
+    from storage.lake import Lake
+    from tasks.advantages.stage import scored_rollouts
+    from tasks.analysis.sampling import per_problem, summary
+
+    opened = Lake.open(lake)
+    try:
+        scored = scored_rollouts(opened, iteration, verifier, extra=("response",))
+    except ValueError as error:
+        fail(str(error))
+    ids = scored["problem_id"].unique().to_list()
+    problems = opened.read("problems", filter=pc.field("problem_id").isin(ids), columns=["problem_id", "level", "source"])
+    scored = scored.join(problems.unique("problem_id"), on="problem_id", how="left")
+    table = per_problem(scored)
+    if format != "table":
+        write_result(table.to_arrow(), format)
+        return
+    sides, zones = summary(scored, table)
+    shown = table.head(limit).select(
+        problem=pl.col("problem_id").str.slice(0, 10), level="level", solve="solve_rate", zone="zone",
+        **{"tokens ✓": "mean_tokens_correct", "tokens ✗": "mean_tokens_incorrect", "trunc ✓": "truncated_correct",
+           "trunc ✗": "truncated_incorrect", "form ✓": "form_correct", "form ✗": "form_incorrect"})
+    console.print(frame_table(shown.with_columns(pl.col(pl.Float64).round(2)),
+                              title=f"iteration {iteration}: {table.height} problems, "
+                                    f"{int(table['samples'].max())} samples each (first {min(limit, table.height)})"))
+    console.print(frame_table(sides.with_columns(pl.col(pl.Float64).round(3)), title="correct vs incorrect responses"))
+    console.print(frame_table(zones.with_columns(pl.col("share").round(3)), title="problems by zone"))
+
+
+@policy_app.command("init")
+def policy_init(config: ConfigOption = None, lake: LakeOption = None) -> None:
+    """Register model version 0 (the embedded tiny model, or the checkpoint the config names)."""
+    from storage.lake import Lake
+    from trainers.registry import ensure_base_policy
+
+    settings = iteration_config(config)
+    opened = Lake.open(lake)
+    ensure_base_policy(opened, settings.rollout.base_policy)
+    policy_list(lake)
+
+
+@policy_app.command("list")
+def policy_list(lake: LakeOption = None) -> None:
+    """The registered model versions."""
+    from storage.lake import Lake
+    from trainers.registry import versions
+
+    table = versions(Lake.open(lake)).select("model_version", "parent_version", "kind", "checkpoint_uri", "iteration",
+                                             "created_at")
+    console.print(frame_table(table, title="model versions"))
+
+
+@policy_app.command("serve")
+def policy_serve(
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
+    device: Annotated[str, typer.Option(help="torch device")] = "cpu",
+    fail_first: Annotated[int, typer.Option(help="answer 503 to this many first requests (testing retries)")] = 0,
+    lake: LakeOption = None,
+) -> None:
+    """An OpenAI-compatible completions server over the lake's model versions (served as v0, v1, ...)."""
+    from tasks.rollout.server import PolicyServer, lake_loader
+
+    server = PolicyServer((host, port), lake_loader(lake, device), fail_first=fail_first)
+    console.print(f"serving the model versions of {lake or 'the lake'} on http://{host}:{server.server_port}/v1")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

@@ -1,0 +1,1 @@
+"""Analyses over the lake's tables that are pure functions of frames."""

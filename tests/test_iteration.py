@@ -1,0 +1,119 @@
+"""One RL iteration end to end (rollout with resampling rounds → verification → advantages → batch)
+on the tiny CPU policy, on local and S3 lakes, with lineage from every batch row back to the model
+version, problem, bank version and runs; the round bound; the command line."""
+
+import json
+
+import polars as pl
+import pytest
+
+from conftest import run_cli
+from storage.catalog import open_catalog
+from tasks.advantages.dynamic_sampling import BatchShortfall
+
+SMALL_POLICY = {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}, "tokenizer_corpus": 50}
+CONFIG = {
+    "rollout": {"group_size": 4, "sampler": {"max_new_tokens": 16}, "base_policy": SMALL_POLICY},
+    "dynamic_sampling": {"groups_per_batch": 3, "max_rounds": 3},
+    "verify": {"workers": 0, "verifier": "random"},      # Bernoulli(0.5) rewards: mixed groups from a random policy
+}
+TABLES = ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state", "model_versions")
+
+
+def curated(lake_uri, count=60):
+    from flows.curation import curate_bank
+
+    curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": count, "seed": 0}]}, lake_uri)
+
+
+@pytest.fixture
+def rl_iteration(prefect_api):
+    from flows.iteration import rl_iteration
+
+    return rl_iteration
+
+
+def test_one_iteration_writes_every_table_with_lineage(rl_iteration, lake, lake_uri):
+    curated(lake_uri)
+    result = rl_iteration(CONFIG, lake_uri=lake_uri)
+    assert result["iteration"] == 1 and result["model_version"] == 0 and result["groups_kept"] == 3
+    for table in TABLES:
+        assert not lake.read(table).is_empty(), table
+    rollouts = lake.read("rollouts")
+    assert rollouts.group_by("group_id").len()["len"].to_list() == [4] * rollouts["group_id"].n_unique()
+    row = rollouts.row(0, named=True)
+    assert len(row["response_token_ids"]) == len(row["behaviour_logprobs"]) == row["n_tokens"]
+    assert row["finish_reason"] in {"stop", "length"} and row["self_certainty"] > 0 and row["seed"] is not None
+    expected = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "group_size": 4, "max_new_tokens": 16}
+    assert json.loads(row["sampler"]).items() >= expected.items()
+    assert row["prompt"].endswith("\nAnswer:")
+    lineage = open_catalog(lake).sql("""
+        select b.batch_id, r.model_version, m.checkpoint_uri, p.bank_version, rb.stage as batch_stage,
+               rr.stage as rollout_stage, rw.stage as reward_stage, rp.stage as problem_stage
+        from batches b join rollouts r using (rollout_id) join problems p using (problem_id)
+        join rewards w using (rollout_id) join model_versions m using (model_version)
+        join runs rb on rb.run_id = b.run_id join runs rr on rr.run_id = r.run_id
+        join runs rw on rw.run_id = w.run_id join runs rp on rp.run_id = p.run_id
+    """).pl()
+    assert lineage.height == result["batch_rollouts"] == 12 and lineage.null_count().sum_horizontal()[0] == 0
+    assert lineage.select("batch_stage", "rollout_stage", "reward_stage", "problem_stage").unique().rows() == [
+        ("advantages", "rollout", "verify", "curate")]
+
+
+def test_rerunning_an_iteration_replaces_its_output(rl_iteration, tmp_path):
+    from storage.lake import Lake
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    first = rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    assert lake.read("rollouts")["rollout_id"].is_unique().all()
+    assert lake.read("rewards").height == lake.read("rollouts").height == first["rollouts"]
+    assert lake.read("batches")["batch_id"].n_unique() == 1 and lake.read("model_versions").height == 1
+    assert rl_iteration(CONFIG, lake_uri=lake_uri)["iteration"] == 2
+
+
+def test_rounds_until_the_bound_then_a_smaller_batch_or_a_clear_failure(rl_iteration, tmp_path):
+    from storage.lake import Lake
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    never_solved = {**CONFIG, "verify": {"workers": 0}, "dynamic_sampling": {"groups_per_batch": 2, "max_rounds": 2}}
+    smaller = rl_iteration(never_solved, iteration=1, lake_uri=lake_uri)   # the random policy solves nothing
+    assert smaller["rounds"] == 2 and smaller["short_by"] == 2 and smaller["batch_rollouts"] == 0
+    lake = Lake.open(lake_uri)
+    groups = lake.read("groups")
+    assert set(groups["round"]) == {1, 2} and set(groups["filter_reason"]) == {"all_wrong"}
+    assert groups.height == 3 + 3                         # 2 missing × 1.5 oversample, twice
+    failing = {**never_solved, "dynamic_sampling": {**never_solved["dynamic_sampling"], "on_shortfall": "fail"}}
+    with pytest.raises(BatchShortfall, match="after 2 generation rounds only 0 of 2 groups were informative"):
+        rl_iteration(failing, iteration=1, lake_uri=lake_uri)
+    assert lake.read("rollouts").height == 6 * 4           # what was sampled is kept ...
+    assert lake.read("rewards").height == 6 * 4
+    for table in ("groups", "advantages", "batches"):      # ... and the earlier run's batch is gone
+        assert lake.read(table).is_empty(), table
+
+
+def test_command_line_iteration_analysis_and_advantage_rerun(prefect_api, tmp_path):
+    lake_uri = str(tmp_path / "lake")
+    config = tmp_path / "run.yaml"
+    import yaml
+
+    config.write_text(yaml.safe_dump({**CONFIG, "advantages": {"estimator": "grpo"}}))
+    assert run_cli("curate", "--source", "gen:mix:60", "--lake", lake_uri).returncode == 0
+    iterated = run_cli("iterate", "--config", str(config), "--lake", lake_uri)
+    assert iterated.returncode == 0, iterated.stderr
+    assert "groups kept / drawn" in iterated.stdout and "solve-rate histogram" in iterated.stdout
+    analysed = run_cli("analyze", "sampling", "--iteration", "1", "--format", "json", "--lake", lake_uri)
+    problems = pl.DataFrame([json.loads(line) for line in analysed.stdout.splitlines() if line.strip()])
+    assert set(problems["zone"]) <= {"too_hard", "learning_zone", "too_easy"} and (problems["samples"] == 4).all()
+    table = run_cli("analyze", "sampling", "--iteration", "1", "--lake", lake_uri)
+    assert "correct vs incorrect responses" in table.stdout and "problems by zone" in table.stdout
+    rerun = run_cli("advantages", "--iteration", "1", "--estimator", "rloo", "--config", str(config), "--lake", lake_uri)
+    assert rerun.returncode == 0, rerun.stderr
+    from storage.lake import Lake
+
+    assert set(Lake.open(lake_uri).read("advantages")["estimator"]) == {"rloo"}
+    missing = run_cli("analyze", "sampling", "--iteration", "7", "--lake", lake_uri)
+    assert missing.returncode == 1 and "iteration 7 has no rollouts" in missing.stderr

@@ -1,0 +1,108 @@
+"""The `openai` backend over real HTTP: `rlvr policy serve` (an OpenAI-compatible server over the hf
+backend) in its own process, several endpoints, model version per request, and servers that fail
+and recover."""
+
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import BIN, free_port, wait_for
+from tasks.generators.base import derive_seed
+from tasks.rollout.hf import HFPolicy
+from tasks.rollout.openai_backend import BackendUnavailable, OpenAIBackendConfig, OpenAIPolicy
+from tasks.rollout.sampling import SamplerConfig
+from trainers.registry import BasePolicyConfig, ensure_base_policy, load_policy, register, save_checkpoint
+from trainers.tiny import TinyModelConfig, build_model
+
+SAMPLER = SamplerConfig(max_new_tokens=12)
+SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def served_lake(tmp_path_factory):
+    """A lake with model versions 0 and 1 (different seeds)."""
+    from storage.lake import Lake
+
+    lake = Lake.open(str(tmp_path_factory.mktemp("served") / "lake"))
+    ensure_base_policy(lake, BasePolicyConfig(tiny=SMALL, tokenizer_corpus=50))
+    _, tokenizer = load_policy(lake.read("model_versions")["checkpoint_uri"][0])
+    with lake.run("test", "register", {}) as run:
+        uri = save_checkpoint(lake, 1, build_model(SMALL.model_copy(update={"seed": 1}), tokenizer), tokenizer)
+        register(lake, run, 1, uri=uri, kind="test", parent=0)
+    return lake
+
+
+def start_server(lake, port: int, fail_first: int = 0) -> subprocess.Popen:
+    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port),
+                                "--fail-first", str(fail_first)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
+    return process
+
+
+@pytest.fixture(scope="module")
+def server(served_lake):
+    port = free_port()
+    process = start_server(served_lake, port)
+    yield f"http://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(10)
+
+
+def client(*endpoints: str, **options) -> OpenAIPolicy:
+    return OpenAIPolicy(OpenAIBackendConfig(endpoints=list(endpoints), **{"backoff_seconds": 0.05, **options}))
+
+
+def test_groups_carry_token_ids_and_logprobs_exactly_as_the_hf_backend_samples_them(served_lake, server):
+    remote = client(server).generate(["What is 2+3?\nAnswer:", "7*8 ="], 4, SAMPLER, seed=7, model_version=0)
+    model, tokenizer = load_policy(served_lake.read("model_versions").sort("model_version")["checkpoint_uri"][0])
+    local = HFPolicy(model, tokenizer, 0).generate(["7*8 ="], 4, SAMPLER, derive_seed(7, 1) % 2**31, 0)[0]
+    assert [len(group) for group in remote] == [4, 4]
+    for got, expected in zip(remote[1], local):
+        assert got.token_ids == expected.token_ids and got.finish_reason == expected.finish_reason
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+        assert got.prompt_token_ids == tokenizer("7*8 =").input_ids and got.backend == f"openai:{server}"
+
+
+def test_the_model_version_is_chosen_per_request(server):
+    policy = client(server)
+    v0, v1 = (policy.generate(["1+1="], 4, SAMPLER, seed=3, model_version=v)[0] for v in (0, 1))
+    assert [s.token_ids for s in v0] != [s.token_ids for s in v1]
+    with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400.*not registered"):
+        policy.generate(["1+1="], 2, SAMPLER, seed=3, model_version=9)
+
+
+def test_a_dead_endpoint_is_skipped_for_a_live_one(server):
+    dead = f"http://127.0.0.1:{free_port()}"
+    groups = client(dead, server, concurrency=4).generate([f"{i}+1=" for i in range(8)], 2, SAMPLER, 0, 0)
+    assert all(len(group) == 2 for group in groups)
+
+
+def test_a_server_answering_503_is_retried_until_it_recovers(served_lake):
+    port = free_port()
+    process = start_server(served_lake, port, fail_first=3)
+    try:
+        with pytest.raises(BackendUnavailable, match=r"2 attempts over 1 endpoint.*HTTP 503"):
+            client(f"http://127.0.0.1:{port}", max_retries=1).generate(["x"], 2, SAMPLER, 0, 0)
+        groups = client(f"http://127.0.0.1:{port}", max_retries=4).generate(["x"], 2, SAMPLER, 0, 0)
+        assert len(groups[0]) == 2
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_a_server_that_goes_down_and_comes_back_loses_no_request(served_lake):
+    port = free_port()
+    start_server(served_lake, port).kill()                   # it served once, then died
+    restarted: list[subprocess.Popen] = []
+    threading.Timer(1.0, lambda: restarted.append(start_server(served_lake, port))).start()
+    try:
+        started = time.monotonic()
+        groups = client(f"http://127.0.0.1:{port}", concurrency=3, max_retries=12, max_backoff_seconds=2.0).generate(
+            [f"{i}*2=" for i in range(6)], 2, SAMPLER, 0, 0)
+        assert all(len(group) == 2 for group in groups) and time.monotonic() - started > 1.0
+    finally:
+        for process in restarted:
+            process.terminate()
+            process.wait(10)

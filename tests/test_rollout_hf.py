@@ -1,0 +1,126 @@
+"""The hf backend and the sampling maths: behaviour log-probs of the distribution actually sampled,
+self-certainty, finish reasons, stop strings, seeds; the tiny model and tokenizer built locally."""
+
+import math
+
+import pytest
+import torch
+
+from tasks.rollout.hf import HFPolicy, sequence_logprobs
+from tasks.rollout.sampling import SamplerConfig, sampling_logprobs, self_certainty
+from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(tokenizer_corpus(count=100))
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2), tokenizer)
+
+
+@pytest.fixture
+def uniform_model(tokenizer):
+    """A model whose every next-token distribution is uniform: its final norm outputs zeros."""
+    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2), tokenizer)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    return model
+
+
+def test_tokenizer_is_byte_level_and_lossless(tokenizer):
+    text = "Compute 3·4 + √2, then x² = 1/2. 🙂"
+    assert tokenizer.decode(tokenizer(text).input_ids) == text
+    assert len(tokenizer) == 256 + 4                      # bytes plus pad, eos and the two chat markers
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert prompt == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_model_is_seeded_and_about_the_configured_size(tokenizer):
+    first, second = (build_model(TinyModelConfig(seed=3), tokenizer) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
+    assert 0.9e6 < sum(p.numel() for p in first.parameters()) < 1.2e6
+
+
+def test_sampling_logprobs_by_hand():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    plain = sampling_logprobs(logits, SamplerConfig(temperature=2.0))
+    assert torch.allclose(plain, torch.log_softmax(torch.tensor([[1.5, 1.0, 0.5, 0.0]]), -1))
+    top2 = sampling_logprobs(logits, SamplerConfig(top_k=2))
+    expected = torch.log_softmax(torch.tensor([3.0, 2.0]), -1)
+    assert torch.allclose(top2[0, :2], expected) and torch.isinf(top2[0, 2:]).all()
+    probabilities = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))
+    assert torch.allclose(sampling_logprobs(probabilities, SamplerConfig(top_p=0.8)).exp(),
+                          torch.tensor([[2 / 3, 1 / 3, 0.0]]))        # smallest set reaching 0.8: {0.6, 0.3}
+    assert torch.allclose(sampling_logprobs(probabilities, SamplerConfig(top_p=0.5)).exp(),
+                          torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_self_certainty_by_hand():
+    probabilities = torch.tensor([[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]])
+    expected = (1 / 3) * (math.log((1 / 3) / 0.5) + 2 * math.log((1 / 3) / 0.25))   # KL(U || p)
+    result = self_certainty(probabilities.log())
+    assert result[0].item() == pytest.approx(expected) and result[1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_behaviour_logprobs_are_the_full_distribution_the_trainer_recomputes(model, tokenizer):
+    policy = HFPolicy(model, tokenizer, model_version=0, batch_size=5)
+    groups = policy.generate(["What is 2+3?\nAnswer:", "7*8 ="], 4, SamplerConfig(max_new_tokens=12), seed=1,
+                             model_version=0)
+    samples = [s for group in groups for s in group]
+    recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
+    for sample, logprobs in zip(samples, recomputed):
+        assert torch.allclose(torch.tensor(sample.logprobs), logprobs.detach(), atol=1e-4)
+
+
+def test_top_k_logprobs_describe_the_truncated_distribution(model, tokenizer):
+    policy = HFPolicy(model, tokenizer, model_version=0)
+    samples = policy.generate(["7*8 ="], 6, SamplerConfig(top_k=5, max_new_tokens=8), seed=2, model_version=0)[0]
+    recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
+    for sample, full in zip(samples, recomputed):
+        assert (torch.tensor(sample.logprobs) > full.detach() + 1e-3).all()   # renormalised over 5 tokens
+
+
+def test_uniform_policy_stops_at_eos_or_length_with_exact_logprobs(uniform_model, tokenizer):
+    policy = HFPolicy(uniform_model, tokenizer, model_version=0, batch_size=64)
+    samples = policy.generate(["x"], 128, SamplerConfig(max_new_tokens=40), seed=0, model_version=0)[0]
+    vocabulary = len(tokenizer)
+    reasons = {s.finish_reason for s in samples}
+    assert reasons == {"stop", "length"}                 # P(eos within 40) = 1 − (259/260)^40 ≈ 14 %
+    for sample in samples:
+        assert sample.logprobs == pytest.approx([-math.log(vocabulary)] * len(sample.token_ids), abs=1e-5)
+        assert sample.self_certainty == pytest.approx(0.0, abs=1e-5)   # a uniform distribution is maximally unsure
+        if sample.finish_reason == "stop":
+            assert sample.token_ids[-1] == tokenizer.eos_token_id and len(sample.token_ids) <= 40
+        else:
+            assert len(sample.token_ids) == 40 and tokenizer.eos_token_id not in sample.token_ids
+
+
+def test_stop_strings_end_responses_and_are_cut_from_the_text(uniform_model, tokenizer):
+    policy = HFPolicy(uniform_model, tokenizer, model_version=0)
+    stop = list("abcdefghijklmnopqrstuvwxyz")
+    samples = policy.generate(["x"], 16, SamplerConfig(max_new_tokens=200, stop=stop), seed=0, model_version=0)[0]
+    assert all(s.finish_reason == "stop" for s in samples)
+    assert not any(letter in s.text for s in samples for letter in stop)
+
+
+def test_seeded_generation_is_reproducible(model, tokenizer):
+    policy = HFPolicy(model, tokenizer, model_version=0)
+    sampler = SamplerConfig(max_new_tokens=10)
+    first, again, other = (policy.generate(["1+1="], 4, sampler, seed, 0)[0] for seed in (5, 5, 6))
+    assert [s.token_ids for s in first] == [s.token_ids for s in again]
+    assert [s.token_ids for s in first] != [s.token_ids for s in other]
+
+
+def test_greedy_has_zero_logprobs_and_identical_samples(model, tokenizer):
+    policy = HFPolicy(model, tokenizer, model_version=0)
+    samples = policy.generate(["1+1="], 3, SamplerConfig(temperature=0, max_new_tokens=6), 0, 0)[0]
+    assert len({tuple(s.token_ids) for s in samples}) == 1 and all(lp == 0.0 for lp in samples[0].logprobs)
+
+
+def test_a_policy_refuses_another_model_version(model, tokenizer):
+    with pytest.raises(ValueError, match="holds model version 0, not 2"):
+        HFPolicy(model, tokenizer, model_version=0).generate(["x"], 1, SamplerConfig(), 0, model_version=2)
