@@ -17,12 +17,13 @@ from prefect.runtime import flow_run
 
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
-from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
+from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.rollout.stage import IterationConfig, current_model_version, next_iteration, sample_iteration
 
 DOWNSTREAM_OF_ROLLOUT = ("groups", "advantages", "batches", "dbb_state")
 
 sample_task = task(sample_iteration, name="rollout-and-score", cache_policy=NO_CACHE)
+off_policy_task = task(off_policy_logprob_sums, name="off-policy-logprobs", cache_policy=NO_CACHE)
 compute_task = task(compute, name="advantages-and-filter", cache_policy=NO_CACHE)
 write_task = task(write, name="write-groups-advantages-batch", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 
@@ -68,8 +69,10 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
     with lake.run("compute-advantages", "advantages", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
         scored = scored_rollouts(lake, iteration, settings.advantages.verifier)
+        logprob_sums = off_policy_task(lake, iteration, scored, settings.advantages, model_version,
+                                       settings.rollout.device)
         results = compute_task(scored, settings.advantages, settings.dynamic_sampling, model_version,
-                               latest_dbb_state(lake, iteration))
+                               latest_dbb_state(lake, iteration), logprob_sums)
         batch_id = write_task(lake, run, iteration, results)
     groups = results["groups"]
     metrics = sampling_metrics(groups)

@@ -209,7 +209,9 @@ ADVANTAGES = TableSpec(
         _field("reward", pa.float64(), False, "the verifier's reward"),
         _field("shaped_reward", pa.float64(), False, "after overlong shaping; what the estimator used"),
         _field("advantage", pa.float64(), False),
-        _field("loss_mask", pa.float64(), False, "0 excludes the rollout from the loss (masked truncation)"),
+        _field("loss_mask", pa.float64(), False, "0 excludes the rollout from the loss (masked truncation, stale)"),
+        _field("importance_weight", pa.float64(), True, "1 when fresh; truncated π_current/π_behaviour when "
+               "acceptable; null when stale"),
         _field("staleness", pa.int64(), False),
         _field("freshness", pa.string(), False, "fresh, acceptable or stale"),
         _field("run_id", pa.string(), False),

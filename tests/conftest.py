@@ -129,3 +129,21 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int 
     """`rlvr ARGS` in a fresh process, as a user would run it."""
     return subprocess.run([str(BIN / "rlvr"), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def register_random_version(lake, version: int, seed: int) -> None:
+    """Register another randomly initialised policy, shaped like version 0, as `version` (a stand-in for training)."""
+    from transformers import AutoConfig
+
+    from trainers.registry import load_policy, register, save_checkpoint, version_row
+    from trainers.tiny import TinyModelConfig, build_model
+
+    base = version_row(lake, 0)["checkpoint_uri"]
+    _, tokenizer = load_policy(base)
+    shape = AutoConfig.from_pretrained(base) if not base.startswith("s3://") else load_policy(base)[0].config
+    tiny = TinyModelConfig(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                           num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
+                           num_key_value_heads=shape.num_key_value_heads, seed=seed)
+    with lake.run("test", "register", {"seed": seed}) as run:
+        uri = save_checkpoint(lake, version, build_model(tiny, tokenizer), tokenizer)
+        register(lake, run, version, uri=uri, kind="test", parent=version - 1)

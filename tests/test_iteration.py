@@ -3,11 +3,12 @@ on the tiny CPU policy, on local and S3 lakes, with lineage from every batch row
 version, problem, bank version and runs; the round bound; the command line."""
 
 import json
+import math
 
 import polars as pl
 import pytest
 
-from conftest import run_cli
+from conftest import register_random_version, run_cli
 from storage.catalog import open_catalog
 from tasks.advantages.dynamic_sampling import BatchShortfall
 
@@ -117,3 +118,37 @@ def test_command_line_iteration_analysis_and_advantage_rerun(prefect_api, tmp_pa
     assert set(Lake.open(lake_uri).read("advantages")["estimator"]) == {"rloo"}
     missing = run_cli("analyze", "sampling", "--iteration", "7", "--lake", lake_uri)
     assert missing.returncode == 1 and "iteration 7 has no rollouts" in missing.stderr
+
+
+def test_off_policy_rollouts_get_truncated_importance_weights_and_stale_ones_are_recorded(rl_iteration, tmp_path):
+    import torch
+
+    from flows.iteration import compute_advantages
+    from storage.lake import Lake
+    from tasks.rollout.hf import sequence_logprobs
+    from trainers.registry import load_policy, version_row
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    register_random_version(lake, 1, seed=11)            # the policy moved on by one version
+    compute_advantages(1, CONFIG, lake_uri, model_version=1)
+    rows = lake.read("advantages").join(lake.read("rollouts"), on="rollout_id").sort("rollout_id")
+    assert set(rows["freshness"]) == {"acceptable"} and set(rows["staleness"]) == {1}
+    model, _ = load_policy(version_row(lake, 1)["checkpoint_uri"])
+    with torch.no_grad():
+        current = [float(lp.sum()) for lp in sequence_logprobs(model, rows["prompt_token_ids"].to_list(),
+                                                                rows["response_token_ids"].to_list())]
+    behaviour = rows["behaviour_logprobs"].list.sum().to_list()
+    expected = [min(math.exp(c - b), 2.0) for c, b in zip(current, behaviour)]
+    assert rows["importance_weight"].to_list() == pytest.approx(expected, rel=1e-4)
+    batch = lake.read("batches").join(rows.select("rollout_id", "importance_weight"), on="rollout_id")
+    assert batch["weight"].to_list() == pytest.approx(batch["importance_weight"].to_list())
+    assert len(set(expected)) > 1                        # not a constant in disguise
+
+    too_old = {**CONFIG, "advantages": {"max_stale_versions": 0}}
+    compute_advantages(1, too_old, lake_uri, model_version=1)
+    recorded = lake.read("advantages")
+    assert recorded.height == rows.height and set(recorded["freshness"]) == {"stale"}
+    assert (recorded["loss_mask"] == 0).all() and lake.read("batches").is_empty() and lake.read("groups").is_empty()

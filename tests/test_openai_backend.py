@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from conftest import BIN, free_port, wait_for
+from conftest import BIN, free_port, register_random_version, wait_for
 from tasks.generators.base import derive_seed
 from tasks.rollout.hf import HFPolicy
 from tasks.rollout.openai_backend import BackendUnavailable, OpenAIBackendConfig, OpenAIPolicy
 from tasks.rollout.sampling import SamplerConfig
-from trainers.registry import BasePolicyConfig, ensure_base_policy, load_policy, register, save_checkpoint
-from trainers.tiny import TinyModelConfig, build_model
+from trainers.registry import BasePolicyConfig, ensure_base_policy, load_policy
+from trainers.tiny import TinyModelConfig
 
 SAMPLER = SamplerConfig(max_new_tokens=12)
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
@@ -27,10 +27,7 @@ def served_lake(tmp_path_factory):
 
     lake = Lake.open(str(tmp_path_factory.mktemp("served") / "lake"))
     ensure_base_policy(lake, BasePolicyConfig(tiny=SMALL, tokenizer_corpus=50))
-    _, tokenizer = load_policy(lake.read("model_versions")["checkpoint_uri"][0])
-    with lake.run("test", "register", {}) as run:
-        uri = save_checkpoint(lake, 1, build_model(SMALL.model_copy(update={"seed": 1}), tokenizer), tokenizer)
-        register(lake, run, 1, uri=uri, kind="test", parent=0)
+    register_random_version(lake, 1, seed=1)
     return lake
 
 

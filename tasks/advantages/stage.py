@@ -14,7 +14,8 @@ from storage.lake import Lake
 from storage.runs import Run
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
-from tasks.advantages.shaping import group_statistics, shape_overlong, staleness, success
+from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
+                                      truncated_importance_weight)
 from tasks.curation.config import Strict
 
 
@@ -27,7 +28,9 @@ class AdvantageConfig(Strict):
     cache_length: int = Field(256, description="L_cache: the buffer over which the penalty ramps to -factor")
     overlong_factor: float = Field(1.0, description="size of the overlong penalty")
     mask_truncated: bool = Field(False, description="mask truncated completions out of the loss instead")
-    max_stale_versions: int = Field(3, description="rollouts older than this many versions are dropped")
+    max_stale_versions: int = Field(3, ge=0, description="rollouts older than this many versions are dropped")
+    importance_cap: float = Field(2.0, gt=0, description="truncation of the importance weight "
+                                  "π_current(y) / π_behaviour(y) given to acceptable off-policy rollouts")
     dbb_discount: float = Field(0.9, gt=0, le=1, description="gamma of the Beta-Bernoulli state")
 
 
@@ -52,16 +55,20 @@ def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tup
 
 
 def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamplingConfig, current_version: int,
-            dbb_state: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
+            dbb_state: pl.DataFrame | None, logprob_sums: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
     """Pure: shaped rewards, freshness, group statistics, advantages, the batch and the new DBB state.
 
     The batch takes the first `groups_per_batch` informative groups in draw order (group ids sort
     by round), the same ones the resampling loop stopped on; later informative groups are `surplus`.
+    Stale rollouts stay out of groups and batch but are recorded in `advantages` as stale.
+    Acceptable (off-policy) rollouts are weighted by a truncated importance weight, from
+    `logprob_sums` (rollout_id, current_logprob_sum, behaviour_logprob_sum) of the current policy.
     """
     if config.estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {config.estimator!r}")
-    frame = staleness(scored.with_columns(correct=success()), current_version, config.max_stale_versions)
-    frame = frame.filter(pl.col("freshness") != "stale")
+    judged = staleness(scored.with_columns(correct=success()), current_version, config.max_stale_versions)
+    frame = judged.filter(pl.col("freshness") != "stale")
+    stale = judged.filter(pl.col("freshness") == "stale")
     if config.max_length is not None:
         frame = shape_overlong(frame, config.max_length, config.cache_length, config.overlong_factor, config.mask_truncated)
     else:
@@ -73,16 +80,36 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamp
     if config.estimator == "dbb":
         shaped = with_dbb_state(shaped, state)
     scored_rows = advantages(with_group_columns(shaped), config.estimator)
+    scored_rows = with_importance_weights(scored_rows, logprob_sums, config.importance_cap)
     kept_groups = groups.filter("kept").select("group_id")
     batch_rows = scored_rows.join(kept_groups, on="group_id", how="semi")
+    columns = ["rollout_id", "group_id", "problem_id", "estimator", "reward", "shaped_reward", "advantage", "loss_mask",
+               "importance_weight", "staleness", "freshness"]
+    recorded_stale = stale.with_columns(shaped_reward=pl.col("reward"), advantage=pl.lit(0.0), loss_mask=pl.lit(0.0),
+                                        importance_weight=pl.lit(None, pl.Float64))
+    advantage_rows = scored_rows.with_columns(reward=pl.col("verifier_reward"))
     return {
         "groups": groups,
-        "advantages": scored_rows.select("rollout_id", "group_id", "problem_id", pl.lit(config.estimator).alias("estimator"),
-                                         pl.col("verifier_reward").alias("reward"), "shaped_reward", "advantage",
-                                         "loss_mask", "staleness", "freshness"),
-        "batch": batch_rows.select("rollout_id", "group_id", "advantage", weight=pl.col("loss_mask")),
+        "advantages": pl.concat([part.with_columns(estimator=pl.lit(config.estimator)).select(columns)
+                                 for part in (advantage_rows, recorded_stale)]),
+        "batch": batch_rows.select("rollout_id", "group_id", "advantage",
+                                   weight=pl.col("loss_mask") * pl.col("importance_weight")),
         "dbb_state": dbb_update(state, frame, config.dbb_discount),
     }
+
+
+def with_importance_weights(rows: pl.DataFrame, logprob_sums: pl.DataFrame | None, cap: float) -> pl.DataFrame:
+    """`importance_weight`: 1 for fresh rows; truncated exp(log π_current − log π_behaviour) for acceptable ones."""
+    acceptable = rows.filter(pl.col("freshness") == "acceptable")["rollout_id"]
+    if acceptable.is_empty():
+        return rows.with_columns(importance_weight=pl.lit(1.0))
+    if logprob_sums is None or not acceptable.is_in(logprob_sums["rollout_id"]).all():
+        raise ValueError(f"{acceptable.len()} off-policy rollouts need the current policy's log-probs for their "
+                         "importance weights")
+    weighted = rows.join(logprob_sums, on="rollout_id", how="left")
+    weight = truncated_importance_weight(pl.col("current_logprob_sum"), pl.col("behaviour_logprob_sum"), cap)
+    return weighted.with_columns(importance_weight=pl.when(pl.col("freshness") == "acceptable").then(weight)
+                                 .otherwise(1.0)).drop("current_logprob_sum", "behaviour_logprob_sum")
 
 
 def mark_surplus(groups: pl.DataFrame, groups_per_batch: int) -> pl.DataFrame:
@@ -110,3 +137,36 @@ def latest_dbb_state(lake: Lake, before_iteration: int) -> pl.DataFrame | None:
         return None
     last = states["iteration"].max()
     return states.filter(pl.col("iteration") == last).select("problem_id", "dbb_alpha", "dbb_beta")
+
+
+def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, config: AdvantageConfig,
+                            current_version: int, device: str = "cpu", batch_size: int = 32) -> pl.DataFrame | None:
+    """Current-policy and behaviour log-prob sums of the iteration's acceptable (off-policy) rollouts.
+
+    None when every rollout is fresh or stale: then no model is loaded.
+    """
+    lag = current_version - scored["model_version"]
+    ids = scored.filter((lag > 0) & (lag <= config.max_stale_versions))["rollout_id"].to_list()
+    if not ids:
+        return None
+    import json
+
+    import torch
+
+    from tasks.rollout.hf import sequence_logprobs
+    from trainers.registry import load_policy, version_row
+
+    rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
+                     columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"])
+    if rows["prompt_token_ids"].null_count():
+        raise ValueError(f"iteration {iteration}: off-policy rollouts without prompt tokens cannot be re-weighted")
+    model, _ = load_policy(version_row(lake, current_version)["checkpoint_uri"], device)
+    sums = []
+    with torch.no_grad():
+        for chunk in rows.iter_slices(batch_size):
+            temperature = json.loads(chunk["sampler"][0] or "{}").get("temperature", 1.0)
+            logprobs = sequence_logprobs(model, chunk["prompt_token_ids"].to_list(), chunk["response_token_ids"].to_list(),
+                                         temperature)
+            sums += [float(lp.sum()) for lp in logprobs]
+    return rows.select("rollout_id", current_logprob_sum=pl.Series(sums),
+                       behaviour_logprob_sum=pl.col("behaviour_logprobs").list.sum().cast(pl.Float64))
