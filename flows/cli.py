@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -30,8 +31,19 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+class _OneLineErrors(logging.Filter):
+    """Prefect logs a failed run's traceback; at the command line the error line says it (RLVR_DEBUG=1 keeps them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if not os.environ.get("RLVR_DEBUG"):
+        for name in ("prefect.flow_runs", "prefect.task_runs"):
+            logging.getLogger(name).addFilter(_OneLineErrors())
 
 
 @app.command()

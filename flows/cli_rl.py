@@ -22,6 +22,8 @@ ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) wi
 
 
 def iteration_config(path: Path | None, overrides: dict | None = None):
+    from pydantic import ValidationError
+
     from tasks.curation.config import load_yaml_config
     from tasks.rollout.stage import IterationConfig
 
@@ -32,8 +34,12 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
     for dotted, value in (overrides or {}).items():
         if value is not None:
             section, name = dotted.split(".")
-            part = getattr(settings, section).model_copy(update={name: value})
-            settings = settings.model_copy(update={section: type(part).model_validate(part.model_dump())})
+            try:
+                part = type(getattr(settings, section)).model_validate({**getattr(settings, section).model_dump(),
+                                                                         name: value})
+            except ValidationError as error:
+                fail(f"--{name.replace('_', '-')} {value}: {error.errors()[0]['msg']}", 2)
+            settings = settings.model_copy(update={section: part})
     return settings
 
 
@@ -53,10 +59,11 @@ def iterate(
     _prefect_defaults()
     from flows.iteration import rl_iteration
     from tasks.advantages.dynamic_sampling import BatchShortfall
+    from tasks.rollout.openai_backend import BackendUnavailable
 
     try:
         result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
-    except (BatchShortfall, ValueError, FileNotFoundError) as error:
+    except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
         fail(str(error))
     _print_iteration(result)
 

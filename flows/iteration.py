@@ -37,21 +37,21 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
     iteration = iteration if iteration is not None else next_iteration(lake)
     version = model_version if model_version is not None else current_model_version(lake, settings.rollout.base_policy)
     parameters = settings.model_dump(mode="json", include={"rollout", "dynamic_sampling"})
+    key = {"iteration": iteration}
     with lake.run("rl-iteration", "rollout", {**parameters, "model_version": version}, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
         sampled = sample_task(lake, settings, iteration, version)
-        lake.replace("rollouts", sampled.rollouts, {"iteration": iteration}, run)
+        lake.replace("rollouts", sampled.rollouts, key, run)
+        for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
+            lake.replace(table, pl.DataFrame(), key, run)
     with lake.run("rl-iteration", "verify", settings.verify.model_dump(mode="json"), iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
-        lake.replace("rewards", sampled.rewards, {"iteration": iteration}, run)   # new rollouts: all old rewards go
+        lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
-    if sampled.shortfall is not None:
-        with lake.run("rl-iteration", "advantages", {"cleared": "shortfall"}, iteration=iteration) as run:
-            for table in DOWNSTREAM_OF_ROLLOUT:        # an earlier run's batch must not outlive its rollouts
-                lake.replace(table, pl.DataFrame(), {"iteration": iteration}, run)
-        raise sampled.shortfall
-    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri, version)
+    if sampled.failure is not None:                    # written first: what was sampled and scored is kept
+        raise sampled.failure
+    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri)   # freshness vs the latest
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 

@@ -152,3 +152,72 @@ def test_off_policy_rollouts_get_truncated_importance_weights_and_stale_ones_are
     recorded = lake.read("advantages")
     assert recorded.height == rows.height and set(recorded["freshness"]) == {"stale"}
     assert (recorded["loss_mask"] == 0).all() and lake.read("batches").is_empty() and lake.read("groups").is_empty()
+
+
+def test_a_rerun_whose_advantage_stage_fails_leaves_no_batch_of_the_old_rollouts(rl_iteration, tmp_path):
+    from storage.lake import Lake
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    old_seed = lake.read("rollouts")["seed"][0]
+    reseeded = {**CONFIG, "rollout": {**CONFIG["rollout"], "seed": 1}, "advantages": {"verifier": "flipped"}}
+    with pytest.raises(ValueError, match="have no reward from flipped"):
+        rl_iteration(reseeded, iteration=1, lake_uri=lake_uri)
+    assert lake.read("rollouts")["seed"][0] != old_seed
+    for table in ("groups", "advantages", "batches", "dbb_state"):
+        assert lake.read(table).is_empty(), table
+
+
+def test_sampling_an_older_version_measures_staleness_against_the_latest(rl_iteration, tmp_path):
+    from storage.lake import Lake
+    from trainers.registry import BasePolicyConfig, ensure_base_policy
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    lake = Lake.open(lake_uri)
+    ensure_base_policy(lake, BasePolicyConfig.model_validate(SMALL_POLICY))
+    register_random_version(lake, 1, seed=5)
+    result = rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri, model_version=0)
+    assert result["model_version"] == 1 and set(lake.read("rollouts")["model_version"]) == {0}
+    advantages = lake.read("advantages")
+    assert set(advantages["freshness"]) == {"acceptable"} and set(advantages["staleness"]) == {1}
+
+
+def test_an_inference_server_failing_mid_iteration_keeps_the_rounds_already_sampled(rl_iteration, tmp_path):
+    from storage.lake import Lake
+    from tasks.rollout.openai_backend import BackendUnavailable
+    from test_openai_backend import Scripted, completion
+
+    first_round = 5                                       # 3 groups wanted × 1.5 oversample
+    server = Scripted(lambda body, count: (200, completion(body["n"])) if count <= first_round
+                      else (400, {"error": "gone"}))
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    remote = {**CONFIG, "rollout": {**CONFIG["rollout"], "backend": "openai",
+                                    "openai": {"endpoints": [server.url], "backoff_seconds": 0.05}},
+              "verify": {"workers": 0, "verifier": "constant"}}   # every group all-correct: round 2 is needed
+    try:
+        with pytest.raises(BackendUnavailable, match="refused"):
+            rl_iteration(remote, iteration=1, lake_uri=lake_uri)
+    finally:
+        server.close()
+    lake = Lake.open(lake_uri)
+    rollouts = lake.read("rollouts")
+    assert rollouts.height == first_round * 4 and set(rollouts["round"]) == {1}
+    assert lake.read("rewards").height == first_round * 4
+    assert set(rollouts["backend"]) == {f"openai:{server.url}"} and rollouts["response"][0] == "42"
+
+
+def test_command_line_errors_are_one_line(prefect_api, tmp_path):
+    lake_uri = str(tmp_path / "lake")
+    config = tmp_path / "dead.yaml"
+    config.write_text("rollout:\n  backend: openai\n  openai: {endpoints: ['http://127.0.0.1:9'], max_retries: 1,"
+                      " backoff_seconds: 0.05}\n  base_policy: {tokenizer_corpus: 50}\n")
+    assert run_cli("curate", "--source", "gen:mix:40", "--lake", lake_uri).returncode == 0
+    dead = run_cli("iterate", "--config", str(config), "--lake", lake_uri)
+    assert dead.returncode == 1 and "error: 2 attempts over 1 endpoint(s) failed" in dead.stderr
+    assert "Traceback" not in dead.stdout + dead.stderr
+    invalid = run_cli("iterate", "--group-size", "1", "--lake", lake_uri)
+    assert invalid.returncode == 2 and "--group-size 1: Input should be greater than or equal to 2" in invalid.stderr

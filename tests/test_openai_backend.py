@@ -103,3 +103,79 @@ def test_a_server_that_goes_down_and_comes_back_loses_no_request(served_lake):
         for process in restarted:
             process.terminate()
             process.wait(10)
+
+
+class Scripted:
+    """A real HTTP server on loopback answering /v1/completions from a script: (status, body) per request."""
+
+    def __init__(self, answer):
+        import json
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[dict] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                owner.requests.append(body)
+                status, payload = answer(body, len(owner.requests))
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def completion(n: int, finish_reason="stop") -> dict:
+    choice = {"text": "42", "finish_reason": finish_reason,
+              "logprobs": {"tokens": ["token_id:52", "token_id:50"], "token_logprobs": [-0.5, -0.25]}}
+    return {"choices": [{**choice, "index": i} for i in range(n)]}
+
+
+def test_broken_or_unfinished_answers_are_retried():
+    script = {1: (200, "{not json"), 2: (200, completion(2, finish_reason="abort")), 3: (200, completion(1))}
+    server = Scripted(lambda body, count: script.get(count, (200, completion(body["n"]))))
+    try:
+        samples = client(server.url).generate(["x"], 2, SAMPLER, 0, 0)[0]
+        assert len(server.requests) == 4                 # junk, an aborted sample, 1 of 2 choices, then a good one
+        assert [s.token_ids for s in samples] == [[52, 50]] * 2 and samples[0].logprobs == [-0.5, -0.25]
+        request = server.requests[-1]
+        assert request["logprobs"] == 0 and request["return_tokens_as_token_ids"] and request["top_k"] == -1
+        assert request["model"] == "v0" and request["n"] == 2
+    finally:
+        server.close()
+
+
+def test_a_refused_request_fails_the_round_without_waiting_for_the_others_retries():
+    server = Scripted(lambda body, count: (400, {"error": "bad prompt"}) if body["prompt"] == "bad"
+                      else (503, {"error": "busy"}))
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400"):
+            client(server.url, concurrency=8, backoff_seconds=2.0).generate(["bad"] + ["ok"] * 7, 2, SAMPLER, 0, 0)
+        assert time.monotonic() - started < 2.0 and len(server.requests) <= 8
+    finally:
+        server.close()
+
+
+def test_the_registry_served_name_is_what_is_requested():
+    server = Scripted(lambda body, count: (200, completion(body["n"])))
+    try:
+        policy = OpenAIPolicy(OpenAIBackendConfig(endpoints=[server.url]), served_names={3: "qwen-sft-step-900"})
+        policy.generate(["x"], 1, SAMPLER, 0, model_version=3)
+        policy.generate(["x"], 1, SAMPLER, 0, model_version=4)
+        assert [r["model"] for r in server.requests] == ["qwen-sft-step-900", "v4"]
+    finally:
+        server.close()

@@ -57,6 +57,8 @@ def test_sampling_logprobs_by_hand():
                           torch.tensor([[2 / 3, 1 / 3, 0.0]]))        # smallest set reaching 0.8: {0.6, 0.3}
     assert torch.allclose(sampling_logprobs(probabilities, SamplerConfig(top_p=0.5)).exp(),
                           torch.tensor([[1.0, 0.0, 0.0]]))
+    exact = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))                 # 0.5 + 0.3 reaches 0.8 exactly, as in HF
+    assert torch.allclose(sampling_logprobs(exact, SamplerConfig(top_p=0.8)).exp(), torch.tensor([[0.625, 0.375, 0.0]]))
 
 
 def test_self_certainty_by_hand():
@@ -89,14 +91,16 @@ def test_uniform_policy_stops_at_eos_or_length_with_exact_logprobs(uniform_model
     samples = policy.generate(["x"], 128, SamplerConfig(max_new_tokens=40), seed=0, model_version=0)[0]
     vocabulary = len(tokenizer)
     reasons = {s.finish_reason for s in samples}
-    assert reasons == {"stop", "length"}                 # P(eos within 40) = 1 − (259/260)^40 ≈ 14 %
+    assert reasons == {"stop", "length"}                 # P(an end token within 40) = 1 − (258/260)^40 ≈ 27 %
+    end_tokens = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    assert {s.token_ids[-1] for s in samples if s.finish_reason == "stop"} == end_tokens   # both end a response
     for sample in samples:
         assert sample.logprobs == pytest.approx([-math.log(vocabulary)] * len(sample.token_ids), abs=1e-5)
         assert sample.self_certainty == pytest.approx(0.0, abs=1e-5)   # a uniform distribution is maximally unsure
         if sample.finish_reason == "stop":
-            assert sample.token_ids[-1] == tokenizer.eos_token_id and len(sample.token_ids) <= 40
+            assert sample.token_ids[-1] in end_tokens and len(sample.token_ids) <= 40
         else:
-            assert len(sample.token_ids) == 40 and tokenizer.eos_token_id not in sample.token_ids
+            assert len(sample.token_ids) == 40 and not end_tokens & set(sample.token_ids)
 
 
 def test_stop_strings_end_responses_and_are_cut_from_the_text(uniform_model, tokenizer):
@@ -105,6 +109,13 @@ def test_stop_strings_end_responses_and_are_cut_from_the_text(uniform_model, tok
     samples = policy.generate(["x"], 16, SamplerConfig(max_new_tokens=200, stop=stop), seed=0, model_version=0)[0]
     assert all(s.finish_reason == "stop" for s in samples)
     assert not any(letter in s.text for s in samples for letter in stop)
+
+
+def test_a_multibyte_stop_string_is_found_across_its_byte_tokens(uniform_model, tokenizer):
+    policy = HFPolicy(uniform_model, tokenizer, model_version=0)
+    smiles = tokenizer("🙂🙂").input_ids                   # two characters, eight byte tokens
+    assert len(smiles) == 8 and policy._hit_stop_string([[7, 8, 9] + smiles], ["🙂🙂"], 1).tolist() == [True]
+    assert policy._text([7, 8] + smiles + [9], ["🙂🙂"]) == tokenizer.decode([7, 8])
 
 
 def test_seeded_generation_is_reproducible(model, tokenizer):

@@ -6,6 +6,8 @@ belongs to the rollout stage, which `dynamic_sampling.fill_batch` is written for
 
 from __future__ import annotations
 
+from typing import Literal
+
 import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field
@@ -22,7 +24,8 @@ from tasks.curation.config import Strict
 class AdvantageConfig(Strict):
     """How rewards become advantages and a batch."""
 
-    estimator: str = Field("grpo", description="grpo, dr_grpo, rloo, batch_std or dbb")
+    estimator: Literal["grpo", "dr_grpo", "rloo", "batch_std", "dbb"] = Field("grpo", description="how rewards "
+                                                                              "become advantages (see estimators.py)")
     verifier: str | None = Field(None, description="whose rewards to use; default the verifier each problem names")
     max_length: int | None = Field(None, description="L_max for overlong shaping; none disables it")
     cache_length: int = Field(256, description="L_cache: the buffer over which the penalty ramps to -factor")

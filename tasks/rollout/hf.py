@@ -44,7 +44,8 @@ class HFPolicy:
         import torch
 
         model, tokenizer = self.model, self.tokenizer
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        pad = tokenizer.pad_token_id
+        stop_ids = torch.tensor(sorted(stop_token_ids(model, tokenizer)), device=model.device)
         batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
         device = model.device
         input_ids = torch.full((batch, width), pad, dtype=torch.long, device=device)       # [B, P] left-padded
@@ -73,7 +74,7 @@ class HFPolicy:
                 for row in (~finished).nonzero().flatten().tolist():
                     tokens[row].append(int(token[row]))
                     logprobs[row].append(float(token_logprob[row]))
-                stopped |= ~finished & (token == eos)
+                stopped |= ~finished & torch.isin(token, stop_ids)
                 stopped |= ~finished & self._hit_stop_string(tokens, sampler.stop, batch)
                 finished |= stopped
                 if bool(finished.all()):
@@ -93,7 +94,7 @@ class HFPolicy:
 
         if not stop:
             return torch.zeros(batch, dtype=torch.bool, device=self.model.device)
-        tail = max(len(s) for s in stop) + 4                        # a stop string spans at most this many tokens
+        tail = max(len(s.encode()) for s in stop) + 4               # byte-level: a stop string spans ≤ its bytes
         hits = [any(s in self.tokenizer.decode(ids[-tail:]) for s in stop) for ids in tokens]
         return torch.tensor(hits, device=self.model.device)
 
@@ -101,6 +102,16 @@ class HFPolicy:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         cut = min((text.find(s) for s in stop if s in text), default=-1)
         return text[:cut] if cut >= 0 else text
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """Tokens that end a response: end-of-text, the generation config's end tokens, and the chat
+    template's end-of-turn marker (what vLLM stops on too)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(configured) if isinstance(configured, (list, tuple)) else {configured}
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    return {i for i in ids | {end_of_turn} if i is not None}
 
 
 def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0):

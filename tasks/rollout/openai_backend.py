@@ -4,15 +4,20 @@ One request per prompt asks for `n` samples with the sampled tokens' ids and log
 (`logprobs: 0` plus vLLM's `return_tokens_as_token_ids` / `return_token_ids`). Requests run
 concurrently over several endpoints (data parallelism); a failed request (connection refused,
 timeout, 429 or 5xx) is retried with exponential backoff and jitter on the next endpoint, so one
-server going down slows the stage instead of failing it. The model version picks the served
-model per request: a LoRA adapter name or a checkpoint name, from `model_name`.
+server going down slows the stage instead of failing it; a refused request (other 4xx) fails at
+once and cancels the rest. The model version picks the served model per request: a LoRA adapter
+or checkpoint name, from the registry's `served_name` or else `model_name`.
+
+vLLM must run with `--logprobs-mode processed_logprobs`: its default returns log-probs of the raw
+logits, before temperature, top-k and top-p, which are not the behaviour log-probs whenever the
+sampler is not plain temperature-1 sampling (`infra/vllm/serve.sh` sets it).
 """
 
 from __future__ import annotations
 
 import random
-import time
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import httpx
@@ -41,13 +46,18 @@ class OpenAIBackendConfig(Strict):
 
 
 class BackendUnavailable(RuntimeError):
-    """Every retry of a request failed."""
+    """Every retry of a request failed, or a server refused it."""
+
+
+class BadResponse(ValueError):
+    """A 200 answer that is not a usable completion (truncated JSON, an aborted sample): retried."""
 
 
 @dataclass
 class OpenAIPolicy:
     config: OpenAIBackendConfig
     api_key: str | None = None
+    served_names: dict[int, str] = field(default_factory=dict)   # the registry's names, over `model_name`
     _client: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -61,13 +71,21 @@ class OpenAIPolicy:
 
     def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]:
-        model = self.config.model_name.format(model_version=model_version)
+        model = self.served_names.get(model_version) or self.config.model_name.format(model_version=model_version)
+        cancelled = threading.Event()                  # a refused request stops the others' retries
         with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
-            futures = [pool.submit(self._group, index, prompt, n, sampler, derive_seed(seed, index) % 2**31, model)
-                       for index, prompt in enumerate(prompts)]
+            futures = [pool.submit(self._group, index, prompt, n, sampler, derive_seed(seed, index) % 2**31, model,
+                                   cancelled) for index, prompt in enumerate(prompts)]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = [f for f in done if f.exception() is not None]
+            if failed:
+                cancelled.set()
+                pool.shutdown(cancel_futures=True)
+                raise failed[0].exception()
             return [future.result() for future in futures]
 
-    def _group(self, index: int, prompt: str, n: int, sampler: SamplerConfig, seed: int, model: str) -> list[Sample]:
+    def _group(self, index: int, prompt: str, n: int, sampler: SamplerConfig, seed: int, model: str,
+               cancelled: threading.Event) -> list[Sample]:
         body = {"model": model, "prompt": prompt, "n": n, "max_tokens": sampler.max_new_tokens,
                 "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1,
                 "seed": seed, "stop": sampler.stop or None, "logprobs": 0,
@@ -78,18 +96,21 @@ class OpenAIPolicy:
             endpoint = endpoints[(index + attempt) % len(endpoints)].rstrip("/")
             try:
                 response = self._client.post(f"{endpoint}/v1/completions", json=body)
-            except httpx.TransportError as error:
-                errors.append(f"{endpoint}: {type(error).__name__}: {error}")
-            else:
                 if response.status_code == 200:
                     return parse_choices(response.json(), n, endpoint)
+            except httpx.UnsupportedProtocol as error:
+                raise BackendUnavailable(f"endpoint {endpoint!r}: {error} (endpoints look like http://host:8000)")
+            except (httpx.TransportError, BadResponse, ValueError) as error:   # ValueError: a body that is not JSON
+                errors.append(f"{endpoint}: {type(error).__name__}: {error}")
+            else:
                 message = f"{endpoint}: HTTP {response.status_code}: {response.text[:300]}"
                 if response.status_code not in RETRYABLE_STATUS:
                     raise BackendUnavailable(f"request for model {model!r} was refused: {message}")
                 errors.append(message)
             if attempt < self.config.max_retries:
                 delay = min(self.config.backoff_seconds * 2 ** attempt, self.config.max_backoff_seconds)
-                time.sleep(delay * random.uniform(0.5, 1.0))
+                if cancelled.wait(delay * random.uniform(0.5, 1.0)):
+                    raise BackendUnavailable("cancelled: another request of the round failed")
         raise BackendUnavailable(f"{self.config.max_retries + 1} attempts over {len(endpoints)} endpoint(s) failed "
                                  f"for model {model!r}; last errors: " + " | ".join(errors[-3:]))
 
@@ -98,7 +119,7 @@ def parse_choices(payload: dict, n: int, endpoint: str) -> list[Sample]:
     """Samples from a completions response; token ids from `token_ids` or vLLM's `token_id:N` tokens."""
     choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
     if len(choices) != n:
-        raise BackendUnavailable(f"{endpoint} returned {len(choices)} choices for n={n}")
+        raise BadResponse(f"{endpoint} returned {len(choices)} choices for n={n}")
     samples = []
     for choice in choices:
         logprobs = choice.get("logprobs") or {}
@@ -111,8 +132,10 @@ def parse_choices(payload: dict, n: int, endpoint: str) -> list[Sample]:
             token_ids = [int(t.split(":", 1)[1]) for t in tokens]
         token_logprobs = [float(lp) if lp is not None else 0.0 for lp in logprobs.get("token_logprobs") or []]
         if len(token_logprobs) != len(token_ids):
-            raise BackendUnavailable(f"{endpoint} returned {len(token_ids)} tokens but {len(token_logprobs)} log-probs")
+            raise BadResponse(f"{endpoint} returned {len(token_ids)} tokens but {len(token_logprobs)} log-probs")
+        if choice.get("finish_reason") not in ("stop", "length"):   # abort, null: the sample did not finish
+            raise BadResponse(f"{endpoint} returned finish_reason {choice.get('finish_reason')!r}")
         samples.append(Sample(text=choice.get("text", ""), token_ids=token_ids, logprobs=token_logprobs,
-                              finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                              finish_reason=choice["finish_reason"],
                               prompt_token_ids=choice.get("prompt_token_ids"), backend=f"openai:{endpoint}"))
     return samples

@@ -58,7 +58,7 @@ def sampling_logprobs(logits, sampler: SamplerConfig):
     if sampler.top_p < 1.0:
         ordered, order = torch.sort(scaled, descending=True, dim=-1)
         probs = torch.softmax(ordered, dim=-1)
-        outside = probs.cumsum(-1) - probs > sampler.top_p          # keep the smallest set reaching top_p
+        outside = probs.cumsum(-1) - probs >= sampler.top_p         # keep the smallest set reaching top_p (as HF)
         scaled = scaled.scatter(-1, order, ordered.masked_fill(outside, float("-inf")))
     return torch.log_softmax(scaled, dim=-1)
 

@@ -4,7 +4,7 @@ the policy, and score them, one generation round at a time for dynamic sampling.
 `GroupSampler.draw` is the `draw_groups` callback of `dynamic_sampling.fill_batch`: each round
 draws problems not yet drawn this iteration, and keeps every rollout and reward it made, kept
 or not, so that the stage writes all of them and the groups table can say why each was dropped.
-Ids sort in draw order: group `i00003-r02-g0007` is the 8th group of round 2 of iteration 3.
+Ids sort in draw order: group `i00003-r02-g000007` is the 8th group of round 2 of iteration 3.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[S
     now = datetime.now(timezone.utc)
     rows = []
     for k, (problem_id, prompt, samples) in enumerate(zip(problems["problem_id"], prompts, groups)):
-        group_id = f"i{iteration:05d}-r{round_:02d}-g{k:04d}"
+        group_id = f"i{iteration:05d}-r{round_:02d}-g{k:06d}"
         for index, sample in enumerate(samples):
             rows.append({
                 "rollout_id": f"{group_id}-s{index:02d}", "iteration": iteration, "problem_id": problem_id,
@@ -134,7 +134,8 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
     """The configured backend holding `model_version`, and the tokenizer chat templates need (if any)."""
     from trainers.registry import version_row
 
-    checkpoint = version_row(lake, model_version)["checkpoint_uri"]
+    row = version_row(lake, model_version)
+    checkpoint = row["checkpoint_uri"]
     if config.backend == "hf":
         from tasks.rollout.hf import HFPolicy
         from trainers.registry import load_policy
@@ -152,7 +153,8 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
         from trainers.registry import local_checkpoint
 
         tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
-    return OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env)), tokenizer
+    served = {model_version: row["served_name"]} if row["served_name"] else {}
+    return OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served), tokenizer
 
 
 @dataclass
@@ -161,30 +163,36 @@ class SampledIteration:
     rewards: pl.DataFrame
     rounds: int
     short_by: int
-    shortfall: BatchShortfall | None
+    failure: Exception | None        # a shortfall the config says must fail, or a backend error mid-way
 
 
 def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int) -> SampledIteration:
     """Rounds of draw → sample → score until the batch is full or the round bound is hit.
 
-    A shortfall that the config says must fail is returned, not raised, so that the rollouts and
-    rewards already paid for are still written before the iteration fails.
+    A failure after the first round (a shortfall the config says must fail, an inference server
+    that stays down) is returned, not raised, so that the rollouts and rewards already paid for
+    are written before the iteration fails.
     """
     policy, tokenizer = open_policy(lake, config.rollout, model_version)
     bank = training_bank(lake, config.rollout.mix)
+    rounds, short_by, failure = 0, 0, None
     try:
         with verifier_pool(config.verify) as pool:
             sampler = GroupSampler(config, policy, tokenizer, pool, bank, iteration, model_version)
             try:
                 filled = fill_batch(sampler.draw, config.dynamic_sampling)
-                rounds, short_by, shortfall = filled.rounds, filled.short_by, None
+                rounds, short_by = filled.rounds, filled.short_by
             except BatchShortfall as error:
-                rounds, short_by, shortfall = error.rounds, error.short_by, error
+                rounds, short_by, failure = error.rounds, error.short_by, error
+            except Exception as error:
+                if not sampler.rollouts:
+                    raise
+                rounds, failure = len(sampler.rollouts), error
     finally:
         getattr(policy, "close", lambda: None)()
     if not sampler.rollouts:
         raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
-    return SampledIteration(pl.concat(sampler.rollouts), pl.concat(sampler.rewards), rounds, short_by, shortfall)
+    return SampledIteration(pl.concat(sampler.rollouts), pl.concat(sampler.rewards), rounds, short_by, failure)
 
 
 def next_iteration(lake: Lake) -> int:
