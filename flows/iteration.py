@@ -19,12 +19,15 @@ from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.rollout.stage import IterationConfig, current_model_version, next_iteration, sample_iteration
+from trainers.grpo import TrainConfig
+from trainers.stage import train_iteration
 
 DOWNSTREAM_OF_ROLLOUT = ("groups", "advantages", "batches", "dbb_state")
 
 sample_task = task(sample_iteration, name="rollout-and-score", cache_policy=NO_CACHE)
 off_policy_task = task(off_policy_logprob_sums, name="off-policy-logprobs", cache_policy=NO_CACHE)
 compute_task = task(compute, name="advantages-and-filter", cache_policy=NO_CACHE)
+train_task = task(train_iteration, name="grpo-step", cache_policy=NO_CACHE)
 write_task = task(write, name="write-groups-advantages-batch", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 
 
@@ -83,3 +86,20 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
             "run_id": run.run_id, **metrics, "groups": groups.height,
             "filter_reasons": dict(groups.group_by("filter_reason").len().rows())}
 
+
+
+@flow(name="train-policy", log_prints=True)
+def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None) -> dict[str, Any]:
+    """One GRPO / DAPO step on the iteration's batch; registers model version N+1."""
+    settings = TrainConfig.model_validate(config or {})
+    lake = Lake.open(lake_uri)
+    with lake.run("train-policy", "train", settings.model_dump(mode="json"), iteration=iteration,
+                  prefect_flow_run_id=flow_run.id) as run:
+        result = train_task(lake, run, iteration, settings)
+    if result["trained"]:
+        print(f"iteration {iteration}: model version {result['model_version']} from batch {result['batch_id']} "
+              f"(loss {result['loss']:.4f}, clip fraction {result['clip_fraction']:.3f}, {result['tokens']} tokens)")
+    else:
+        print(f"iteration {iteration}: no training step ({result['reason']}); model version stays "
+              f"{result['model_version']}")
+    return {**result, "run_id": run.run_id}

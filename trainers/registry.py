@@ -65,17 +65,28 @@ def version_row(lake: Lake, version: int) -> dict:
     return rows.row(0, named=True)
 
 
-def save_checkpoint(lake: Lake, version: int, model, tokenizer) -> str:
-    """Write model and tokenizer to the lake's storage; returns the checkpoint URI."""
+TRAINING_STATE = "training_state.pt"
+
+
+def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: dict | None = None) -> str:
+    """Write model, tokenizer (and the optimizer's state, so training continues where it stopped) to
+    the lake's storage; returns the checkpoint URI."""
+    import torch
+
     _quiet_transformers()
     uri = checkpoint_uri(lake, version)
+
+    def write(folder: str) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        if training_state is not None:
+            torch.save(training_state, os.path.join(folder, TRAINING_STATE))
+
     if not lake.location.is_s3:
-        model.save_pretrained(uri)
-        tokenizer.save_pretrained(uri)
+        write(uri)
         return uri
     with tempfile.TemporaryDirectory() as local:
-        model.save_pretrained(local)
-        tokenizer.save_pretrained(local)
+        write(local)
         fs = lake.location.filesystem
         for name in os.listdir(local):
             fs.put_file(os.path.join(local, name), f"{uri}/{name}")
@@ -114,6 +125,14 @@ def load_policy(uri: str, device: str = "cpu"):
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(folder).to(device)
     return model.eval(), tokenizer
+
+
+def load_training_state(uri: str) -> dict | None:
+    """The optimizer state saved with a checkpoint, or None (a base model)."""
+    import torch
+
+    path = os.path.join(local_checkpoint(uri), TRAINING_STATE)
+    return torch.load(path, weights_only=False) if os.path.exists(path) else None
 
 
 def register(lake: Lake, run: Run, version: int, *, uri: str, kind: str, parent: int | None = None,

@@ -117,18 +117,9 @@ def stop_token_ids(model, tokenizer) -> set[int]:
 def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0):
     """Per-token log-probs of each response under `model` (softmax(logits / temperature)); list of [L_i] tensors.
 
-    The recomputation the trainer and importance weights rely on; with the sampler's defaults it
-    equals the behaviour log-probs the hf backend stored.
+    With the sampler's defaults they equal the behaviour log-probs the hf backend stored.
     """
-    import torch
+    from trainers.logprobs import response_logprobs
 
-    sequences = [p + r for p, r in zip(prompt_ids, response_ids)]
-    width = max(len(s) for s in sequences)
-    input_ids = torch.zeros((len(sequences), width), dtype=torch.long, device=model.device)   # right-padded
-    attention = torch.zeros_like(input_ids)
-    for row, sequence in enumerate(sequences):
-        input_ids[row, :len(sequence)] = torch.tensor(sequence)
-        attention[row, :len(sequence)] = 1
-    logits = model(input_ids=input_ids, attention_mask=attention).logits.float() / max(temperature, 1e-6)  # [B, T, V]
-    logprobs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
-    return [logprobs[row, len(p) - 1:len(p) - 1 + len(r)] for row, (p, r) in enumerate(zip(prompt_ids, response_ids))]
+    logprobs, _, _ = response_logprobs(model, prompt_ids, response_ids, temperature)
+    return [logprobs[row, :len(response)] for row, response in enumerate(response_ids)]

@@ -1,0 +1,100 @@
+"""The GRPO / DAPO step: accumulation that adds up to the full batch, the direction of learning,
+the optimizer state carried across versions, and version N+1 registered with its lineage."""
+
+import copy
+
+import polars as pl
+import pytest
+import torch
+
+from trainers.grpo import TrainConfig, train_on_batch
+from trainers.logprobs import response_logprobs
+from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+
+SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    tokenizer = train_tokenizer(tokenizer_corpus(count=50))
+    return build_model(SMALL, tokenizer), tokenizer
+
+
+def synthetic_rows(model, tokenizer, n=12, seed=0) -> pl.DataFrame:
+    """Responses of varied length with their behaviour log-probs under `model` (on-policy) and advantages."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [tokenizer(f"{i} + {i} =").input_ids for i in range(n)]
+    responses = [torch.randint(4, 200, (int(torch.randint(2, 9, (1,), generator=generator)),),
+                               generator=generator).tolist() for _ in range(n)]
+    with torch.no_grad():
+        logprobs, mask, _ = response_logprobs(model, prompts, responses)
+    return pl.DataFrame({"prompt_token_ids": prompts, "response_token_ids": responses,
+                         "behaviour_logprobs": [row[:len(r)].tolist() for row, r in zip(logprobs, responses)],
+                         "advantage": torch.randn(n, generator=generator).tolist(), "weight": [1.0] * n,
+                         "temperature": [1.0] * n})
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_micro_batches_add_up_to_the_full_batch(policy, loss_type):
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer)
+    whole, split = copy.deepcopy(model), copy.deepcopy(model)
+    metrics_whole, _ = train_on_batch(whole, rows, TrainConfig(loss_type=loss_type, micro_batch_size=64))
+    metrics_split, _ = train_on_batch(split, rows, TrainConfig(loss_type=loss_type, micro_batch_size=5))
+    assert metrics_whole["loss"] == pytest.approx(metrics_split["loss"], abs=1e-6)
+    assert metrics_whole["grad_norm"] == pytest.approx(metrics_split["grad_norm"], rel=1e-4)
+    for a, b in zip(whole.parameters(), split.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(whole.parameters(), model.parameters()))
+
+
+def test_a_step_makes_positive_advantage_responses_likelier(policy):
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer, n=8, seed=1)
+    rows = rows.with_columns(advantage=pl.Series([1.0, -1.0] * 4))
+    trained = copy.deepcopy(model)
+    train_on_batch(trained, rows, TrainConfig(learning_rate=1e-3))
+    prompts, responses = rows["prompt_token_ids"].to_list(), rows["response_token_ids"].to_list()
+    with torch.no_grad():
+        before = response_logprobs(model, prompts, responses)[0].sum(-1)
+        after = response_logprobs(trained, prompts, responses)[0].sum(-1)
+    change = (after - before).tolist()
+    assert all(c > 0 for c in change[0::2]) and all(c < 0 for c in change[1::2])
+
+
+def test_the_optimizer_state_and_step_count_carry_over(policy):
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer)
+    trained = copy.deepcopy(model)
+    config = TrainConfig(warmup_steps=4, mini_batches=2)
+    first, state = train_on_batch(trained, rows, config)
+    second, state = train_on_batch(trained, rows, config, state)
+    assert (first["global_step"], second["global_step"]) == (2, 4)
+    assert first["learning_rate"] == pytest.approx(1e-4 * 2 / 4) and second["learning_rate"] == pytest.approx(1e-4)
+    assert state["optimizer"]["state"]                    # Adam moments travel with the checkpoint
+
+
+def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path):
+    from flows.iteration import rl_iteration, train_policy
+    from storage.catalog import open_catalog
+    from storage.lake import Lake
+    from test_iteration import CONFIG, curated
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    result = train_policy(1, {"micro_batch_size": 4}, lake_uri)
+    assert result["trained"] and result["model_version"] == 1 and result["sequences"] == 12
+    lake = Lake.open(lake_uri)
+    lineage = open_catalog(lake).sql("""
+        select m.model_version, m.parent_version, b.batch_id, r.model_version as sampled_by, p.bank_version,
+               rm.stage as train_stage, rb.stage as batch_stage
+        from model_versions m, unnest(m.batch_ids) as t(batch_id)
+        join batches b on b.batch_id = t.batch_id join rollouts r using (rollout_id) join problems p using (problem_id)
+        join runs rm on rm.run_id = m.run_id join runs rb on rb.run_id = b.run_id
+        where m.model_version = 1
+    """).pl()
+    assert lineage.height == 12 and set(lineage["sampled_by"]) == {0} and set(lineage["parent_version"]) == {0}
+    assert set(lineage["train_stage"]) == {"train"} and set(lineage["batch_stage"]) == {"advantages"}
+    assert rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)["model_version"] == 1   # sampled by the new version
+    assert set(lake.read("rollouts").filter(pl.col("iteration") == 2)["model_version"]) == {1}

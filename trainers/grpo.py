@@ -1,0 +1,131 @@
+"""The GRPO / DAPO training step: one `batches` table in, model version N+1 out.
+
+Reads top to bottom like a recipe: load version N and its optimizer state, recompute the
+log-probs of the batch's responses, take the clipped policy-gradient loss against the stored
+behaviour log-probs (token-level DAPO mean by default, Clip-Higher 0.2 / 0.28), accumulate over
+micro-batches, clip the gradient, step AdamW with a linear warm-up, and return the metrics.
+Devices and mixed precision go through accelerate. What is kept from the papers: DAPO's
+token-level loss and Clip-Higher; GRPO's and Dr.GRPO's aggregations as options; an optional k3 KL
+penalty to a reference version (β = 0 by default, as DAPO drops it). What is dropped: PPO's value
+model (the advantages come from the group), and several passes over one batch (one by default).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Literal
+
+import polars as pl
+from pydantic import Field
+
+from tasks.curation.config import Strict
+from trainers.logprobs import response_logprobs
+from trainers.loss import policy_loss
+
+
+class TrainConfig(Strict):
+    """One training step per iteration's batch."""
+
+    loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field("dapo", description="token aggregation: dapo = token mean "
+                                                          "over the batch, grpo = per-sequence mean, dr_grpo = constant")
+    epsilon_low: float = Field(0.2, ge=0, description="lower clip of the ratio: 1 - epsilon_low")
+    epsilon_high: float = Field(0.28, ge=0, description="upper clip (Clip-Higher: above epsilon_low lets rare "
+                                "tokens grow, against entropy collapse)")
+    beta: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the reference version; 0 disables it")
+    reference_version: int = Field(0, ge=0, description="model version the KL penalty pulls toward")
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate after warm-up")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up, counted over "
+                              "the whole run (the step count travels with the checkpoint)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per batch (the batch is split into this many)")
+    micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass (gradient accumulation)")
+    max_completion_length: int | None = Field(None, ge=1, description="dr_grpo's constant; default the longest response")
+    mixed_precision: Literal["no", "fp16", "bf16"] = Field("no", description="accelerate mixed precision (GPU)")
+    device: str = Field("cpu", description="cpu, or cuda on a GPU machine")
+    seed: int = Field(0, description="seed of the mini-batch shuffle")
+
+
+def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_state: dict | None = None,
+                   reference=None) -> tuple[dict, dict]:
+    """One batch's optimizer steps on `model` in place; returns (metrics, optimizer state).
+
+    `rows` holds one row per rollout: prompt_token_ids, response_token_ids, behaviour_logprobs,
+    advantage, weight, temperature.
+    """
+    import torch
+    from accelerate import Accelerator
+
+    # ---- setup: the optimizer continues from the parent version's state ----
+    accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    if optimizer_state:
+        optimizer.load_state_dict(optimizer_state["optimizer"])
+    step = optimizer_state["step"] if optimizer_state else 0
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+    order = list(range(rows.height))
+    random.Random(config.seed + step).shuffle(order)
+    mini_batches = [order[i::config.mini_batches] for i in range(config.mini_batches) if order[i::config.mini_batches]]
+    longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
+    totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
+
+    for indices in mini_batches:
+        # ---- one optimizer step: the mini-batch in micro-batches, gradients accumulated ----
+        for group in optimizer.param_groups:
+            group["lr"] = config.learning_rate * min(1.0, (step + 1) / max(config.warmup_steps, 1))
+        mini = rows[indices]
+        tokens = int(mini["response_token_ids"].list.len().sum())
+        optimizer.zero_grad()
+        for start in range(0, mini.height, config.micro_batch_size):
+            micro = mini[start:start + config.micro_batch_size]
+            prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
+            with accelerator.autocast():
+                logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
+                                                            with_entropy=True)           # [B, T] each
+            device = logprobs.device
+            behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
+            ref_logprobs = None
+            if config.beta and reference is not None:
+                with torch.no_grad():
+                    ref_logprobs, _, _ = response_logprobs(reference, prompts, responses, float(micro["temperature"][0]))
+            share = micro.height / mini.height              # grpo and dr_grpo average over sequences
+            out = policy_loss(logprobs, behaviour, torch.tensor(micro["advantage"].to_list(), device=device),
+                              mask, loss_type=config.loss_type, epsilon_low=config.epsilon_low,
+                              epsilon_high=config.epsilon_high, ref_logprobs=ref_logprobs, beta=config.beta,
+                              weights=torch.tensor(micro["weight"].to_list(), device=device),
+                              max_completion_length=longest, token_normaliser=float(max(tokens, 1)))
+            loss = out.loss if config.loss_type == "dapo" else out.loss * share
+            accelerator.backward(loss)
+            micro_tokens = float(mask.sum())
+            totals["loss"] += float(loss.detach())
+            totals["clip_fraction"] += out.clip_fraction * micro_tokens
+            totals["kl"] += out.kl * micro_tokens
+            totals["entropy"] += float(entropy.sum())
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        step += 1
+        totals["grad_norm"] += float(grad_norm)
+        totals["tokens"] += tokens
+
+    model.eval()
+    steps, tokens = len(mini_batches), max(totals["tokens"], 1)
+    metrics = {"loss": totals["loss"] / steps, "clip_fraction": totals["clip_fraction"] / tokens,
+               "kl": totals["kl"] / tokens, "entropy": totals["entropy"] / tokens,
+               "grad_norm": totals["grad_norm"] / steps, "tokens": totals["tokens"], "optimizer_steps": steps,
+               "sequences": rows.height, "learning_rate": optimizer.param_groups[0]["lr"], "global_step": step}
+    return metrics, {"optimizer": optimizer.state_dict(), "step": step}
+
+
+def _padded(rows: list[list[float]], width: int, device):
+    import torch
+
+    out = torch.zeros((len(rows), width), device=device)
+    for i, values in enumerate(rows):
+        out[i, :len(values)] = torch.tensor(values, device=device)
+    return out
+
+
+def batch_temperature(sampler_json: str | None) -> float:
+    return float(json.loads(sampler_json or "{}").get("temperature", 1.0)) or 1.0
