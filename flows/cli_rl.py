@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli import LakeOption, _prefect_defaults, app, fail
+from flows.cli import LakeOption, _prefect_defaults, app, fail, lineage_app
 from flows.display import console, frame_table, write_result
 
 policy_app = typer.Typer(help="The model registry and policy servers.", no_args_is_help=True)
@@ -192,3 +192,64 @@ def policy_serve(
         pass
     finally:
         server.server_close()
+
+
+@app.command()
+def train(
+    iteration: Annotated[int, typer.Option(help="the iteration whose batch to train on")],
+    config: Annotated[Optional[Path], typer.Option(help="run config (YAML) with a `train:` section")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """One GRPO / DAPO step on an iteration's batch: registers the next model version."""
+    from tasks.curation.config import load_yaml_config
+    from trainers.grpo import TrainConfig
+
+    try:
+        settings = load_yaml_config(config, TrainConfig, section="train") if config else TrainConfig()
+    except ValueError as error:
+        fail(str(error), 2)
+    _prefect_defaults()
+    from flows.iteration import train_policy
+
+    try:
+        result = train_policy(iteration, settings.model_dump(mode="json"), lake)
+    except (ValueError, FileNotFoundError) as error:
+        fail(str(error))
+    if not result["trained"]:
+        console.print(f"no training step: {result['reason']}; model version stays {result['model_version']}")
+        return
+    import polars as pl
+
+    shown = {k: result[k] for k in ("model_version", "batch_id", "loss", "clip_fraction", "kl", "entropy",
+                                    "grad_norm", "tokens", "optimizer_steps", "global_step")}
+    console.print(frame_table(pl.DataFrame({"": list(shown), "value": [str(round(v, 5)) if isinstance(v, float) else
+                                                                         str(v) for v in shown.values()]}),
+                              title=f"iteration {iteration}: trained"))
+
+
+@lineage_app.command("model-version")
+def lineage_model_version(version: int, lake: LakeOption = None) -> None:
+    """Walk back from a model version: its parents, the batches each consumed, their rollouts, problems and runs."""
+    from storage.lake import Lake
+    from storage.lineage import model_version_lineage
+
+    try:
+        chain = model_version_lineage(Lake.open(lake), version)
+    except ValueError as error:
+        fail(str(error))
+    console.print(f"[bold]lineage of model version {version}[/bold]")
+    for entry in chain:
+        if entry.get("missing"):
+            console.print(f"version {entry['model_version']}: not in the registry")
+            continue
+        parent = "no parent" if entry["parent_version"] is None else f"parent {entry['parent_version']}"
+        trained = f", iteration {entry['iteration']}" if entry["iteration"] is not None else ""
+        console.print(f"version {entry['model_version']} ({entry['kind']}, {parent}{trained}), run {entry['run_id']}")
+        console.print(f"  checkpoint    {entry['checkpoint_uri']}")
+        for batch_id in entry["batch_ids"] or []:
+            console.print(f"  batch         {batch_id}: {entry.get('rollouts', 0)} rollouts of "
+                          f"{entry.get('problems', 0)} problems, sampled by version(s) "
+                          f"{', '.join(map(str, entry.get('sampled_by', [])))}, bank version(s) "
+                          f"{', '.join(map(str, entry.get('bank_versions', [])))}")
+        if entry.get("runs"):
+            console.print(f"  stage runs    {', '.join(entry['runs'])}")

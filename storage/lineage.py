@@ -46,3 +46,33 @@ def _origin(row: dict[str, Any]) -> dict[str, Any]:
         return {"kind": "file", "layout": row["source_kind"], "file": row["source_uri"], "line": row["source_line"]}
     return {"kind": "generator", "generator": row["source_uri"], "family": row["source_kind"],
             "seed": row["seed"], "parameters": json.loads(row["params"] or "{}")}
+
+
+def model_version_lineage(lake: Lake, version: int) -> list[dict[str, Any]]:
+    """The chain from `version` back to its base: per version, its training run and what its batches held
+    (rollouts, the versions that sampled them, the problems and bank versions, the stage runs)."""
+    versions = {row["model_version"]: row for row in lake.read("model_versions").iter_rows(named=True)}
+    if version not in versions:
+        raise ValueError(f"model version {version} is not registered in {lake.uri}")
+    chain: list[dict[str, Any]] = []
+    current: int | None = version
+    while current is not None and current in versions:
+        row = versions[current]
+        entry = {key: row[key] for key in ("model_version", "parent_version", "kind", "iteration", "checkpoint_uri",
+                                           "batch_ids", "run_id", "created_at")}
+        entry["metrics"] = json.loads(row["metrics"] or "{}")
+        if row["batch_ids"]:
+            batch = lake.read("batches", filter=pc.field("batch_id").isin(row["batch_ids"]))
+            rollouts = lake.read("rollouts", filter=pc.field("rollout_id").isin(batch["rollout_id"].to_list()),
+                                 columns=["rollout_id", "problem_id", "model_version", "run_id"])
+            problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
+                                 columns=["problem_id", "bank_version"])
+            entry |= {"rollouts": batch.height, "problems": rollouts["problem_id"].n_unique(),
+                      "sampled_by": sorted(set(rollouts["model_version"].to_list())),
+                      "bank_versions": sorted(set(problems["bank_version"].to_list())),
+                      "runs": sorted(set(batch["run_id"].to_list()) | set(rollouts["run_id"].to_list()))}
+        chain.append(entry)
+        current = row["parent_version"]
+        if current is not None and current not in versions:
+            chain.append({"model_version": current, "missing": True})
+    return chain

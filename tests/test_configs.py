@@ -10,9 +10,10 @@ from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig
 from tasks.rollout.stage import RolloutConfig
 from tasks.verification import VerifyConfig
+from trainers.grpo import TrainConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig,
-            "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig}
+            "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig}
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

@@ -98,3 +98,24 @@ def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path)
     assert set(lineage["train_stage"]) == {"train"} and set(lineage["batch_stage"]) == {"advantages"}
     assert rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)["model_version"] == 1   # sampled by the new version
     assert set(lake.read("rollouts").filter(pl.col("iteration") == 2)["model_version"]) == {1}
+
+
+def test_command_line_train_and_model_version_lineage(prefect_api, tmp_path):
+    from conftest import run_cli
+    from flows.iteration import rl_iteration
+    from test_iteration import CONFIG, curated
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    config = tmp_path / "train.yaml"
+    config.write_text("train:\n  micro_batch_size: 4\n  loss_type: grpo\n")
+    trained = run_cli("train", "--iteration", "1", "--config", str(config), "--lake", lake_uri)
+    assert trained.returncode == 0, trained.stderr
+    assert "iteration 1: trained" in trained.stdout
+    lineage = run_cli("lineage", "model-version", "1", "--lake", lake_uri)
+    assert lineage.returncode == 0, lineage.stderr
+    assert "version 1 (rl, parent 0, iteration 1)" in lineage.stdout and "12 rollouts of 3 problems" in lineage.stdout
+    assert "version 0 (base, no parent)" in lineage.stdout
+    unknown = run_cli("lineage", "model-version", "9", "--lake", lake_uri)
+    assert unknown.returncode == 1 and "model version 9 is not registered" in unknown.stderr
