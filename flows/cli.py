@@ -98,17 +98,22 @@ def _print_curation(result: dict) -> None:
 @app.command()
 def run(
     config: Annotated[Path, typer.Option(help="run config (YAML)")] = Path("configs/demo.yaml"),
+    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations to run [default: the config's "
+                                                                  "loop.iterations]")] = None,
     lake: LakeOption = None,
 ) -> None:
-    """The main job on a config: for now, curate its bank (unless done before) and print the bank's statistics."""
+    """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
     from storage.lake import Lake
     from tasks.curation.config import CurationConfig, load_yaml_config
     from tasks.curation.stage import identical_curation
+
+    from flows.cli_rl import run_config
 
     try:
         curation = load_yaml_config(config, CurationConfig, section="bank")
     except ValueError as error:
         fail(str(error), 2)
+    settings = run_config(config)
     opened = Lake.open(lake)
     previous = identical_curation(opened, curation)
     if previous is not None:
@@ -116,7 +121,13 @@ def run(
                       f"{previous['run_id']}; skipping curation[/dim]")
     else:
         _curate(curation, lake)
-    _print_stats(opened, None)
+    count = settings.loop.iterations if iterations is None else iterations
+    if count == 0:
+        _print_stats(opened, None)
+        return
+    from flows.cli_rl import run_loop
+
+    run_loop(settings, count, lake)
 
 
 @app.command()

@@ -17,6 +17,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(analyze_app, name="analyze")
 
 ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
+RUN_SECTIONS = ITERATION_SECTIONS + ("train", "evaluation", "loop")
 ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
                                                       "verify / advantages sections")]
 
@@ -41,6 +42,44 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
                 fail(f"--{name.replace('_', '-')} {value}: {error.errors()[0]['msg']}", 2)
             settings = settings.model_copy(update={section: part})
     return settings
+
+
+def run_config(path: Path):
+    """Every stage section of a run config except the bank (the curation flow's), validated."""
+    from flows.loop import RunConfig
+    from tasks.curation.config import load_yaml_config
+
+    try:
+        return load_yaml_config(path, RunConfig, RUN_SECTIONS)
+    except ValueError as error:
+        fail(str(error), 2)
+
+
+def run_loop(settings, iterations: int, lake: str | None) -> None:
+    """Run the loop flow and print one row per iteration."""
+    import polars as pl
+
+    _prefect_defaults()
+    from flows.loop import rl_loop
+    from tasks.advantages.dynamic_sampling import BatchShortfall
+    from tasks.rollout.openai_backend import BackendUnavailable
+
+    try:
+        rows = rl_loop(settings.model_dump(mode="json"), iterations, lake)
+    except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
+        fail(str(error))
+    table = pl.DataFrame(rows).select(
+        "iteration", version="model_version", trained="trained_version", kept="groups_kept",
+        zone=pl.col("learning_zone_share").round(2), reward=pl.col("mean_reward").round(3),
+        loss=pl.col("loss").round(4), eval=pl.col("eval_solve_rate").round(3),
+        by_level=pl.col("solve_rate_by_level").map_elements(_compact_levels, return_dtype=pl.String))
+    console.print(frame_table(table, title="RL loop (SQL: select * from iteration_metrics)"))
+
+
+def _compact_levels(text: str) -> str:
+    import json
+
+    return " ".join(f"L{level}:{rate:.2f}" for level, rate in json.loads(text or "{}").items())
 
 
 @app.command()

@@ -274,3 +274,49 @@ def register(spec: TableSpec) -> TableSpec:
     """Add a table to the contract (later stages call this from their own schema modules)."""
     TABLES[spec.name] = spec
     return spec
+
+
+EVALUATIONS = register(TableSpec(
+    name="evaluations",
+    partition_by=("model_version",),
+    description="Held-out solve rate of a model version, per source and level (sampled responses).",
+    schema=pa.schema([
+        _field("model_version", pa.int64(), False),
+        _field("iteration", pa.int64(), True, "the loop iteration after which it was measured"),
+        _field("split", pa.string(), False),
+        _field("source", pa.string(), False),
+        _field("level", pa.int8(), False),
+        _field("problems", pa.int64(), False),
+        _field("samples", pa.int64(), False),
+        _field("solved", pa.int64(), False),
+        _field("solve_rate", pa.float64(), False, "solved / samples"),
+        _field("sampler", pa.string(), False, "JSON: how the responses were sampled"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+))
+
+ITERATION_METRICS = register(TableSpec(
+    name="iteration_metrics",
+    partition_by=("iteration",),
+    description="One row per loop iteration: sampling, filtering, training and evaluation at a glance.",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False),
+        _field("model_version", pa.int64(), False, "version that sampled the iteration"),
+        _field("trained_version", pa.int64(), True, "version the iteration's training step registered"),
+        _field("rounds", pa.int64(), True),
+        _field("groups", pa.int64(), True),
+        _field("groups_kept", pa.int64(), True),
+        _field("filtered_share", pa.float64(), True),
+        _field("learning_zone_share", pa.float64(), True),
+        _field("mean_reward", pa.float64(), True),
+        _field("solve_rate_by_level", pa.string(), True, "JSON: training groups' solve rate per level"),
+        _field("mean_staleness", pa.float64(), True),
+        _field("loss", pa.float64(), True),
+        _field("clip_fraction", pa.float64(), True),
+        _field("entropy", pa.float64(), True),
+        _field("eval_solve_rate", pa.float64(), True, "held-out sampled solve rate of trained_version"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+))

@@ -11,9 +11,12 @@ from tasks.advantages.stage import AdvantageConfig
 from tasks.rollout.stage import RolloutConfig
 from tasks.verification import VerifyConfig
 from trainers.grpo import TrainConfig
+from flows.loop import LoopConfig
+from tasks.evaluation import EvalConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig,
-            "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig}
+            "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
+            "loop": LoopConfig}
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

@@ -1,0 +1,113 @@
+"""The RL loop: K iterations of rollout → verify → advantages → train → evaluate, resumable.
+
+The loop keeps no state of its own: where to resume is read from the lake. The next iteration is
+the one after the last with a row in `iteration_metrics`; if that iteration already registered a
+trained version (a crash after training), it is not sampled or trained again, only evaluated and
+recorded, so no iteration is repeated or lost.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import polars as pl
+import pyarrow.compute as pc
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from flows.iteration import rl_iteration, train_policy
+from storage.lake import Lake
+from tasks.advantages.dynamic_sampling import sampling_metrics
+from tasks.curation.config import Strict
+from tasks.evaluation import EvalConfig, evaluate, overall_solve_rate
+from tasks.progress import track
+from tasks.rollout.stage import IterationConfig
+from trainers.grpo import TrainConfig
+
+evaluate_task = task(evaluate, name="evaluate", cache_policy=NO_CACHE)
+
+
+class LoopConfig(Strict):
+    """How many iterations, and how often to evaluate."""
+
+    iterations: int = Field(0, ge=0, description="iterations per `rlvr run` (--iterations overrides)")
+    evaluate_every: int = Field(1, ge=0, description="evaluate the trained version every this many iterations; 0 = never")
+
+
+class RunConfig(IterationConfig):
+    """The stages of a run config that the loop reads (the bank section is the curation flow's)."""
+
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+
+
+def resume_point(lake: Lake) -> tuple[int, int | None]:
+    """(next iteration, version it already trained or None)."""
+    done = lake.read("iteration_metrics", columns=["iteration"])["iteration"]
+    iteration = int(done.max() or 0) + 1
+    trained = lake.read("model_versions", filter=pc.field("iteration") == iteration, columns=["model_version"])
+    return iteration, (int(trained["model_version"].max()) if not trained.is_empty() else None)
+
+
+def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:
+    """The iteration's metrics, read back from its tables (so a resumed iteration is recorded the same way)."""
+    this = pc.field("iteration") == iteration
+    groups = lake.read("groups", filter=this)
+    levels = lake.read("problems", filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()),
+                       columns=["problem_id", "level"]).unique("problem_id")
+    by_level = groups.join(levels, on="problem_id").group_by("level").agg(pl.col("solve_rate").mean()).sort("level")
+    staleness = lake.read("advantages", filter=this, columns=["staleness"])["staleness"]
+    rollouts = lake.read("rollouts", filter=this, columns=["model_version", "round"])
+    rewards = lake.read("rewards", filter=this, columns=["reward"])["reward"]
+    trained = lake.read("model_versions", filter=this, columns=["model_version", "metrics"]).sort("model_version")
+    training = json.loads(trained["metrics"][-1]) if trained.height else {}
+    sampling = sampling_metrics(groups) if groups.height else {}
+    return {
+        "iteration": iteration, "model_version": int(rollouts["model_version"].min()) if rollouts.height else -1,
+        "trained_version": int(trained["model_version"][-1]) if trained.height else None,
+        "rounds": int(rollouts["round"].max()) if rollouts.height else None, "groups": groups.height,
+        "groups_kept": int(groups["kept"].sum()), "filtered_share": sampling.get("filtered_share"),
+        "learning_zone_share": sampling.get("learning_zone_share"),
+        "mean_reward": float(rewards.mean()) if rewards.len() else None,
+        "solve_rate_by_level": json.dumps({str(level): round(rate, 4) for level, rate in by_level.rows()}),
+        "mean_staleness": float(staleness.mean()) if staleness.len() else None,
+        "loss": training.get("loss"), "clip_fraction": training.get("clip_fraction"), "entropy": training.get("entropy"),
+        "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
+        "created_at": datetime.now(timezone.utc)}
+
+
+@flow(name="rl-loop", log_prints=True)
+def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
+            lake_uri: str | None = None) -> list[dict[str, Any]]:
+    """Run `iterations` RL iterations (default: the config's), resuming where the lake says."""
+    settings = RunConfig.model_validate(config or {})
+    lake = Lake.open(lake_uri)
+    iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
+    rows = []
+    for _ in track(range(settings.loop.iterations if iterations is None else iterations), "RL loop"):
+        iteration, already_trained = resume_point(lake)
+        if already_trained is None:
+            rl_iteration(iteration_config, iteration, lake_uri)
+            version = train_policy(iteration, settings.train.model_dump(mode="json"), lake_uri)["model_version"]
+        else:
+            version = already_trained
+            print(f"iteration {iteration} already trained version {version}: evaluating and recording it")
+        evaluation = None
+        every = settings.loop.evaluate_every
+        if every and iteration % every == 0:
+            with lake.run("rl-loop", "evaluate", settings.evaluation.model_dump(mode="json"), iteration=iteration,
+                          prefect_flow_run_id=flow_run.id) as run:
+                truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
+                evaluation = evaluate_task(lake, settings.evaluation, truth, version)   # real verifiers, never controls
+                lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
+                             {"model_version": version}, run)
+        with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
+            row = iteration_row(lake, iteration, evaluation)
+            lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
+        rows.append(row)
+    return rows
