@@ -398,6 +398,23 @@ def bench_sandbox(
     run_benchmark(workers, repeats)
 
 
+@bench_app.command("learning")
+def bench_learning(
+    config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
+    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations [default: the config's]; 0 only "
+                                                                  "reports on an existing --lake")] = None,
+    lake: Annotated[Optional[str], typer.Option(help="lake to run in or report on [default: a fresh folder]")] = None,
+) -> None:
+    """Held-out sampled solve rate of the warm-up model against the RL versions after it, from stored metrics."""
+    _prefect_defaults()
+    from bench.learning import run_benchmark
+
+    try:
+        run_benchmark(str(config), lake, iterations)
+    except ValueError as error:
+        fail(str(error))
+
+
 from flows import cli_rl  # noqa: E402,F401  (registers the RL iteration's commands on `app`)
 
 

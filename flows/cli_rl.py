@@ -17,7 +17,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(analyze_app, name="analyze")
 
 ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
-RUN_SECTIONS = ITERATION_SECTIONS + ("train", "evaluation", "loop")
+RUN_SECTIONS = ITERATION_SECTIONS + ("warmup", "train", "evaluation", "loop")
 ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
                                                       "verify / advantages sections")]
 
@@ -68,7 +68,8 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
         rows = rl_loop(settings.model_dump(mode="json"), iterations, lake)
     except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
         fail(str(error))
-    table = pl.DataFrame(rows).select(
+    numbers = ["learning_zone_share", "mean_reward", "loss", "eval_solve_rate"]
+    table = pl.DataFrame(rows).with_columns(pl.col(numbers).cast(pl.Float64)).select(
         "iteration", version="model_version", trained="trained_version", kept="groups_kept",
         zone=pl.col("learning_zone_share").round(2), reward=pl.col("mean_reward").round(3),
         loss=pl.col("loss").round(4), eval=pl.col("eval_solve_rate").round(3),

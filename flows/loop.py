@@ -25,10 +25,13 @@ from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curation.config import Strict
 from tasks.evaluation import EvalConfig, evaluate, overall_solve_rate
 from tasks.progress import track
-from tasks.rollout.stage import IterationConfig
+from tasks.rollout.stage import IterationConfig, current_model_version
 from trainers.grpo import TrainConfig
+from trainers.stage import run_warmup, warmup_version
+from trainers.warmup import WarmupConfig
 
 evaluate_task = task(evaluate, name="evaluate", cache_policy=NO_CACHE)
+warmup_task = task(run_warmup, name="supervised-warm-up", cache_policy=NO_CACHE)
 
 
 class LoopConfig(Strict):
@@ -41,6 +44,7 @@ class LoopConfig(Strict):
 class RunConfig(IterationConfig):
     """The stages of a run config that the loop reads (the bank section is the curation flow's)."""
 
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
@@ -81,6 +85,19 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
         "created_at": datetime.now(timezone.utc)}
 
 
+def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:
+    """Held-out solve rate of `version`, with the problems' own verifiers (never a reward control)."""
+    with lake.run("rl-loop", "evaluate", settings.evaluation.model_dump(mode="json"), iteration=iteration,
+                  prefect_flow_run_id=flow_run.id) as run:
+        truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
+        evaluation = evaluate_task(lake, settings.evaluation, truth, version)
+        lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
+                     {"model_version": version}, run)
+    print(f"model version {version}: held-out sampled solve rate {overall_solve_rate(evaluation):.1%} "
+          f"on {int(evaluation['problems'].sum())} problems")
+    return evaluation
+
+
 @flow(name="rl-loop", log_prints=True)
 def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
             lake_uri: str | None = None) -> list[dict[str, Any]]:
@@ -88,6 +105,22 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     settings = RunConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
+    current_model_version(lake, settings.rollout.base_policy)
+    if settings.warmup.enabled:
+        warm = warmup_version(lake)
+        if warm is None:
+            with lake.run("rl-loop", "warmup", settings.warmup.model_dump(mode="json"),
+                          prefect_flow_run_id=flow_run.id) as run:
+                warmed = warmup_task(lake, run, settings)
+            warm = warmed["model_version"]
+            print(f"warm-up: model version {warm} after {warmed['steps']} steps, held-out sampled solve rate "
+                  f"{warmed['solve_rate']:.1%} on {settings.warmup.eval_problems} problems")
+        if lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():   # the curve's start
+            evaluation = evaluate_and_record(lake, settings, warm, iteration=0)
+            with lake.run("rl-loop", "record", {}, iteration=0, prefect_flow_run_id=flow_run.id) as run:
+                row = {"iteration": 0, "model_version": warm, "trained_version": warm,
+                       "eval_solve_rate": overall_solve_rate(evaluation), "created_at": datetime.now(timezone.utc)}
+                lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}, run)
     rows = []
     for _ in track(range(settings.loop.iterations if iterations is None else iterations), "RL loop"):
         iteration, already_trained = resume_point(lake)
@@ -97,15 +130,8 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
         else:
             version = already_trained
             print(f"iteration {iteration} already trained version {version}: evaluating and recording it")
-        evaluation = None
         every = settings.loop.evaluate_every
-        if every and iteration % every == 0:
-            with lake.run("rl-loop", "evaluate", settings.evaluation.model_dump(mode="json"), iteration=iteration,
-                          prefect_flow_run_id=flow_run.id) as run:
-                truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
-                evaluation = evaluate_task(lake, settings.evaluation, truth, version)   # real verifiers, never controls
-                lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
-                             {"model_version": version}, run)
+        evaluation = evaluate_and_record(lake, settings, version, iteration) if every and iteration % every == 0 else None
         with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
             row = iteration_row(lake, iteration, evaluation)
             lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)

@@ -13,10 +13,11 @@ from tasks.verification import VerifyConfig
 from trainers.grpo import TrainConfig
 from flows.loop import LoopConfig
 from tasks.evaluation import EvalConfig
+from trainers.warmup import WarmupConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
-            "loop": LoopConfig}
+            "loop": LoopConfig, "warmup": WarmupConfig}
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

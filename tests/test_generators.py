@@ -152,3 +152,13 @@ def test_generation_is_seeded_per_problem_not_per_stream():
     short = list(generate("level2", 5, seed=1))
     long = list(generate("level2", 50, seed=1))
     assert [p for _, _, p in short] == [p for _, _, p in long[:5]]
+
+
+def test_two_step_drill_and_its_heldout_quarter_never_overlap():
+    train = {p.prompt for _, _, p in generate("two_step", 3000, seed=0)}
+    held_out = {p.prompt for _, _, p in generate("two_step_eval", 700, seed=1)}
+    assert not train & held_out and len(held_out) >= 500    # enough distinct problems for a 500-problem eval set
+    for _, _, problem in generate("two_step", 50, seed=2):
+        a, b, c = problem.params["a"], problem.params["b"], problem.params["c"]
+        assert int(problem.answer) == a * b + c and problem.solution.endswith(f"\n#### {a * b + c}")
+    assert "two_step" not in {g.name for g in families("mix")} | {g.name for g in families("level1")}

@@ -75,3 +75,31 @@ def test_rlvr_run_curates_then_loops_and_prints_the_metrics(tmp_path):
     rows = run_cli("sql", "select iteration, trained_version from iteration_metrics order by 1", "--format", "csv",
                    "--lake", lake_uri)
     assert rows.stdout.split() == ["iteration,trained_version", "1,1", "2,2"]
+
+
+def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
+    from storage.lake import Lake
+
+    rl_loop, _, _ = flows
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    warm = {**RUN, "warmup": {"enabled": True, "band": [0.0, 1.0], "evaluate_every": 10, "eval_problems": 10,
+                              "max_new_tokens": 8}}
+    rows = rl_loop(warm, iterations=1, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    versions = lake.read("model_versions").sort("model_version")
+    assert versions.select("model_version", "kind", "parent_version").rows() == [(0, "base", None), (1, "warmup", 0),
+                                                                                (2, "rl", 1)]
+    assert rows[0]["model_version"] == 1                   # the first iteration samples from the warm-up version
+    start = lake.read("iteration_metrics").filter(pl.col("iteration") == 0)
+    assert start["trained_version"].to_list() == [1] and start["eval_solve_rate"].null_count() == 0
+    rl_loop(warm, iterations=1, lake_uri=lake_uri)           # a second run: no second warm-up
+    kinds = lake.read("model_versions")["kind"].to_list()
+    assert kinds.count("warmup") == 1 and kinds.count("rl") == 2
+    from bench.learning import learning_report
+
+    report = learning_report(lake)                           # the learning benchmark reads only stored metrics
+    assert report["warmup_solve_rate"] == start["eval_solve_rate"][0] and report["iterations"] == 2
+    assert [row[0] for row in report["curve"]] == [0, 1, 2] and report["eval_problems"] == 12
+    assert report["gain_points"] == pytest.approx(100 * (report["final_solve_rate"] - report["warmup_solve_rate"]))
+    assert report["stage_seconds"]["warmup"] > 0 and report["stage_seconds"]["train"] > 0

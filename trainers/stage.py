@@ -51,3 +51,58 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig) -
              metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
     return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics}
 
+
+
+def warmup_version(lake: Lake) -> int | None:
+    versions = lake.read("model_versions", filter=pc.field("kind") == "warmup", columns=["model_version"])
+    return None if versions.is_empty() else int(versions["model_version"].max())
+
+
+def run_warmup(lake: Lake, run: Run, settings) -> dict:
+    """Warm the base version up on the bank's worked solutions; register it as the next version (kind warmup).
+
+    `settings` is the run config (rollout prompt and mix, evaluation set, warm-up).
+    """
+    from tasks.evaluation import evaluation_problems
+    from tasks.rollout.hf import HFPolicy
+    from tasks.rollout.prompts import format_prompt
+    from tasks.rollout.sampling import SamplerConfig
+    from tasks.rollout.stage import training_bank
+    from tasks.verification import VerifyConfig, score_rollouts
+    from trainers.warmup import warm_up
+
+    config, prompt = settings.warmup, settings.rollout.prompt
+    parent = latest_version(lake)
+    parent_row = version_row(lake, parent)
+    model, tokenizer = load_policy(parent_row["checkpoint_uri"], settings.rollout.device)
+    bank = lake.read("problems", filter=pc.field("problem_id").isin(training_bank(lake, settings.rollout.mix)
+                                                                    ["problem_id"].to_list()),
+                     columns=["prompt", "solution"]).drop_nulls("solution")
+    if bank.is_empty():
+        raise ValueError("warm-up needs training problems with worked solutions; the bank has none")
+    examples = bank.select(prompt=pl.col("prompt").map_elements(lambda text: format_prompt(text, prompt, tokenizer),
+                                                                return_dtype=pl.String), target="solution")
+    held_out = evaluation_problems(lake, settings.evaluation).head(config.eval_problems)
+    eval_prompts = [format_prompt(text, prompt, tokenizer) for text in held_out["prompt"]]
+    sampler = SamplerConfig(max_new_tokens=config.max_new_tokens)
+
+    def solve_rate(current) -> float:
+        policy = HFPolicy(current, tokenizer, parent, settings.rollout.batch_size)
+        samples = policy.generate(eval_prompts, 1, sampler, config.seed, parent)
+        frame = held_out.select("problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier",
+                                "steps", "metadata", "params").with_columns(
+            rollout_id=pl.Series([str(i) for i in range(held_out.height)]), iteration=pl.lit(0),
+            response=pl.Series([group[0].text for group in samples]))
+        scored = score_rollouts(frame, VerifyConfig(workers=0))
+        return float(scored["correct"].fill_null(False).mean())
+
+    def report(step: int, loss: float, rate: float | None) -> None:
+        if rate is not None:
+            print(f"warm-up step {step}: loss {loss:.3f}, held-out sampled solve rate {rate:.1%}")
+
+    metrics = warm_up(model, tokenizer, examples, config, solve_rate, report)
+    version = parent + 1
+    uri = save_checkpoint(lake, version, model, tokenizer)
+    register(lake, run, version, uri=uri, kind="warmup", parent=parent, metrics=metrics,
+             architecture=json.loads(parent_row["architecture"] or "{}"))
+    return {"model_version": version, **metrics}

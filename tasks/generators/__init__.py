@@ -20,12 +20,15 @@ class Generator:
     name: str
     level: int
     make: Callable[[random.Random], Generated]
+    in_mix: bool = True          # False: only by name (a drill family, e.g. for the tiny model's learning run)
 
 
 GENERATORS: dict[str, Generator] = {
     g.name: g
     for g in [
         Generator("arith_chain", 1, arithmetic.arith_chain),
+        Generator("two_step", 1, arithmetic.two_step, in_mix=False),
+        Generator("two_step_eval", 1, arithmetic.two_step_eval, in_mix=False),
         Generator("word_problem", 1, arithmetic.word_problem),
         Generator("linear_equation", 2, algebra.linear_equation),
         Generator("linear_system", 2, algebra.linear_system),
@@ -49,11 +52,11 @@ def families(selector: str) -> list[Generator]:
     if selector in GENERATORS:
         return [GENERATORS[selector]]
     if selector.startswith("level") and selector[5:].isdigit():
-        chosen = [g for g in GENERATORS.values() if g.level == int(selector[5:])]
+        chosen = [g for g in GENERATORS.values() if g.level == int(selector[5:]) and g.in_mix]
         if chosen:
             return chosen
     if selector == "mix":
-        return list(GENERATORS.values())
+        return [g for g in GENERATORS.values() if g.in_mix]
     raise ValueError(f"unknown generator {selector!r}: use mix, level1..level4 or one of {sorted(GENERATORS)}")
 
 

@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import random
 
-from tasks.generators.base import Generated, step
+from tasks.generators.base import Generated, derive_seed, step
 
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca",
          "Maya", "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yara", "Zane"]
 ITEMS = ["pencils", "stickers", "apples", "marbles", "cards", "stamps", "beads", "shells", "coins", "books"]
+
+
+def _two_step_heldout(a: int, b: int, c: int) -> bool:
+    """One (a, b, c) in four is reserved for evaluation, so that `two_step` and `two_step_eval` never overlap."""
+    return derive_seed("two_step", a, b, c) % 4 == 0
+
+
+def two_step(rng: random.Random, heldout: bool = False) -> Generated:
+    """`a*b+c`: the drill the embedded tiny model learns in the demo (a multiplication fact, then an addition)."""
+    while True:
+        a, b, c = rng.randint(2, 12), rng.randint(2, 12), rng.randint(1, 99)
+        if _two_step_heldout(a, b, c) == heldout:
+            break
+    product, total = a * b, a * b + c
+    steps = [step(f"{a}*{b}", product), step(f"{product}+{c}", total)]
+    solution = f"{a}*{b} = {product}\n{product}+{c} = {total}\n#### {total}"
+    return Generated(f"What is {a}*{b}+{c}?", str(total), solution, steps, {"a": a, "b": b, "c": c})
+
+
+def two_step_eval(rng: random.Random) -> Generated:
+    """The held-out quarter of `two_step`'s problems."""
+    return two_step(rng, heldout=True)
 
 
 def arith_chain(rng: random.Random) -> Generated:
