@@ -26,7 +26,7 @@ def test_config_loads(path):
     import yaml
 
     data = yaml.safe_load(path.read_text())
-    assert set(data) <= set(SECTIONS), f"unknown sections {set(data) - set(SECTIONS)}"
+    assert set(data) <= set(SECTIONS) | {"base"}, f"unknown sections {set(data) - set(SECTIONS)}"
     for section, model in SECTIONS.items():
         if section in data:
             load_yaml_config(path, model, section=section)
@@ -65,3 +65,15 @@ def test_bad_source_spec():
         parse_source_spec("nonsense")
     with pytest.raises(ValueError, match="needs a path|Input should be"):
         parse_source_spec("csv:file.csv")
+
+
+def test_a_variant_merges_over_its_base(tmp_path):
+    from trainers.grpo import TrainConfig
+
+    (tmp_path / "base.yaml").write_text("train:\n  learning_rate: 0.001\n  micro_batch_size: 8\n")
+    (tmp_path / "variant.yaml").write_text("base: base.yaml\ntrain:\n  micro_batch_size: 4\n")
+    merged = load_yaml_config(tmp_path / "variant.yaml", TrainConfig, section="train")
+    assert (merged.learning_rate, merged.micro_batch_size) == (0.001, 4)
+    (tmp_path / "base.yaml").write_text("base: variant.yaml\n")
+    with pytest.raises(ValueError, match="makes a cycle"):
+        load_yaml_config(tmp_path / "variant.yaml", TrainConfig, section="train")

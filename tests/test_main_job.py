@@ -6,9 +6,9 @@ from bench.dedup_scaling import run_benchmark
 from conftest import run_cli
 
 
-def test_main_job_curates_the_demo_bank_and_prints_statistics(tmp_path):
+def test_run_without_iterations_curates_the_bank_and_prints_statistics(tmp_path):
     lake = str(tmp_path / "lake")
-    result = run_cli("run", "--config", "configs/demo.yaml", "--lake", lake)
+    result = run_cli("run", "--config", "configs/mixed.yaml", "--lake", lake)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping curation" not in result.stdout
     assert "bank version 1" in result.stdout and "by level" in result.stdout
@@ -16,6 +16,16 @@ def test_main_job_curates_the_demo_bank_and_prints_statistics(tmp_path):
                      "--lake", lake)
     rows = {r["split"]: r["n"] for r in map(json.loads, counts.stdout.splitlines())}
     assert rows["eval"] == 500 and rows["train"] > 3000
+
+
+def test_the_learning_config_is_the_demo_with_more_iterations():
+    from flows.cli_rl import RUN_SECTIONS
+    from flows.loop import RunConfig
+    from tasks.curation.config import load_yaml_config
+
+    demo, learn = (load_yaml_config(f"configs/{name}.yaml", RunConfig, RUN_SECTIONS) for name in ("demo", "demo-learn"))
+    assert demo.warmup.enabled and demo.loop.iterations == 20 and learn.loop.iterations == 80
+    assert learn.model_copy(update={"loop": demo.loop}) == demo
 
 
 def test_benchmark_reports_each_size():
@@ -26,8 +36,8 @@ def test_benchmark_reports_each_size():
 
 def test_a_second_run_skips_the_curation_it_already_did(tmp_path):
     lake = str(tmp_path / "lake")
-    assert run_cli("run", "--config", "configs/demo.yaml", "--lake", lake).returncode == 0
-    again = run_cli("run", "--config", "configs/demo.yaml", "--lake", lake)
+    assert run_cli("run", "--config", "configs/mixed.yaml", "--lake", lake).returncode == 0
+    again = run_cli("run", "--config", "configs/mixed.yaml", "--lake", lake)
     assert again.returncode == 0 and "skipping curation" in again.stdout
     versions = run_cli("sql", "select count(distinct bank_version) as n from problems", "--format", "csv", "--lake", lake)
     assert versions.stdout == "n\n1\n"

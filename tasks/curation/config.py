@@ -151,16 +151,36 @@ class MixConfig(Strict):
         return weights
 
 
-def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None) -> BaseModel:
-    """Load and validate a YAML config (its `section` if it has one, or the named sections of a run
-    config); errors name the file and the field."""
-    path = Path(path)
+def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A YAML mapping; a top-level `base: other.yaml` (relative to this file) is read first and this
+    file's settings are merged over it, section by section, so a variant states only what differs."""
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as error:
         raise ValueError(f"{path}: cannot read config: {error}") from error
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of settings at the top level")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    base_path = (path.parent / base).resolve()
+    if base_path in seen:
+        raise ValueError(f"{path}: `base: {base}` makes a cycle")
+    return _merged(read_yaml(base_path, seen + (path.resolve(),)), data)
+
+
+def _merged(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None) -> BaseModel:
+    """Load and validate a YAML config (its `section` if it has one, or the named sections of a run
+    config); errors name the file and the field."""
+    path = Path(path)
+    data = read_yaml(path)
     if isinstance(section, tuple):                   # several stage sections of a run config
         data = {name: data[name] for name in section if name in data}
     elif section is not None and section in data:   # a run config's stage section, or a stage config itself
