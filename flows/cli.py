@@ -98,8 +98,9 @@ def _print_curation(result: dict) -> None:
 @app.command()
 def run(
     config: Annotated[Path, typer.Option(help="run config (YAML)")] = Path("configs/demo.yaml"),
-    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations to run [default: the config's "
-                                                                  "loop.iterations]")] = None,
+    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations the lake should hold; a run "
+                                                                  "resumes after the last recorded one [default: "
+                                                                  "the config's loop.iterations]")] = None,
     lake: LakeOption = None,
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
@@ -396,6 +397,18 @@ def bench_sandbox(
     from bench.sandbox_rate import run_benchmark
 
     run_benchmark(workers, repeats)
+
+
+@bench_app.command("train")
+def bench_train(
+    sequences: Annotated[int, typer.Option(min=2, help="sequences per training step")] = 128,
+    response_length: Annotated[int, typer.Option(min=1, help="response tokens per sequence")] = 40,
+    repeats: Annotated[int, typer.Option(min=1, help="timed steps per side (median)")] = 5,
+) -> None:
+    """Training-step throughput (tokens/s) against TRL's GRPOTrainer on the same tiny model and batch."""
+    from bench.train_throughput import run_benchmark
+
+    run_benchmark(sequences=sequences, response_length=response_length, repeats=repeats)
 
 
 @bench_app.command("learning")

@@ -68,6 +68,9 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
         rows = rl_loop(settings.model_dump(mode="json"), iterations, lake)
     except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
         fail(str(error))
+    if not rows:
+        console.print(f"nothing to do: the lake already holds {iterations} iteration(s) (raise --iterations to go on)")
+        return
     numbers = ["learning_zone_share", "mean_reward", "loss", "eval_solve_rate"]
     table = pl.DataFrame(rows).with_columns(pl.col(numbers).cast(pl.Float64)).select(
         "iteration", version="model_version", trained="trained_version", kept="groups_kept",
@@ -286,7 +289,10 @@ def lineage_model_version(version: int, lake: LakeOption = None) -> None:
         trained = f", iteration {entry['iteration']}" if entry["iteration"] is not None else ""
         console.print(f"version {entry['model_version']} ({entry['kind']}, {parent}{trained}), run {entry['run_id']}")
         console.print(f"  checkpoint    {entry['checkpoint_uri']}")
-        for batch_id in entry["batch_ids"] or []:
+        for batch_id in entry.get("replaced_batches", []):
+            console.print(f"  batch         {batch_id}: no longer in `batches` (the iteration's advantages were "
+                          "re-run since; `rlvr sql --as-of` shows it as it was)")
+        for batch_id in [] if entry.get("replaced_batches") else entry["batch_ids"] or []:
             console.print(f"  batch         {batch_id}: {entry.get('rollouts', 0)} rollouts of "
                           f"{entry.get('problems', 0)} problems, sampled by version(s) "
                           f"{', '.join(map(str, entry.get('sampled_by', [])))}, bank version(s) "

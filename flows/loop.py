@@ -37,7 +37,8 @@ warmup_task = task(run_warmup, name="supervised-warm-up", cache_policy=NO_CACHE)
 class LoopConfig(Strict):
     """How many iterations, and how often to evaluate."""
 
-    iterations: int = Field(0, ge=0, description="iterations per `rlvr run` (--iterations overrides)")
+    iterations: int = Field(0, ge=0, description="iterations the run should reach; a run resumes after the last "
+                            "recorded one (--iterations overrides)")
     evaluate_every: int = Field(1, ge=0, description="evaluate the trained version every this many iterations; 0 = never")
 
 
@@ -101,7 +102,8 @@ def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration
 @flow(name="rl-loop", log_prints=True)
 def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
             lake_uri: str | None = None) -> list[dict[str, Any]]:
-    """Run `iterations` RL iterations (default: the config's), resuming where the lake says."""
+    """Bring the lake to `iterations` RL iterations (default: the config's): a second run resumes where the
+    first stopped, and a finished one has nothing left to do."""
     settings = RunConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
@@ -121,8 +123,9 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
                 row = {"iteration": 0, "model_version": warm, "trained_version": warm,
                        "eval_solve_rate": overall_solve_rate(evaluation), "created_at": datetime.now(timezone.utc)}
                 lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}, run)
+    target = settings.loop.iterations if iterations is None else iterations
     rows = []
-    for _ in track(range(settings.loop.iterations if iterations is None else iterations), "RL loop"):
+    for _ in track(range(max(0, target - resume_point(lake)[0] + 1)), "RL loop"):
         iteration, already_trained = resume_point(lake)
         if already_trained is None:
             rl_iteration(iteration_config, iteration, lake_uri)

@@ -61,8 +61,11 @@ def model_version_lineage(lake: Lake, version: int) -> list[dict[str, Any]]:
         entry = {key: row[key] for key in ("model_version", "parent_version", "kind", "iteration", "checkpoint_uri",
                                            "batch_ids", "run_id", "created_at")}
         entry["metrics"] = json.loads(row["metrics"] or "{}")
-        if row["batch_ids"]:
-            batch = lake.read("batches", filter=pc.field("batch_id").isin(row["batch_ids"]))
+        batch = (lake.read("batches", filter=pc.field("batch_id").isin(row["batch_ids"])) if row["batch_ids"]
+                 else None)
+        if batch is not None and batch.is_empty():
+            entry["replaced_batches"] = list(row["batch_ids"])   # the iteration's advantages were re-run since
+        elif batch is not None:
             rollouts = lake.read("rollouts", filter=pc.field("rollout_id").isin(batch["rollout_id"].to_list()),
                                  columns=["rollout_id", "problem_id", "model_version", "run_id"])
             problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),

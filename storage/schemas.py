@@ -284,6 +284,7 @@ EVALUATIONS = register(TableSpec(
         _field("model_version", pa.int64(), False),
         _field("iteration", pa.int64(), True, "the loop iteration after which it was measured"),
         _field("split", pa.string(), False),
+        _field("bank_version", pa.int64(), True, "bank version the held-out problems were drawn from (pinned)"),
         _field("source", pa.string(), False),
         _field("level", pa.int8(), False),
         _field("problems", pa.int64(), False),

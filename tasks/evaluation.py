@@ -36,8 +36,18 @@ class EvalConfig(Strict):
     seed: int = Field(0, description="seed of the problem draw and of sampling")
 
 
+def pinned_bank_version(lake: Lake) -> int | None:
+    """The bank version every evaluation of this lake draws from: the first evaluation's, so that a later
+    curation adding held-out problems does not move the curve's baseline."""
+    done = lake.read("evaluations", columns=["bank_version"])["bank_version"].drop_nulls()
+    if done.len():
+        return int(done.min())
+    latest = lake.read("problems", columns=["bank_version"])["bank_version"].max()
+    return None if latest is None else int(latest)
+
+
 def evaluation_problems(lake: Lake, config: EvalConfig) -> pl.DataFrame:
-    problems = bank_problems(lake, None, split=config.split)
+    problems = bank_problems(lake, pinned_bank_version(lake), split=config.split)
     if problems.is_empty():
         raise ValueError(f"the bank at {lake.uri} has no {config.split} problems to evaluate on")
     count = min(config.max_problems, problems.height)
@@ -67,6 +77,7 @@ def evaluate(lake: Lake, config: EvalConfig, settings: IterationConfig, model_ve
                                                 solved=pl.col("correct").fill_null(False).sum()))
     return by_cell.with_columns(
         model_version=pl.lit(model_version, pl.Int64), split=pl.lit(config.split),
+        bank_version=pl.lit(pinned_bank_version(lake), pl.Int64),
         solve_rate=pl.col("solved") / pl.col("samples"), sampler=pl.lit(json.dumps(config.sampler.model_dump())),
         created_at=pl.lit(datetime.now(timezone.utc))).sort("source", "level")
 

@@ -74,6 +74,12 @@ def test_a_variant_merges_over_its_base(tmp_path):
     (tmp_path / "variant.yaml").write_text("base: base.yaml\ntrain:\n  micro_batch_size: 4\n")
     merged = load_yaml_config(tmp_path / "variant.yaml", TrainConfig, section="train")
     assert (merged.learning_rate, merged.micro_batch_size) == (0.001, 4)
+    from tasks.curation.config import MixConfig
+
+    (tmp_path / "mix.yaml").write_text("mix:\n  level_weights: {1: 1.0}\n  seed: 3\n")
+    (tmp_path / "level3.yaml").write_text("base: mix.yaml\nmix:\n  level_weights: {3: 1.0}\n")
+    mix = load_yaml_config(tmp_path / "level3.yaml", MixConfig, section="mix")
+    assert mix.level_weights == {3: 1.0} and mix.seed == 3           # a weights mapping is replaced, not merged
     (tmp_path / "base.yaml").write_text("base: variant.yaml\n")
     with pytest.raises(ValueError, match="makes a cycle"):
         load_yaml_config(tmp_path / "variant.yaml", TrainConfig, section="train")

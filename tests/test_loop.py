@@ -48,7 +48,7 @@ def test_loop_records_every_iteration_and_resumes_after_crashes(flows, tmp_path)
     train_policy(3, RUN["train"], lake_uri)
     # a crash after iteration 4's rollouts, before training: the loop redoes iteration 4
     rl_iteration(CONFIG, iteration=4, lake_uri=lake_uri)
-    resumed = rl_loop(RUN, iterations=2, lake_uri=lake_uri)
+    resumed = rl_loop(RUN, iterations=4, lake_uri=lake_uri)
     assert [(r["iteration"], r["trained_version"]) for r in resumed] == [(3, 3), (4, 4)]
     assert lake.read("model_versions")["model_version"].sort().to_list() == [0, 1, 2, 3, 4]
     assert lake.read("iteration_metrics")["iteration"].sort().to_list() == [1, 2, 3, 4]
@@ -70,7 +70,9 @@ def test_rlvr_run_curates_then_loops_and_prints_the_metrics(tmp_path):
     result = run_cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
     assert result.returncode == 0, result.stderr
     assert "RL loop (SQL: select * from iteration_metrics)" in result.stdout and "kept 80 of 80 rows" in result.stdout
-    again = run_cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
+    done = run_cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
+    assert done.returncode == 0 and "nothing to do: the lake already holds 1 iteration" in done.stdout
+    again = run_cli("run", "--config", str(config), "--iterations", "2", "--lake", lake_uri)
     assert again.returncode == 0 and "skipping curation" in again.stdout
     rows = run_cli("sql", "select iteration, trained_version from iteration_metrics order by 1", "--format", "csv",
                    "--lake", lake_uri)
@@ -93,7 +95,7 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
     assert rows[0]["model_version"] == 1                   # the first iteration samples from the warm-up version
     start = lake.read("iteration_metrics").filter(pl.col("iteration") == 0)
     assert start["trained_version"].to_list() == [1] and start["eval_solve_rate"].null_count() == 0
-    rl_loop(warm, iterations=1, lake_uri=lake_uri)           # a second run: no second warm-up
+    rl_loop(warm, iterations=2, lake_uri=lake_uri)           # a second run: no second warm-up
     kinds = lake.read("model_versions")["kind"].to_list()
     assert kinds.count("warmup") == 1 and kinds.count("rl") == 2
     from bench.learning import learning_report

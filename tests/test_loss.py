@@ -94,3 +94,18 @@ def test_parity_with_trl(seeded, loss_type, epsilon_high, beta):
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-6)
     assert torch.allclose(ours_input.grad, theirs_input.grad, atol=1e-6)
     assert ours_input.grad.abs().sum() > 0                           # a real gradient, not two zeros
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_a_zero_weight_response_is_as_if_absent(seeded, loss_type):
+    logprobs = -torch.rand(3, 6)
+    behaviour = logprobs + torch.randn(3, 6) * 0.1
+    ref = logprobs + 0.2
+    mask = torch.tensor([[1.0] * 3 + [0] * 3, [1.0] * 6, [1.0] * 2 + [0] * 4])
+    advantages = torch.tensor([1.0, -0.5, 0.7])
+    kwargs = dict(loss_type=loss_type, ref_logprobs=ref, beta=0.1, max_completion_length=6)
+    with_masked = policy_loss(logprobs, behaviour, advantages, mask, weights=torch.tensor([1.0, 0.0, 1.0]), **kwargs)
+    keep = torch.tensor([0, 2])
+    without = policy_loss(logprobs[keep], behaviour[keep], advantages[keep], mask[keep], ref_logprobs=ref[keep],
+                          loss_type=loss_type, beta=0.1, max_completion_length=6, weights=torch.ones(2))
+    assert with_masked.loss.item() == pytest.approx(without.loss.item(), abs=1e-7)

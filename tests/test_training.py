@@ -62,6 +62,16 @@ def test_a_step_makes_positive_advantage_responses_likelier(policy):
     assert all(c > 0 for c in change[0::2]) and all(c < 0 for c in change[1::2])
 
 
+def test_the_config_not_the_saved_state_sets_weight_decay(policy):
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer)
+    trained = copy.deepcopy(model)
+    _, state = train_on_batch(trained, rows, TrainConfig(weight_decay=0.0))
+    assert state["optimizer"]["param_groups"][0]["weight_decay"] == 0.0
+    _, state = train_on_batch(trained, rows, TrainConfig(weight_decay=0.1), state)
+    assert state["optimizer"]["param_groups"][0]["weight_decay"] == 0.1
+
+
 def test_the_optimizer_state_and_step_count_carry_over(policy):
     model, tokenizer = policy
     rows = synthetic_rows(model, tokenizer)
@@ -117,5 +127,18 @@ def test_command_line_train_and_model_version_lineage(prefect_api, tmp_path):
     assert lineage.returncode == 0, lineage.stderr
     assert "version 1 (rl, parent 0, iteration 1)" in lineage.stdout and "12 rollouts of 3 problems" in lineage.stdout
     assert "version 0 (base, no parent)" in lineage.stdout
+    from flows.iteration import compute_advantages
+
+    compute_advantages(1, CONFIG, lake_uri)                  # the iteration's batch is replaced after training
+    replaced = run_cli("lineage", "model-version", "1", "--lake", lake_uri)
+    assert replaced.returncode == 0 and "no longer in `batches`" in replaced.stdout
     unknown = run_cli("lineage", "model-version", "9", "--lake", lake_uri)
     assert unknown.returncode == 1 and "model version 9 is not registered" in unknown.stderr
+
+
+def test_throughput_benchmark_runs_both_sides():
+    from bench.train_throughput import run_benchmark
+
+    result = run_benchmark(sequences=8, group=4, prompt_length=4, response_length=6, repeats=1)
+    assert result["tokens_per_step"] == 48
+    assert result["ours_tokens_per_second"] > 0 and result["trl_tokens_per_second"] > 0 and result["ratio"] > 0

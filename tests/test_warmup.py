@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
-from trainers.warmup import WarmupConfig, supervised_loss, warm_up
+from trainers.warmup import WarmupConfig, WarmupFailed, supervised_loss, warm_up
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
@@ -44,7 +44,7 @@ def test_warm_up_stops_at_the_band_and_fails_clearly_without_it(policy):
                       lambda current: next(rates))
     assert metrics["steps"] == 15 and metrics["solve_rate"] == 0.3 and not metrics["overshoot"]
     assert [step for step, _ in metrics["history"]] == [5, 10, 15]
-    with pytest.raises(RuntimeError, match="did not reach a held-out solve rate of 99% in 6 steps"):
+    with pytest.raises(WarmupFailed, match="did not reach a held-out solve rate of 99% in 6 steps"):
         warm_up(copy.deepcopy(model), tokenizer, examples, WarmupConfig(evaluate_every=3, max_steps=6,
                                                                        band=(0.99, 1.0)), lambda current: 0.0)
 

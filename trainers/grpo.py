@@ -41,7 +41,8 @@ class TrainConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per batch (the batch is split into this many)")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass (gradient accumulation)")
-    max_completion_length: int | None = Field(None, ge=1, description="dr_grpo's constant; default the longest response")
+    max_completion_length: int | None = Field(None, ge=1, description="dr_grpo's constant; default the rollouts' "
+                                              "max_new_tokens (else the batch's longest response)")
     mixed_precision: Literal["no", "fp16", "bf16"] = Field("no", description="accelerate mixed precision (GPU)")
     device: str = Field("cpu", description="cpu, or cuda on a GPU machine")
     seed: int = Field(0, description="seed of the mini-batch shuffle")
@@ -62,9 +63,12 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state["optimizer"])
+        for group in optimizer.param_groups:             # the config decides, not the first run's saved settings
+            group["weight_decay"] = config.weight_decay
     step = optimizer_state["step"] if optimizer_state else 0
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
+    rows = rows.filter(pl.col("weight") > 0)             # masked responses (weight 0) are not in the batch at all
     order = list(range(rows.height))
     random.Random(config.seed + step).shuffle(order)
     mini_batches = [order[i::config.mini_batches] for i in range(config.mini_batches) if order[i::config.mini_batches]]

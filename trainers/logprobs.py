@@ -12,6 +12,8 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
 
     Returns (logprobs [B, T], mask [B, T], entropy [B, T] or None), T the longest response.
     """
+    if any(not prompt for prompt in prompt_ids):
+        raise ValueError("a response needs a non-empty prompt to be scored (its first token is predicted from it)")
     sequences = [p + r for p, r in zip(prompt_ids, response_ids)]
     width = max(len(s) for s in sequences)
     longest = max(len(r) for r in response_ids)

@@ -40,7 +40,8 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
         advantages: one per response, [B].
         mask: 1 for response tokens, 0 for padding, [B, T].
         loss_type: dapo, grpo or dr_grpo (aggregation, see the module docstring).
-        weights: per-response importance weights / loss masks from the batch table, [B].
+        weights: per-response importance weights / loss masks from the batch table, [B]; a response with
+            weight 0 leaves the loss and its normalisers, as if it were not in the batch.
         ref_logprobs: log-probs of a reference model, [B, T], for the KL penalty (with beta > 0).
         max_completion_length: dr_grpo's constant; default T.
         token_normaliser: dapo's Σ tokens when a batch is split for gradient accumulation (the
@@ -51,6 +52,8 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}: use one of {LOSS_TYPES}")
     mask = mask.to(logprobs.dtype)
+    if weights is not None:                          # a zero weight (masked truncation) removes the response entirely
+        mask = mask * (weights[:, None] > 0).to(mask.dtype)
     ratio = torch.exp(logprobs - behaviour_logprobs)                                   # [B, T]
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)                    # [B, T]
     advantage = advantages[:, None]                                                    # [B, 1]
@@ -65,9 +68,11 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
     if loss_type == "dapo":
         loss = (per_token * mask).sum() / (token_normaliser or mask.sum().clamp(min=1.0))
     elif loss_type == "grpo":
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        present = (mask.sum(-1) > 0).to(mask.dtype) if weights is not None else torch.ones_like(mask[:, 0])
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / present.sum().clamp(min=1.0)
     else:
-        loss = (per_token * mask).sum() / (mask.shape[0] * (max_completion_length or mask.shape[1]))
+        sequences = (mask.sum(-1) > 0).sum() if weights is not None else mask.shape[0]
+        loss = (per_token * mask).sum() / (sequences * (max_completion_length or mask.shape[1]))
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1.0)
         was_clipped = ((ratio * advantage) > (clipped * advantage)).to(mask.dtype)     # min picked the clipped term

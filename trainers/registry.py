@@ -101,13 +101,17 @@ def local_checkpoint(uri: str) -> str:
         return uri
     from storage.location import s3_filesystem
 
-    target = CACHE_DIR / hashlib.sha1(uri.encode()).hexdigest()[:16]
+    fs = s3_filesystem()
+    remote = uri.removeprefix("s3://")
+    stamps = [str(fs.info(path).get("ETag", "")) for path in sorted(fs.ls(remote, detail=False))
+              if path.endswith((".safetensors", ".json", ".pt"))]
+    key = "\n".join([os.environ.get("AWS_ENDPOINT_URL", ""), uri, *stamps])   # a rebuilt lake is a new key
+    target = CACHE_DIR / hashlib.sha1(key.encode()).hexdigest()[:16]
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent))
-        fs = s3_filesystem()
-        for remote in fs.ls(uri.removeprefix("s3://"), detail=False):
-            fs.get_file(remote, str(staging / remote.rsplit("/", 1)[1]))
+        for path in fs.ls(remote, detail=False):
+            fs.get_file(path, str(staging / path.rsplit("/", 1)[1]))
         try:
             os.replace(staging, target)
         except OSError:                               # another process finished the download first
@@ -132,7 +136,8 @@ def load_training_state(uri: str) -> dict | None:
     import torch
 
     path = os.path.join(local_checkpoint(uri), TRAINING_STATE)
-    return torch.load(path, weights_only=False) if os.path.exists(path) else None
+    # map to CPU: AdamW's load_state_dict moves the state onto the parameters' device (a GPU run's state loads on CPU)
+    return torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else None
 
 
 def register(lake: Lake, run: Run, version: int, *, uri: str, kind: str, parent: int | None = None,

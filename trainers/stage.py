@@ -26,8 +26,10 @@ def training_rows(lake: Lake, iteration: int) -> tuple[pl.DataFrame, str | None]
     rows = batch.join(rollouts, on="rollout_id", how="left")
     if rows["response_token_ids"].null_count() or rows["prompt_token_ids"].null_count():
         raise ValueError(f"iteration {iteration}: batch rollouts without token ids (was the backend asked for them?)")
-    temperature = pl.Series([batch_temperature(s) for s in rows["sampler"].to_list()], dtype=pl.Float64)
-    return rows.with_columns(temperature=temperature).drop("sampler"), batch_id
+    samplers = [json.loads(s or "{}") for s in rows["sampler"].to_list()]
+    return rows.with_columns(temperature=pl.Series([batch_temperature(json.dumps(s)) for s in samplers], dtype=pl.Float64),
+                             max_new_tokens=pl.Series([s.get("max_new_tokens") for s in samplers], dtype=pl.Int64)
+                             ).drop("sampler"), batch_id
 
 
 def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig) -> dict:
@@ -44,6 +46,9 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig) -
     reference = None
     if config.beta:
         reference, _ = load_policy(version_row(lake, config.reference_version)["checkpoint_uri"], config.device)
+    if config.max_completion_length is None and rows["max_new_tokens"].max() is not None:
+        # dr_grpo's constant is the generation limit, the same for every batch
+        config = config.model_copy(update={"max_completion_length": int(rows["max_new_tokens"].max())})
     metrics, state = train_on_batch(model, rows, config, load_training_state(parent_uri), reference)
     version = parent + 1
     uri = save_checkpoint(lake, version, model, tokenizer, state)
@@ -68,7 +73,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     from tasks.rollout.prompts import format_prompt
     from tasks.rollout.sampling import SamplerConfig
     from tasks.rollout.stage import training_bank
-    from tasks.verification import VerifyConfig, score_rollouts
+    from tasks.verification import score_rollouts, verifier_pool
     from trainers.warmup import warm_up
 
     config, prompt = settings.warmup, settings.rollout.prompt
@@ -93,14 +98,19 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
                                 "steps", "metadata", "params").with_columns(
             rollout_id=pl.Series([str(i) for i in range(held_out.height)]), iteration=pl.lit(0),
             response=pl.Series([group[0].text for group in samples]))
-        scored = score_rollouts(frame, VerifyConfig(workers=0))
+        scored = score_rollouts(frame, truth, pool)
         return float(scored["correct"].fill_null(False).mean())
 
     def report(step: int, loss: float, rate: float | None) -> None:
         if rate is not None:
             print(f"warm-up step {step}: loss {loss:.3f}, held-out sampled solve rate {rate:.1%}")
 
-    metrics = warm_up(model, tokenizer, examples, config, solve_rate, report)
+    truth = settings.verify.model_copy(update={"verifier": None})   # the problems' own verifiers, as evaluation
+    with verifier_pool(truth) as pool:
+        metrics = warm_up(model, tokenizer, examples, config, solve_rate, report)
+    if metrics["overshoot"]:
+        print(f"warm-up overshot the band: {metrics['solve_rate']:.1%} > {config.band[1]:.0%} at the first measurement "
+              f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band")
     version = parent + 1
     uri = save_checkpoint(lake, version, model, tokenizer)
     register(lake, run, version, uri=uri, kind="warmup", parent=parent, metrics=metrics,

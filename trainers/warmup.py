@@ -18,6 +18,10 @@ from pydantic import Field
 from tasks.curation.config import Strict
 
 
+class WarmupFailed(ValueError):
+    """The band was not reached within max_steps."""
+
+
 class WarmupConfig(Strict):
     """Supervised warm-up before RL; skipped when the lake already holds a warm-up version."""
 
@@ -88,5 +92,5 @@ def warm_up(model, tokenizer, examples: pl.DataFrame, config: WarmupConfig,
             model.eval()
             return {"steps": step, "solve_rate": rate, "overshoot": rate > config.band[1], "history": history,
                     "final_loss": float(loss.detach())}
-    raise RuntimeError(f"warm-up did not reach a held-out solve rate of {config.band[0]:.0%} in {config.max_steps} "
+    raise WarmupFailed(f"warm-up did not reach a held-out solve rate of {config.band[0]:.0%} in {config.max_steps} "
                        f"steps (last {rate:.1%}): raise max_steps or the learning rate, or use easier problems")

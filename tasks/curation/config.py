@@ -163,16 +163,23 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     base = data.pop("base", None)
     if base is None:
         return data
+    if not isinstance(base, str):
+        raise ValueError(f"{path}: `base` names another YAML file, e.g. `base: demo.yaml`")
     base_path = (path.parent / base).resolve()
     if base_path in seen:
         raise ValueError(f"{path}: `base: {base}` makes a cycle")
     return _merged(read_yaml(base_path, seen + (path.resolve(),)), data)
 
 
+# Settings whose value is itself a mapping of data (not of settings): a variant replaces them whole.
+VALUE_MAPPINGS = {"level_weights", "domain_weights", "level_map", "params", "options", "columns"}
+
+
 def _merged(base: dict, override: dict) -> dict:
     merged = dict(base)
     for key, value in override.items():
-        merged[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        nested = isinstance(value, dict) and isinstance(base.get(key), dict) and key not in VALUE_MAPPINGS
+        merged[key] = _merged(base[key], value) if nested else value
     return merged
 
 
