@@ -24,7 +24,7 @@ def test_the_learning_config_is_the_demo_with_more_iterations():
     from tasks.curation.config import load_yaml_config
 
     demo, learn = (load_yaml_config(f"configs/{name}.yaml", RunConfig, RUN_SECTIONS) for name in ("demo", "demo-learn"))
-    assert demo.warmup.enabled and demo.loop.iterations == 20 and learn.loop.iterations == 80
+    assert demo.warmup.enabled and demo.loop.iterations == 10 and learn.loop.iterations == 50
     assert learn.model_copy(update={"loop": demo.loop}) == demo
 
 
