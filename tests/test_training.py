@@ -142,3 +142,30 @@ def test_throughput_benchmark_runs_both_sides():
     result = run_benchmark(sequences=8, group=4, prompt_length=4, response_length=6, repeats=1)
     assert result["tokens_per_step"] == 48
     assert result["ours_tokens_per_second"] > 0 and result["trl_tokens_per_second"] > 0 and result["ratio"] > 0
+
+
+def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, tmp_path):
+    import os
+
+    from flows.iteration import rl_iteration, train_policy
+    from storage.lake import Lake
+    from test_iteration import CONFIG, curated
+    from trainers.registry import adapter_base, load_policy, version_row
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    lora = {"micro_batch_size": 4, "learning_rate": 1e-2, "lora": {"r": 4, "alpha": 8}}
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    first = train_policy(1, lora, lake_uri)
+    lake = Lake.open(lake_uri)
+    base_uri, v1_uri = (version_row(lake, v)["checkpoint_uri"] for v in (0, 1))
+    assert set(os.listdir(v1_uri)) >= {"adapter_config.json", "adapter_model.safetensors"}
+    assert "model.safetensors" not in os.listdir(v1_uri) and adapter_base(v1_uri) == base_uri
+    base, _ = load_policy(base_uri)
+    merged, _ = load_policy(v1_uri)                      # what the hf backend samples from
+    assert any(not torch.equal(a, b) for a, b in zip(base.state_dict().values(), merged.state_dict().values()))
+    rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)    # sampled by the adapter version
+    second = train_policy(2, lora, lake_uri)
+    v2_uri = version_row(lake, 2)["checkpoint_uri"]
+    assert adapter_base(v2_uri) == base_uri and second["global_step"] == first["global_step"] + 1
+    assert set(lake.read("rollouts").filter(pl.col("iteration") == 2)["model_version"]) == {1}

@@ -24,6 +24,16 @@ from trainers.logprobs import response_logprobs
 from trainers.loss import policy_loss
 
 
+class LoraSettings(Strict):
+    """Train a LoRA adapter instead of every weight; each version is then an adapter vLLM can hot-load."""
+
+    r: int = Field(8, ge=1, description="adapter rank")
+    alpha: int = Field(16, ge=1, description="scaling numerator (the update is scaled by alpha / r)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      description="modules that get an adapter")
+
+
 class TrainConfig(Strict):
     """One training step per iteration's batch."""
 
@@ -45,6 +55,7 @@ class TrainConfig(Strict):
                                               "max_new_tokens (else the batch's longest response)")
     mixed_precision: Literal["no", "fp16", "bf16"] = Field("no", description="accelerate mixed precision (GPU)")
     device: str = Field("cpu", description="cpu, or cuda on a GPU machine")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter (peft) instead of the full model")
     seed: int = Field(0, description="seed of the mini-batch shuffle")
 
 
@@ -60,7 +71,8 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
 
     # ---- setup: the optimizer continues from the parent version's state ----
     accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]      # all of them, or a LoRA adapter's
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state["optimizer"])
         for group in optimizer.param_groups:             # the config decides, not the first run's saved settings
@@ -107,7 +119,7 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
             totals["clip_fraction"] += out.clip_fraction * micro_tokens
             totals["kl"] += out.kl * micro_tokens
             totals["entropy"] += float(entropy.sum())
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        grad_norm = accelerator.clip_grad_norm_(trainable, config.max_grad_norm)
         optimizer.step()
         step += 1
         totals["grad_norm"] += float(grad_norm)

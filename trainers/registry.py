@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -68,9 +70,11 @@ def version_row(lake: Lake, version: int) -> dict:
 TRAINING_STATE = "training_state.pt"
 
 
-def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: dict | None = None) -> str:
+def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: dict | None = None,
+                    adapter_of: str | None = None) -> str:
     """Write model, tokenizer (and the optimizer's state, so training continues where it stopped) to
-    the lake's storage; returns the checkpoint URI."""
+    the lake's storage; returns the checkpoint URI. A peft model saves its LoRA adapter only, with
+    the URI of the base checkpoint it applies to (`adapter_of`), which is what vLLM hot-loads."""
     import torch
 
     _quiet_transformers()
@@ -81,6 +85,9 @@ def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: 
         tokenizer.save_pretrained(folder)
         if training_state is not None:
             torch.save(training_state, os.path.join(folder, TRAINING_STATE))
+        if adapter_of is not None:
+            with open(os.path.join(folder, ADAPTER_BASE), "w") as handle:
+                json.dump({"base_checkpoint": adapter_of}, handle)
 
     if not lake.location.is_s3:
         write(uri)
@@ -119,16 +126,50 @@ def local_checkpoint(uri: str) -> str:
     return str(target)
 
 
-def load_policy(uri: str, device: str = "cpu"):
-    """(model, tokenizer) from a checkpoint URI, in eval mode."""
+ADAPTER_BASE = "base_checkpoint.json"
+
+
+@contextmanager
+def peft_warnings_quiet():
+    """peft 0.21 still reads an attribute transformers 5 deprecates (a FutureWarning per model)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+def adapter_base(uri: str) -> str | None:
+    """The base checkpoint a LoRA adapter checkpoint applies to; None for a full checkpoint."""
+    path = os.path.join(local_checkpoint(uri), ADAPTER_BASE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)["base_checkpoint"]
+
+
+def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
+    """(model, tokenizer) from a checkpoint URI, in eval mode.
+
+    A LoRA adapter checkpoint is applied to its base: merged into it for sampling, or kept as a
+    trainable adapter (`trainable_adapter`) so that training continues the same adapter.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
     folder = local_checkpoint(uri)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(folder).to(device)
-    return model.eval(), tokenizer
+    base = adapter_base(uri)
+    if base is None:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+    else:
+        from peft import PeftModel
+
+        base_model, _ = load_policy(base)
+        with peft_warnings_quiet():
+            model = PeftModel.from_pretrained(base_model, folder, is_trainable=trainable_adapter)
+        if not trainable_adapter:
+            model = model.merge_and_unload()
+    return model.to(device).eval(), tokenizer
 
 
 def load_training_state(uri: str) -> dict | None:

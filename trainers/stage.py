@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 from storage.lake import Lake
 from storage.runs import Run
 from trainers.grpo import TrainConfig, batch_temperature, train_on_batch
-from trainers.registry import latest_version, load_policy, load_training_state, register, save_checkpoint, version_row
+from trainers.registry import (adapter_base, latest_version, load_policy, load_training_state, peft_warnings_quiet,
+                               register, save_checkpoint, version_row)
 
 ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"]
 
@@ -42,20 +43,41 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig) -
         return {"model_version": parent, "trained": False, "reason": f"iteration {iteration} kept no group"}
     parent_row = version_row(lake, parent)
     parent_uri = parent_row["checkpoint_uri"]
-    model, tokenizer = load_policy(parent_uri, config.device)
+    model, tokenizer, adapter_of = trainable_policy(parent_uri, config)
     reference = None
     if config.beta:
         reference, _ = load_policy(version_row(lake, config.reference_version)["checkpoint_uri"], config.device)
     if config.max_completion_length is None and rows["max_new_tokens"].max() is not None:
         # dr_grpo's constant is the generation limit, the same for every batch
         config = config.model_copy(update={"max_completion_length": int(rows["max_new_tokens"].max())})
-    metrics, state = train_on_batch(model, rows, config, load_training_state(parent_uri), reference)
+    same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
+    metrics, state = train_on_batch(model, rows, config, load_training_state(parent_uri) if same_kind else None,
+                                    reference)
     version = parent + 1
-    uri = save_checkpoint(lake, version, model, tokenizer, state)
+    uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
     register(lake, run, version, uri=uri, kind="rl", parent=parent, iteration=iteration, batch_ids=[batch_id],
              metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
     return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics}
 
+
+
+def trainable_policy(parent_uri: str, config: TrainConfig):
+    """(model, tokenizer, base URI if the model is a LoRA adapter): the parent's adapter continues
+    when the parent is one; a full parent gets a fresh adapter, or is trained whole without `lora`."""
+    base = adapter_base(parent_uri)
+    if config.lora is None:
+        model, tokenizer = load_policy(parent_uri, config.device)          # an adapter parent arrives merged
+        return model, tokenizer, None
+    if base is not None:
+        model, tokenizer = load_policy(parent_uri, config.device, trainable_adapter=True)
+        return model, tokenizer, base
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = load_policy(parent_uri, config.device)
+    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                      target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
+    with peft_warnings_quiet():
+        return get_peft_model(model, lora), tokenizer, parent_uri
 
 
 def warmup_version(lake: Lake) -> int | None:
