@@ -4,18 +4,22 @@ and resuming after a crash without repeating or losing an iteration."""
 import polars as pl
 import pytest
 
+from conftest import run_cli
 from test_iteration import CONFIG
 
 RUN = {**CONFIG, "train": {"micro_batch_size": 8}, "evaluation": {"max_problems": 12, "sampler": {"max_new_tokens": 8}},
        "loop": {"iterations": 2}}
 
 
+BANK = {"sources": [{"kind": "generator", "generator": "mix", "count": 60, "seed": 0},
+                    {"kind": "generator", "name": "gen-eval", "generator": "mix", "count": 20, "seed": 1000,
+                     "split": "eval"}]}
+
+
 def curated_with_eval(lake_uri):
     from flows.curation import curate_bank
 
-    curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": 60, "seed": 0},
-                             {"kind": "generator", "name": "gen-eval", "generator": "mix", "count": 20, "seed": 1000,
-                              "split": "eval"}]}, lake_uri)
+    curate_bank(BANK, lake_uri)
 
 
 @pytest.fixture
@@ -59,12 +63,8 @@ def test_loop_records_every_iteration_and_resumes_after_crashes(flows, tmp_path)
 def test_rlvr_run_curates_then_loops_and_prints_the_metrics(tmp_path):
     import yaml
 
-    from conftest import run_cli
-
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"bank": {"sources": [
-        {"kind": "generator", "generator": "mix", "count": 60, "seed": 0},
-        {"kind": "generator", "name": "gen-eval", "generator": "mix", "count": 20, "seed": 1000, "split": "eval"}]},
+    config.write_text(yaml.safe_dump({"bank": BANK,
         **RUN}))
     lake_uri = str(tmp_path / "lake")
     result = run_cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
@@ -105,3 +105,42 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
     assert [row[0] for row in report["curve"]] == [0, 1, 2] and report["eval_problems"] == 12
     assert report["gain_points"] == pytest.approx(100 * (report["final_solve_rate"] - report["warmup_solve_rate"]))
     assert report["stage_seconds"]["warmup"] > 0 and report["stage_seconds"]["train"] > 0
+
+
+def test_a_killed_run_resumes_without_repeating_or_losing_an_iteration(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import yaml
+
+    from conftest import BIN
+    from storage.lake import Lake
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"bank": BANK,
+        **RUN, "loop": {"iterations": 4, "evaluate_every": 0}}))
+    lake_uri = str(tmp_path / "lake")
+    process = subprocess.Popen([str(BIN / "rlvr"), "run", "--config", str(config), "--lake", lake_uri],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    lake = Lake.open(lake_uri)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:   # kill it once iteration 2 has trained
+        if lake.exists("model_versions") and lake.read("model_versions").height >= 3:
+            break
+        time.sleep(0.5)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    trained_before = lake.read("model_versions").height - 1
+    assert 2 <= trained_before < 4, "the run was not killed mid-way"
+    resumed = run_cli("run", "--config", str(config), "--lake", lake_uri)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    versions = lake.read("model_versions")
+    assert versions["model_version"].sort().to_list() == [0, 1, 2, 3, 4]
+    assert versions.filter(pl.col("kind") == "rl")["iteration"].sort().to_list() == [1, 2, 3, 4]   # each once
+    assert lake.read("iteration_metrics")["iteration"].sort().to_list() == [1, 2, 3, 4]
+    rollouts = lake.read("rollouts")
+    assert rollouts["rollout_id"].is_unique().all()
+    sampled_by = dict(rollouts.group_by("iteration").agg(pl.col("model_version").first()).rows())
+    assert sampled_by == {1: 0, 2: 1, 3: 2, 4: 3}              # every iteration sampled by the previous step's model
