@@ -73,10 +73,10 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
         return
     numbers = ["learning_zone_share", "mean_reward", "loss", "eval_solve_rate", "mean_staleness"]
     table = pl.DataFrame(rows).with_columns(pl.col(numbers).cast(pl.Float64)).select(
-        "iteration", version="model_version", trained="trained_version", kept="groups_kept",
+        "iteration", version="model_version", kept="groups_kept",
         zone=pl.col("learning_zone_share").round(2), stale=pl.col("mean_staleness").round(1),
         reward=pl.col("mean_reward").round(3),
-        loss=pl.col("loss").round(4), eval=pl.col("eval_solve_rate").round(3),
+        loss=pl.col("loss").round(3), eval=pl.col("eval_solve_rate").round(3),
         by_level=pl.col("solve_rate_by_level").map_elements(_compact_levels, return_dtype=pl.String))
     console.print(frame_table(table, title="RL loop (SQL: select * from iteration_metrics)"))
 
