@@ -1,0 +1,79 @@
+"""Predefined analytics views in the SQL catalog: the questions users ask of every RL run.
+
+Each view names the tables it needs; the catalog creates it when they all exist, so
+`rlvr sql "select * from learning_zone_share"` works on any lake that has groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    needs: tuple[str, ...]
+    sql: str
+    description: str
+
+
+VIEWS = [
+    View("solve_rate_by_level", ("groups", "problems"), """
+        select g.model_version, p.level, count(*) as groups, avg(g.solve_rate) as solve_rate
+        from groups g join (select distinct problem_id, level from problems) p using (problem_id)
+        group by all order by 1, 2""",
+         "training groups' mean solve rate per model version and level"),
+    View("eval_solve_rate_by_level", ("evaluations",), """
+        select model_version, level, sum(problems) as problems, sum(solved) / sum(samples) as solve_rate
+        from evaluations group by all order by 1, 2""",
+         "held-out sampled solve rate per model version and level"),
+    View("learning_zone_share", ("groups",), """
+        select iteration, count(*) as groups,
+               avg(case when solve_rate between 0.2 and 0.5 then 1.0 else 0.0 end) as zone_share
+        from groups where coalesce(filter_reason, '') <> 'surplus' group by 1 order by 1""",
+         "share of drawn groups in the 20-50 % learning zone, per iteration"),
+    View("filter_stats", ("groups",), """
+        select iteration, outcome, groups, groups / sum(groups) over (partition by iteration) as share
+        from (select iteration, coalesce(filter_reason, 'kept') as outcome, count(*) as groups
+              from groups group by 1, 2)
+        order by 1, 2""",
+         "what dynamic sampling did with the groups of each iteration"),
+    View("staleness_stats", ("advantages",), """
+        select iteration, freshness, count(*) as rollouts, avg(staleness) as mean_staleness,
+               avg(importance_weight) as mean_importance_weight
+        from advantages group by all order by 1, 2""",
+         "fresh, acceptable and stale rollouts per iteration"),
+    View("response_lengths", ("rollouts", "rewards"), """
+        select r.iteration, r.model_version, w.verifier, coalesce(w.correct, w.reward >= 0.5) as solved,
+               count(*) as responses, avg(r.n_tokens) as mean_tokens, median(r.n_tokens) as median_tokens,
+               quantile_cont(r.n_tokens, 0.9) as p90_tokens, avg((r.finish_reason = 'length')::int) as truncated_share
+        from rollouts r join rewards w using (rollout_id) group by all order by 1, 3, 4""",
+         "response length and truncation of solved and unsolved responses"),
+    View("verifier_disagreements", ("rewards",), """
+        select a.iteration, a.verifier as verifier_a, a.verifier_version as version_a, b.verifier as verifier_b,
+               b.verifier_version as version_b, count(*) as rollouts,
+               sum((a.correct is distinct from b.correct)::int) as disagreements,
+               avg((a.correct is distinct from b.correct)::int) as disagreement_rate
+        from rewards a join rewards b on a.rollout_id = b.rollout_id
+             and (a.verifier, a.verifier_version) < (b.verifier, b.verifier_version)
+        group by all order by 1, 2, 4""",
+         "how often two verifiers (or versions) judge the same rollouts differently"),
+    View("reward_hacking_signals", ("rollouts", "rewards", "iteration_metrics"), """
+        with per_iteration as (
+            select r.iteration, avg(w.reward) as train_reward, avg(r.n_tokens) as mean_tokens,
+                   avg((regexp_matches(r.response, '\\\\boxed\\{[^}]*\\}.*\\\\boxed\\{')
+                        or regexp_matches(lower(r.response), 'answer is [^.]* or '))::int) as hedged_share
+            from rollouts r join rewards w using (rollout_id) group by 1),
+        joined as (
+            select p.*, m.eval_solve_rate from per_iteration p left join iteration_metrics m using (iteration)),
+        evaluated as (
+            select *, train_reward - lag(train_reward) over (order by iteration) as reward_change,
+                   mean_tokens - lag(mean_tokens) over (order by iteration) as length_change,
+                   eval_solve_rate - lag(eval_solve_rate) over (order by iteration) as eval_change
+            from joined where eval_solve_rate is not null)
+        select *, reward_change > 0 and eval_change < 0 as reward_up_eval_down,
+               length_change > 0 and eval_change <= 0 as longer_without_gain, hedged_share > 0.05 as hedging
+        from evaluated order by iteration""",
+         "between evaluated iterations: training reward up while held-out accuracy falls, longer responses "
+         "without accuracy, hedged answers"),
+]
