@@ -1,0 +1,1 @@
+"""The adaptive curriculum: keep the level mix where GRPO's groups carry signal."""
