@@ -17,7 +17,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(analyze_app, name="analyze")
 
 ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
-RUN_SECTIONS = ITERATION_SECTIONS + ("warmup", "train", "evaluation", "loop")
+RUN_SECTIONS = ITERATION_SECTIONS + ("warmup", "train", "evaluation", "curriculum", "loop")
 ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
                                                       "verify / advantages sections")]
 

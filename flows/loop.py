@@ -23,6 +23,7 @@ from flows.iteration import rl_iteration, train_policy
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curation.config import Strict
+from tasks.curriculum.stage import CurriculumConfig, current_level_weights, rebalanced
 from tasks.evaluation import EvalConfig, evaluate, overall_solve_rate
 from tasks.progress import track
 from tasks.rollout.stage import IterationConfig, current_model_version
@@ -48,6 +49,7 @@ class RunConfig(IterationConfig):
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
 
 
@@ -128,6 +130,10 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     for _ in track(range(max(0, target - resume_point(lake)[0] + 1)), "RL loop"):
         iteration, already_trained = resume_point(lake)
         if already_trained is None:
+            if settings.curriculum.enabled:             # the latest rebalanced level mix, if any
+                mix = {**iteration_config["rollout"]["mix"], "level_weights": current_level_weights(
+                    lake, settings.rollout.mix.level_weights)}
+                iteration_config["rollout"] = {**iteration_config["rollout"], "mix": mix}
             rl_iteration(iteration_config, iteration, lake_uri)
             version = train_policy(iteration, settings.train.model_dump(mode="json"), lake_uri)["model_version"]
         else:
@@ -138,5 +144,12 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
         with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
             row = iteration_row(lake, iteration, evaluation)
             lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
+        if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
+            with lake.run("rl-loop", "curriculum", settings.curriculum.model_dump(mode="json"), iteration=iteration,
+                          prefect_flow_run_id=flow_run.id) as run:
+                changes = rebalanced(lake, iteration, settings.curriculum, settings.rollout.mix.level_weights)
+                lake.replace("curriculum", changes, {"iteration": iteration}, run)
+            print("curriculum: " + ", ".join(f"level {level} {old:.0%}→{new:.0%} ({reason})" for level, old, new, reason
+                                             in changes.select("level", "old_weight", "new_weight", "reason").rows()))
         rows.append(row)
     return rows

@@ -321,3 +321,18 @@ ITERATION_METRICS = register(TableSpec(
         _field("created_at", pa.timestamp("us", tz="UTC"), False),
     ]),
 ))
+
+CURRICULUM = register(TableSpec(
+    name="curriculum",
+    partition_by=("iteration",),
+    description="Each rebalancing of the level mix: the measured solve rate and the old and new weight per level.",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False, "the mix applies from the next iteration on"),
+        _field("level", pa.int8(), False),
+        _field("solve_rate", pa.float64(), True, "training groups' mean solve rate over the measured iterations"),
+        _field("old_weight", pa.float64(), False),
+        _field("new_weight", pa.float64(), False),
+        _field("reason", pa.string(), False, "in_zone, too_easy, too_hard, between or unmeasured"),
+        _field("run_id", pa.string(), False),
+    ]),
+))

@@ -14,10 +14,12 @@ from trainers.grpo import TrainConfig
 from flows.loop import LoopConfig
 from tasks.evaluation import EvalConfig
 from trainers.warmup import WarmupConfig
+from tasks.curriculum.stage import CurriculumConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
-            "loop": LoopConfig, "warmup": WarmupConfig}
+            "loop": LoopConfig, "warmup": WarmupConfig,
+            "curriculum": CurriculumConfig}
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

@@ -30,3 +30,30 @@ def test_bad_arguments_are_refused():
         rebalance({1: 1.0}, {1: 0.3}, step=1.5)
     with pytest.raises(ValueError, match="positive sum"):
         rebalance({1: 0.0}, {1: 0.3})
+
+
+def test_the_loop_rebalances_and_the_next_iteration_draws_by_the_new_mix(prefect_api, tmp_path):
+    import json
+
+    import polars as pl
+
+    from flows.loop import rl_loop
+    from storage.lake import Lake
+    from test_loop import RUN, curated_with_eval
+
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    rl_loop({**RUN, "curriculum": {"enabled": True, "every": 1}, "loop": {"iterations": 2, "evaluate_every": 0}},
+            lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    history = lake.read("curriculum").sort("iteration", "level")
+    assert history["iteration"].unique().sort().to_list() == [1, 2]
+    first = history.filter(pl.col("iteration") == 1)
+    assert first["new_weight"].sum() == pytest.approx(1.0)
+    assert first["old_weight"].to_list() == pytest.approx([0.20, 0.45, 0.30, 0.05])   # the configured start
+    runs = lake.read("runs").filter((pl.col("stage") == "rollout") & (pl.col("iteration") == 2))
+    drawn_with = json.loads(runs["parameters"][0])["rollout"]["mix"]["level_weights"]
+    assert {int(k): v for k, v in drawn_with.items()} == pytest.approx(
+        dict(first.select("level", "new_weight").rows()))
+    second = history.filter(pl.col("iteration") == 2)
+    assert second["old_weight"].to_list() == pytest.approx(first["new_weight"].to_list())
