@@ -17,8 +17,10 @@ import pyarrow.compute as pc
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from pydantic import Field
 
+from flows.artifacts import publish_iteration
 from flows.iteration import rl_iteration, train_policy
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
@@ -126,8 +128,10 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
                        "eval_solve_rate": overall_solve_rate(evaluation), "created_at": datetime.now(timezone.utc)}
                 lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}, run)
     target = settings.loop.iterations if iterations is None else iterations
+    total = max(0, target - resume_point(lake)[0] + 1)
+    progress = create_progress_artifact(0.0, key="rl-loop-progress", description=f"{total} iterations to run")
     rows = []
-    for _ in track(range(max(0, target - resume_point(lake)[0] + 1)), "RL loop"):
+    for _ in track(range(total), "RL loop"):
         iteration, already_trained = resume_point(lake)
         if already_trained is None:
             if settings.curriculum.enabled:             # the latest rebalanced level mix, if any
@@ -144,6 +148,7 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
         with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
             row = iteration_row(lake, iteration, evaluation)
             lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
+        publish_iteration(lake, row)
         if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
             with lake.run("rl-loop", "curriculum", settings.curriculum.model_dump(mode="json"), iteration=iteration,
                           prefect_flow_run_id=flow_run.id) as run:
@@ -152,4 +157,5 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
             print("curriculum: " + ", ".join(f"level {level} {old:.0%}→{new:.0%} ({reason})" for level, old, new, reason
                                              in changes.select("level", "old_weight", "new_weight", "reason").rows()))
         rows.append(row)
+        update_progress_artifact(progress, 100 * len(rows) / total)
     return rows

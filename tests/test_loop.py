@@ -144,3 +144,23 @@ def test_a_killed_run_resumes_without_repeating_or_losing_an_iteration(tmp_path)
     assert rollouts["rollout_id"].is_unique().all()
     sampled_by = dict(rollouts.group_by("iteration").agg(pl.col("model_version").first()).rows())
     assert sampled_by == {1: 0, 2: 1, 3: 2, 4: 3}              # every iteration sampled by the previous step's model
+
+
+def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    rl_loop, _, _ = flows
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    rl_loop({**RUN, "loop": {"iterations": 2, "evaluate_every": 2}}, lake_uri=lake_uri)
+    keys = ["rl-iteration-solve-rates", "rl-iteration-summary", "rl-loop-progress"]
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+    by_key = {}
+    for artifact in artifacts:
+        by_key.setdefault(artifact.key, []).append(artifact)
+    assert len(by_key["rl-iteration-summary"]) >= 2 and len(by_key["rl-iteration-solve-rates"]) >= 2
+    summaries = [a.data for a in by_key["rl-iteration-summary"]]
+    assert any("# Iteration 2" in text and "held-out sampled solve rate:" in text for text in summaries)
+    assert max(float(a.data) for a in by_key["rl-loop-progress"]) == 100.0

@@ -1,0 +1,54 @@
+"""Prefect artifacts of the loop: what each iteration did, visible in the UI without reading logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pyarrow.compute as pc
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from storage.lake import Lake
+
+
+def solve_rate_table(lake: Lake, iteration: int) -> list[dict[str, Any]]:
+    """Training groups' solve rate by level and by source for one iteration."""
+    groups = lake.read("groups", filter=pc.field("iteration") == iteration,
+                       columns=["problem_id", "solve_rate", "kept", "filter_reason"])
+    problems = lake.read("problems", filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()),
+                         columns=["problem_id", "level", "source"]).unique("problem_id")
+    joined = groups.join(problems, on="problem_id")
+    by = joined.group_by("level", "source").agg(groups=pl.len(), solve_rate=pl.col("solve_rate").mean().round(3),
+                                                kept=pl.col("kept").sum())
+    return by.sort("level", "source").to_dicts()
+
+
+def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:
+    """A table of solve rate by level and source, and a markdown summary of the iteration."""
+    iteration = row["iteration"]
+    create_table_artifact(key="rl-iteration-solve-rates", table=solve_rate_table(lake, iteration),
+                          description=f"iteration {iteration}: training groups by level and source")
+    filters = lake.read("groups", filter=pc.field("iteration") == iteration, columns=["filter_reason"])
+    outcomes = filters.group_by("filter_reason").len().rows()
+    lines = [f"# Iteration {iteration}",
+             f"- sampled by model version {row['model_version']}, trained version {row['trained_version']}",
+             f"- groups: {row['groups']} drawn, {row['groups_kept']} kept; "
+             + ", ".join(f"{reason or 'kept'} {count}" for reason, count in sorted(outcomes, key=lambda r: str(r[0]))),
+             f"- learning-zone share {_percent(row['learning_zone_share'])}, mean reward {_number(row['mean_reward'])}, "
+             f"mean staleness {_number(row['mean_staleness'])}",
+             f"- loss {_number(row['loss'])}, clip fraction {_number(row['clip_fraction'])}, "
+             f"entropy {_number(row['entropy'])}",
+             f"- solve rate by level: {row['solve_rate_by_level']}",
+             f"- held-out sampled solve rate: {_percent(row['eval_solve_rate'])}"]
+    create_markdown_artifact(key="rl-iteration-summary", markdown="\n".join(lines),
+                             description=f"iteration {iteration} at a glance")
+
+
+def _percent(value) -> str:
+    return "not measured" if value is None else f"{value:.1%}"
+
+
+def _number(value) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
