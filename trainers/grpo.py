@@ -12,7 +12,6 @@ model (the advantages come from the group), and several passes over one batch (o
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Literal
 
@@ -143,5 +142,6 @@ def _padded(rows: list[list[float]], width: int, device):
     return out
 
 
-def batch_temperature(sampler_json: str | None) -> float:
-    return float(json.loads(sampler_json or "{}").get("temperature", 1.0)) or 1.0
+def sampled_temperature(sampler: dict) -> float:
+    """The temperature a rollout was sampled at (greedy rows are scored at 1: their log-probs are 0 anyway)."""
+    return float(sampler.get("temperature", 1.0)) or 1.0

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from storage.lake import Lake
 from storage.runs import Run
-from trainers.grpo import TrainConfig, batch_temperature, train_on_batch
+from trainers.grpo import TrainConfig, sampled_temperature, train_on_batch
 from trainers.registry import (adapter_base, latest_version, load_policy, load_training_state, peft_warnings_quiet,
                                register, save_checkpoint, version_row)
 
@@ -28,7 +28,7 @@ def training_rows(lake: Lake, iteration: int) -> tuple[pl.DataFrame, str | None]
     if rows["response_token_ids"].null_count() or rows["prompt_token_ids"].null_count():
         raise ValueError(f"iteration {iteration}: batch rollouts without token ids (was the backend asked for them?)")
     samplers = [json.loads(s or "{}") for s in rows["sampler"].to_list()]
-    return rows.with_columns(temperature=pl.Series([batch_temperature(json.dumps(s)) for s in samplers], dtype=pl.Float64),
+    return rows.with_columns(temperature=pl.Series([sampled_temperature(s) for s in samplers], dtype=pl.Float64),
                              max_new_tokens=pl.Series([s.get("max_new_tokens") for s in samplers], dtype=pl.Int64)
                              ).drop("sampler"), batch_id
 

@@ -157,6 +157,7 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
     import torch
 
     from tasks.rollout.hf import sequence_logprobs
+    from trainers.grpo import sampled_temperature
     from trainers.registry import load_policy, version_row
 
     rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
@@ -167,7 +168,7 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
     sums = []
     with torch.no_grad():
         for chunk in rows.iter_slices(batch_size):
-            temperature = json.loads(chunk["sampler"][0] or "{}").get("temperature", 1.0)
+            temperature = sampled_temperature(json.loads(chunk["sampler"][0] or "{}"))
             logprobs = sequence_logprobs(model, chunk["prompt_token_ids"].to_list(), chunk["response_token_ids"].to_list(),
                                          temperature)
             sums += [float(lp.sum()) for lp in logprobs]
