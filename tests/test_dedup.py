@@ -1,10 +1,14 @@
 """Near-duplicate detection, exact deduplication over frames, and decontamination."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import polars as pl
 
 from tasks.curation.config import DecontaminationConfig, DedupConfig
-from tasks.curation.dedup import _connected_components, lsh_bands, near_duplicates, ngram_overlap
+from tasks.curation.dedup import _connected_components, lsh_bands, near_duplicates, ngram_overlap, shingles
 from tasks.curation.filter import decontaminate, deduplicate
 from tasks.curation.load import CANDIDATE_SCHEMA
 
@@ -125,3 +129,13 @@ def test_decontamination_can_be_disabled():
     new = candidates([{"problem_id": "leak", "prompt": STORY}])
     kept, dropped = decontaminate(new, {"eval": [STORY]}, DecontaminationConfig(enabled=False))
     assert kept.height == 1 and dropped.height == 0
+
+
+def test_shingle_hashes_are_the_same_in_every_process():
+    """Python's string hash is salted per process; ours must not be, or borderline pairs flip."""
+    script = ("from tasks.curation.dedup import shingles; "
+              "print(shingles(['a cat sat on the mat today', 'two words'], 3)[1].tolist())")
+    outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(outputs) == 1
+    assert outputs.pop().strip() == str(shingles(['a cat sat on the mat today', 'two words'], 3)[1].tolist())

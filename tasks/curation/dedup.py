@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from hashlib import blake2b
 
 import numpy as np
 
@@ -37,18 +38,22 @@ def shingles(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Hashes of every word n-gram of every text: (document index, hash), documents in order.
 
     A text shorter than n words is padded to exactly one n-gram, so every document has one.
-    Token hashes are Python's string hash: stable within this process, which is all that
-    deduplication needs (nothing hashed here is stored).
+    Tokens get ids from a vocabulary, and each distinct token is hashed once with BLAKE2b, so
+    the result is the same in every process (Python's `hash` is salted per process, which made
+    borderline pairs flip between runs).
     """
-    token_hashes: list[int] = []
+    vocabulary: dict[str, int] = {}
+    token_ids: list[int] = []
     lengths = np.empty(len(texts), dtype=np.int64)
     for index, text in enumerate(texts):
         tokens = TOKEN.findall(normalise_text(text))
         if len(tokens) < n:
             tokens += [_PAD] * (n - len(tokens))
-        token_hashes.extend(map(hash, tokens))
+        token_ids.extend([vocabulary.setdefault(token, len(vocabulary)) for token in tokens])
         lengths[index] = len(tokens)
-    tokens_flat = np.array(token_hashes, dtype=np.int64).view(np.uint64)
+    hash_of_id = np.array([int.from_bytes(blake2b(token.encode(), digest_size=8).digest(), "little")
+                           for token in vocabulary], dtype=np.uint64)
+    tokens_flat = hash_of_id[np.array(token_ids, dtype=np.int64)]
     document_of_token = np.repeat(np.arange(len(texts)), lengths)
     count = len(tokens_flat) - n + 1
     if count <= 0:
