@@ -203,8 +203,6 @@ def bank_sample(
     lake: LakeOption = None,
 ) -> None:
     """Draw a seeded training mix by level and domain."""
-    import polars as pl
-
     from storage.lake import Lake
     from tasks.curation.config import MixConfig
     from tasks.curation.stage import draw_training_mix
@@ -428,7 +426,7 @@ def bench_learning(
         fail(str(error))
 
 
-from flows import cli_rl  # noqa: E402,F401  (registers the RL iteration's commands on `app`)
+from flows import cli_ops, cli_report, cli_rl  # noqa: E402,F401  (they register their commands on `app`)
 
 
 def main() -> None:

@@ -11,44 +11,56 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
+import pyarrow.compute as pc
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from flows.policies import stage_task
+from flows.skipping import unchanged_or_fingerprint
+from storage.fingerprints import run_ids
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.rollout.stage import IterationConfig, current_model_version, next_iteration, sample_iteration
 from trainers.grpo import TrainConfig
+from trainers.registry import latest_version
 from trainers.stage import train_iteration
 
 DOWNSTREAM_OF_ROLLOUT = ("groups", "advantages", "batches", "dbb_state")
 
-sample_task = task(sample_iteration, name="rollout-and-score", cache_policy=NO_CACHE)
-off_policy_task = task(off_policy_logprob_sums, name="off-policy-logprobs", cache_policy=NO_CACHE)
+sample_task = stage_task(sample_iteration, "rollout-and-score", gpu=True)
+off_policy_task = stage_task(off_policy_logprob_sums, "off-policy-logprobs", gpu=True)
 compute_task = task(compute, name="advantages-and-filter", cache_policy=NO_CACHE)
-train_task = task(train_iteration, name="grpo-step", cache_policy=NO_CACHE)
-write_task = task(write, name="write-groups-advantages-batch", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+train_task = stage_task(train_iteration, "grpo-step", gpu=True)
+write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=[2, 5])
 
 
 @flow(name="rl-iteration", log_prints=True)
 def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = None, lake_uri: str | None = None,
-                 model_version: int | None = None) -> dict[str, Any]:
-    """Sample, score and filter one iteration's groups; write rollouts, rewards, groups, advantages, batch."""
+                 model_version: int | None = None, force: bool = True) -> dict[str, Any]:
+    """Sample, score and filter one iteration's groups; write rollouts, rewards, groups, advantages, batch.
+
+    Without `force`, an iteration already sampled by the same version, bank, config and code is skipped."""
     settings = IterationConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     iteration = iteration if iteration is not None else next_iteration(lake)
     version = model_version if model_version is not None else current_model_version(lake, settings.rollout.base_policy)
-    parameters = settings.model_dump(mode="json", include={"rollout", "dynamic_sampling"})
+    bank_version = lake.read("problems", columns=["bank_version"])["bank_version"].max()
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, "rl-iteration", "rollout", iteration, settings.model_dump(mode="json", include={"rollout", "dynamic_sampling"}),
+        {"model_version": version, "bank_version": bank_version}, force)
+    if skipped:
+        return skipped
     key = {"iteration": iteration}
-    with lake.run("rl-iteration", "rollout", {**parameters, "model_version": version}, iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         sampled = sample_task(lake, settings, iteration, version)
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
             lake.replace(table, pl.DataFrame(), key, run)
-    with lake.run("rl-iteration", "verify", settings.verify.model_dump(mode="json"), iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    parameters, _ = unchanged_or_fingerprint(lake, "rl-iteration", "verify", iteration,
+                                             settings.verify.model_dump(mode="json"), {"rollouts": [run.run_id]}, True)
+    with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
@@ -61,14 +73,23 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
 
 @flow(name="compute-advantages", log_prints=True)
 def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
-                       model_version: int | None = None) -> dict[str, Any]:
+                       model_version: int | None = None, force: bool = True) -> dict[str, Any]:
     """Groups, advantages, the batch and the DBB state of an iteration, from its stored rollouts and rewards."""
     settings = IterationConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     if model_version is None:                          # freshness is measured against the newest policy
         model_version = current_model_version(lake, settings.rollout.base_policy)
-    parameters = {**settings.model_dump(mode="json", include={"advantages", "dynamic_sampling"}),
-                  "model_version": model_version}
+    verifier = settings.advantages.verifier
+    inputs = {"rollouts": run_ids(lake, "rollouts", iteration),
+              "rewards": run_ids(lake, "rewards", iteration, None if verifier is None else pc.field("verifier") == verifier),
+              "dbb_state": sorted(lake.read("dbb_state", filter=pc.field("iteration") < iteration,
+                                            columns=["run_id"])["run_id"].unique().to_list()),
+              "model_version": model_version}
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, "compute-advantages", "advantages", iteration,
+        settings.model_dump(mode="json", include={"advantages", "dynamic_sampling"}), inputs, force)
+    if skipped:
+        return skipped
     with lake.run("compute-advantages", "advantages", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
         scored = scored_rollouts(lake, iteration, settings.advantages.verifier)
@@ -89,13 +110,21 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
 
 
 @flow(name="train-policy", log_prints=True)
-def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None) -> dict[str, Any]:
-    """One GRPO / DAPO step on the iteration's batch; registers model version N+1."""
+def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
+                 parent: int | None = None, force: bool = True) -> dict[str, Any]:
+    """One GRPO / DAPO step on the iteration's batch, from `parent` (default: the latest version);
+    registers the next model version."""
     settings = TrainConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
-    with lake.run("train-policy", "train", settings.model_dump(mode="json"), iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
-        result = train_task(lake, run, iteration, settings)
+    parent = parent if parent is not None else latest_version(lake)
+    batch = lake.read("batches", filter=pc.field("iteration") == iteration, columns=["batch_id"])
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, "train-policy", "train", iteration, settings.model_dump(mode="json"),
+        {"batch_id": batch["batch_id"][0] if batch.height else None, "parent": parent}, force)
+    if skipped:
+        return {**skipped, "model_version": trained_version(lake, skipped["same_as"])}
+    with lake.run("train-policy", "train", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
+        result = train_task(lake, run, iteration, settings, parent)
     if result["trained"]:
         print(f"iteration {iteration}: model version {result['model_version']} from batch {result['batch_id']} "
               f"(loss {result['loss']:.4f}, clip fraction {result['clip_fraction']:.3f}, {result['tokens']} tokens)")
@@ -103,3 +132,9 @@ def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri:
         print(f"iteration {iteration}: no training step ({result['reason']}); model version stays "
               f"{result['model_version']}")
     return {**result, "run_id": run.run_id}
+
+
+def trained_version(lake: Lake, run_id: str) -> int | None:
+    """The model version a train run registered (None if it kept no group and trained nothing)."""
+    rows = lake.read("model_versions", filter=pc.field("run_id") == run_id, columns=["model_version"])
+    return int(rows["model_version"][0]) if rows.height else None

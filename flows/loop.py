@@ -14,27 +14,29 @@ from typing import Any
 
 import polars as pl
 import pyarrow.compute as pc
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 from prefect.runtime import flow_run
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from pydantic import Field
 
 from flows.artifacts import publish_iteration
+from flows.curation import curate_bank
+from flows.evaluation import evaluate_model
+from flows.policies import stage_task
 from flows.iteration import rl_iteration, train_policy
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curation.config import Strict
-from tasks.curriculum.stage import CurriculumConfig, current_level_weights, rebalanced
-from tasks.evaluation import EvalConfig, evaluate, overall_solve_rate
+from tasks.curriculum.stage import CurriculumConfig, current_level_weights, moved_gym_difficulty, rebalanced
+from tasks.evaluation import EvalConfig, overall_solve_rate
 from tasks.progress import track
 from tasks.rollout.stage import IterationConfig, current_model_version
 from trainers.grpo import TrainConfig
 from trainers.stage import run_warmup, warmup_version
 from trainers.warmup import WarmupConfig
 
-evaluate_task = task(evaluate, name="evaluate", cache_policy=NO_CACHE)
-warmup_task = task(run_warmup, name="supervised-warm-up", cache_policy=NO_CACHE)
+warmup_task = stage_task(run_warmup, "supervised-warm-up", gpu=True)
+EVALUATION_SECTIONS = {"rollout", "dynamic_sampling", "verify", "advantages", "evaluation"}
 
 
 class LoopConfig(Strict):
@@ -91,16 +93,9 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
 
 
 def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:
-    """Held-out solve rate of `version`, with the problems' own verifiers (never a reward control)."""
-    with lake.run("rl-loop", "evaluate", settings.evaluation.model_dump(mode="json"), iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
-        truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
-        evaluation = evaluate_task(lake, settings.evaluation, truth, version)
-        lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
-                     {"model_version": version}, run)
-    print(f"model version {version}: held-out sampled solve rate {overall_solve_rate(evaluation):.1%} "
-          f"on {int(evaluation['problems'].sum())} problems")
-    return evaluation
+    """Held-out solve rate of `version` (the evaluation flow), read back as its `evaluations` rows."""
+    evaluate_model(version, settings.model_dump(mode="json", include=EVALUATION_SECTIONS), lake.uri, iteration)
+    return lake.read("evaluations", filter=pc.field("model_version") == version)
 
 
 @flow(name="rl-loop", log_prints=True)
@@ -156,6 +151,14 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
                 lake.replace("curriculum", changes, {"iteration": iteration}, run)
             print("curriculum: " + ", ".join(f"level {level} {old:.0%}→{new:.0%} ({reason})" for level, old, new, reason
                                              in changes.select("level", "old_weight", "new_weight", "reason").rows()))
+            if settings.curriculum.gym_difficulty:          # reasoning-gym sources move their difficulty step
+                with lake.run("rl-loop", "gym-curriculum", settings.curriculum.model_dump(mode="json"),
+                              iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
+                    moves = moved_gym_difficulty(lake, iteration, settings.curriculum,
+                                                 lambda curation: curate_bank(curation, lake_uri))
+                    lake.replace("gym_curriculum", moves, {"iteration": iteration}, run)
+                for source, old, new, reason in moves.select("source", "old_step", "new_step", "reason").rows():
+                    print(f"gym curriculum: {source} step {old}→{new} ({reason})")
         rows.append(row)
         update_progress_artifact(progress, 100 * len(rows) / total)
     return rows

@@ -90,6 +90,18 @@ class Lake:
     def append(self, name: str, rows: RowData, run: Run) -> int:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
 
+    def restore(self, name: str, key: dict[str, Any], version: int | None, run: Run) -> int:
+        """Put a slice back as it was at table `version` (None: before the table existed), keeping the
+        restored rows' own run ids: the compensating write of a multi-stage re-run that failed."""
+        condition = None
+        for column, value in key.items():
+            condition = (pc.field(column) == value) if condition is None else condition & (pc.field(column) == value)
+        rows = self.read(name, filter=condition, version=version) if version is not None else pl.DataFrame()
+        spec = TABLES[name]
+        predicate = " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
+        return _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids=True),
+                                  f"restore {name}")
+
     def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
         if isinstance(rows, (pl.DataFrame, pa.Table)):   # replayable: a commit conflict is retried
             version = _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate), f"write {spec.name}")
@@ -97,10 +109,11 @@ class Lake:
             version = self._write_once(spec, rows, run, key, predicate)
         return version
 
-    def _write_once(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
+    def _write_once(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
+                    keep_run_ids: bool = False) -> int:
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
-            spec.schema, _conformed_batches(spec, rows, run.run_id, key, counter))
+            spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter))
         existing = self.table(spec.name)
         try:
             write_deltalake(
@@ -152,6 +165,14 @@ class Lake:
             self._write_run_row(run.row("failed", utc_now(), f"{type(error).__name__}: {error}"[:4000]))
             raise
         self._write_run_row(run.row("completed", utc_now()))
+
+    def record_skipped(self, flow: str, stage: str, parameters: dict[str, Any], *, iteration: int | None = None,
+                       prefect_flow_run_id: str | None = None) -> Run:
+        """A `skipped` row in `runs`: the stage was asked for but its output was already in place."""
+        run = Run(flow=flow, stage=stage, parameters=parameters, iteration=iteration,
+                  prefect_flow_run_id=prefect_flow_run_id)
+        self._write_run_row(run.row("skipped", utc_now()), insert=True)
+        return run
 
     def _write_run_row(self, row: dict[str, Any], insert: bool = False) -> None:
         data = pa.Table.from_pylist([row], schema=TABLES["runs"].schema)
@@ -234,9 +255,10 @@ def _as_batches(rows: RowData) -> Iterable[pa.RecordBatch]:
     return rows
 
 
-def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str, key: dict[str, Any],
+def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str | None, key: dict[str, Any],
                        counter: dict[str, Any]) -> Iterator[pa.RecordBatch]:
-    """Cast each batch to the table's schema, stamp the run id, and check it lies inside the key."""
+    """Cast each batch to the table's schema, stamp the run id (None: keep the rows' own), and check it
+    lies inside the key."""
     try:
         yield from _conform(spec, rows, run_id, key, counter)
     except BaseException as error:
@@ -244,14 +266,14 @@ def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str, key: dict[st
         raise
 
 
-def _conform(spec: TableSpec, rows: RowData, run_id: str, key: dict[str, Any],
+def _conform(spec: TableSpec, rows: RowData, run_id: str | None, key: dict[str, Any],
              counter: dict[str, Any]) -> Iterator[pa.RecordBatch]:
     for batch in _as_batches(rows):
         if batch.num_rows == 0:
             continue
         columns = {}
         for field in spec.schema:
-            if field.name == "run_id":
+            if field.name == "run_id" and run_id is not None:
                 columns[field.name] = pa.array([run_id] * batch.num_rows, pa.string())
             elif field.name in batch.schema.names:
                 columns[field.name] = batch.column(field.name)

@@ -336,3 +336,28 @@ CURRICULUM = register(TableSpec(
         _field("run_id", pa.string(), False),
     ]),
 ))
+
+GYM_CURRICULUM = register(TableSpec(
+    name="gym_curriculum",
+    partition_by=("iteration",),
+    description="Each difficulty decision for a reasoning-gym source: its solve rate at its current curriculum "
+                "step, the step before and after, and the bank version holding the new step's problems.",
+    schema=pa.schema([
+        _field("iteration", pa.int64(), False, "the difficulty applies from the next iteration on"),
+        _field("source", pa.string(), False, "the gym source's name in problems, e.g. gym:chain_sum"),
+        _field("dataset", pa.string(), False, "the reasoning-gym dataset"),
+        _field("solve_rate", pa.float64(), True, "mean solve rate of the groups measured at old_step"),
+        _field("groups", pa.int64(), False, "training groups measured at old_step over the measured iterations"),
+        _field("old_step", pa.int64(), False, "curriculum step (every attribute at this level, capped) before"),
+        _field("new_step", pa.int64(), False, "curriculum step after; equal to old_step when it stays"),
+        _field("max_step", pa.int64(), False, "the dataset's hardest step"),
+        _field("reason", pa.string(), False, "too_easy, too_hard, too_easy_at_max, too_hard_at_min, in_zone, "
+               "between, unmeasured or step_rejected"),
+        _field("old_params", pa.string(), False, "JSON: the dataset parameters at old_step"),
+        _field("new_params", pa.string(), False, "JSON: the dataset parameters at new_step"),
+        _field("bank_version", pa.int64(), True, "bank version that added the new step's problems (moves only)"),
+        _field("problems", pa.int64(), True, "problems that bank version kept for this source"),
+        _field("seed", pa.int64(), True, "seed the new step's problems were generated with"),
+        _field("run_id", pa.string(), False),
+    ]),
+))

@@ -34,6 +34,11 @@ class EvalConfig(Strict):
     sampler: SamplerConfig = Field(default_factory=lambda: SamplerConfig(max_new_tokens=64),
                                    description="sampling of the evaluated responses (temperature 1 by default)")
     seed: int = Field(0, description="seed of the problem draw and of sampling")
+    sources: list[str] | None = Field(None, description="evaluate only these held-out sources (e.g. gsm8k_test, "
+                                      "math500, aime2024); default: every source of the split")
+    per_source: int | None = Field(None, ge=1, description="draw up to this many problems from each source on its "
+                                   "own (small sets like AIME are then taken whole); default: one draw of "
+                                   "max_problems over the split")
 
 
 def pinned_bank_version(lake: Lake) -> int | None:
@@ -47,12 +52,25 @@ def pinned_bank_version(lake: Lake) -> int | None:
 
 
 def evaluation_problems(lake: Lake, config: EvalConfig) -> pl.DataFrame:
+    """The held-out problems: one seeded draw by level mix, or one per source with `per_source`."""
     problems = bank_problems(lake, pinned_bank_version(lake), split=config.split)
     if problems.is_empty():
         raise ValueError(f"the bank at {lake.uri} has no {config.split} problems to evaluate on")
-    count = min(config.max_problems, problems.height)
+    if config.sources is not None:
+        unknown = set(config.sources) - set(problems["source"].unique().to_list())
+        if unknown:
+            raise ValueError(f"evaluation.sources names {sorted(unknown)}, not {config.split} sources of the bank "
+                             f"(it has {sorted(problems['source'].unique().to_list())})")
+        problems = problems.filter(pl.col("source").is_in(config.sources))
+    if config.per_source is None:
+        return _level_draw(problems, config.max_problems, config)
+    return pl.concat([_level_draw(part, config.per_source, config)
+                      for _, part in problems.sort("source").group_by("source", maintain_order=True)])
+
+
+def _level_draw(problems: pl.DataFrame, count: int, config: EvalConfig) -> pl.DataFrame:
     weights = config.level_weights or {int(level): float(n) for level, n in problems.group_by("level").len().rows()}
-    return sample_mix(problems.sort("problem_id"), count, config.seed, weights)
+    return sample_mix(problems.sort("problem_id"), min(count, problems.height), config.seed, weights)
 
 
 def evaluate(lake: Lake, config: EvalConfig, settings: IterationConfig, model_version: int) -> pl.DataFrame:

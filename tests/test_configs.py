@@ -20,7 +20,18 @@ SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutCo
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
             "loop": LoopConfig, "warmup": WarmupConfig,
             "curriculum": CurriculumConfig}
-CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
+WHOLE_FILE_CONFIGS = {"deployments.yaml"}              # not run configs: validated by test_deployments_config_loads
+CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in WHOLE_FILE_CONFIGS)
+
+
+def test_deployments_config_loads():
+    from flows.deployments import flow_parameters, load_serve_config
+
+    serve, run_config = load_serve_config(ROOT / "configs" / "deployments.yaml")
+    assert run_config and {d.flow for d in serve.deployments} == {"curate", "loop", "iteration", "evaluate",
+                                                                   "rescore", "report"}
+    for spec in serve.deployments:
+        assert "lake_uri" in flow_parameters(spec, serve, run_config)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))

@@ -33,10 +33,11 @@ def training_rows(lake: Lake, iteration: int) -> tuple[pl.DataFrame, str | None]
                              ).drop("sampler"), batch_id
 
 
-def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig) -> dict:
-    """Train the latest version on the iteration's batch and register the result as the next version."""
+def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, parent: int | None = None) -> dict:
+    """Train `parent` (default: the latest version) on the iteration's batch and register the result as the
+    next version number; an older parent makes a branch, its lineage recorded like any other."""
     rows, batch_id = training_rows(lake, iteration)
-    parent = latest_version(lake)
+    parent = parent if parent is not None else latest_version(lake)
     if parent is None:
         raise ValueError(f"no model version is registered in {lake.uri}: run an iteration first")
     if batch_id is None:
@@ -53,7 +54,7 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig) -
     same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
     metrics, state = train_on_batch(model, rows, config, load_training_state(parent_uri) if same_kind else None,
                                     reference)
-    version = parent + 1
+    version = latest_version(lake) + 1
     uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
     register(lake, run, version, uri=uri, kind="rl", parent=parent, iteration=iteration, batch_ids=[batch_id],
              metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
@@ -133,7 +134,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     if metrics["overshoot"]:
         print(f"warm-up overshot the band: {metrics['solve_rate']:.1%} > {config.band[1]:.0%} at the first measurement "
               f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band")
-    version = parent + 1
+    version = latest_version(lake) + 1
     uri = save_checkpoint(lake, version, model, tokenizer)
     register(lake, run, version, uri=uri, kind="warmup", parent=parent, metrics=metrics,
              architecture=json.loads(parent_row["architecture"] or "{}"))

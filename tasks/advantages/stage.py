@@ -48,13 +48,28 @@ def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tup
     rewards = lake.read("rewards", filter=by_iteration, columns=["rollout_id", "verifier", "reward", "correct"])
     if verifier is not None:
         rewards = rewards.filter(pl.col("verifier") == verifier)
-    else:                                             # each problem's own verifier: its first reward row
-        rewards = rewards.unique("rollout_id", keep="first", maintain_order=True)
+    else:                                             # each problem's own verifier, else its only scores
+        rewards = own_verifier_first(lake, rollouts, rewards).unique("rollout_id", keep="first", maintain_order=True)
     scored = rollouts.join(rewards.drop("verifier"), on="rollout_id", how="inner")
     if scored.height < rollouts.height:
         raise ValueError(f"iteration {iteration}: {rollouts.height - scored.height} rollouts have no reward"
                          f"{' from ' + verifier if verifier else ''}; run `rlvr verify --iteration {iteration}` first")
     return scored
+
+
+def own_verifier_first(lake: Lake, rollouts: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
+    """Rewards ordered so each rollout's score by its problem's own verifier comes first (an iteration
+    re-scored with another verifier holds both)."""
+    from tasks.verifiers.engine import DEFAULT_VERIFIER
+
+    problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
+                         columns=["problem_id", "domain", "verifier"]).unique("problem_id")
+    own = problems.select("problem_id", own=pl.coalesce("verifier", pl.col("domain").replace_strict(
+        DEFAULT_VERIFIER, default="math")))
+    ranked = (rewards.join(rollouts.select("rollout_id", "problem_id"), on="rollout_id", how="left")
+              .join(own, on="problem_id", how="left")
+              .with_columns(foreign=pl.col("verifier") != pl.col("own").fill_null("")))
+    return ranked.sort("foreign", maintain_order=True).drop("problem_id", "own", "foreign")
 
 
 def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamplingConfig, current_version: int,

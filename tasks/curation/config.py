@@ -168,18 +168,19 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     base_path = (path.parent / base).resolve()
     if base_path in seen:
         raise ValueError(f"{path}: `base: {base}` makes a cycle")
-    return _merged(read_yaml(base_path, seen + (path.resolve(),)), data)
+    return merged_config(read_yaml(base_path, seen + (path.resolve(),)), data)
 
 
 # Settings whose value is itself a mapping of data (not of settings): a variant replaces them whole.
 VALUE_MAPPINGS = {"level_weights", "domain_weights", "level_map", "params", "options", "columns"}
 
 
-def _merged(base: dict, override: dict) -> dict:
+def merged_config(base: dict, override: dict) -> dict:
+    """`override`'s settings over `base`'s, section by section (mappings of data are replaced whole)."""
     merged = dict(base)
     for key, value in override.items():
         nested = isinstance(value, dict) and isinstance(base.get(key), dict) and key not in VALUE_MAPPINGS
-        merged[key] = _merged(base[key], value) if nested else value
+        merged[key] = merged_config(base[key], value) if nested else value
     return merged
 
 

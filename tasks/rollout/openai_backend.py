@@ -49,6 +49,11 @@ class BackendUnavailable(RuntimeError):
     """Every retry of a request failed, or a server refused it."""
 
 
+class RequestRefused(BackendUnavailable):
+    """A server answered, and refused the request (a bad model name, a 4xx, a server without token ids):
+    retrying the same request cannot help."""
+
+
 class BadResponse(ValueError):
     """A 200 answer that is not a usable completion (truncated JSON, an aborted sample): retried."""
 
@@ -99,13 +104,13 @@ class OpenAIPolicy:
                 if response.status_code == 200:
                     return parse_choices(response.json(), n, endpoint)
             except httpx.UnsupportedProtocol as error:
-                raise BackendUnavailable(f"endpoint {endpoint!r}: {error} (endpoints look like http://host:8000)")
+                raise RequestRefused(f"endpoint {endpoint!r}: {error} (endpoints look like http://host:8000)")
             except (httpx.TransportError, BadResponse, ValueError) as error:   # ValueError: a body that is not JSON
                 errors.append(f"{endpoint}: {type(error).__name__}: {error}")
             else:
                 message = f"{endpoint}: HTTP {response.status_code}: {response.text[:300]}"
                 if response.status_code not in RETRYABLE_STATUS:
-                    raise BackendUnavailable(f"request for model {model!r} was refused: {message}")
+                    raise RequestRefused(f"request for model {model!r} was refused: {message}")
                 errors.append(message)
             if attempt < self.config.max_retries:
                 delay = min(self.config.backoff_seconds * 2 ** attempt, self.config.max_backoff_seconds)
@@ -127,7 +132,7 @@ def parse_choices(payload: dict, n: int, endpoint: str) -> list[Sample]:
         if token_ids is None:
             tokens = logprobs.get("tokens") or []
             if not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-                raise BackendUnavailable(f"{endpoint} returned no token ids: start vLLM with a version that "
+                raise RequestRefused(f"{endpoint} returned no token ids: start vLLM with a version that "
                                          "supports return_tokens_as_token_ids")
             token_ids = [int(t.split(":", 1)[1]) for t in tokens]
         token_logprobs = [float(lp) if lp is not None else 0.0 for lp in logprobs.get("token_logprobs") or []]

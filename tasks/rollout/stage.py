@@ -24,6 +24,7 @@ from tasks.advantages.stage import AdvantageConfig
 from tasks.curation.config import MixConfig, Strict
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
+from tasks.curriculum.stage import at_current_difficulty
 from tasks.generators.base import derive_seed
 from tasks.rollout.openai_backend import OpenAIBackendConfig
 from tasks.rollout.prompts import PromptConfig, format_prompt
@@ -124,7 +125,8 @@ class GroupSampler:
 
 
 def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
-    problems = bank_problems(lake, mix.bank_version, mix.split)
+    # a reasoning-gym source the curriculum moved is drawn at its current step only
+    problems = at_current_difficulty(lake, bank_problems(lake, mix.bank_version, mix.split))
     if problems.is_empty():
         raise ValueError(f"the bank at {lake.uri} holds no {mix.split} problems: run `rlvr curate` first")
     return problems.select(*PROBLEM_FIELDS, "level")

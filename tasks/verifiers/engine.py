@@ -14,7 +14,7 @@ from collections import deque
 from functools import lru_cache
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any

@@ -1,0 +1,188 @@
+"""`rlvr` commands for operating a lake day to day: re-run a stage, evaluate a version, serve the
+deployments. Registered on the main app by `flows.cli`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from flows.cli import LakeOption, _prefect_defaults, app, fail
+from flows.display import console, frame_table
+
+STAGE_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages", "train", "evaluation")
+
+
+def parse_iterations(specs: list[str]) -> list[int]:
+    """`3`, `3,5` and `5-7` (repeatable) as a sorted list of iterations."""
+    iterations: set[int] = set()
+    for part in (p.strip() for spec in specs for p in spec.split(",")):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise ValueError(f"--iteration {part!r}: give a number, a range like 3-7, or a list like 1,4")
+        first, last = int(match[1]), int(match[2] or match[1])
+        if last < first:
+            raise ValueError(f"--iteration {part!r}: the range runs backwards")
+        iterations.update(range(first, last + 1))
+    return sorted(iterations)
+
+
+def stage_overrides(path: Path | None) -> dict:
+    """The stage sections a config file sets, validated, as given (so they override only what they name)."""
+    if path is None:
+        return {}
+    from flows.loop import RunConfig
+    from tasks.curation.config import load_yaml_config, read_yaml
+
+    load_yaml_config(path, RunConfig, STAGE_SECTIONS)            # errors name the file and the field
+    data = read_yaml(path)
+    return {section: data[section] for section in STAGE_SECTIONS if section in data}
+
+
+@app.command()
+def stage(
+    name: Annotated[str, typer.Argument(help="rollout, verify, advantages, train or evaluate")],
+    iteration: Annotated[list[str], typer.Option("--iteration", help="iteration(s): 3, 3-7 or 1,4 (repeatable)")],
+    config: Annotated[Optional[Path], typer.Option(help="run config whose stage sections override the ones the "
+                                                   "iteration last ran with")] = None,
+    downstream: Annotated[bool, typer.Option(help="also re-run every later stage (up to --through)")] = False,
+    through: Annotated[Optional[str], typer.Option(help="with --downstream, the last stage to run")] = None,
+    force: Annotated[bool, typer.Option(help="run even when inputs, config and code are unchanged")] = False,
+    lake: LakeOption = None,
+) -> None:
+    """Re-run one stage of an iteration, replacing exactly its output; unchanged stages are skipped."""
+    try:
+        iterations = parse_iterations(iteration)
+        overrides = stage_overrides(config)
+        from flows.stages import stage_chain
+
+        stage_chain(name, downstream, through)
+    except ValueError as error:
+        fail(str(error), 2)
+    _prefect_defaults()
+    from flows.stages import rerun_stage
+    from tasks.advantages.dynamic_sampling import BatchShortfall
+    from tasks.rollout.openai_backend import BackendUnavailable
+
+    summaries = []
+    for number in iterations:
+        try:
+            summaries += rerun_stage(name, number, overrides, downstream, force, lake, through)
+        except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
+            _print_stages(summaries)
+            fail(f"iteration {number}: {error}")
+    _print_stages(summaries)
+
+
+def _print_stages(summaries: list[dict]) -> None:
+    import polars as pl
+
+    if not summaries:
+        return
+    rows = [{"iteration": s.get("iteration"), "stage": s["stage"],
+             "outcome": "skipped" if s.get("skipped") else "ran", "run": s.get("run_id"),
+             "output_of_run": s.get("same_as") or s.get("run_id"), "result": _result_of(s)} for s in summaries]
+    console.print(frame_table(pl.DataFrame(rows), title="stages (SQL: select * from runs order by started_at)"))
+
+
+def _result_of(summary: dict) -> str:
+    if summary.get("skipped"):
+        version = summary.get("model_version")
+        return "" if version is None else f"model version {version}"
+    if summary["stage"] == "verify":
+        return "; ".join(f"{v['verifier']} {v['verifier_version']}: mean reward {v['mean_reward']:.3f}"
+                         for v in summary.get("verifiers", []))
+    if summary["stage"] in ("advantages", "rollout"):
+        return f"{summary['groups_kept']} of {summary['groups']} groups kept, batch {summary['batch_id']}"
+    if summary["stage"] == "train":
+        return (f"model version {summary['model_version']}" if summary.get("trained")
+                else f"no step ({summary.get('reason')})")
+    return f"model version {summary['model_version']}: held-out solve rate {summary['solve_rate']:.1%}"
+
+
+@app.command()
+def evaluate(
+    model_version: Annotated[Optional[int], typer.Option(help="version to evaluate; default: the latest")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="run config whose evaluation / rollout / verify sections "
+                                                   "override the lake's last recorded ones")] = None,
+    force: Annotated[bool, typer.Option(help="evaluate even when an identical evaluation is in place")] = False,
+    lake: LakeOption = None,
+) -> None:
+    """Held-out solve rate of a model version per source and level (replaces that version's evaluation).
+
+    Settings are the lake's last recorded ones, overridden by the sections of --config."""
+    import polars as pl
+
+    from flows.evaluation import EvaluationRunConfig
+    from flows.stages import recorded_config
+    from storage.lake import Lake
+    from tasks.curation.config import merged_config
+
+    try:
+        settings = merged_config(recorded_config(Lake.open(lake)), stage_overrides(config))
+        settings = EvaluationRunConfig.model_validate(
+            {k: v for k, v in settings.items() if k in EvaluationRunConfig.model_fields})
+    except ValueError as error:
+        fail(str(error), 2)
+    _prefect_defaults()
+    from flows.evaluation import evaluate_model
+
+    try:
+        result = evaluate_model(model_version, settings.model_dump(mode="json"), lake, force=force)
+    except ValueError as error:
+        fail(str(error))
+    if result.get("skipped"):
+        console.print(f"model version {result['model_version']}: skipped, the evaluation of run "
+                      f"{escape(result['same_as'])} is in place (--force to re-run)")
+        return
+    table = pl.DataFrame(result["by_source_level"]).with_columns(pl.col("solve_rate").round(3))
+    console.print(frame_table(table, title=f"model version {result['model_version']}: held-out solve rate "
+                                           f"{result['solve_rate']:.1%} (SQL: select * from evaluations)"))
+
+
+@app.command()
+def serve(
+    config: Annotated[Path, typer.Option(help="deployments file (YAML)")] = Path("configs/deployments.yaml"),
+    lake: LakeOption = None,
+    write_prefect_yaml: Annotated[Optional[Path], typer.Option(help="write the same deployments as a prefect.yaml "
+                                                               "for `prefect deploy --all`, and exit")] = None,
+    work_pool: Annotated[str, typer.Option(help="with --write-prefect-yaml: the work pool they run on")] = "rlvr",
+) -> None:
+    """Register the deployments (cron schedules included) with the Prefect server at PREFECT_API_URL and run
+    their flow runs until stopped (Ctrl-C)."""
+    import os
+
+    from flows.deployments import load_serve_config, prefect_yaml, runner_deployments
+
+    try:
+        serve_config, run_config = load_serve_config(config)
+    except ValueError as error:
+        fail(str(error), 2)
+    if lake is not None:
+        serve_config = serve_config.model_copy(update={"lake": lake})
+    if write_prefect_yaml is not None:
+        import yaml
+
+        header = (f"# Generated by `rlvr serve --config {config} --write-prefect-yaml {write_prefect_yaml}`: edit "
+                  f"{config} and regenerate.\n# prefect work-pool create {work_pool} --type process && "
+                  f"RLVR_HOME=$PWD prefect deploy --all && prefect worker start --pool {work_pool}\n")
+        write_prefect_yaml.write_text(header + yaml.safe_dump(prefect_yaml(serve_config, run_config, work_pool),
+                                                              sort_keys=False))
+        console.print(f"wrote {escape(str(write_prefect_yaml))}")
+        return
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            fail("rlvr serve needs a running Prefect server: start `prefect server start` and set "
+                 "PREFECT_API_URL=http://127.0.0.1:4200/api (a temporary server cannot run schedules)", 2)
+    _prefect_defaults()
+    from prefect import serve as prefect_serve
+
+    deployments = runner_deployments(serve_config, run_config)
+    console.print(f"serving {len(deployments)} deployment(s) from {escape(str(config))}: "
+                  + ", ".join(f"{d.flow_name}/{d.name}" for d in deployments))
+    prefect_serve(*deployments, print_starting_message=False)

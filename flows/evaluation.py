@@ -1,0 +1,68 @@
+"""The evaluation flow: a model version's held-out solve rate per source and level, into `evaluations`.
+
+The loop runs it after each trained version; deployed alone, it re-evaluates any version (for
+example the latest, nightly, on a new held-out source). Evaluation always scores with each
+problem's own verifier, never with the run's reward control.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+from prefect import flow
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from flows.policies import stage_task
+from flows.skipping import unchanged_or_fingerprint
+from storage.lake import Lake
+from tasks.evaluation import EvalConfig, evaluate, overall_solve_rate, pinned_bank_version
+from tasks.rollout.stage import IterationConfig
+from trainers.registry import latest_version
+
+evaluate_task = stage_task(evaluate, "evaluate", gpu=True)
+
+
+class EvaluationRunConfig(IterationConfig):
+    """The sections evaluation reads: the held-out draw, plus the rollout (policy, prompt) and verify sections."""
+
+    evaluation: EvalConfig = Field(default_factory=EvalConfig, description="the held-out draw and its sampling")
+
+
+@flow(name="evaluate-model", log_prints=True)
+def evaluate_model(model_version: int | None = None, config: dict[str, Any] | None = None,
+                   lake_uri: str | None = None, iteration: int | None = None, force: bool = True) -> dict[str, Any]:
+    """Held-out solve rate of `model_version` (default: the latest); replaces that version's evaluation."""
+    settings = EvaluationRunConfig.model_validate(config or {})
+    lake = Lake.open(lake_uri)
+    version = model_version if model_version is not None else latest_version(lake)
+    if version is None:
+        raise ValueError(f"no model version is registered in {lake.uri}: nothing to evaluate")
+    iteration = iteration if iteration is not None else _iteration_of(lake, version)
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, "evaluate-model", "evaluate", iteration, settings.evaluation.model_dump(mode="json"),
+        {"model_version": version, "bank_version": pinned_bank_version(lake)}, force)
+    if skipped:
+        return {**skipped, "model_version": version}
+    with lake.run("evaluate-model", "evaluate", parameters, iteration=iteration,
+                  prefect_flow_run_id=flow_run.id) as run:
+        truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
+        evaluation = evaluate_task(lake, settings.evaluation, truth, version)
+        lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
+                     {"model_version": version}, run)
+    rate = overall_solve_rate(evaluation)
+    print(f"model version {version}: held-out sampled solve rate {rate:.1%} "
+          f"on {int(evaluation['problems'].sum())} problems")
+    return {"stage": "evaluate", "iteration": iteration, "model_version": version, "run_id": run.run_id,
+            "solve_rate": rate, "by_source_level": evaluation.select("source", "level", "problems", "solve_rate")
+            .to_dicts()}
+
+
+def _iteration_of(lake: Lake, version: int) -> int:
+    """The iteration that trained `version` (0 for the base and warm-up versions)."""
+    import pyarrow.compute as pc
+
+    rows = lake.read("model_versions", filter=pc.field("model_version") == version, columns=["iteration"])
+    value = rows["iteration"][0] if rows.height else None
+    return int(value) if value is not None else 0

@@ -1,0 +1,44 @@
+"""How stage tasks meet failures and shared hardware.
+
+Transient failures (an inference server down for a restart, a storage or network timeout) are
+retried by Prefect after a delay; anything else (a bad config, a refused request, a bug) fails at
+once. Tasks that hold an accelerator carry the `gpu` tag, so one Prefect concurrency limit
+(`prefect concurrency-limit create gpu 1`) serialises them across every flow run and worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
+
+GPU_TAG = "gpu"
+TRANSIENT_RETRIES = 2
+TRANSIENT_RETRY_DELAYS = [10, 30]      # seconds before the first and the second retry
+
+
+def is_transient(error: BaseException) -> bool:
+    """An unreachable or overloaded server, a timeout, or a bare OSError (how object stores report a
+    failed request); not a refused request, a missing file or a permission error."""
+    if isinstance(error, RequestRefused):
+        return False
+    return isinstance(error, (BackendUnavailable, TimeoutError, ConnectionError)) or type(error) is OSError
+
+
+def _retry_if_transient(task_, task_run, state) -> bool:
+    try:
+        state.result()
+    except BaseException as error:  # noqa: BLE001 - the failed state's own exception, re-raised here to classify it
+        return is_transient(error)
+    return False
+
+
+def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delays: list[float] | None = None):
+    """A Prefect task over a stage function: no result caching, transient failures retried, `gpu`-tagged."""
+    delays = TRANSIENT_RETRY_DELAYS if retry_delays is None else retry_delays
+    return task(fn, name=name, cache_policy=NO_CACHE, retries=len(delays), retry_delay_seconds=delays,
+                retry_condition_fn=_retry_if_transient, tags=[GPU_TAG] if gpu else [])

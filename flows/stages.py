@@ -1,0 +1,158 @@
+"""Re-running one stage of an iteration, and optionally every stage after it.
+
+Stages in order: rollout → verify → advantages → train → evaluate. `rollout` is the whole
+`rl-iteration` flow (dynamic sampling needs rewards and groups to know when to stop), so its
+downstream starts at train. Each stage replaces exactly its own output for the iteration and
+records a new row in `runs`; the old run's row stays, so both are visible.
+
+A stage whose inputs, config and code are unchanged since a run whose output is still in place
+is skipped unless forced (storage/fingerprints.py). Without a config, each stage re-runs with the
+config of its previous run for that iteration; a given config overrides it section by section
+(a file holding only `verify: {verifier: process}` re-scores with the process verifier and keeps
+every other setting). A downstream chain is all or nothing for the iteration's tables: if a later
+stage fails, the slices the chain already replaced are put back. A model version registered by
+`train` is kept (versions are never deleted; its lineage shows what it was trained on).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow.compute as pc
+from prefect import flow
+from prefect.runtime import flow_run
+
+from flows.evaluation import evaluate_model
+from flows.iteration import compute_advantages, rl_iteration, train_policy
+from flows.skipping import config_of
+from flows.verification import verify_iteration
+from storage.lake import Lake
+from tasks.curation.config import merged_config
+from trainers.registry import latest_version
+
+STAGES = ("rollout", "verify", "advantages", "train", "evaluate")
+ITERATION_OUTPUTS = {"rollout": ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state"),
+                     "verify": ("rewards",), "advantages": ("groups", "advantages", "batches", "dbb_state"),
+                     "train": (), "evaluate": ()}
+ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
+
+
+def stage_chain(stage: str, downstream: bool, through: str | None = None) -> list[str]:
+    """The stages a re-run executes, in order: `stage`, then with `downstream` every later one up to
+    `through` (default: evaluate)."""
+    for name in (stage, through):
+        if name is not None and name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+    if not downstream:
+        return [stage]
+    last = STAGES.index(through or "evaluate")
+    if last < STAGES.index(stage):
+        raise ValueError(f"--through {through} comes before {stage}; stages run {' → '.join(STAGES)}")
+    chain = list(STAGES[STAGES.index(stage):last + 1])
+    return [chain[0], *chain[3:]] if stage == "rollout" else chain   # rl-iteration includes verify and advantages
+
+
+def recorded_config(lake: Lake, iteration: int | None = None) -> dict[str, Any]:
+    """The run config sections the iteration's stages (default: any iteration's) last completed with;
+    sections never run are absent, so they take their defaults."""
+    completed = pc.field("status") == "completed"
+    runs = lake.read("runs", filter=completed if iteration is None else completed & (pc.field("iteration") == iteration),
+                     columns=["stage", "parameters", "started_at"]).sort("started_at")
+    config: dict[str, Any] = {}
+    for stage, text in runs.select("stage", "parameters").rows():
+        parameters = config_of(json.loads(text))
+        if stage in ("rollout", "advantages"):
+            config.update({k: v for k, v in parameters.items() if k in ITERATION_SECTIONS})
+        elif stage == "verify":
+            config["verify"] = parameters
+        elif stage == "train":
+            config["train"] = parameters
+        elif stage == "evaluate":
+            config["evaluation"] = parameters
+    return config
+
+
+def policy_version_of(lake: Lake, iteration: int) -> int | None:
+    """The version current when the iteration was trained (the parent of its first trained version), else the
+    latest: freshness and the training step of a re-run are measured from it, as they were the first time."""
+    trained = lake.read("model_versions", filter=(pc.field("iteration") == iteration) & (pc.field("kind") == "rl"),
+                        columns=["model_version", "parent_version"])
+    if trained.height:
+        return int(trained.sort("model_version")["parent_version"][0])
+    return latest_version(lake)
+
+
+def trained_version_of(lake: Lake, iteration: int) -> int:
+    trained = lake.read("model_versions", filter=pc.field("iteration") == iteration, columns=["model_version"])
+    if trained.is_empty():
+        raise ValueError(f"iteration {iteration} has no trained model version to evaluate; run its train stage first")
+    return int(trained["model_version"].max())
+
+
+def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], force: bool) -> dict[str, Any]:
+    iteration_config = {k: v for k, v in config.items() if k in ITERATION_SECTIONS}
+    if stage == "rollout":
+        sampled = lake.read("rollouts", filter=pc.field("iteration") == iteration, columns=["model_version"])
+        version = int(sampled["model_version"].min()) if sampled.height else None
+        return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, version, force)}
+    if stage == "verify":
+        return {"stage": stage, **verify_iteration(iteration, config.get("verify"), lake.uri, force)}
+    if stage == "advantages":
+        return {"stage": stage, **compute_advantages(iteration, iteration_config, lake.uri,
+                                                     policy_version_of(lake, iteration), force)}
+    if stage == "train":
+        return {"stage": stage, **train_policy(iteration, config.get("train"), lake.uri,
+                                               policy_version_of(lake, iteration), force)}
+    evaluation_config = {k: v for k, v in config.items() if k in (*ITERATION_SECTIONS, "evaluation")}
+    return {"stage": stage, **evaluate_model(trained_version_of(lake, iteration), evaluation_config, lake.uri,
+                                             iteration, force)}
+
+
+@flow(name="rerun-stage", log_prints=True)
+def rerun_stage(stage: str, iteration: int, config: dict[str, Any] | None = None, downstream: bool = False,
+                force: bool = False, lake_uri: str | None = None, through: str | None = None) -> list[dict[str, Any]]:
+    """Re-run `stage` of `iteration` (with `downstream`, every later stage up to `through`); returns one
+    summary per stage."""
+    lake = Lake.open(lake_uri)
+    chain = stage_chain(stage, downstream, through)
+    settings = merged_config(recorded_config(lake, iteration), config or {})
+    verifier = (settings.get("verify") or {}).get("verifier")
+    if "verify" in chain and verifier and not (settings.get("advantages") or {}).get("verifier"):
+        settings["advantages"] = {**settings.get("advantages", {}), "verifier": verifier}   # use the new scores
+    tables = sorted({table for name in chain for table in ITERATION_OUTPUTS[name]})
+    before = {table: _version(lake, table) for table in tables}
+    results = []
+    try:
+        for name in chain:
+            results.append(_run_stage(lake, name, iteration, settings, force))
+    except BaseException:
+        if results:
+            _restore(lake, iteration, before)
+        raise
+    return results
+
+
+def _version(lake: Lake, table: str) -> int | None:
+    delta = lake.table(table)
+    return None if delta is None else delta.version()
+
+
+def _restore(lake: Lake, iteration: int, before: dict[str, int | None]) -> None:
+    """Put back every iteration slice the failed chain changed, under a run of its own."""
+    changed = [table for table, version in before.items() if _version(lake, table) != version]
+    with lake.run("rerun-stage", "restore", {"tables": changed, "versions": before}, iteration=iteration,
+                  prefect_flow_run_id=flow_run.id) as run:
+        for table in changed:
+            lake.restore(table, {"iteration": iteration}, before[table], run)
+    print(f"iteration {iteration}: a later stage failed; restored {', '.join(changed) or 'nothing'} as they were")
+
+
+@flow(name="rescore", log_prints=True)
+def rescore(iterations: list[int], config: dict[str, Any] | None = None, through: str = "advantages",
+            force: bool = False, lake_uri: str | None = None) -> list[dict[str, Any]]:
+    """Re-score the chosen iterations' stored rollouts with another verifier config, then re-run the stages
+    after verification up to `through` (advantages by default: groups and batch from the new scores;
+    `verify` re-scores only; `train` / `evaluate` also train a branch version from each)."""
+    return [summary for iteration in iterations
+            for summary in rerun_stage("verify", iteration, config, through != "verify", force, lake_uri, through)]

@@ -1,0 +1,226 @@
+"""Re-running one stage of an iteration: skip when unchanged, replace exactly its output, downstream
+chains all or nothing, re-scoring with another verifier; retries and the GPU concurrency tag."""
+
+import json
+import threading
+import time
+
+import polars as pl
+import pyarrow.compute as pc
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def looped(tmp_path_factory, prefect_api):
+    """A lake after a 2-iteration loop (rewards from the `random` reward control)."""
+    from flows.loop import rl_loop
+    from test_loop import RUN, curated_with_eval
+
+    lake_uri = str(tmp_path_factory.mktemp("stages") / "lake")
+    curated_with_eval(lake_uri)
+    rl_loop({**RUN, "loop": {"iterations": 2, "evaluate_every": 1}}, lake_uri=lake_uri)
+    return lake_uri
+
+
+def runs_of(lake, stage: str, iteration: int) -> pl.DataFrame:
+    return lake.read("runs", filter=(pc.field("stage") == stage) & (pc.field("iteration") == iteration)).sort(
+        "started_at")
+
+
+def rewards_of(lake, iteration: int) -> pl.DataFrame:
+    return lake.read("rewards", filter=pc.field("iteration") == iteration).sort("rollout_id", "verifier")
+
+
+def test_an_unchanged_stage_is_skipped_and_forced_it_replaces_its_output(looped):
+    from flows.stages import rerun_stage
+    from storage.lake import Lake
+
+    lake = Lake.open(looped)
+    before = rewards_of(lake, 1)
+    version_before = lake.table("rewards").version()
+    [summary] = rerun_stage("verify", 1, lake_uri=looped)
+    assert summary["skipped"] and summary["same_as"] == before["run_id"][0]
+    assert lake.table("rewards").version() == version_before              # nothing written
+    assert runs_of(lake, "verify", 1)["status"].to_list() == ["completed", "skipped"]
+
+    [forced] = rerun_stage("verify", 1, force=True, lake_uri=looped)
+    after = rewards_of(lake, 1)
+    assert not forced.get("skipped") and after.height == before.height
+    assert set(after["run_id"]) == {forced["run_id"]} != set(before["run_id"])
+    assert after["reward"].to_list() == before["reward"].to_list()         # the random control is seeded per rollout
+    runs = runs_of(lake, "verify", 1)
+    assert runs["status"].to_list() == ["completed", "skipped", "completed"]   # old and new run both shown
+    assert rewards_of(lake, 2)["run_id"].n_unique() == 1                      # iteration 2 untouched
+
+
+def test_a_code_change_or_a_new_upstream_run_is_not_skipped(looped, monkeypatch):
+    from flows.stages import rerun_stage
+    from storage import fingerprints
+
+    monkeypatch.setattr(fingerprints, "source_digest", lambda: "edited")
+    [summary] = rerun_stage("advantages", 2, lake_uri=looped)
+    assert not summary.get("skipped")
+    monkeypatch.undo()
+    [summary] = rerun_stage("advantages", 2, lake_uri=looped)            # the edit is gone again: nothing in place
+    assert not summary.get("skipped")
+    [again] = rerun_stage("advantages", 2, lake_uri=looped)
+    assert again["skipped"] and again["same_as"] == summary["run_id"]
+
+
+def test_rescoring_with_the_true_verifier_recomputes_the_groups_downstream(looped):
+    from flows.stages import rescore
+    from storage.lake import Lake
+
+    lake = Lake.open(looped)
+    random_rewards = rewards_of(lake, 2).filter(pl.col("verifier") == "random")
+    summaries = rescore([2], {"verify": {"verifier": None}}, lake_uri=looped)
+    assert [s["stage"] for s in summaries] == ["verify", "advantages"] and not any(s.get("skipped") for s in summaries)
+    rewards = rewards_of(lake, 2)
+    assert set(rewards["verifier"]) == {"random", "math"}                # both verifiers' scores stay side by side
+    assert rewards.filter(pl.col("verifier") == "random")["run_id"].to_list() == random_rewards["run_id"].to_list()
+    math = rewards.filter(pl.col("verifier") == "math").select("rollout_id", "reward")
+    groups = lake.read("groups", filter=pc.field("iteration") == 2)
+    assert set(groups["run_id"]) == {summaries[1]["run_id"]}
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") == 2, columns=["rollout_id", "group_id"])
+    expected = rollouts.join(math, on="rollout_id").group_by("group_id").agg(mean=pl.col("reward").mean())
+    joined = groups.join(expected, on="group_id")
+    assert joined.height == groups.height and (joined["mean_reward"] - joined["mean"]).abs().max() < 1e-9
+    assert rescore([2], {"verify": {"verifier": None}}, lake_uri=looped)[0]["skipped"]   # the same again: skipped
+
+
+def test_a_failed_downstream_stage_puts_the_chain_back(looped):
+    from flows.stages import rerun_stage
+    from storage.lake import Lake
+
+    lake = Lake.open(looped)
+    before = rewards_of(lake, 1)
+    with pytest.raises(ValueError, match="no reward from nonexistent"):
+        rerun_stage("verify", 1, {"verify": {"verifier": "flipped"}, "advantages": {"verifier": "nonexistent"}},
+                    downstream=True, force=True, lake_uri=looped)
+    after = rewards_of(lake, 1)
+    assert after.select("rollout_id", "verifier", "reward", "run_id").equals(
+        before.select("rollout_id", "verifier", "reward", "run_id"))         # the flipped scores are gone again
+    restore = lake.read("runs", filter=(pc.field("stage") == "restore") & (pc.field("iteration") == 1))
+    assert restore["status"].to_list() == ["completed"] and json.loads(restore["parameters"][0])["tables"] == ["rewards"]
+
+
+def test_retraining_an_old_iteration_branches_from_its_own_parent(looped):
+    from flows.stages import rerun_stage
+    from storage.lake import Lake
+    from trainers.registry import latest_version
+
+    lake = Lake.open(looped)
+    [skipped] = rerun_stage("train", 1, lake_uri=looped)
+    assert skipped["skipped"]
+    first = lake.read("model_versions", filter=pc.field("iteration") == 1).row(0, named=True)
+    latest = latest_version(lake)
+    train, evaluation = rerun_stage("train", 1, downstream=True, force=True, lake_uri=looped)
+    branch = lake.read("model_versions", filter=pc.field("model_version") == train["model_version"]).row(0, named=True)
+    assert branch["model_version"] == latest + 1 and branch["parent_version"] == first["parent_version"]
+    assert branch["iteration"] == 1 and branch["batch_ids"] == first["batch_ids"]
+    assert evaluation["model_version"] == branch["model_version"]
+    assert lake.read("evaluations", filter=pc.field("model_version") == branch["model_version"]).height > 0
+
+
+def test_rlvr_stage_prints_what_ran_and_what_was_skipped(looped, tmp_path, prefect_api):
+    config = tmp_path / "rescore.yaml"
+    config.write_text("verify:\n  verifier: flipped\n")
+    server = {"PREFECT_API_URL": prefect_api}
+    first = run_cli("stage", "verify", "--iteration", "1-2", "--config", str(config), "--downstream",
+                    "--through", "advantages", "--lake", looped, env=server)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("ran") >= 4 and "skipped" not in first.stdout
+    second = run_cli("stage", "verify", "--iteration", "1,2", "--config", str(config), "--downstream",
+                     "--through", "advantages", "--lake", looped, env=server)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("skipped") == 4, second.stdout
+
+    bad = run_cli("stage", "score", "--iteration", "1", "--lake", looped)
+    assert bad.returncode == 2 and "unknown stage 'score'" in bad.stderr and "Traceback" not in bad.stderr
+    config.write_text("verify:\n  verifire: flipped\n")
+    typo = run_cli("stage", "verify", "--iteration", "1", "--config", str(config), "--lake", looped)
+    assert typo.returncode == 2 and "verify.verifire" in typo.stderr
+
+
+def test_stage_chains_and_iteration_lists():
+    from flows.cli_ops import parse_iterations
+    from flows.stages import stage_chain
+
+    assert stage_chain("verify", False) == ["verify"]
+    assert stage_chain("verify", True) == ["verify", "advantages", "train", "evaluate"]
+    assert stage_chain("verify", True, "advantages") == ["verify", "advantages"]
+    assert stage_chain("rollout", True) == ["rollout", "train", "evaluate"]
+    with pytest.raises(ValueError, match="comes before"):
+        stage_chain("train", True, "verify")
+    assert parse_iterations(["3", "5-7,1"]) == [1, 3, 5, 6, 7]
+    with pytest.raises(ValueError, match="backwards"):
+        parse_iterations(["7-5"])
+
+
+def test_transient_failures_are_retried_and_others_are_not(prefect_api):
+    from prefect import flow
+
+    from flows.policies import stage_task
+    from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
+
+    attempts: list[str] = []
+
+    def flaky(error: Exception | None, failures: int) -> int:
+        attempts.append(type(error).__name__)
+        if error is not None and len(attempts) <= failures:
+            raise error
+        return len(attempts)
+
+    flaky_task = stage_task(flaky, "flaky", retry_delays=[0, 0])
+
+    @flow
+    def run(error: Exception | None, failures: int) -> int:
+        return flaky_task(error, failures)
+
+    assert run(BackendUnavailable("server restarting"), 2) == 3             # down twice, then up
+    attempts.clear()
+    assert run(TimeoutError("storage timeout"), 1) == 2
+    for error in (RequestRefused("HTTP 400: unknown model"), ValueError("bad config"), FileNotFoundError("x")):
+        attempts.clear()
+        with pytest.raises(type(error)):
+            run(error, 5)
+        assert len(attempts) == 1, error
+
+
+def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
+    """With `prefect concurrency-limit create gpu 1`, two flows' GPU tasks never overlap."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from flows.iteration import sample_task, train_task
+    from flows.policies import GPU_TAG, stage_task
+
+    assert GPU_TAG in sample_task.tags and GPU_TAG in train_task.tags
+    spans: list[tuple[float, float]] = []
+
+    def hold_the_gpu() -> None:
+        start = time.monotonic()
+        time.sleep(1.5)
+        spans.append((start, time.monotonic()))
+
+    gpu_task = stage_task(hold_the_gpu, "hold-the-gpu", gpu=True)
+
+    @flow
+    def uses_the_gpu() -> None:
+        gpu_task()
+
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=1)
+        try:
+            threads = [threading.Thread(target=uses_the_gpu) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(120)
+        finally:
+            client.delete_concurrency_limit_by_tag(GPU_TAG)
+    assert len(spans) == 2
+    (first_start, first_end), (second_start, _) = sorted(spans)
+    assert second_start >= first_end - 0.05
