@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import polars as pl
 import pyarrow.compute as pc
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
+from prefect.runtime import task_run
 
 from storage.lake import Lake
 
@@ -52,3 +55,24 @@ def _number(value) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys are lowercase letters, digits and dashes; counts are dropped so that the
+    same work keeps one key from run to run."""
+    words = re.findall(r"[a-z]+(?:[0-9]+[a-z]*)?", " ".join(parts).lower())
+    return "-".join(words)[:100]
+
+
+def progress_listener():
+    """A listener for `tasks.progress.reporting_to`: each tracked loop of a task run is a progress artifact
+    (key `<task>-<loop>`, e.g. `score-rollouts-verifying`), updated every 5 %."""
+    artifact_ids: dict[str, Any] = {}
+    task_name = task_run.task_name or "stage"
+
+    def update(description: str, done: int, total: int) -> None:
+        percent, text = round(100 * done / total, 1), f"{description}: {done:,} of {total:,}"
+        if description in artifact_ids:
+            update_progress_artifact(artifact_ids[description], percent, description=text)
+        else:
+            artifact_ids[description] = create_progress_artifact(percent, key=artifact_key(task_name, description),
+                                                                 description=text)
+    return update

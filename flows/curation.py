@@ -14,6 +14,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from flows.policies import stage_task
 from storage.lake import Lake
 from tasks.curation.config import CurationConfig
 from tasks.curation.filter import decontaminate, deduplicate
@@ -21,7 +22,7 @@ from tasks.curation.load import load_source
 from tasks.curation.stage import (BankVersionTaken, check_code_solutions, check_recuration, claim_bank_version, evaluation_sets,
                                   existing_bank, next_bank_version, preflight, source_report, write_bank)
 
-load_source_task = task(load_source, name="load-source", cache_policy=NO_CACHE)
+load_source_task = stage_task(load_source, "load-source")
 check_code_task = task(check_code_solutions, name="check-code-solutions", cache_policy=NO_CACHE)
 existing_bank_task = task(existing_bank, name="read-existing-bank", cache_policy=NO_CACHE)
 deduplicate_task = task(deduplicate, name="deduplicate", cache_policy=NO_CACHE)

@@ -59,7 +59,8 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
             lake.replace(table, pl.DataFrame(), key, run)
     parameters, _ = unchanged_or_fingerprint(lake, "rl-iteration", "verify", iteration,
-                                             settings.verify.model_dump(mode="json"), {"rollouts": [run.run_id]}, True)
+                                             settings.verify.model_dump(mode="json"), {"rollouts": [run.run_id]}, True,
+                                             settings.verify.output_settings())
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "

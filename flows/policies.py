@@ -8,12 +8,15 @@ once. Tasks that hold an accelerator carry the `gpu` tag, so one Prefect concurr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.artifacts import progress_listener
+from tasks.progress import reporting_to
 from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
 
 GPU_TAG = "gpu"
@@ -38,7 +41,14 @@ def _retry_if_transient(task_, task_run, state) -> bool:
 
 
 def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delays: list[float] | None = None):
-    """A Prefect task over a stage function: no result caching, transient failures retried, `gpu`-tagged."""
+    """A Prefect task over a stage function: no result caching, transient failures retried, `gpu`-tagged,
+    and the function's tracked loops published as progress artifacts."""
     delays = TRANSIENT_RETRY_DELAYS if retry_delays is None else retry_delays
-    return task(fn, name=name, cache_policy=NO_CACHE, retries=len(delays), retry_delay_seconds=delays,
+
+    @functools.wraps(fn)
+    def with_progress(*args, **kwargs):
+        with reporting_to(progress_listener()):
+            return fn(*args, **kwargs)
+
+    return task(with_progress, name=name, cache_policy=NO_CACHE, retries=len(delays), retry_delay_seconds=delays,
                 retry_condition_fn=_retry_if_transient, tags=[GPU_TAG] if gpu else [])

@@ -11,14 +11,16 @@ from storage.lake import Lake
 
 
 def unchanged_or_fingerprint(lake: Lake, flow: str, stage: str, iteration: int, config: dict[str, Any],
-                             inputs: dict[str, Any], force: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                             inputs: dict[str, Any], force: bool, output_settings: dict[str, Any] | None = None
+                             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(the run parameters to record, a skip summary or None).
 
-    The parameters are the stage's config plus its inputs and fingerprint. Unless `force`, a stage
-    whose output from an identical run is still in place is not run again: a `skipped` row goes to
-    `runs` and the summary names the run whose output stands.
+    The parameters are the stage's config plus its inputs and fingerprint; the fingerprint covers
+    `output_settings` when given (the config without how the work is spread out), else the config.
+    Unless `force`, a stage whose output from an identical run is still in place is not run again:
+    a `skipped` row goes to `runs` and the summary names the run whose output stands.
     """
-    stage_fingerprint = fingerprint(config, inputs)
+    stage_fingerprint = fingerprint(config if output_settings is None else output_settings, inputs)
     parameters = {**config, "inputs": inputs, "fingerprint": stage_fingerprint}
     same_as = None if force else in_place_run(lake, stage, iteration, stage_fingerprint)
     if same_as is None:

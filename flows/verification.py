@@ -19,9 +19,38 @@ from tasks.verification import (VerifyConfig, record_noise, rollouts_with_proble
 from tasks.verifiers.noise import NoiseEstimate
 
 read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=[2, 5])
-score_task = task(score_rollouts, name="score-rollouts", cache_policy=NO_CACHE)
+score_task = stage_task(score_rollouts, "score-rollouts")
 correct_task = task(with_noise_correction, name="noise-correction", cache_policy=NO_CACHE)
 write_task = stage_task(write_rewards, "write-rewards", retry_delays=[2, 5])
+
+
+def score_in_chunks(frame: pl.DataFrame, verify: VerifyConfig) -> pl.DataFrame:
+    """Score the rollouts as one task, or in chunks of `chunk_size`: one after another here, or all at once
+    on a Dask cluster (each chunk a task run, scored by a worker's own verifier processes)."""
+    if not verify.chunk_size or frame.height <= verify.chunk_size:
+        return score_task(frame, verify)
+    chunks = [frame.slice(start, verify.chunk_size) for start in range(0, frame.height, verify.chunk_size)]
+    if verify.task_runner == "local":
+        return pl.concat([score_task(chunk, verify) for chunk in chunks])
+    with dask_runner(verify) as runner:
+        futures = [runner.submit(score_task, parameters={"frame": chunk, "config": verify}) for chunk in chunks]
+        return pl.concat([future.result() for future in futures])
+
+
+def dask_runner(verify: VerifyConfig):
+    """A DaskTaskRunner on the configured scheduler, or on a local cluster whose workers may start the
+    verifier processes (Dask workers are daemons by default, and daemons cannot have children)."""
+    try:
+        import dask
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise ValueError("verify.task_runner: dask needs prefect-dask: pip install -e \".[dask]\"") from None
+
+    dask.config.set({"distributed.worker.daemon": False})
+    if verify.dask_address:
+        return DaskTaskRunner(address=verify.dask_address)
+    return DaskTaskRunner(cluster_kwargs={"n_workers": verify.dask_workers, "threads_per_worker": 1,
+                                          "processes": True, "dashboard_address": None})
 
 
 @flow(name="verify-iteration", log_prints=True)
@@ -32,13 +61,14 @@ def verify_iteration(iteration: int, config: dict[str, Any] | None = None, lake_
     lake = Lake.open(lake_uri)
     parameters, skipped = unchanged_or_fingerprint(lake, "verify-iteration", "verify", iteration,
                                                    verify.model_dump(mode="json"),
-                                                   {"rollouts": run_ids(lake, "rollouts", iteration)}, force)
+                                                   {"rollouts": run_ids(lake, "rollouts", iteration)}, force,
+                                                   verify.output_settings())
     if skipped:
         return skipped
     with lake.run("verify-iteration", "verify", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
         frame = read_task(lake, iteration)
-        rewards = score_task(frame, verify)
+        rewards = score_in_chunks(frame, verify)
         if verify.noise_correction:
             rewards = correct_task(lake, rewards)
         write_task(lake, run, iteration, rewards)

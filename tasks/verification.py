@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -37,6 +37,20 @@ class VerifyConfig(Strict):
     workers: int = Field(2, ge=0, description="worker processes; 0 scores in the orchestrator, without deadlines")
     item_timeout: float = Field(30.0, gt=0, description="seconds one rollout may take before its worker is killed")
     noise_correction: bool = Field(False, description="add corrected_reward from the verifier's latest audit")
+    chunk_size: int = Field(0, ge=0, description="rollouts per scoring task; 0: the iteration is one task")
+    task_runner: Literal["local", "dask"] = Field("local", description="where chunks are scored: local (one "
+                                                  "after another here) or dask (in parallel on a Dask cluster)")
+    dask_address: str | None = Field(None, description="dask: the scheduler, e.g. tcp://scheduler:8786; "
+                                     "none: a local cluster of dask_workers processes")
+    dask_workers: int = Field(2, ge=1, description="dask without an address: worker processes of the local cluster")
+
+    # How the scoring is spread out, not what it yields: left out of the stage's fingerprint.
+    EXECUTION_ONLY: ClassVar[frozenset[str]] = frozenset({"workers", "chunk_size", "task_runner", "dask_address",
+                                                          "dask_workers"})
+
+    def output_settings(self) -> dict[str, Any]:
+        """The settings the rewards depend on."""
+        return self.model_dump(mode="json", exclude=set(self.EXECUTION_ONLY))
 
 
 def rollouts_with_problems(lake: Lake, iteration: int) -> pl.DataFrame:

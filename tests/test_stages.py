@@ -224,3 +224,45 @@ def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
     assert len(spans) == 2
     (first_start, first_end), (second_start, _) = sorted(spans)
     assert second_start >= first_end - 0.05
+
+
+def test_long_stage_work_publishes_progress_artifacts(looped, prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.verification import verify_iteration
+    from storage.lake import Lake
+
+    verify_iteration(1, {"workers": 0, "verifier": "constant"}, looped)
+    rollouts = Lake.open(looped).read("rollouts", filter=pc.field("iteration") == 1).height
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["score-rollouts-verifying"])))
+    assert artifacts and float(artifacts[-1].data) == 100.0
+    assert f"verifying: {rollouts:,} of {rollouts:,}" in artifacts[-1].description
+
+
+def test_verification_fans_out_over_a_dask_cluster_and_agrees_with_one_task(looped, prefect_api, monkeypatch):
+    """Chunks of an iteration scored as separate task runs on a real local Dask cluster (worker processes,
+    each with its own verifier process) give exactly the rewards of one task in this process."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+
+    from flows.verification import verify_iteration
+    from storage.lake import Lake
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_api)        # the Dask workers are processes of their own
+    lake = Lake.open(looped)
+    verify_iteration(2, {"workers": 0, "verifier": "random"}, looped)
+    one_task = rewards_of(lake, 2).filter(pl.col("verifier") == "random").select("rollout_id", "reward", "correct")
+    summary = verify_iteration(2, {"workers": 1, "verifier": "random", "chunk_size": 7, "task_runner": "dask",
+                                   "dask_workers": 2}, looped)
+    chunked = rewards_of(lake, 2).filter(pl.col("verifier") == "random")
+    assert set(chunked["run_id"]) == {summary["run_id"]}
+    assert chunked.select("rollout_id", "reward", "correct").equals(one_task)
+    flow_run_id = lake.read("runs", filter=pc.field("run_id") == summary["run_id"])["prefect_flow_run_id"][0]
+    with get_client(sync_client=True) as client:
+        scored = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="score-rollouts")))
+    assert len(scored) == -(-one_task.height // 7) and all(run.state.is_completed() for run in scored)

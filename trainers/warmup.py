@@ -16,6 +16,7 @@ import polars as pl
 from pydantic import Field
 
 from tasks.curation.config import Strict
+from tasks.progress import track
 
 
 class WarmupFailed(ValueError):
@@ -72,7 +73,7 @@ def warm_up(model, tokenizer, examples: pl.DataFrame, config: WarmupConfig,
     rng = random.Random(config.seed)
     history: list[tuple[int, float]] = []
     rate = 0.0
-    for step in range(1, config.max_steps + 1):
+    for step in track(range(1, config.max_steps + 1), "warm-up steps (stops early in the band)"):
         model.train()
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, step / max(config.lr_warmup_steps, 1))

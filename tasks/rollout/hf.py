@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tasks.progress import track
 from tasks.rollout.sampling import Sample, SamplerConfig, sampling_logprobs, self_certainty
 
 
@@ -32,7 +33,7 @@ class HFPolicy:
         rows = [(i, encoded[i]) for i in range(len(prompts)) for _ in range(n)]
         generator = torch.Generator(device=self.model.device).manual_seed(seed % 2**63)
         samples: list[list[Sample]] = [[] for _ in prompts]
-        for start in range(0, len(rows), self.batch_size):
+        for start in track(range(0, len(rows), self.batch_size), f"sampling {len(rows)} responses"):
             chunk = rows[start:start + self.batch_size]
             for (prompt_index, prompt_ids), sample in zip(chunk, self._sample_batch([ids for _, ids in chunk],
                                                                                     sampler, generator)):
