@@ -76,9 +76,9 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
     elif spec.flow == "iteration":
         built["config"] = sections(STAGE_SECTIONS)
     elif spec.flow == "evaluate":
-        built["config"] = sections((*STAGE_SECTIONS, "evaluation"))
+        built.update(config=sections((*STAGE_SECTIONS, "evaluation")), force=False)   # skipped while in place
     elif spec.flow == "rescore":
-        built.update(config=sections((*STAGE_SECTIONS, "train", "evaluation")), iterations=[])
+        built.update(config={"verify": {}}, iterations=[])   # each iteration keeps its own recorded settings
     else:
         built["out_dir"] = serve.report_dir
     return {**built, **spec.parameters}

@@ -40,14 +40,16 @@ def evaluate_model(model_version: int | None = None, config: dict[str, Any] | No
     if version is None:
         raise ValueError(f"no model version is registered in {lake.uri}: nothing to evaluate")
     iteration = iteration if iteration is not None else _iteration_of(lake, version)
+    truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
     parameters, skipped = unchanged_or_fingerprint(
         lake, "evaluate-model", "evaluate", iteration, settings.evaluation.model_dump(mode="json"),
-        {"model_version": version, "bank_version": pinned_bank_version(lake)}, force)
+        {"model_version": version, "bank_version": pinned_bank_version(lake)}, force,
+        {"evaluation": settings.evaluation.model_dump(mode="json"),        # what the numbers depend on
+         "rollout": settings.rollout.model_dump(mode="json"), "verify": truth.verify.output_settings()})
     if skipped:
         return {**skipped, "model_version": version}
     with lake.run("evaluate-model", "evaluate", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
-        truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
         evaluation = evaluate_task(lake, settings.evaluation, truth, version)
         lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
                      {"model_version": version}, run)

@@ -67,7 +67,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
     if sampled.failure is not None:                    # written first: what was sampled and scored is kept
         raise sampled.failure
-    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri)   # freshness vs the latest
+    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri, version)   # fresh vs the sampler
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 

@@ -32,6 +32,7 @@ from tasks.evaluation import EvalConfig, overall_solve_rate
 from tasks.progress import track
 from tasks.rollout.stage import IterationConfig, current_model_version
 from trainers.grpo import TrainConfig
+from trainers.registry import BRANCH
 from trainers.stage import run_warmup, warmup_version
 from trainers.warmup import WarmupConfig
 
@@ -61,7 +62,8 @@ def resume_point(lake: Lake) -> tuple[int, int | None]:
     """(next iteration, version it already trained or None)."""
     done = lake.read("iteration_metrics", columns=["iteration"])["iteration"]
     iteration = int(done.max() or 0) + 1
-    trained = lake.read("model_versions", filter=pc.field("iteration") == iteration, columns=["model_version"])
+    trained = lake.read("model_versions", filter=(pc.field("iteration") == iteration) & (pc.field("kind") != BRANCH),
+                        columns=["model_version"])
     return iteration, (int(trained["model_version"].max()) if not trained.is_empty() else None)
 
 
@@ -75,7 +77,8 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
     staleness = lake.read("advantages", filter=this, columns=["staleness"])["staleness"]
     rollouts = lake.read("rollouts", filter=this, columns=["model_version", "round"])
     rewards = lake.read("rewards", filter=this, columns=["reward"])["reward"]
-    trained = lake.read("model_versions", filter=this, columns=["model_version", "metrics"]).sort("model_version")
+    trained = lake.read("model_versions", filter=this & (pc.field("kind") != BRANCH),
+                        columns=["model_version", "metrics"]).sort("model_version")
     training = json.loads(trained["metrics"][-1]) if trained.height else {}
     sampling = sampling_metrics(groups) if groups.height else {}
     return {

@@ -28,6 +28,7 @@ from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.skipping import config_of
 from flows.verification import verify_iteration
 from storage.lake import Lake
+from storage.runs import utc_now
 from tasks.curation.config import merged_config
 from trainers.registry import latest_version
 
@@ -53,15 +54,19 @@ def stage_chain(stage: str, downstream: bool, through: str | None = None) -> lis
     return [chain[0], *chain[3:]] if stage == "rollout" else chain   # rl-iteration includes verify and advantages
 
 
-def recorded_config(lake: Lake, iteration: int | None = None) -> dict[str, Any]:
+def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = False) -> dict[str, Any]:
     """The run config sections the iteration's stages (default: any iteration's) last completed with;
-    sections never run are absent, so they take their defaults."""
+    sections never run are absent, so they take their defaults. Runs of a chain that was rolled back
+    do not count. With `sampling` (a rollout re-run), the verify section is the one the sampling flow
+    scored with, not a later re-score's, and advantages use that flow's scores."""
     completed = pc.field("status") == "completed"
     runs = lake.read("runs", filter=completed if iteration is None else completed & (pc.field("iteration") == iteration),
-                     columns=["stage", "parameters", "started_at"]).sort("started_at")
+                     columns=["flow", "stage", "parameters", "started_at"]).sort("started_at")
     config: dict[str, Any] = {}
-    for stage, text in runs.select("stage", "parameters").rows():
+    for flow_name, stage, text in runs.select("flow", "stage", "parameters").rows():
         parameters = config_of(json.loads(text))
+        if sampling and stage == "verify" and flow_name != "rl-iteration":
+            continue
         if stage in ("rollout", "advantages"):
             config.update({k: v for k, v in parameters.items() if k in ITERATION_SECTIONS})
         elif stage == "verify":
@@ -70,6 +75,8 @@ def recorded_config(lake: Lake, iteration: int | None = None) -> dict[str, Any]:
             config["train"] = parameters
         elif stage == "evaluate":
             config["evaluation"] = parameters
+    if sampling and "advantages" in config:
+        config["advantages"] = {**config["advantages"], "verifier": None}
     return config
 
 
@@ -84,6 +91,11 @@ def policy_version_of(lake: Lake, iteration: int) -> int | None:
 
 
 def trained_version_of(lake: Lake, iteration: int) -> int:
+    """The newest version trained on the iteration (a branch, after a re-run of its train stage); for
+    iteration 0, the version the loop started from (the warm-up's, else version 0)."""
+    if iteration == 0:
+        start = lake.read("iteration_metrics", filter=pc.field("iteration") == 0, columns=["trained_version"])
+        return int(start["trained_version"][0]) if start.height else 0
     trained = lake.read("model_versions", filter=pc.field("iteration") == iteration, columns=["model_version"])
     if trained.is_empty():
         raise ValueError(f"iteration {iteration} has no trained model version to evaluate; run its train stage first")
@@ -116,19 +128,23 @@ def rerun_stage(stage: str, iteration: int, config: dict[str, Any] | None = None
     summary per stage."""
     lake = Lake.open(lake_uri)
     chain = stage_chain(stage, downstream, through)
-    settings = merged_config(recorded_config(lake, iteration), config or {})
-    verifier = (settings.get("verify") or {}).get("verifier")
-    if "verify" in chain and verifier and not (settings.get("advantages") or {}).get("verifier"):
-        settings["advantages"] = {**settings.get("advantages", {}), "verifier": verifier}   # use the new scores
+    overrides = config or {}
+    recorded = recorded_config(lake, iteration, sampling=chain[0] == "rollout")
+    settings = merged_config(recorded, overrides)
+    new_verify = overrides.get("verify") or {}
+    if ("verify" in chain and "verifier" in new_verify and "verifier" not in (overrides.get("advantages") or {})
+            and new_verify["verifier"] != (recorded.get("verify") or {}).get("verifier")):
+        settings["advantages"] = {**settings.get("advantages", {}), "verifier": new_verify["verifier"]}   # new scores
     tables = sorted({table for name in chain for table in ITERATION_OUTPUTS[name]})
     before = {table: _version(lake, table) for table in tables}
+    started = utc_now()
     results = []
     try:
         for name in chain:
             results.append(_run_stage(lake, name, iteration, settings, force))
     except BaseException:
-        if results:
-            _restore(lake, iteration, before)
+        if results or chain[0] != "rollout":      # a failed rollout alone keeps what it sampled and scored
+            _restore(lake, iteration, before, chain, started)
         raise
     return results
 
@@ -138,14 +154,19 @@ def _version(lake: Lake, table: str) -> int | None:
     return None if delta is None else delta.version()
 
 
-def _restore(lake: Lake, iteration: int, before: dict[str, int | None]) -> None:
-    """Put back every iteration slice the failed chain changed, under a run of its own."""
+def _restore(lake: Lake, iteration: int, before: dict[str, int | None], chain: list[str], started) -> None:
+    """Put back every iteration slice the failed chain changed, under a run of its own, and mark the chain's
+    completed runs `rolled_back` (their output is gone, so they are no one's recorded config)."""
     changed = [table for table, version in before.items() if _version(lake, table) != version]
+    if not changed:
+        return
     with lake.run("rerun-stage", "restore", {"tables": changed, "versions": before}, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
         for table in changed:
             lake.restore(table, {"iteration": iteration}, before[table], run)
-    print(f"iteration {iteration}: a later stage failed; restored {', '.join(changed) or 'nothing'} as they were")
+    stages = {"rollout", "verify", "advantages"} & set(chain) | ({"verify", "advantages"} if "rollout" in chain else set())
+    lake.mark_runs(iteration, stages, since=started, status="rolled_back")
+    print(f"iteration {iteration}: a stage failed; restored {', '.join(changed)} as they were")
 
 
 @flow(name="rescore", log_prints=True)

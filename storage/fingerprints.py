@@ -65,6 +65,8 @@ def in_place_run(lake: Lake, stage: str, iteration: int, stage_fingerprint: str)
                 if json.loads(parameters).get("fingerprint") == stage_fingerprint]
     if not matching:
         return None
+    if stage == "rollout" and lake.read("groups", filter=pc.field("iteration") == iteration, columns=["run_id"]).is_empty():
+        return None                  # sampling failed or stopped before its groups were written: not done
     written = set(lake.read(OUTPUT_TABLE[stage], filter=pc.field("run_id").isin(matching),
                             columns=["run_id"])["run_id"].to_list())
     return next((run_id for run_id in matching if run_id in written), None)

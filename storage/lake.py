@@ -166,6 +166,15 @@ class Lake:
             raise
         self._write_run_row(run.row("completed", utc_now()))
 
+    def mark_runs(self, iteration: int, stages: set[str], since: datetime, status: str) -> list[str]:
+        """Set the status of the completed runs of `stages` for `iteration` started at or after `since`."""
+        runs = self.read("runs", filter=(pc.field("iteration") == iteration) & pc.field("stage").isin(sorted(stages))
+                         & (pc.field("status") == "completed") & (pc.field("started_at") >= pa.scalar(
+                             since, pa.timestamp("us", tz="UTC"))))
+        for row in runs.iter_rows(named=True):
+            self._write_run_row({**row, "status": status})
+        return runs["run_id"].to_list()
+
     def record_skipped(self, flow: str, stage: str, parameters: dict[str, Any], *, iteration: int | None = None,
                        prefect_flow_run_id: str | None = None) -> Run:
         """A `skipped` row in `runs`: the stage was asked for but its output was already in place."""

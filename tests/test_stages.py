@@ -33,6 +33,18 @@ def rewards_of(lake, iteration: int) -> pl.DataFrame:
     return lake.read("rewards", filter=pc.field("iteration") == iteration).sort("rollout_id", "verifier")
 
 
+def test_a_downstream_rerun_of_an_untouched_loop_iteration_skips_every_stage(looped):
+    from flows.stages import rerun_stage
+    from storage.lake import Lake
+
+    lake = Lake.open(looped)
+    versions = lake.read("model_versions").height
+    summaries = rerun_stage("verify", 2, downstream=True, lake_uri=looped)
+    assert [(s["stage"], s.get("skipped")) for s in summaries] == [
+        ("verify", True), ("advantages", True), ("train", True), ("evaluate", True)]
+    assert lake.read("model_versions").height == versions                # nothing trained
+
+
 def test_an_unchanged_stage_is_skipped_and_forced_it_replaces_its_output(looped):
     from flows.stages import rerun_stage
     from storage.lake import Lake
@@ -91,19 +103,27 @@ def test_rescoring_with_the_true_verifier_recomputes_the_groups_downstream(loope
 
 
 def test_a_failed_downstream_stage_puts_the_chain_back(looped):
+    """Verify and advantages replace their slices, then train fails: every slice is put back as it was."""
     from flows.stages import rerun_stage
     from storage.lake import Lake
 
     lake = Lake.open(looped)
-    before = rewards_of(lake, 1)
-    with pytest.raises(ValueError, match="no reward from nonexistent"):
-        rerun_stage("verify", 1, {"verify": {"verifier": "flipped"}, "advantages": {"verifier": "nonexistent"}},
+    slices = ("rewards", "groups", "advantages", "batches", "dbb_state")
+    before = {table: lake.read(table, filter=pc.field("iteration") == 1) for table in slices}
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        rerun_stage("verify", 1, {"verify": {"verifier": "flipped"}, "train": {"micro_batch_size": 0}},
                     downstream=True, force=True, lake_uri=looped)
-    after = rewards_of(lake, 1)
-    assert after.select("rollout_id", "verifier", "reward", "run_id").equals(
-        before.select("rollout_id", "verifier", "reward", "run_id"))         # the flipped scores are gone again
+    for table in slices:
+        after = lake.read(table, filter=pc.field("iteration") == 1)
+        key = [c for c in ("rollout_id", "group_id", "batch_id", "verifier") if c in after.columns]
+        assert after.sort(key).equals(before[table].sort(key)), table        # same rows and run ids as before
     restore = lake.read("runs", filter=(pc.field("stage") == "restore") & (pc.field("iteration") == 1))
-    assert restore["status"].to_list() == ["completed"] and json.loads(restore["parameters"][0])["tables"] == ["rewards"]
+    assert restore["status"].to_list() == ["completed"]
+    assert set(json.loads(restore["parameters"][0])["tables"]) == set(slices)
+    assert runs_of(lake, "verify", 1)["status"][-1] == "rolled_back"
+    assert runs_of(lake, "advantages", 1)["status"][-1] == "rolled_back"
+    [again] = rerun_stage("verify", 1, lake_uri=looped)      # the rolled-back config is no one's: skipped as before
+    assert again["skipped"]
 
 
 def test_retraining_an_old_iteration_branches_from_its_own_parent(looped):
@@ -119,9 +139,24 @@ def test_retraining_an_old_iteration_branches_from_its_own_parent(looped):
     train, evaluation = rerun_stage("train", 1, downstream=True, force=True, lake_uri=looped)
     branch = lake.read("model_versions", filter=pc.field("model_version") == train["model_version"]).row(0, named=True)
     assert branch["model_version"] == latest + 1 and branch["parent_version"] == first["parent_version"]
+    assert branch["kind"] == "rl-branch" and latest_version(lake) == latest    # the main line goes on from `latest`
     assert branch["iteration"] == 1 and branch["batch_ids"] == first["batch_ids"]
     assert evaluation["model_version"] == branch["model_version"]
     assert lake.read("evaluations", filter=pc.field("model_version") == branch["model_version"]).height > 0
+
+
+def test_rerunning_an_old_rollout_samples_with_its_own_version_and_stays_fresh(looped):
+    from flows.stages import rerun_stage
+    from storage.lake import Lake
+
+    lake = Lake.open(looped)
+    old = lake.read("rollouts", filter=pc.field("iteration") == 1)
+    [summary] = rerun_stage("rollout", 1, force=True, lake_uri=looped)
+    new = lake.read("rollouts", filter=pc.field("iteration") == 1)
+    assert set(new["model_version"]) == set(old["model_version"]) and not set(new["run_id"]) & set(old["run_id"])
+    advantages = lake.read("advantages", filter=pc.field("iteration") == 1)
+    assert (advantages["staleness"] == 0).all() and summary["batch_rollouts"] > 0    # measured from its sampler
+    assert set(rewards_of(lake, 1)["verifier"]) == {"random"}                         # scored as it was sampled
 
 
 def test_rlvr_stage_prints_what_ran_and_what_was_skipped(looped, tmp_path, prefect_api):

@@ -53,9 +53,20 @@ def versions(lake: Lake) -> pl.DataFrame:
     return lake.read("model_versions").sort("model_version")
 
 
+BRANCH = "rl-branch"
+
+
 def latest_version(lake: Lake) -> int | None:
-    registered = lake.read("model_versions", columns=["model_version"])
+    """The newest version of the main line: what the loop samples and trains next, and what evaluation
+    means by "latest". A branch (an old iteration re-trained from its own parent) is never it."""
+    registered = lake.read("model_versions", filter=pc.field("kind") != BRANCH, columns=["model_version"])
     return None if registered.is_empty() else int(registered["model_version"].max())
+
+
+def next_version_number(lake: Lake) -> int:
+    """The next free version number, branches included."""
+    registered = lake.read("model_versions", columns=["model_version"])["model_version"]
+    return 0 if registered.is_empty() else int(registered.max()) + 1
 
 
 def version_row(lake: Lake, version: int) -> dict:

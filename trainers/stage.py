@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 from storage.lake import Lake
 from storage.runs import Run
 from trainers.grpo import TrainConfig, sampled_temperature, train_on_batch
-from trainers.registry import (adapter_base, latest_version, load_policy, load_training_state, peft_warnings_quiet,
-                               register, save_checkpoint, version_row)
+from trainers.registry import (BRANCH, adapter_base, latest_version, load_policy, load_training_state,
+                               next_version_number, peft_warnings_quiet, register, save_checkpoint, version_row)
 
 ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"]
 
@@ -35,7 +35,8 @@ def training_rows(lake: Lake, iteration: int) -> tuple[pl.DataFrame, str | None]
 
 def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, parent: int | None = None) -> dict:
     """Train `parent` (default: the latest version) on the iteration's batch and register the result as the
-    next version number; an older parent makes a branch, its lineage recorded like any other."""
+    next version number; an older parent makes a branch (kind `rl-branch`): its lineage is recorded like
+    any other, but it never becomes the main line's latest version."""
     rows, batch_id = training_rows(lake, iteration)
     parent = parent if parent is not None else latest_version(lake)
     if parent is None:
@@ -54,9 +55,10 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
     same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
     metrics, state = train_on_batch(model, rows, config, load_training_state(parent_uri) if same_kind else None,
                                     reference)
-    version = latest_version(lake) + 1
+    version = next_version_number(lake)
     uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
-    register(lake, run, version, uri=uri, kind="rl", parent=parent, iteration=iteration, batch_ids=[batch_id],
+    kind = "rl" if parent == latest_version(lake) else BRANCH          # an older parent: a branch, off the main line
+    register(lake, run, version, uri=uri, kind=kind, parent=parent, iteration=iteration, batch_ids=[batch_id],
              metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
     return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics}
 
@@ -134,7 +136,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     if metrics["overshoot"]:
         print(f"warm-up overshot the band: {metrics['solve_rate']:.1%} > {config.band[1]:.0%} at the first measurement "
               f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band")
-    version = latest_version(lake) + 1
+    version = next_version_number(lake)
     uri = save_checkpoint(lake, version, model, tokenizer)
     register(lake, run, version, uri=uri, kind="warmup", parent=parent, metrics=metrics,
              architecture=json.loads(parent_row["architecture"] or "{}"))
