@@ -33,6 +33,16 @@ def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:
                           description=f"iteration {iteration}: training groups by level and source")
     filters = lake.read("groups", filter=pc.field("iteration") == iteration, columns=["filter_reason"])
     outcomes = filters.group_by("filter_reason").len().rows()
+    create_table_artifact(key="rl-iteration-filters", table=[
+        {"outcome": reason or "kept", "groups": count, "share": round(count / max(filters.height, 1), 3)}
+        for reason, count in sorted(outcomes, key=lambda r: str(r[0]))],
+        description=f"iteration {iteration}: what dynamic sampling did with the drawn groups")
+    freshness = lake.read("advantages", filter=pc.field("iteration") == iteration,
+                          columns=["freshness", "staleness", "importance_weight"])
+    create_table_artifact(key="rl-iteration-staleness", table=freshness.group_by("freshness").agg(
+        rollouts=pl.len(), mean_staleness=pl.col("staleness").mean().round(2),
+        mean_importance_weight=pl.col("importance_weight").mean().round(3)).sort("freshness").to_dicts(),
+        description=f"iteration {iteration}: rollouts by freshness against the training version")
     lines = [f"# Iteration {iteration}",
              f"- sampled by model version {row['model_version']}, trained version {row['trained_version']}",
              f"- groups: {row['groups']} drawn, {row['groups_kept']} kept; "

@@ -1,6 +1,8 @@
 """The RL loop: iterations of rollout → verify → advantages → train → evaluate, metrics in the lake,
 and resuming after a crash without repeating or losing an iteration."""
 
+import json
+
 import polars as pl
 import pytest
 
@@ -154,7 +156,8 @@ def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
     rl_loop({**RUN, "loop": {"iterations": 2, "evaluate_every": 2}}, lake_uri=lake_uri)
-    keys = ["rl-iteration-solve-rates", "rl-iteration-summary", "rl-loop-progress"]
+    keys = ["rl-iteration-solve-rates", "rl-iteration-summary", "rl-loop-progress", "rl-iteration-filters",
+            "rl-iteration-staleness"]
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
     by_key = {}
@@ -164,3 +167,7 @@ def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api
     summaries = [a.data for a in by_key["rl-iteration-summary"]]
     assert any("# Iteration 2" in text and "held-out sampled solve rate:" in text for text in summaries)
     assert max(float(a.data) for a in by_key["rl-loop-progress"]) == 100.0
+    filters = json.loads(by_key["rl-iteration-filters"][-1].data)
+    assert sum(row["groups"] for row in filters) > 0 and abs(sum(row["share"] for row in filters) - 1) < 0.01
+    staleness = json.loads(by_key["rl-iteration-staleness"][-1].data)
+    assert {row["freshness"] for row in staleness} == {"fresh"} and all(row["rollouts"] > 0 for row in staleness)
