@@ -38,10 +38,13 @@ write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=[2,
 
 @flow(name="rl-iteration", log_prints=True)
 def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = None, lake_uri: str | None = None,
-                 model_version: int | None = None, force: bool = True) -> dict[str, Any]:
+                 model_version: int | None = None, force: bool = True,
+                 training_version: int | None = None) -> dict[str, Any]:
     """Sample, score and filter one iteration's groups; write rollouts, rewards, groups, advantages, batch.
 
-    Without `force`, an iteration already sampled by the same version, bank, config and code is skipped."""
+    Freshness is measured against `training_version` (default: the latest version, which an older
+    `model_version` then lags). Without `force`, an iteration already sampled by the same version, bank,
+    config and code is skipped."""
     settings = IterationConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     iteration = iteration if iteration is not None else next_iteration(lake)
@@ -67,7 +70,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
     if sampled.failure is not None:                    # written first: what was sampled and scored is kept
         raise sampled.failure
-    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri, version)   # fresh vs the sampler
+    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri, training_version)
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 

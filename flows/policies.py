@@ -9,6 +9,7 @@ once. Tasks that hold an accelerator carry the `gpu` tag, so one Prefect concurr
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +21,20 @@ from tasks.progress import reporting_to
 from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
 
 GPU_TAG = "gpu"
-TRANSIENT_RETRIES = 2
-TRANSIENT_RETRY_DELAYS = [10, 30]      # seconds before the first and the second retry
+
+
+def retry_delays_from_env(default: list[float]) -> list[float]:
+    """RLVR_RETRY_DELAYS="10,30" (seconds before each retry; empty: no retries) overrides the default."""
+    text = os.environ.get("RLVR_RETRY_DELAYS")
+    if text is None:
+        return default
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"RLVR_RETRY_DELAYS={text!r}: give seconds separated by commas, e.g. 10,30") from None
+
+
+TRANSIENT_RETRY_DELAYS = retry_delays_from_env([10, 30])   # seconds before the first and the second retry
 
 
 def is_transient(error: BaseException) -> bool:

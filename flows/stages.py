@@ -107,7 +107,8 @@ def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], f
     if stage == "rollout":
         sampled = lake.read("rollouts", filter=pc.field("iteration") == iteration, columns=["model_version"])
         version = int(sampled["model_version"].min()) if sampled.height else None
-        return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, version, force)}
+        return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, version, force,
+                                               policy_version_of(lake, iteration))}
     if stage == "verify":
         return {"stage": stage, **verify_iteration(iteration, config.get("verify"), lake.uri, force)}
     if stage == "advantages":

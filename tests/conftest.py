@@ -98,7 +98,8 @@ def prefect_api():
     port = free_port()
     home = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-server-"))
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_UI_ENABLED": "false"}
+           "PREFECT_SERVER_UI_ENABLED": "false",
+           "PREFECT_SERVER_TASKS_TAG_CONCURRENCY_SLOT_WAIT_SECONDS": "1"}   # tag-limit retries, tested
     process = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
@@ -126,9 +127,17 @@ def shared_datasets() -> Path:
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`rlvr ARGS` in a fresh process, as a user would run it."""
+    """`rlvr ARGS` in a fresh process, as a user would run it (flows in Prefect's temporary server)."""
     return subprocess.run([str(BIN / "rlvr"), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
                           env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.fixture
+def cli(prefect_api):
+    """`run_cli` against the session's Prefect server: no temporary server per command (about 10 s each)."""
+    def run(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+        return run_cli(*args, env={"PREFECT_API_URL": prefect_api, **(env or {})}, **kwargs)
+    return run
 
 
 def register_random_version(lake, version: int, seed: int) -> None:

@@ -8,7 +8,7 @@ import math
 import polars as pl
 import pytest
 
-from conftest import register_random_version, run_cli
+from conftest import register_random_version
 from storage.catalog import open_catalog
 from tasks.advantages.dynamic_sampling import BatchShortfall
 
@@ -96,27 +96,27 @@ def test_rounds_until_the_bound_then_a_smaller_batch_or_a_clear_failure(rl_itera
         assert lake.read(table).is_empty(), table
 
 
-def test_command_line_iteration_analysis_and_advantage_rerun(prefect_api, tmp_path):
+def test_command_line_iteration_analysis_and_advantage_rerun(cli, tmp_path):
     lake_uri = str(tmp_path / "lake")
     config = tmp_path / "run.yaml"
     import yaml
 
     config.write_text(yaml.safe_dump({**CONFIG, "advantages": {"estimator": "grpo"}}))
-    assert run_cli("curate", "--source", "gen:mix:60", "--lake", lake_uri).returncode == 0
-    iterated = run_cli("iterate", "--config", str(config), "--lake", lake_uri)
+    assert cli("curate", "--source", "gen:mix:60", "--lake", lake_uri).returncode == 0
+    iterated = cli("iterate", "--config", str(config), "--lake", lake_uri)
     assert iterated.returncode == 0, iterated.stderr
     assert "groups kept / drawn" in iterated.stdout and "solve-rate histogram" in iterated.stdout
-    analysed = run_cli("analyze", "sampling", "--iteration", "1", "--format", "json", "--lake", lake_uri)
+    analysed = cli("analyze", "sampling", "--iteration", "1", "--format", "json", "--lake", lake_uri)
     problems = pl.DataFrame([json.loads(line) for line in analysed.stdout.splitlines() if line.strip()])
     assert set(problems["zone"]) <= {"too_hard", "learning_zone", "too_easy"} and (problems["samples"] == 4).all()
-    table = run_cli("analyze", "sampling", "--iteration", "1", "--lake", lake_uri)
+    table = cli("analyze", "sampling", "--iteration", "1", "--lake", lake_uri)
     assert "correct vs incorrect responses" in table.stdout and "problems by zone" in table.stdout
-    rerun = run_cli("advantages", "--iteration", "1", "--estimator", "rloo", "--config", str(config), "--lake", lake_uri)
+    rerun = cli("advantages", "--iteration", "1", "--estimator", "rloo", "--config", str(config), "--lake", lake_uri)
     assert rerun.returncode == 0, rerun.stderr
     from storage.lake import Lake
 
     assert set(Lake.open(lake_uri).read("advantages")["estimator"]) == {"rloo"}
-    missing = run_cli("analyze", "sampling", "--iteration", "7", "--lake", lake_uri)
+    missing = cli("analyze", "sampling", "--iteration", "7", "--lake", lake_uri)
     assert missing.returncode == 1 and "iteration 7 has no rollouts" in missing.stderr
 
 
@@ -210,14 +210,14 @@ def test_an_inference_server_failing_mid_iteration_keeps_the_rounds_already_samp
     assert set(rollouts["backend"]) == {f"openai:{server.url}"} and rollouts["response"][0] == "42"
 
 
-def test_command_line_errors_are_one_line(prefect_api, tmp_path):
+def test_command_line_errors_are_one_line(cli, tmp_path):
     lake_uri = str(tmp_path / "lake")
     config = tmp_path / "dead.yaml"
     config.write_text("rollout:\n  backend: openai\n  openai: {endpoints: ['http://127.0.0.1:9'], max_retries: 1,"
                       " backoff_seconds: 0.05}\n  base_policy: {tokenizer_corpus: 50}\n")
-    assert run_cli("curate", "--source", "gen:mix:40", "--lake", lake_uri).returncode == 0
-    dead = run_cli("iterate", "--config", str(config), "--lake", lake_uri)
+    assert cli("curate", "--source", "gen:mix:40", "--lake", lake_uri).returncode == 0
+    dead = cli("iterate", "--config", str(config), "--lake", lake_uri, env={"RLVR_RETRY_DELAYS": "0"})
     assert dead.returncode == 1 and "error: 2 attempts over 1 endpoint(s) failed" in dead.stderr
     assert "Traceback" not in dead.stdout + dead.stderr
-    invalid = run_cli("iterate", "--group-size", "1", "--lake", lake_uri)
+    invalid = cli("iterate", "--group-size", "1", "--lake", lake_uri)
     assert invalid.returncode == 2 and "--group-size 1: Input should be greater than or equal to 2" in invalid.stderr

@@ -110,8 +110,7 @@ def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path)
     assert set(lake.read("rollouts").filter(pl.col("iteration") == 2)["model_version"]) == {1}
 
 
-def test_command_line_train_and_model_version_lineage(prefect_api, tmp_path):
-    from conftest import run_cli
+def test_command_line_train_and_model_version_lineage(cli, tmp_path):
     from flows.iteration import rl_iteration
     from test_iteration import CONFIG, curated
 
@@ -120,19 +119,19 @@ def test_command_line_train_and_model_version_lineage(prefect_api, tmp_path):
     rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
     config = tmp_path / "train.yaml"
     config.write_text("train:\n  micro_batch_size: 4\n  loss_type: grpo\n")
-    trained = run_cli("train", "--iteration", "1", "--config", str(config), "--lake", lake_uri)
+    trained = cli("train", "--iteration", "1", "--config", str(config), "--lake", lake_uri)
     assert trained.returncode == 0, trained.stderr
     assert "iteration 1: trained" in trained.stdout
-    lineage = run_cli("lineage", "model-version", "1", "--lake", lake_uri)
+    lineage = cli("lineage", "model-version", "1", "--lake", lake_uri)
     assert lineage.returncode == 0, lineage.stderr
     assert "version 1 (rl, parent 0, iteration 1)" in lineage.stdout and "12 rollouts of 3 problems" in lineage.stdout
     assert "version 0 (base, no parent)" in lineage.stdout
     from flows.iteration import compute_advantages
 
     compute_advantages(1, CONFIG, lake_uri)                  # the iteration's batch is replaced after training
-    replaced = run_cli("lineage", "model-version", "1", "--lake", lake_uri)
+    replaced = cli("lineage", "model-version", "1", "--lake", lake_uri)
     assert replaced.returncode == 0 and "no longer in `batches`" in replaced.stdout
-    unknown = run_cli("lineage", "model-version", "9", "--lake", lake_uri)
+    unknown = cli("lineage", "model-version", "9", "--lake", lake_uri)
     assert unknown.returncode == 1 and "model version 9 is not registered" in unknown.stderr
 
 
