@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -77,12 +78,19 @@ def progress_listener():
     (key `<task>-<loop>`, e.g. `score-rollouts-verifying`), updated every 5 %."""
     artifact_ids: dict[str, Any] = {}
     task_name = task_run.task_name or "stage"
+    failed: list[str] = []
 
     def update(description: str, done: int, total: int) -> None:
+        if failed:
+            return
         percent, text = round(100 * done / total, 1), f"{description}: {done:,} of {total:,}"
-        if description in artifact_ids:
-            update_progress_artifact(artifact_ids[description], percent, description=text)
-        else:
-            artifact_ids[description] = create_progress_artifact(percent, key=artifact_key(task_name, description),
-                                                                 description=text)
+        try:
+            if description in artifact_ids:
+                update_progress_artifact(artifact_ids[description], percent, description=text)
+            else:
+                artifact_ids[description] = create_progress_artifact(
+                    percent, key=artifact_key(task_name, description), description=text)
+        except Exception as error:  # noqa: BLE001 - a progress report must never fail the stage it reports on
+            failed.append(str(error))
+            logging.getLogger("rlvr.progress").warning("progress artifacts stopped for %s: %s", task_name, error)
     return update

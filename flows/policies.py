@@ -63,5 +63,7 @@ def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delay
         with reporting_to(progress_listener()):
             return fn(*args, **kwargs)
 
+    with_progress.__prefect_task_source__ = fn      # Prefect keys task runs by this function's code, not the wrapper's
+
     return task(with_progress, name=name, cache_policy=NO_CACHE, retries=len(delays), retry_delay_seconds=delays,
                 retry_condition_fn=_retry_if_transient, tags=[GPU_TAG] if gpu else [])

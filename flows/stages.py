@@ -27,7 +27,9 @@ from flows.evaluation import evaluate_model
 from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.skipping import config_of
 from flows.verification import verify_iteration
+from storage.fingerprints import OUTPUT_TABLE
 from storage.lake import Lake
+from tasks.verification import VerifyConfig
 from storage.runs import utc_now
 from tasks.curation.config import merged_config
 from trainers.registry import latest_version
@@ -69,8 +71,8 @@ def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = F
             continue
         if stage in ("rollout", "advantages"):
             config.update({k: v for k, v in parameters.items() if k in ITERATION_SECTIONS})
-        elif stage == "verify":
-            config["verify"] = parameters
+        elif stage == "verify":     # how scoring was spread out is this machine's business, not the record's
+            config["verify"] = {k: v for k, v in parameters.items() if k not in VerifyConfig.EXECUTION_ONLY}
         elif stage == "train":
             config["train"] = parameters
         elif stage == "evaluate":
@@ -166,7 +168,8 @@ def _restore(lake: Lake, iteration: int, before: dict[str, int | None], chain: l
         for table in changed:
             lake.restore(table, {"iteration": iteration}, before[table], run)
     stages = {"rollout", "verify", "advantages"} & set(chain) | ({"verify", "advantages"} if "rollout" in chain else set())
-    lake.mark_runs(iteration, stages, since=started, status="rolled_back")
+    lake.mark_runs(iteration, stages, since=started, status="rolled_back",
+                   unless_in={stage: OUTPUT_TABLE[stage] for stage in stages})
     print(f"iteration {iteration}: a stage failed; restored {', '.join(changed)} as they were")
 
 

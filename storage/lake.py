@@ -166,14 +166,22 @@ class Lake:
             raise
         self._write_run_row(run.row("completed", utc_now()))
 
-    def mark_runs(self, iteration: int, stages: set[str], since: datetime, status: str) -> list[str]:
-        """Set the status of the completed runs of `stages` for `iteration` started at or after `since`."""
+    def mark_runs(self, iteration: int, stages: set[str], since: datetime, status: str,
+                  unless_in: dict[str, str] | None = None) -> list[str]:
+        """Set the status of the completed runs of `stages` for `iteration` started at or after `since`,
+        except those whose rows are still in their stage's table (`unless_in`: stage -> table)."""
         runs = self.read("runs", filter=(pc.field("iteration") == iteration) & pc.field("stage").isin(sorted(stages))
                          & (pc.field("status") == "completed") & (pc.field("started_at") >= pa.scalar(
                              since, pa.timestamp("us", tz="UTC"))))
+        marked = []
         for row in runs.iter_rows(named=True):
+            table = (unless_in or {}).get(row["stage"])
+            if table and not self.read(table, filter=(pc.field("iteration") == iteration)
+                                       & (pc.field("run_id") == row["run_id"]), columns=["run_id"]).is_empty():
+                continue
             self._write_run_row({**row, "status": status})
-        return runs["run_id"].to_list()
+            marked.append(row["run_id"])
+        return marked
 
     def record_skipped(self, flow: str, stage: str, parameters: dict[str, Any], *, iteration: int | None = None,
                        prefect_flow_run_id: str | None = None) -> Run:

@@ -140,6 +140,12 @@ def test_retraining_an_old_iteration_branches_from_its_own_parent(looped):
     branch = lake.read("model_versions", filter=pc.field("model_version") == train["model_version"]).row(0, named=True)
     assert branch["model_version"] == latest + 1 and branch["parent_version"] == first["parent_version"]
     assert branch["kind"] == "rl-branch" and latest_version(lake) == latest    # the main line goes on from `latest`
+    from storage.catalog import open_catalog
+    from tasks.report import data
+
+    catalog = open_catalog(lake)                                            # the report's curve is the main line
+    assert data.summary(catalog)["latest_model_version"] == latest
+    assert branch["model_version"] not in data.gather(catalog)["eval_solve_rate_by_level"]["model_version"].to_list()
     assert branch["iteration"] == 1 and branch["batch_ids"] == first["batch_ids"]
     assert evaluation["model_version"] == branch["model_version"]
     assert lake.read("evaluations", filter=pc.field("model_version") == branch["model_version"]).height > 0
@@ -233,6 +239,7 @@ def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
     from flows.policies import GPU_TAG, stage_task
 
     assert GPU_TAG in sample_task.tags and GPU_TAG in train_task.tags
+    assert sample_task.task_key != train_task.task_key      # keyed by each stage function's code, not the wrapper
     spans: list[tuple[float, float]] = []
 
     def hold_the_gpu() -> None:
@@ -301,3 +308,26 @@ def test_verification_fans_out_over_a_dask_cluster_and_agrees_with_one_task(loop
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
             task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="score-rollouts")))
     assert len(scored) == -(-one_task.height // 7) and all(run.state.is_completed() for run in scored)
+    from flows.stages import recorded_config
+
+    assert "task_runner" not in recorded_config(lake, 2)["verify"]     # re-runs do not replay the cluster
+
+
+def test_a_failing_progress_report_never_fails_the_stage(prefect_api, monkeypatch):
+    from prefect import flow
+
+    from flows import artifacts
+    from flows.policies import stage_task
+    from tasks.progress import track
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("the API is restarting")
+
+    monkeypatch.setattr(artifacts, "create_progress_artifact", unreachable)
+    counted = stage_task(lambda n: sum(1 for _ in track(range(n), "counting")), "count", retry_delays=[])
+
+    @flow
+    def run() -> int:
+        return counted(50)
+
+    assert run() == 50

@@ -25,6 +25,10 @@ FIRST_VERIFIER = """
         select w.* from rewards w join first_verifier using (iteration, verifier, verifier_version))"""
 
 
+# Branches (old iterations re-trained by `rlvr stage train`) are not the run's curve; lineage shows them.
+MAIN_LINE = "model_version not in (select model_version from model_versions where kind = 'rl-branch')"
+
+
 def relations(con: duckdb.DuckDBPyConnection) -> set[str]:
     """The tables and views the catalog holds."""
     return {name for (name,) in con.sql("select table_name from information_schema.tables").fetchall()}
@@ -80,7 +84,7 @@ def gather(con: duckdb.DuckDBPyConnection, distribution_iterations: int = 3) -> 
     """Every frame the plots draw, by name."""
     picked = pick_iterations(sampled_iterations(con), distribution_iterations)
     return {
-        "eval_solve_rate_by_level": view(con, "eval_solve_rate_by_level"),
+        "eval_solve_rate_by_level": view(con, "eval_solve_rate_by_level", f"where {MAIN_LINE}"),
         "train_solve_rate_by_level": view(con, "solve_rate_by_level", "where model_version is not null"),
         "rewards": rewards(con, picked),
         "response_lengths": response_lengths(con, picked),
@@ -106,10 +110,10 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict:
                       "count(*) as rollouts from rollouts")
     if "model_versions" in present:
         result |= one("select model_version as latest_model_version, kind as latest_model_kind from model_versions "
-                      "order by model_version desc limit 1")
+                      "where kind is distinct from 'rl-branch' order by model_version desc limit 1")
     if "evaluations" in present:
         evaluated = con.sql("select model_version, sum(solved) / sum(samples) as solve_rate, sum(problems) as problems "
-                            "from evaluations group by 1 order by 1").pl()
+                            f"from evaluations where {MAIN_LINE} group by 1 order by 1").pl()
         if evaluated.height:
             result["first_eval"] = evaluated.row(0, named=True)
             result["last_eval"] = evaluated.row(-1, named=True)
