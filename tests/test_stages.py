@@ -1,6 +1,7 @@
 """Re-running one stage of an iteration: skip when unchanged, replace exactly its output, downstream
 chains all or nothing, re-scoring with another verifier; retries and the GPU concurrency tag."""
 
+import contextvars
 import json
 import threading
 import time
@@ -231,7 +232,8 @@ def test_transient_failures_are_retried_and_others_are_not(prefect_api):
 
 
 def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
-    """With `prefect concurrency-limit create gpu 1`, two flows' GPU tasks never overlap."""
+    """With `prefect concurrency-limit create gpu 1`, two flows' GPU tasks never overlap (without it they do:
+    each holds the GPU longer than the second flow takes to start)."""
     from prefect import flow
     from prefect.client.orchestration import get_client
 
@@ -240,33 +242,41 @@ def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
 
     assert GPU_TAG in sample_task.tags and GPU_TAG in train_task.tags
     assert sample_task.task_key != train_task.task_key      # keyed by each stage function's code, not the wrapper
-    spans: list[tuple[float, float]] = []
 
-    def hold_the_gpu() -> None:
-        start = time.monotonic()
-        time.sleep(1.5)
-        spans.append((start, time.monotonic()))
+    def spans_of_two_flows() -> list[tuple[float, float]]:
+        spans: list[tuple[float, float]] = []
 
-    gpu_task = stage_task(hold_the_gpu, "hold-the-gpu", gpu=True)
+        def hold_the_gpu() -> None:
+            start = time.monotonic()
+            time.sleep(4)
+            spans.append((start, time.monotonic()))
 
-    @flow
-    def uses_the_gpu() -> None:
-        gpu_task()
+        gpu_task = stage_task(hold_the_gpu, "hold-the-gpu", gpu=True)
 
+        @flow
+        def uses_the_gpu() -> None:
+            gpu_task()
+
+        # each thread runs in a copy of this context, which holds the session server's API URL (a bare
+        # thread would start with an empty context and a temporary server of its own, without the limit)
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(uses_the_gpu,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert len(spans) == 2
+        return sorted(spans)
+
+    (_, first_end), (second_start, _) = spans_of_two_flows()
+    assert second_start < first_end                             # no limit: they overlap
     with get_client(sync_client=True) as client:
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=1)
+        time.sleep(5.5)                                         # Prefect caches "no limit on these tags" for 5 s
         try:
-            threads = [threading.Thread(target=uses_the_gpu) for _ in range(2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(120)
+            (_, first_end), (second_start, _) = spans_of_two_flows()
         finally:
             client.delete_concurrency_limit_by_tag(GPU_TAG)
-    assert len(spans) == 2
-    (first_start, first_end), (second_start, _) = sorted(spans)
     assert second_start >= first_end - 0.05
-
 
 def test_long_stage_work_publishes_progress_artifacts(looped, prefect_api):
     from prefect.client.orchestration import get_client
