@@ -84,8 +84,7 @@ class Lake:
         spec = TABLES[name]
         if not spec.partition_by or not set(spec.partition_by) <= set(key):
             raise LakeError(f"{name}: a replace key {sorted(key)} must include the partition columns {list(spec.partition_by)}")
-        predicate = " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
-        return self._write(spec, rows, run, key=key, predicate=predicate)
+        return self._write(spec, rows, run, key=key, predicate=_key_predicate(key))
 
     def append(self, name: str, rows: RowData, run: Run) -> int:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
@@ -97,17 +96,14 @@ class Lake:
         for column, value in key.items():
             condition = (pc.field(column) == value) if condition is None else condition & (pc.field(column) == value)
         rows = self.read(name, filter=condition, version=version) if version is not None else pl.DataFrame()
-        spec = TABLES[name]
-        predicate = " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
-        return _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids=True),
-                                  f"restore {name}")
+        return self._write(TABLES[name], rows, run, key, _key_predicate(key), keep_run_ids=True)
 
-    def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None) -> int:
+    def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
+               keep_run_ids: bool = False) -> int:
         if isinstance(rows, (pl.DataFrame, pa.Table)):   # replayable: a commit conflict is retried
-            version = _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate), f"write {spec.name}")
-        else:
-            version = self._write_once(spec, rows, run, key, predicate)
-        return version
+            return _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids),
+                                      f"write {spec.name}")
+        return self._write_once(spec, rows, run, key, predicate, keep_run_ids)
 
     def _write_once(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
                     keep_run_ids: bool = False) -> int:
@@ -262,6 +258,11 @@ def _sql_literal(value: Any) -> str:
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     return repr(value)
+
+
+def _key_predicate(key: dict[str, Any]) -> str:
+    """The SQL predicate of a replaced slice: every key column equal to its value."""
+    return " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
 
 
 def _as_batches(rows: RowData) -> Iterable[pa.RecordBatch]:
