@@ -60,12 +60,13 @@ def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tup
 def own_verifier_first(lake: Lake, rollouts: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
     """Rewards ordered so each rollout's score by its problem's own verifier comes first (an iteration
     re-scored with another verifier holds both)."""
-    from tasks.verifiers.engine import DEFAULT_VERIFIER
+    from tasks.verifiers.engine import own_verifier
 
     problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
                          columns=["problem_id", "domain", "verifier"]).unique("problem_id")
-    own = problems.select("problem_id", own=pl.coalesce("verifier", pl.col("domain").replace_strict(
-        DEFAULT_VERIFIER, default="math")))
+    own = pl.DataFrame({"problem_id": problems["problem_id"],
+                        "own": [own_verifier(problem) for problem in problems.iter_rows(named=True)]},
+                       schema={"problem_id": pl.String, "own": pl.String})
     ranked = (rewards.join(rollouts.select("rollout_id", "problem_id"), on="rollout_id", how="left")
               .join(own, on="problem_id", how="left")
               .with_columns(foreign=pl.col("verifier") != pl.col("own").fill_null("")))

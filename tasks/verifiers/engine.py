@@ -25,6 +25,11 @@ from tasks.verifiers.formats import format_reward
 DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
 
 
+def own_verifier(problem: Mapping[str, Any]) -> str:
+    """The verifier a problem names, else its domain's, else math."""
+    return problem.get("verifier") or DEFAULT_VERIFIER.get(problem.get("domain") or "", "math")
+
+
 @dataclass(frozen=True)
 class Scored:
     """One scored item: the verdict plus the verifier's identity, as a reward row needs them."""
@@ -57,7 +62,7 @@ class VerifierSet:
         return self._built[name]
 
     def score(self, index: int, problem: Mapping[str, Any], response: str, verifier_name: str | None) -> Scored:
-        name = verifier_name or problem.get("verifier") or DEFAULT_VERIFIER.get(problem.get("domain", ""), "math")
+        name = verifier_name or own_verifier(problem)
         try:
             verifier = self.get(name)
             verdict = verifier.verify(problem, response)
@@ -202,7 +207,7 @@ class VerifierPool:
         slot["process"].kill()
         slot["process"].join(5)
         slot.update(self._start(slot["worker"]))
-        name = name or problem.get("verifier") or DEFAULT_VERIFIER.get(problem.get("domain", ""), "math")
+        name = name or own_verifier(problem)
         return Scored(index, 0.0, False, name, _version_of(name), 0.0, {"reason": reason})
 
     def _stop(self, slot: dict[str, Any]) -> None:
