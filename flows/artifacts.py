@@ -33,10 +33,10 @@ def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:
     create_table_artifact(key="rl-iteration-solve-rates", table=solve_rate_table(lake, iteration),
                           description=f"iteration {iteration}: training groups by level and source")
     filters = lake.read("groups", filter=pc.field("iteration") == iteration, columns=["filter_reason"])
-    outcomes = filters.group_by("filter_reason").len().rows()
+    outcomes = sorted(filters.group_by("filter_reason").len().rows(), key=lambda r: str(r[0]))
     create_table_artifact(key="rl-iteration-filters", table=[
         {"outcome": reason or "kept", "groups": count, "share": round(count / max(filters.height, 1), 3)}
-        for reason, count in sorted(outcomes, key=lambda r: str(r[0]))],
+        for reason, count in outcomes],
         description=f"iteration {iteration}: what dynamic sampling did with the drawn groups")
     freshness = lake.read("advantages", filter=pc.field("iteration") == iteration,
                           columns=["freshness", "staleness", "importance_weight"])
@@ -47,7 +47,7 @@ def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:
     lines = [f"# Iteration {iteration}",
              f"- sampled by model version {row['model_version']}, trained version {row['trained_version']}",
              f"- groups: {row['groups']} drawn, {row['groups_kept']} kept; "
-             + ", ".join(f"{reason or 'kept'} {count}" for reason, count in sorted(outcomes, key=lambda r: str(r[0]))),
+             + ", ".join(f"{reason or 'kept'} {count}" for reason, count in outcomes),
              f"- learning-zone share {_percent(row['learning_zone_share'])}, mean reward {_number(row['mean_reward'])}, "
              f"mean staleness {_number(row['mean_staleness'])}",
              f"- loss {_number(row['loss'])}, clip fraction {_number(row['clip_fraction'])}, "

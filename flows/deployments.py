@@ -17,7 +17,6 @@ from pydantic import Field, field_validator
 from tasks.curation.config import Strict, read_yaml
 
 FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report"]
-STAGE_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
 
 
 class DeploymentSpec(Strict):
@@ -74,9 +73,13 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
 
         built["config"] = sections(tuple(RunConfig.model_fields))
     elif spec.flow == "iteration":
-        built["config"] = sections(STAGE_SECTIONS)
+        from tasks.rollout.stage import IterationConfig
+
+        built["config"] = sections(tuple(IterationConfig.model_fields))
     elif spec.flow == "evaluate":
-        built.update(config=sections((*STAGE_SECTIONS, "evaluation")), force=False)   # skipped while in place
+        from flows.evaluation import EvaluationRunConfig
+
+        built.update(config=sections(tuple(EvaluationRunConfig.model_fields)), force=False)   # skipped while in place
     elif spec.flow == "rescore":
         built.update(config={"verify": {}}, iterations=[])   # each iteration keeps its own recorded settings
     else:

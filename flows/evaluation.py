@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
+import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
@@ -63,8 +64,6 @@ def evaluate_model(model_version: int | None = None, config: dict[str, Any] | No
 
 def _iteration_of(lake: Lake, version: int) -> int:
     """The iteration that trained `version` (0 for the base and warm-up versions)."""
-    import pyarrow.compute as pc
-
     rows = lake.read("model_versions", filter=pc.field("model_version") == version, columns=["iteration"])
     value = rows["iteration"][0] if rows.height else None
     return int(value) if value is not None else 0

@@ -16,7 +16,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from flows.policies import stage_task
+from flows.policies import STORAGE_RETRY_DELAYS, stage_task
 from flows.skipping import unchanged_or_fingerprint
 from storage.fingerprints import run_ids
 from storage.lake import Lake
@@ -33,7 +33,7 @@ sample_task = stage_task(sample_iteration, "rollout-and-score", gpu=True)
 off_policy_task = stage_task(off_policy_logprob_sums, "off-policy-logprobs", gpu=True)
 compute_task = task(compute, name="advantages-and-filter", cache_policy=NO_CACHE)
 train_task = stage_task(train_iteration, "grpo-step", gpu=True)
-write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=[2, 5])
+write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=STORAGE_RETRY_DELAYS)
 
 
 @flow(name="rl-iteration", log_prints=True)

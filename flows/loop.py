@@ -21,7 +21,7 @@ from pydantic import Field
 
 from flows.artifacts import publish_iteration
 from flows.curation import curate_bank
-from flows.evaluation import evaluate_model
+from flows.evaluation import EvaluationRunConfig, evaluate_model
 from flows.policies import stage_task
 from flows.iteration import rl_iteration, train_policy
 from storage.lake import Lake
@@ -37,7 +37,6 @@ from trainers.stage import run_warmup, warmup_version
 from trainers.warmup import WarmupConfig
 
 warmup_task = stage_task(run_warmup, "supervised-warm-up", gpu=True)
-EVALUATION_SECTIONS = {"rollout", "dynamic_sampling", "verify", "advantages", "evaluation"}
 
 
 class LoopConfig(Strict):
@@ -97,7 +96,8 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
 
 def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:
     """Held-out solve rate of `version` (the evaluation flow), read back as its `evaluations` rows."""
-    evaluate_model(version, settings.model_dump(mode="json", include=EVALUATION_SECTIONS), lake.uri, iteration)
+    evaluate_model(version, settings.model_dump(mode="json", include=set(EvaluationRunConfig.model_fields)), lake.uri,
+                   iteration)
     return lake.read("evaluations", filter=pc.field("model_version") == version)
 
 

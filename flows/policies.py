@@ -35,6 +35,7 @@ def retry_delays_from_env(default: list[float]) -> list[float]:
 
 
 TRANSIENT_RETRY_DELAYS = retry_delays_from_env([10, 30])   # seconds before the first and the second retry
+STORAGE_RETRY_DELAYS = [2, 5]                                 # lake reads and writes done as tasks
 
 
 def is_transient(error: BaseException) -> bool:

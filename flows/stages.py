@@ -23,12 +23,13 @@ import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.evaluation import evaluate_model
+from flows.evaluation import EvaluationRunConfig, evaluate_model
 from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.skipping import config_of
 from flows.verification import verify_iteration
 from storage.fingerprints import OUTPUT_TABLE
 from storage.lake import Lake
+from tasks.rollout.stage import IterationConfig
 from tasks.verification import VerifyConfig
 from storage.runs import utc_now
 from tasks.curation.config import merged_config
@@ -38,7 +39,8 @@ STAGES = ("rollout", "verify", "advantages", "train", "evaluate")
 ITERATION_OUTPUTS = {"rollout": ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state"),
                      "verify": ("rewards",), "advantages": ("groups", "advantages", "batches", "dbb_state"),
                      "train": (), "evaluate": ()}
-ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
+ITERATION_SECTIONS = tuple(IterationConfig.model_fields)                # rollout, dynamic_sampling, verify, advantages
+EVALUATION_SECTIONS = tuple(EvaluationRunConfig.model_fields)          # the same, and evaluation
 
 
 def stage_chain(stage: str, downstream: bool, through: str | None = None) -> list[str]:
@@ -119,7 +121,7 @@ def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], f
     if stage == "train":
         return {"stage": stage, **train_policy(iteration, config.get("train"), lake.uri,
                                                policy_version_of(lake, iteration), force)}
-    evaluation_config = {k: v for k, v in config.items() if k in (*ITERATION_SECTIONS, "evaluation")}
+    evaluation_config = {k: v for k, v in config.items() if k in EVALUATION_SECTIONS}
     return {"stage": stage, **evaluate_model(trained_version_of(lake, iteration), evaluation_config, lake.uri,
                                              iteration, force)}
 

@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from flows.policies import stage_task
+from flows.policies import STORAGE_RETRY_DELAYS, stage_task
 from flows.skipping import unchanged_or_fingerprint
 from storage.fingerprints import run_ids
 from storage.lake import Lake
@@ -18,10 +18,10 @@ from tasks.verification import (VerifyConfig, record_noise, rollouts_with_proble
                                 with_noise_correction, write_rewards)
 from tasks.verifiers.noise import NoiseEstimate
 
-read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=[2, 5])
+read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=STORAGE_RETRY_DELAYS)
 score_task = stage_task(score_rollouts, "score-rollouts")
 correct_task = task(with_noise_correction, name="noise-correction", cache_policy=NO_CACHE)
-write_task = stage_task(write_rewards, "write-rewards", retry_delays=[2, 5])
+write_task = stage_task(write_rewards, "write-rewards", retry_delays=STORAGE_RETRY_DELAYS)
 
 
 def score_in_chunks(frame: pl.DataFrame, verify: VerifyConfig) -> pl.DataFrame:
