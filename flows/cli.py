@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -24,11 +26,38 @@ app.add_typer(bench_app, name="bench")
 
 LakeOption = Annotated[Optional[str], typer.Option("--lake", envvar="RLVR_LAKE",
                                                    help="lake location: a folder or s3://bucket/prefix [default: ./lake]")]
+WaitOption = Annotated[bool, typer.Option("--wait", help="queue behind another writer of this lake instead of being "
+                                          "refused (one process writes iterations at a time)")]
 
 
 def fail(message: str, code: int = 1) -> None:
     errors.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def loop_writer(lake: str | None, wait: bool) -> Iterator[None]:
+    """Hold the lake's `loop` lease for the whole command, taken before any orchestration starts: a second
+    writer is refused at once with one line naming the holder, or waits with --wait. The command's flows
+    re-enter it."""
+    from storage.lake import Lake, LeaseHeld
+    from storage.leases import LOOP
+
+    opened = Lake.open(lake)
+    held = opened.lease(LOOP)
+    try:
+        held.__enter__()
+    except LeaseHeld as error:
+        if not wait:
+            fail(str(error))
+        errors.print(f"[dim]waiting: {escape(str(error).split(': one writer')[0])}[/dim]", highlight=False,
+                     soft_wrap=True)
+        held = opened.lease(LOOP, wait=True)
+        held.__enter__()
+    try:
+        yield
+    finally:
+        held.__exit__(None, None, None)
 
 
 class _OneLineErrors(logging.Filter):
@@ -40,7 +69,15 @@ class _OneLineErrors(logging.Filter):
 
 
 def _prefect_defaults() -> None:
+    """Before a command's first flow: quiet defaults, and an API to report to (`flows/orchestration.py`:
+    PREFECT_API_URL, else a temporary server that dies with this command)."""
+    from flows.orchestration import OrchestrationUnavailable, ensure_api
+
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    try:
+        ensure_api()
+    except OrchestrationUnavailable as error:
+        fail(str(error))
     if not os.environ.get("RLVR_DEBUG"):
         for name in ("prefect.flow_runs", "prefect.task_runs"):
             logging.getLogger(name).addFilter(_OneLineErrors())
@@ -102,6 +139,7 @@ def run(
                                                                   "resumes after the last recorded one [default: "
                                                                   "the config's loop.iterations]")] = None,
     lake: LakeOption = None,
+    wait: WaitOption = False,
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
     from storage.lake import Lake
@@ -109,6 +147,7 @@ def run(
     from tasks.curation.stage import identical_curation
 
     from flows.cli_rl import run_config
+    from flows.loop_state import nothing_left
 
     try:
         curation = load_yaml_config(config, CurationConfig, section="bank")
@@ -116,19 +155,23 @@ def run(
         fail(str(error), 2)
     settings = run_config(config)
     opened = Lake.open(lake)
-    previous = identical_curation(opened, curation)
-    if previous is not None:
-        console.print(f"[dim]bank version {previous['bank_version']} was curated from this config by run "
-                      f"{previous['run_id']}; skipping curation[/dim]")
-    else:
-        _curate(curation, lake)
-    count = settings.loop.iterations if iterations is None else iterations
-    if count == 0:
-        _print_stats(opened, None)
-        return
-    from flows.cli_rl import run_loop
+    with loop_writer(lake, wait):
+        previous = identical_curation(opened, curation)
+        if previous is not None:
+            console.print(f"[dim]bank version {previous['bank_version']} was curated from this config by run "
+                          f"{previous['run_id']}; skipping curation[/dim]")
+        else:
+            _curate(curation, lake)
+        count = settings.loop.iterations if iterations is None else iterations
+        if count == 0:
+            _print_stats(opened, None)
+            return
+        if nothing_left(opened, count, settings.warmup.enabled):     # no orchestration needed
+            console.print(f"nothing to do: the lake already holds {count} iteration(s) (raise --iterations to go on)")
+            return
+        from flows.cli_rl import run_loop
 
-    run_loop(settings, count, lake)
+        run_loop(settings, count, lake)
 
 
 @app.command()
@@ -138,17 +181,19 @@ def sql(
     as_of: Annotated[Optional[str], typer.Option("--as-of", help="lake version (integer) or ISO timestamp")] = None,
     lake: LakeOption = None,
 ) -> None:
-    """Run SQL over every lake table with DuckDB."""
+    """Run SQL over every lake table with DuckDB: queries only, over the lake's committed rows."""
     import duckdb
 
-    from storage.catalog import open_catalog
+    from storage.catalog import open_lake_catalog
     from storage.lake import Lake, LakeError
 
     if format not in ("table", "csv", "json"):
         fail(f"--format must be table, csv or json, not {format!r}", 2)
     try:
-        connection = open_catalog(Lake.open(lake), as_of)
-        result = connection.sql(query)
+        catalog = open_lake_catalog(Lake.open(lake), as_of)
+        for why in catalog.damaged.values():
+            errors.print(f"[yellow]warning:[/yellow] {escape(why)}", highlight=False, soft_wrap=True)
+        result = catalog.sql(query)
         arrow = result.to_arrow_table() if result is not None else None
     except duckdb.Error as error:
         fail(str(error))
@@ -290,6 +335,7 @@ def verify(
     workers: Annotated[Optional[int], typer.Option(min=0, help="worker processes")] = None,
     noise_correction: Annotated[bool, typer.Option(help="add corrected_reward from the verifier's audit")] = False,
     lake: LakeOption = None,
+    wait: WaitOption = False,
 ) -> None:
     """Score an iteration's rollouts into the rewards table (replacing that verifier's previous scores)."""
     import polars as pl
@@ -302,10 +348,11 @@ def verify(
     if workers is not None:
         updates["workers"] = workers
     settings = settings.model_copy(update=updates)
-    _prefect_defaults()
-    from flows.verification import verify_iteration
+    with loop_writer(lake, wait):
+        _prefect_defaults()
+        from flows.verification import verify_iteration
 
-    result = verify_iteration(iteration, settings.model_dump(mode="json"), lake)
+        result = verify_iteration(iteration, settings.model_dump(mode="json"), lake)
     console.print(frame_table(pl.DataFrame(result["verifiers"]), title=f"iteration {iteration} (run {result['run_id']})"))
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from flows.cli import LakeOption, _prefect_defaults, app, fail
+from flows.cli import LakeOption, WaitOption, _prefect_defaults, app, fail, loop_writer
 from flows.display import console, frame_table
 
 STAGE_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages", "train", "evaluation")
@@ -52,6 +52,7 @@ def stage(
     through: Annotated[Optional[str], typer.Option(help="with --downstream, the last stage to run")] = None,
     force: Annotated[bool, typer.Option(help="run even when inputs, config and code are unchanged")] = False,
     lake: LakeOption = None,
+    wait: WaitOption = False,
 ) -> None:
     """Re-run one stage of an iteration, replacing exactly its output; unchanged stages are skipped."""
     try:
@@ -62,18 +63,19 @@ def stage(
         stage_chain(name, downstream, through)
     except ValueError as error:
         fail(str(error), 2)
-    _prefect_defaults()
-    from flows.stages import rerun_stage
-    from tasks.advantages.dynamic_sampling import BatchShortfall
-    from tasks.rollout.openai_backend import BackendUnavailable
+    with loop_writer(lake, wait):
+        _prefect_defaults()
+        from flows.stages import rerun_stage
+        from tasks.advantages.dynamic_sampling import BatchShortfall
+        from tasks.rollout.openai_backend import BackendUnavailable
 
-    summaries = []
-    for number in iterations:
-        try:
-            summaries += rerun_stage(name, number, overrides, downstream, force, lake, through)
-        except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
-            _print_stages(summaries)
-            fail(f"iteration {number}: {error}")
+        summaries = []
+        for number in iterations:
+            try:
+                summaries += rerun_stage(name, number, overrides, downstream, force, lake, through)
+            except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
+                _print_stages(summaries)
+                fail(f"iteration {number}: {error}")
     _print_stages(summaries)
 
 

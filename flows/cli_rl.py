@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli import LakeOption, _prefect_defaults, app, fail, lineage_app
+from flows.cli import LakeOption, WaitOption, _prefect_defaults, app, fail, lineage_app, loop_writer
 from flows.display import console, frame_table, write_result
 
 policy_app = typer.Typer(help="The model registry and policy servers.", no_args_is_help=True)
@@ -96,19 +96,21 @@ def iterate(
     group_size: Annotated[Optional[int], typer.Option(help="G: samples per prompt")] = None,
     verifier: Annotated[Optional[str], typer.Option(help="score with this verifier (or reward control) instead")] = None,
     lake: LakeOption = None,
+    wait: WaitOption = False,
 ) -> None:
     """One RL iteration without training: rollout with dynamic sampling, verification, advantages, batch."""
     settings = iteration_config(config, {"dynamic_sampling.groups_per_batch": groups, "rollout.group_size": group_size,
                                          "verify.verifier": verifier})
-    _prefect_defaults()
-    from flows.iteration import rl_iteration
-    from tasks.advantages.dynamic_sampling import BatchShortfall
-    from tasks.rollout.openai_backend import BackendUnavailable
+    with loop_writer(lake, wait):
+        _prefect_defaults()
+        from flows.iteration import rl_iteration
+        from tasks.advantages.dynamic_sampling import BatchShortfall
+        from tasks.rollout.openai_backend import BackendUnavailable
 
-    try:
-        result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
-    except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
-        fail(str(error))
+        try:
+            result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
+        except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
+            fail(str(error))
     _print_iteration(result)
 
 
@@ -119,16 +121,18 @@ def advantages(
     estimator: Annotated[Optional[str], typer.Option(help="grpo, dr_grpo, rloo, batch_std or dbb")] = None,
     model_version: Annotated[Optional[int], typer.Option(help="current policy version, for staleness")] = None,
     lake: LakeOption = None,
+    wait: WaitOption = False,
 ) -> None:
     """Re-run the advantage stage of an iteration: groups, advantages, batch and DBB state are replaced."""
     settings = iteration_config(config, {"advantages.estimator": estimator})
-    _prefect_defaults()
-    from flows.iteration import compute_advantages
+    with loop_writer(lake, wait):
+        _prefect_defaults()
+        from flows.iteration import compute_advantages
 
-    try:
-        result = compute_advantages(iteration, settings.model_dump(mode="json"), lake, model_version)
-    except ValueError as error:
-        fail(str(error))
+        try:
+            result = compute_advantages(iteration, settings.model_dump(mode="json"), lake, model_version)
+        except ValueError as error:
+            fail(str(error))
     _print_iteration(result)
 
 
@@ -243,6 +247,7 @@ def train(
     iteration: Annotated[int, typer.Option(help="the iteration whose batch to train on")],
     config: Annotated[Optional[Path], typer.Option(help="run config (YAML) with a `train:` section")] = None,
     lake: LakeOption = None,
+    wait: WaitOption = False,
 ) -> None:
     """One GRPO / DAPO step on an iteration's batch: registers the next model version."""
     from tasks.curation.config import load_yaml_config
@@ -252,13 +257,14 @@ def train(
         settings = load_yaml_config(config, TrainConfig, section="train") if config else TrainConfig()
     except ValueError as error:
         fail(str(error), 2)
-    _prefect_defaults()
-    from flows.iteration import train_policy
+    with loop_writer(lake, wait):
+        _prefect_defaults()
+        from flows.iteration import train_policy
 
-    try:
-        result = train_policy(iteration, settings.model_dump(mode="json"), lake)
-    except (ValueError, FileNotFoundError) as error:
-        fail(str(error))
+        try:
+            result = train_policy(iteration, settings.model_dump(mode="json"), lake)
+        except (ValueError, FileNotFoundError) as error:
+            fail(str(error))
     if not result["trained"]:
         console.print(f"no training step: {result['reason']}; model version stays {result['model_version']}")
         return

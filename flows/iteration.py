@@ -16,7 +16,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from flows.policies import STORAGE_RETRY_DELAYS, stage_task
+from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
 from storage.fingerprints import run_ids
 from storage.lake import Lake
@@ -37,6 +37,7 @@ write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=STO
 
 
 @flow(name="rl-iteration", log_prints=True)
+@writes_iterations
 def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = None, lake_uri: str | None = None,
                  model_version: int | None = None, force: bool = True,
                  training_version: int | None = None) -> dict[str, Any]:
@@ -76,6 +77,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
 
 
 @flow(name="compute-advantages", log_prints=True)
+@writes_iterations
 def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
                        model_version: int | None = None, force: bool = True) -> dict[str, Any]:
     """Groups, advantages, the batch and the DBB state of an iteration, from its stored rollouts and rewards."""
@@ -114,6 +116,7 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
 
 
 @flow(name="train-policy", log_prints=True)
+@writes_iterations
 def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
                  parent: int | None = None, force: bool = True) -> dict[str, Any]:
     """One GRPO / DAPO step on the iteration's batch, from `parent` (default: the latest version);

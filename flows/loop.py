@@ -22,8 +22,9 @@ from pydantic import Field
 from flows.artifacts import publish_iteration
 from flows.curation import curate_bank
 from flows.evaluation import EvaluationRunConfig, evaluate_model
-from flows.policies import stage_task
+from flows.policies import stage_task, writes_iterations
 from flows.iteration import rl_iteration, train_policy
+from flows.loop_state import resume_point
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curation.config import Strict
@@ -55,15 +56,6 @@ class RunConfig(IterationConfig):
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
-
-
-def resume_point(lake: Lake) -> tuple[int, int | None]:
-    """(next iteration, version it already trained or None)."""
-    done = lake.read("iteration_metrics", columns=["iteration"])["iteration"]
-    iteration = int(done.max() or 0) + 1
-    trained = lake.read("model_versions", filter=(pc.field("iteration") == iteration) & (pc.field("kind") != BRANCH),
-                        columns=["model_version"])
-    return iteration, (int(trained["model_version"].max()) if not trained.is_empty() else None)
 
 
 def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:
@@ -102,6 +94,7 @@ def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration
 
 
 @flow(name="rl-loop", log_prints=True)
+@writes_iterations
 def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
             lake_uri: str | None = None) -> list[dict[str, Any]]:
     """Bring the lake to `iterations` RL iterations (default: the config's): a second run resumes where the

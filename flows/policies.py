@@ -1,14 +1,17 @@
-"""How stage tasks meet failures and shared hardware.
+"""How stage tasks meet failures, shared hardware and other writers.
 
 Transient failures (an inference server down for a restart, a storage or network timeout) are
 retried by Prefect after a delay; anything else (a bad config, a refused request, a bug) fails at
 once. Tasks that hold an accelerator carry the `gpu` tag, so one Prefect concurrency limit
-(`prefect concurrency-limit create gpu 1`) serialises them across every flow run and worker.
+(`prefect concurrency-limit create gpu 1`) serialises them across every flow run and worker: a
+scheduling aid. Correctness does not rest on it: flows that write iterations or train hold the
+lake's own `loop` lease (`writes_iterations`), which a second writer cannot take.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +20,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from flows.artifacts import progress_listener
+from storage.lake import Lake
+from storage.leases import LOOP
 from tasks.progress import reporting_to
 from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
 
@@ -68,3 +73,17 @@ def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delay
 
     return task(with_progress, name=name, cache_policy=NO_CACHE, retries=len(delays), retry_delay_seconds=delays,
                 retry_condition_fn=_retry_if_transient, tags=[GPU_TAG] if gpu else [])
+
+
+def writes_iterations(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The flow writes iterations or trains: it runs under the lake's `loop` lease, refused at once while
+    another live process holds it (`rlvr run --wait` takes the lease before the flow, to queue instead).
+    Nested flows of the same thread re-enter the lease they already hold."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def under_lease(*args, **kwargs):
+        with Lake.open(signature.bind(*args, **kwargs).arguments.get("lake_uri")).lease(LOOP):
+            return fn(*args, **kwargs)
+
+    return under_lease

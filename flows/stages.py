@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 
+from flows.policies import writes_iterations
 from flows.evaluation import EvaluationRunConfig, evaluate_model
 from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.skipping import config_of
@@ -127,6 +128,7 @@ def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], f
 
 
 @flow(name="rerun-stage", log_prints=True)
+@writes_iterations
 def rerun_stage(stage: str, iteration: int, config: dict[str, Any] | None = None, downstream: bool = False,
                 force: bool = False, lake_uri: str | None = None, through: str | None = None) -> list[dict[str, Any]]:
     """Re-run `stage` of `iteration` (with `downstream`, every later stage up to `through`); returns one

@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from flows.policies import STORAGE_RETRY_DELAYS, stage_task
+from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
 from storage.fingerprints import run_ids
 from storage.lake import Lake
@@ -54,6 +54,7 @@ def dask_runner(verify: VerifyConfig):
 
 
 @flow(name="verify-iteration", log_prints=True)
+@writes_iterations
 def verify_iteration(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
                      force: bool = True) -> dict[str, Any]:
     """Score (or re-score, with another verifier config) an iteration's stored rollouts into `rewards`."""

@@ -6,6 +6,13 @@ Two write modes, both single Delta commits:
 - `append(table, rows)` adds rows.
 A write streamed from an iterator that fails half-way commits nothing: Delta only publishes
 data files through the log entry written at the very end.
+
+What readers see: every data row carries the run that wrote it, and a row is visible only once its
+run has *completed* (or to the run itself while it works). A stage killed between two commits, or
+after its last commit but before its run row says `completed`, leaves rows no reader, SQL view,
+training mix or deduplication sees; the next run of the stage replaces them. Writes that must not
+race (a table's unique key, a slice that must still be empty) are conditional: checked against a
+snapshot and committed exactly on top of it, else re-checked.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import json
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -23,22 +30,25 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
+from storage import faults, leases, presence
+from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-exported: callers catch them from here)
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
 from storage.schemas import TABLES, TableSpec
 
 RowData = pl.DataFrame | pa.Table | Iterable[pa.RecordBatch]
+Condition = Callable[[DeltaTable | None], None]
 
-
-class LakeError(RuntimeError):
-    """A lake operation failed for a reason the user can act on."""
+# Runs in progress in this process: their own rows are visible to them before they complete.
+_ACTIVE_RUNS: set[str] = set()
 
 
 class Lake:
     def __init__(self, location: LakeLocation):
         self.location = location
+        self._hidden: tuple[int, frozenset[str]] | None = None     # (runs version, runs not completed)
 
     @classmethod
     def open(cls, uri: str | None = None) -> "Lake":
@@ -53,14 +63,22 @@ class Lake:
 
     # ---- reading -------------------------------------------------------------------------
     def table(self, name: str, version: int | str | datetime | None = None) -> DeltaTable | None:
-        """The Delta table, optionally time-travelled; None when it has never been written."""
+        """The Delta table, optionally time-travelled; None when it has never been written. A table whose log
+        or files are damaged raises a LakeError that names it (the other tables stay readable)."""
         try:
             table = DeltaTable(self.location.table_uri(name), storage_options=self.location.storage_options())
+            if version is not None:
+                table.load_as_version(version)
         except TableNotFoundError:
             return None
-        if version is not None:
-            table.load_as_version(version)
+        except (DeltaError, OSError) as error:
+            raise self.damaged(name, error) from None
         return table
+
+    def damaged(self, name: str, error: BaseException) -> LakeError:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        return LakeError(f"table {name} in {self.uri} cannot be read ({first_line}); run `rlvr doctor --lake "
+                         f"{self.uri}` to see what is wrong")
 
     def exists(self, name: str) -> bool:
         return self.table(name) is not None
@@ -69,22 +87,61 @@ class Lake:
         return [name for name in TABLES if self.exists(name)]
 
     def read(self, name: str, filter: pc.Expression | None = None, columns: list[str] | None = None,
-             version: int | None = None) -> pl.DataFrame:
-        """Rows of a table as a Polars frame; an empty frame with the contract's schema if absent."""
+             version: int | None = None, raw: bool = False) -> pl.DataFrame:
+        """Visible rows of a table as a Polars frame (`raw`: every row, whoever wrote it); an empty frame
+        with the contract's schema if absent."""
         table = self.table(name, version)
         if table is None:
             empty = TABLES[name].schema.empty_table()
             return pl.from_arrow(empty.select(columns) if columns else empty)
-        data = table.to_pyarrow_dataset().to_table(filter=filter, columns=columns)
+        if not raw:
+            filter = _and(filter, self._visible(name))
+        try:
+            data = table.to_pyarrow_dataset().to_table(filter=filter, columns=columns)
+        except (DeltaError, OSError) as error:         # a data file the log names is missing or unreadable
+            raise self.damaged(name, error) from None
         return pl.from_arrow(data)
 
+    def dataset(self, name: str, version: int | None = None, runs_version: int | None = None):
+        """A table's visible rows as a lazy Arrow dataset (what SQL reads), optionally as of a table version and
+        the `runs` version that says which runs had completed; None when the table does not exist."""
+        table = self.table(name, version)
+        if table is None:
+            return None
+        visible = self._visible(name, runs_version)
+        dataset = table.to_pyarrow_dataset()
+        return dataset if visible is None else dataset.filter(visible)
+
+    def hidden_runs(self, runs_version: int | None = None) -> frozenset[str]:
+        """Runs whose rows readers must not see: every run not `completed` (running elsewhere, killed,
+        failed, abandoned, rolled back), except this process's own runs in progress."""
+        runs = self.table("runs", runs_version)
+        if runs is None:
+            return frozenset()
+        version = runs.version()
+        if self._hidden is None or self._hidden[0] != version:
+            rows = runs.to_pyarrow_dataset().to_table(filter=pc.field("status") != "completed", columns=["run_id"])
+            self._hidden = (version, frozenset(rows["run_id"].to_pylist()))
+        return self._hidden[1] - _ACTIVE_RUNS
+
+    def _visible(self, name: str, runs_version: int | None = None) -> pc.Expression | None:
+        if name == "runs" or "run_id" not in TABLES[name].schema.names:
+            return None
+        hidden = self.hidden_runs(runs_version)
+        return ~pc.field("run_id").isin(sorted(hidden)) if hidden else None
+
     # ---- writing -------------------------------------------------------------------------
-    def replace(self, name: str, rows: RowData, key: dict[str, Any], run: Run) -> int:
-        """Atomically replace the rows whose key columns equal `key` with `rows`; returns the new version."""
+    def replace(self, name: str, rows: RowData, key: dict[str, Any], run: Run, only_if_empty: bool = False) -> int:
+        """Atomically replace the rows whose key columns equal `key` with `rows`; returns the new version.
+
+        `only_if_empty`: a conditional commit that refuses when the slice already holds visible rows of another
+        run (how numbers such as model versions are allocated); an orphan slice, left by a run that never
+        completed, is replaced."""
         spec = TABLES[name]
         if not spec.partition_by or not set(spec.partition_by) <= set(key):
             raise LakeError(f"{name}: a replace key {sorted(key)} must include the partition columns {list(spec.partition_by)}")
-        return self._write(spec, rows, run, key=key, predicate=_key_predicate(key))
+        conditions = [self._slice_empty(spec, key, run)] if only_if_empty else []
+        return self._write(spec, rows, run, key=key, predicate=_key_predicate(key), conditions=conditions)
 
     def append(self, name: str, rows: RowData, run: Run) -> int:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
@@ -92,25 +149,30 @@ class Lake:
     def restore(self, name: str, key: dict[str, Any], version: int | None, run: Run) -> int:
         """Put a slice back as it was at table `version` (None: before the table existed), keeping the
         restored rows' own run ids: the compensating write of a multi-stage re-run that failed."""
-        condition = None
-        for column, value in key.items():
-            condition = (pc.field(column) == value) if condition is None else condition & (pc.field(column) == value)
-        rows = self.read(name, filter=condition, version=version) if version is not None else pl.DataFrame()
+        rows = self.read(name, filter=_key_expression(key), version=version) if version is not None else pl.DataFrame()
         return self._write(TABLES[name], rows, run, key, _key_predicate(key), keep_run_ids=True)
 
     def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
-               keep_run_ids: bool = False) -> int:
+               keep_run_ids: bool = False, conditions: list[Condition] | None = None) -> int:
+        conditions = list(conditions or [])
+        if spec.unique:
+            conditions.append(self._unique(spec, rows, key, run))
         if isinstance(rows, (pl.DataFrame, pa.Table)):   # replayable: a commit conflict is retried
-            return _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids),
-                                      f"write {spec.name}")
+            return _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids,
+                                                               conditions), f"write {spec.name}")
+        if conditions:
+            raise LakeError(f"{spec.name}: a conditional write needs its rows in memory, not a stream")
         return self._write_once(spec, rows, run, key, predicate, keep_run_ids)
 
     def _write_once(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
-                    keep_run_ids: bool = False) -> int:
+                    keep_run_ids: bool = False, conditions: list[Condition] | None = None) -> int:
+        leases.check(self.location)                   # a writer whose lease was taken over writes nothing
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
             spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter))
         existing = self.table(spec.name)
+        for condition in conditions or []:            # checked on this snapshot; the commit must land right on it
+            condition(existing)
         try:
             write_deltalake(
                 existing if existing is not None else self.location.table_uri(spec.name),
@@ -119,7 +181,8 @@ class Lake:
                 predicate=predicate if existing is not None else None,
                 partition_by=list(spec.partition_by) or None,
                 storage_options=self.location.storage_options(),
-                commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage}),
+                commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage},
+                                                   max_commit_retries=0 if conditions else None),
             )
         except Exception:
             if counter["error"] is not None:   # the rows' own failure, not delta-rs's wrapping of it
@@ -127,7 +190,49 @@ class Lake:
             raise
         version = self._committed_version(spec.name, run.run_id)
         run.record_write(spec.name, version, counter["rows"], slice_key=predicate)
+        faults.point(f"committed:{run.stage}:{spec.name}")
         return version
+
+    def _unique(self, spec: TableSpec, rows: RowData, key: dict[str, Any], run: Run) -> Condition:
+        """No two visible rows may share the table's unique columns: refuse rows that repeat each other or a
+        visible row outside the replaced slice."""
+        frame = rows if isinstance(rows, pl.DataFrame) else pl.from_arrow(rows) if isinstance(rows, pa.Table) else None
+        columns = list(spec.unique)
+
+        def check(existing: DeltaTable | None) -> None:
+            if frame is None or frame.is_empty():
+                return
+            values = frame.select(columns)
+            repeated = values.filter(values.is_duplicated())
+            if repeated.height:
+                raise LakeError(f"{spec.name}: refused commit: the rows repeat {columns} "
+                                f"{repeated.row(0)} ({repeated.height} rows)")
+            if existing is None:
+                return
+            condition = _and(pc.field(columns[0]).isin(values[columns[0]].unique().to_list()),
+                             self._visible(spec.name))
+            if key:
+                condition = condition & ~_key_expression(key)
+            clash = pl.from_arrow(existing.to_pyarrow_dataset().to_table(
+                filter=condition, columns=list(dict.fromkeys([*columns, *key, "run_id"]))))
+            clash = clash.join(values, on=columns, how="semi") if len(columns) > 1 else clash
+            if clash.height:
+                where = ", ".join(f"{k} {clash[k][0]}" for k in key) or "the table"
+                raise LakeError(f"{spec.name}: refused commit: {clash.height} row(s) would repeat a {'/'.join(columns)} "
+                                f"already there (e.g. {clash[columns[0]][0]} in {where}, run {clash['run_id'][0]}); "
+                                f"run `rlvr doctor --lake {self.uri}` if that is unexpected")
+        return check
+
+    def _slice_empty(self, spec: TableSpec, key: dict[str, Any], run: Run) -> Condition:
+        def check(existing: DeltaTable | None) -> None:
+            if existing is None:
+                return
+            condition = _and(_key_expression(key), self._visible(spec.name)) & (pc.field("run_id") != run.run_id)
+            holders = existing.to_pyarrow_dataset().to_table(filter=condition, columns=["run_id"])["run_id"]
+            if len(holders):
+                slice_ = ", ".join(f"{k} = {v}" for k, v in key.items())
+                raise LakeError(f"{spec.name}: refused commit: {slice_} is already taken by run {holders[0]}")
+        return check
 
     def _committed_version(self, name: str, run_id: str) -> int:
         """The version of this run's latest commit to a table (others may have committed since).
@@ -151,16 +256,74 @@ class Lake:
     @contextmanager
     def run(self, flow: str, stage: str, parameters: dict[str, Any], *, bank_version: int | None = None,
             iteration: int | None = None, prefect_flow_run_id: str | None = None) -> Iterator[Run]:
-        """Record a stage run in `runs`: a `running` row first, then `completed` or `failed`."""
+        """Record a stage run in `runs`: a `running` row first, then `completed` or `failed`. Its rows become
+        visible to other readers when it completes; this process's record names it meanwhile, so a run
+        whose process dies is found and marked `abandoned` (`reap`)."""
         run = Run(flow=flow, stage=stage, parameters=parameters, bank_version=bank_version,
                   iteration=iteration, prefect_flow_run_id=prefect_flow_run_id)
-        self._write_run_row(run.row("running"), insert=True)
+        mine = presence.presence(self.location)
+        mine.add_run(run.run_id)                       # the process record names the run before `runs` does
+        _ACTIVE_RUNS.add(run.run_id)
         try:
-            yield run
-        except BaseException as error:
-            self._write_run_row(run.row("failed", utc_now(), f"{type(error).__name__}: {error}"[:4000]))
-            raise
-        self._write_run_row(run.row("completed", utc_now()))
+            self._write_run_row(run.row("running"), insert=True)
+            faults.point(f"run-started:{stage}")
+            try:
+                yield run
+            except BaseException as error:
+                self._write_run_row(run.row("failed", utc_now(), f"{type(error).__name__}: {error}"[:4000]),
+                                    only_if_running=True)
+                raise
+            faults.point(f"run-ending:{stage}")
+            if not self._write_run_row(run.row("completed", utc_now()), only_if_running=True):
+                raise LakeError(f"run {run.run_id} was marked abandoned while it worked (its process looked dead "
+                                f"to another for over {presence.lease_timeout():.0f} s); its output stays invisible")
+        finally:
+            _ACTIVE_RUNS.discard(run.run_id)
+            mine.remove_run(run.run_id)
+
+    @contextmanager
+    def lease(self, name: str, wait: bool | float = False) -> Iterator[leases.Grant]:
+        """Hold one of the lake's leases (`storage/leases.py`): refused at once while another live process holds
+        it, unless `wait`. Taking it first marks the runs of dead processes `abandoned`, and a takeover from a
+        dead holder is logged in `runs`."""
+        grant = leases.acquire(self.location, name, wait)
+        try:
+            if grant.count == 1:
+                self.reap(grant)
+                faults.point(f"lease-taken:{name}")
+            yield grant
+        finally:
+            leases.release(self.location, name)
+
+    def reap(self, grant: leases.Grant | None = None) -> list[str]:
+        """Mark `abandoned` every `running` run whose process is dead; returns their ids. A run no process record
+        names (from an older version, or killed before its record was written) counts once it is older than
+        the lease timeout."""
+        records = presence.process_records(self.location)
+        live = {record["process_id"]: record for record in records if presence.alive(record)}
+        owner_of = {run_id: record for record in records if record["process_id"] not in live
+                    for run_id in record.get("runs", [])}
+        live_runs = {run_id for record in live.values() for run_id in record.get("runs", [])} | _ACTIVE_RUNS
+        running = self.read("runs", filter=pc.field("status") == "running")
+        now, abandoned = utc_now(), []
+        for row in running.iter_rows(named=True):
+            owner = owner_of.get(row["run_id"])
+            age = (now - row["started_at"]).total_seconds()
+            if row["run_id"] in live_runs or (owner is None and age < presence.lease_timeout()):
+                continue
+            who = f"its process ({presence.describe(owner)}) died" if owner else "no live process runs it"
+            if self._write_run_row({**row, "status": "abandoned", "ended_at": now, "error": f"abandoned: {who}"},
+                                   only_if_running=True):
+                abandoned.append(row["run_id"])
+        for record in records:
+            if record["process_id"] not in live:
+                presence.forget(self.location, record["process_id"])
+        if grant is not None and grant.taken_from is not None:
+            taken = Run(flow="lease", stage="takeover", parameters={
+                "lease": grant.name, "epoch": grant.epoch, "from": presence.describe(grant.taken_from),
+                "from_process": grant.taken_from.get("process_id"), "abandoned_runs": abandoned})
+            self._write_run_row(taken.row("completed", utc_now()), insert=True)
+        return abandoned
 
     def mark_runs(self, iteration: int, stages: set[str], since: datetime, status: str,
                   unless_in: dict[str, str] | None = None) -> list[str]:
@@ -187,19 +350,25 @@ class Lake:
         self._write_run_row(run.row("skipped", utc_now()), insert=True)
         return run
 
-    def _write_run_row(self, row: dict[str, Any], insert: bool = False) -> None:
+    def _write_run_row(self, row: dict[str, Any], insert: bool = False, only_if_running: bool = False) -> bool:
+        """Insert or update a run's row; `only_if_running` updates it only while its status is `running` (a run
+        marked abandoned stays so). Returns whether a row was written."""
         data = pa.Table.from_pylist([row], schema=TABLES["runs"].schema)
 
-        def commit() -> None:
+        def commit() -> bool:
             table = self.table("runs")
             if insert or table is None:
                 write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
                                 storage_options=self.location.storage_options())
-            else:
-                (table.merge(data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
-                      .when_matched_update_all().when_not_matched_insert_all().execute())
+                return True
+            merger = table.merge(data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
+            if only_if_running:
+                metrics = merger.when_matched_update_all(predicate="t.status = 'running'").execute()
+                return metrics.get("num_target_rows_updated", 0) > 0
+            merger.when_matched_update_all().when_not_matched_insert_all().execute()
+            return True
 
-        _retry_on_conflict(commit, f"record run {row['run_id']}")
+        return _retry_on_conflict(commit, f"record run {row['run_id']}")
 
     def runs_version(self) -> int | None:
         table = self.table("runs")
@@ -250,6 +419,19 @@ def _retry_on_conflict(commit, what: str, attempts: int = 30):
         except CommitFailedError:
             time.sleep(random.uniform(0.02, 0.1) * min(attempt + 1, 10))
     raise LakeError(f"could not {what}: {attempts} commits in a row lost a race with concurrent writers")
+
+
+def _and(left: pc.Expression | None, right: pc.Expression | None) -> pc.Expression | None:
+    if left is None or right is None:
+        return right if left is None else left
+    return left & right
+
+
+def _key_expression(key: dict[str, Any]) -> pc.Expression:
+    expression = None
+    for column, value in key.items():
+        expression = _and(expression, pc.field(column) == value)
+    return expression
 
 
 def _sql_literal(value: Any) -> str:

@@ -17,6 +17,7 @@ class TableSpec:
     schema: pa.Schema
     partition_by: tuple[str, ...]
     description: str
+    unique: tuple[str, ...] = ()        # columns no two visible rows may share (a write that would is refused)
 
 
 def _field(name: str, type_: pa.DataType, nullable: bool = True, doc: str = "") -> pa.Field:
@@ -26,6 +27,7 @@ def _field(name: str, type_: pa.DataType, nullable: bool = True, doc: str = "") 
 PROBLEMS = TableSpec(
     name="problems",
     partition_by=("bank_version",),
+    unique=("problem_id",),             # the id hashes the split too: one row per problem and split
     description="The problem bank: one row per problem, added by the bank version that first curated it.",
     schema=pa.schema([
         _field("problem_id", pa.string(), False, "content hash of domain, prompt, answer and tests"),

@@ -125,7 +125,7 @@ def test_a_failure_mid_run_is_recorded_and_the_bank_is_unchanged(curate, files, 
     assert lake.read("problems").sort("problem_id").equals(before)
     runs = lake.read("runs").sort("started_at")
     assert runs["status"].to_list() == ["completed", "failed"]
-    assert "chain_sum" in runs["error"][1] and runs["bank_version"][1] == 2
+    assert "chain_sum" in runs["error"][1] and runs["bank_version"][1] is None    # failed before it took a version
 
 
 def test_lineage_of_file_and_generated_problems(curate, files, lake, lake_uri):
@@ -204,15 +204,19 @@ def test_recurating_a_version_that_later_versions_depend_on_needs_force(curate, 
     assert rerun_latest["bank_version"] == 2 and lake.read("problems").height == 40
 
 
-def test_a_bank_version_is_claimed_by_one_run(lake):
+def test_a_failed_or_abandoned_version_number_is_reused_and_its_slice_replaced(curate, lake, lake_uri):
     from storage.runs import Run
-    from tasks.curation.stage import BankVersionTaken, claim_bank_version
 
-    with lake.run("curate-bank", "curate", {}, bank_version=7):
-        later = Run(flow="curate-bank", stage="curate", parameters={}, bank_version=7)
-        lake._write_run_row(later.row("running"), insert=True)
-        with pytest.raises(BankVersionTaken, match="taken by run"):
-            claim_bank_version(lake, later, reuse=False)
+    curate({"sources": [{"kind": "generator", "generator": "level1", "count": 10, "seed": 1}]}, lake_uri)
+    orphan = Run(flow="curate-bank", stage="curate", parameters={}, bank_version=2)   # a curation killed after
+    lake._write_run_row(orphan.row("abandoned"), insert=True)                        # its problems commit
+    lake.replace("problems", lake.read("problems").with_columns(bank_version=pl.lit(2, pl.Int64),
+                                                                 problem_id=pl.col("problem_id") + "x"),
+                 {"bank_version": 2}, orphan)
+    assert lake.read("problems").height == 10 and lake.read("problems", raw=True).height == 20
+    result = curate({"sources": [{"kind": "generator", "generator": "level2", "count": 5, "seed": 1}]}, lake_uri)
+    assert result["bank_version"] == 2
+    assert lake.read("problems", raw=True).height == 15 and lake.read("problems")["problem_id"].is_unique().all()
 
 
 def test_code_problems_whose_reference_fails_are_quarantined(curate, tmp_path, lake, lake_uri):

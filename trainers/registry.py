@@ -20,7 +20,8 @@ import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage.lake import Lake
+from storage import objects, presence
+from storage.lake import Lake, LakeError
 from storage.runs import Run, utc_now
 from tasks.curation.config import Strict
 from trainers.tiny import TinyModelConfig
@@ -49,6 +50,32 @@ def checkpoint_uri(lake: Lake, version: int) -> str:
     return lake.location.path("models", f"v{version:05d}")
 
 
+CLAIM = "_claimed.json"
+
+
+def claim_checkpoint(lake: Lake, version: int) -> str:
+    """A checkpoint folder nobody has used, claimed by a conditional write: `models/v00007`, or `v00007-2`, ...
+    when a run that never completed (or a lost registry row) left one. A checkpoint is never overwritten."""
+    base = checkpoint_uri(lake, version)
+    for attempt in range(1, 1000):
+        uri = base if attempt == 1 else f"{base}-{attempt}"
+        path = uri.removeprefix("s3://")
+        if lake.location.is_s3:
+            if lake.location.filesystem.exists(f"{path}/config.json"):     # made before folders were claimed
+                continue
+            claimed = objects.create_new(lake.location, f"{path}/{CLAIM}", presence.this_process().as_record())
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                os.mkdir(path)                   # atomic: one process creates the folder
+                claimed = True
+            except FileExistsError:
+                claimed = False
+        if claimed:
+            return uri
+    raise LakeError(f"no free checkpoint folder for model version {version} under {base}")
+
+
 def versions(lake: Lake) -> pl.DataFrame:
     return lake.read("model_versions").sort("model_version")
 
@@ -64,7 +91,8 @@ def latest_version(lake: Lake) -> int | None:
 
 
 def next_version_number(lake: Lake) -> int:
-    """The next free version number, branches included."""
+    """The next version number, branches included: one past the highest a completed run registered (a number
+    left by a run that never completed is reused; its checkpoint folder is not, see `claim_checkpoint`)."""
     registered = lake.read("model_versions", columns=["model_version"])["model_version"]
     return 0 if registered.is_empty() else int(registered.max()) + 1
 
@@ -89,7 +117,7 @@ def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: 
     import torch
 
     _quiet_transformers()
-    uri = checkpoint_uri(lake, version)
+    uri = claim_checkpoint(lake, version)
 
     def write(folder: str) -> None:
         model.save_pretrained(folder)
@@ -201,7 +229,7 @@ def register(lake: Lake, run: Run, version: int, *, uri: str, kind: str, parent:
            "metrics": json.dumps(metrics or {}, sort_keys=True, default=str), "created_at": utc_now()}
     lake.replace("model_versions", pl.DataFrame([row], schema_overrides={"parent_version": pl.Int64,
                                                                           "iteration": pl.Int64}),
-                 {"model_version": version}, run)
+                 {"model_version": version}, run, only_if_empty=True)     # the number is allocated by this commit
 
 
 def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:

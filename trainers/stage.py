@@ -7,6 +7,7 @@ import json
 import polars as pl
 import pyarrow.compute as pc
 
+from storage import faults
 from storage.lake import Lake
 from storage.runs import Run
 from trainers.grpo import TrainConfig, sampled_temperature, train_on_batch
@@ -57,6 +58,7 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
                                     reference)
     version = next_version_number(lake)
     uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
+    faults.point("checkpoint-saved:train")
     kind = "rl" if parent == latest_version(lake) else BRANCH          # an older parent: a branch, off the main line
     register(lake, run, version, uri=uri, kind=kind, parent=parent, iteration=iteration, batch_ids=[batch_id],
              metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
@@ -138,6 +140,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
               f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band")
     version = next_version_number(lake)
     uri = save_checkpoint(lake, version, model, tokenizer)
+    faults.point("checkpoint-saved:warmup")
     register(lake, run, version, uri=uri, kind="warmup", parent=parent, metrics=metrics,
              architecture=json.loads(parent_row["architecture"] or "{}"))
     return {"model_version": version, **metrics}

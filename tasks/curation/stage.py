@@ -21,13 +21,12 @@ from tasks.generators import families
 from tasks.curation.readers import probe
 
 
-class BankVersionTaken(RuntimeError):
-    """Another run claimed the same bank version first."""
-
-
 def next_bank_version(lake: Lake) -> int:
-    """One past the highest bank version any curation run has used (failed ones included, so no reuse)."""
-    runs = lake.read("runs", filter=pc.field("stage") == "curate", columns=["bank_version"])
+    """One past the highest bank version a completed curation wrote. Called under the `bank` lease, so no
+    other curation is between this and its commit; a version whose run failed or was abandoned is
+    reused, and its slices (invisible, as every unfinished run's rows are) are replaced."""
+    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
+                     columns=["bank_version"])
     return int(runs["bank_version"].max() or 0) + 1
 
 
@@ -40,17 +39,6 @@ def check_recuration(lake: Lake, bank_version: int, force: bool) -> None:
         later = sorted(set(runs["bank_version"].to_list()))
         raise ValueError(f"bank version {bank_version} has later versions {later} deduplicated against it; "
                          "re-curating it could drop problems they rely on (pass --force to do it anyway)")
-
-
-def claim_bank_version(lake: Lake, run: Run, reuse: bool) -> None:
-    """Make sure no concurrent run (or, for a new version, no earlier run) holds this bank version."""
-    others = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("bank_version") == run.bank_version)
-                       & (pc.field("run_id") != run.run_id), columns=["run_id", "status", "started_at"])
-    mine = (run.started_at, run.run_id)
-    for other in others.iter_rows(named=True):
-        earlier = (other["started_at"], other["run_id"]) < mine
-        if other["status"] == "running" and earlier or other["status"] == "completed" and not reuse:
-            raise BankVersionTaken(f"bank version {run.bank_version} is taken by run {other['run_id']}")
 
 
 def identical_curation(lake: Lake, config: CurationConfig) -> dict | None:
@@ -92,12 +80,14 @@ def write_bank(lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, 
     """Replace this bank version's slice of each table, the problems table last.
 
     Delta commits one table at a time; if a later write fails, the slices already replaced are put
-    back as they were (a compensating write), so a failed run leaves no trace in the bank.
+    back as they were, with their own run ids (a compensating write). Whatever the run leaves is
+    invisible to readers until it completes anyway; this keeps a failed re-curation from hiding the
+    version it meant to replace.
     """
     key = {"bank_version": bank_version}
     version_column = pl.lit(bank_version, pl.Int64).alias("bank_version")
     writes = [("quarantine", quarantined), ("dropped_problems", dropped), ("problems", problems.drop("similarity_checks"))]
-    previous = {name: lake.read(name, filter=pc.field("bank_version") == bank_version) for name, _ in writes[:-1]}
+    before = {name: (table.version() if (table := lake.table(name)) is not None else None) for name, _ in writes}
     done: list[str] = []
     try:
         for name, rows in writes:
@@ -105,7 +95,7 @@ def write_bank(lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, 
             done.append(name)
     except BaseException:
         for name in done:
-            lake.replace(name, previous[name].drop("run_id"), key, run)
+            lake.restore(name, key, before[name], run)
         raise
 
 
