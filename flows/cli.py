@@ -473,6 +473,25 @@ def bench_learning(
         fail(str(error))
 
 
+@bench_app.command("faults")
+def bench_faults(
+    lakes: Annotated[str, typer.Option(help="where to run the cases: local, s3 (moto on loopback) or both")] = "local,s3",
+    run_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr run` to kill at, comma separated "
+                                                     "[default: all 13]")] = None,
+    curate_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr curate` [default: all 4]")] = None,
+    concurrency: Annotated[bool, typer.Option(help="also run two `rlvr run` and three `rlvr curate` at once")] = True,
+) -> None:
+    """Kill -9 the main job and curation at named points and run writers side by side; check the lake after each."""
+    from bench.faults import run_benchmark
+
+    def points(text: str | None) -> list[str] | None:
+        return None if text is None else [p for p in text.split(",") if p]
+
+    outcomes = run_benchmark([k for k in lakes.split(",") if k], points(run_points), points(curate_points), concurrency)
+    if not all(outcome.passed for outcome in outcomes):
+        raise typer.Exit(1)
+
+
 from flows import cli_ops, cli_report, cli_rl  # noqa: E402,F401  (they register their commands on `app`)
 
 

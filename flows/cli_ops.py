@@ -34,7 +34,7 @@ def stage_overrides(path: Path | None) -> dict:
     """The stage sections a config file sets, validated, as given (so they override only what they name)."""
     if path is None:
         return {}
-    from flows.loop import RunConfig
+    from flows.run_config import RunConfig
     from tasks.curation.config import load_yaml_config, read_yaml
 
     load_yaml_config(path, RunConfig, STAGE_SECTIONS)            # errors name the file and the field
@@ -58,25 +58,33 @@ def stage(
     try:
         iterations = parse_iterations(iteration)
         overrides = stage_overrides(config)
-        from flows.stages import stage_chain
+        from flows.stage_plans import stage_chain
 
         stage_chain(name, downstream, through)
     except ValueError as error:
         fail(str(error), 2)
-    with loop_writer(lake, wait):
-        _prefect_defaults()
-        from flows.stages import rerun_stage
-        from tasks.advantages.dynamic_sampling import BatchShortfall
-        from tasks.rollout.openai_backend import BackendUnavailable
+    from flows.stage_plans import skipped_chain
+    from storage.lake import Lake
 
-        summaries = []
-        for number in iterations:
+    with loop_writer(lake, wait):
+        summaries, pending = [], []
+        for number in iterations:                 # unchanged stages are skipped here, with no orchestration
+            skipped = None if force else skipped_chain(Lake.open(lake), name, number, overrides, downstream, through)
+            summaries += skipped or []
+            pending += [] if skipped else [number]
+        if pending:
+            _prefect_defaults()
+            from flows.stages import rerun_stage
+            from tasks.advantages.dynamic_sampling import BatchShortfall
+            from tasks.rollout.openai_backend import BackendUnavailable
+
+        for number in pending:
             try:
                 summaries += rerun_stage(name, number, overrides, downstream, force, lake, through)
             except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
                 _print_stages(summaries)
                 fail(f"iteration {number}: {error}")
-    _print_stages(summaries)
+    _print_stages(sorted(summaries, key=lambda s: s.get("iteration") or 0))
 
 
 def _print_stages(summaries: list[dict]) -> None:
@@ -118,24 +126,32 @@ def evaluate(
     Settings are the lake's last recorded ones, overridden by the sections of --config."""
     import polars as pl
 
-    from flows.evaluation import EvaluationRunConfig
-    from flows.stages import recorded_config
+    from flows.run_config import EvaluationRunConfig
+    from flows.stage_plans import evaluate_key, iteration_of_version, recorded_config, skip_if_in_place
     from storage.lake import Lake
+    from storage.registry import latest_version
     from tasks.curation.config import merged_config
 
+    opened = Lake.open(lake)
     try:
-        settings = merged_config(recorded_config(Lake.open(lake)), stage_overrides(config))
+        settings = merged_config(recorded_config(opened), stage_overrides(config))
         settings = EvaluationRunConfig.model_validate(
             {k: v for k, v in settings.items() if k in EvaluationRunConfig.model_fields})
     except ValueError as error:
         fail(str(error), 2)
-    _prefect_defaults()
-    from flows.evaluation import evaluate_model
+    version = model_version if model_version is not None else latest_version(opened)
+    skipped = None if version is None else skip_if_in_place(opened, evaluate_key(opened, settings, version),
+                                                             iteration_of_version(opened, version), force)
+    if skipped is not None:                      # in place: no orchestration needed
+        result = {**skipped, "model_version": version}
+    else:
+        _prefect_defaults()
+        from flows.evaluation import evaluate_model
 
-    try:
-        result = evaluate_model(model_version, settings.model_dump(mode="json"), lake, force=force)
-    except ValueError as error:
-        fail(str(error))
+        try:
+            result = evaluate_model(model_version, settings.model_dump(mode="json"), lake, force=force)
+        except ValueError as error:
+            fail(str(error))
     if result.get("skipped"):
         console.print(f"model version {result['model_version']}: skipped, the evaluation of run "
                       f"{escape(result['same_as'])} is in place (--force to re-run)")
@@ -188,3 +204,30 @@ def serve(
     console.print(f"serving {len(deployments)} deployment(s) from {escape(str(config))}: "
                   + ", ".join(f"{d.flow_name}/{d.name}" for d in deployments))
     prefect_serve(*deployments, print_starting_message=False)
+
+
+@app.command()
+def doctor(
+    lake: LakeOption = None,
+    repair: Annotated[bool, typer.Option("--repair", help="mark dead runs abandoned, delete rows of runs that never "
+                                         "completed and unnamed checkpoint folders, take over dead leases, vacuum "
+                                         "unreferenced files; never deletes committed data")] = False,
+) -> None:
+    """Check every table's log and files, runs, checkpoints and leases; say what each finding means."""
+    import polars as pl
+
+    from storage.doctor import diagnose, healthy
+    from storage.lake import Lake
+
+    opened = Lake.open(lake)
+    findings = diagnose(opened, repair)
+    table = pl.DataFrame([{"severity": f.severity, "subject": f.subject, "finding": f.what, "meaning": f.meaning,
+                           "repair": ("done: " if f.repaired else "") + (f.repair or "needs a human")
+                           if f.severity != "info" or f.repair else ""} for f in findings])
+    rendered = frame_table(table, title=f"rlvr doctor: {escape(opened.uri)}", max_width=600)
+    rendered.show_lines = True
+    console.print(rendered)
+    if healthy(findings):
+        console.print("the lake is healthy" + (" (after the repairs above)" if any(f.repaired for f in findings) else ""))
+        return
+    fail("the lake needs attention (see above)" + ("" if repair else "; `rlvr doctor --repair` fixes what it can"))

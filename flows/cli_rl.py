@@ -46,7 +46,7 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
 
 def run_config(path: Path):
     """Every stage section of a run config except the bank (the curation flow's), validated."""
-    from flows.loop import RunConfig
+    from flows.run_config import RunConfig
     from tasks.curation.config import load_yaml_config
 
     try:
@@ -214,7 +214,7 @@ def policy_init(config: ConfigOption = None, lake: LakeOption = None) -> None:
 def policy_list(lake: LakeOption = None) -> None:
     """The registered model versions."""
     from storage.lake import Lake
-    from trainers.registry import versions
+    from storage.registry import versions
 
     table = versions(Lake.open(lake)).select("model_version", "parent_version", "kind", "checkpoint_uri", "iteration",
                                              "created_at")

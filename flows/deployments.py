@@ -69,7 +69,7 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
     if spec.flow == "curate":
         built["config"] = run_config.get("bank", {})
     elif spec.flow == "loop":
-        from flows.loop import RunConfig
+        from flows.run_config import RunConfig
 
         built["config"] = sections(tuple(RunConfig.model_fields))
     elif spec.flow == "iteration":
@@ -77,7 +77,7 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
 
         built["config"] = sections(tuple(IterationConfig.model_fields))
     elif spec.flow == "evaluate":
-        from flows.evaluation import EvaluationRunConfig
+        from flows.run_config import EvaluationRunConfig
 
         built.update(config=sections(tuple(EvaluationRunConfig.model_fields)), force=False)   # skipped while in place
     elif spec.flow == "rescore":

@@ -10,25 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
-from pydantic import Field
 
 from flows.policies import stage_task
 from flows.skipping import unchanged_or_fingerprint
+from flows.stage_plans import evaluate_key, iteration_of_version
+from flows.run_config import EvaluationRunConfig
 from storage.lake import Lake
-from tasks.evaluation import EvalConfig, evaluate, overall_solve_rate, pinned_bank_version
-from tasks.rollout.stage import IterationConfig
-from trainers.registry import latest_version
+from tasks.evaluation import evaluate, overall_solve_rate
+from storage.registry import latest_version
 
 evaluate_task = stage_task(evaluate, "evaluate", gpu=True)
-
-
-class EvaluationRunConfig(IterationConfig):
-    """The sections evaluation reads: the held-out draw, plus the rollout (policy, prompt) and verify sections."""
-
-    evaluation: EvalConfig = Field(default_factory=EvalConfig, description="the held-out draw and its sampling")
 
 
 @flow(name="evaluate-model", log_prints=True)
@@ -40,13 +33,9 @@ def evaluate_model(model_version: int | None = None, config: dict[str, Any] | No
     version = model_version if model_version is not None else latest_version(lake)
     if version is None:
         raise ValueError(f"no model version is registered in {lake.uri}: nothing to evaluate")
-    iteration = iteration if iteration is not None else _iteration_of(lake, version)
+    iteration = iteration if iteration is not None else iteration_of_version(lake, version)
     truth = settings.model_copy(update={"verify": settings.verify.model_copy(update={"verifier": None})})
-    parameters, skipped = unchanged_or_fingerprint(
-        lake, "evaluate-model", "evaluate", iteration, settings.evaluation.model_dump(mode="json"),
-        {"model_version": version, "bank_version": pinned_bank_version(lake)}, force,
-        {"evaluation": settings.evaluation.model_dump(mode="json"),        # what the numbers depend on
-         "rollout": settings.rollout.model_dump(mode="json"), "verify": truth.verify.output_settings()})
+    parameters, skipped = unchanged_or_fingerprint(lake, evaluate_key(lake, settings, version), iteration, force)
     if skipped:
         return {**skipped, "model_version": version}
     with lake.run("evaluate-model", "evaluate", parameters, iteration=iteration,
@@ -60,10 +49,3 @@ def evaluate_model(model_version: int | None = None, config: dict[str, Any] | No
     return {"stage": "evaluate", "iteration": iteration, "model_version": version, "run_id": run.run_id,
             "solve_rate": rate, "by_source_level": evaluation.select("source", "level", "problems", "solve_rate")
             .to_dicts()}
-
-
-def _iteration_of(lake: Lake, version: int) -> int:
-    """The iteration that trained `version` (0 for the base and warm-up versions)."""
-    rows = lake.read("model_versions", filter=pc.field("model_version") == version, columns=["iteration"])
-    value = rows["iteration"][0] if rows.height else None
-    return int(value) if value is not None else 0

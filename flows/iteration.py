@@ -11,20 +11,20 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-import pyarrow.compute as pc
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
-from storage.fingerprints import run_ids
+from flows.stage_plans import (advantages_key, latest_bank_version, rollout_key, train_key, trained_version,
+                               verify_key)
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.rollout.stage import IterationConfig, current_model_version, next_iteration, sample_iteration
 from trainers.grpo import TrainConfig
-from trainers.registry import latest_version
+from storage.registry import latest_version
 from trainers.stage import train_iteration
 
 DOWNSTREAM_OF_ROLLOUT = ("groups", "advantages", "batches", "dbb_state")
@@ -50,10 +50,8 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
     lake = Lake.open(lake_uri)
     iteration = iteration if iteration is not None else next_iteration(lake)
     version = model_version if model_version is not None else current_model_version(lake, settings.rollout.base_policy)
-    bank_version = lake.read("problems", columns=["bank_version"])["bank_version"].max()
-    parameters, skipped = unchanged_or_fingerprint(
-        lake, "rl-iteration", "rollout", iteration, settings.model_dump(mode="json", include={"rollout", "dynamic_sampling"}),
-        {"model_version": version, "bank_version": bank_version}, force)
+    parameters, skipped = unchanged_or_fingerprint(lake, rollout_key(settings, version, latest_bank_version(lake)),
+                                                   iteration, force)
     if skipped:
         return skipped
     key = {"iteration": iteration}
@@ -62,9 +60,8 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
             lake.replace(table, pl.DataFrame(), key, run)
-    parameters, _ = unchanged_or_fingerprint(lake, "rl-iteration", "verify", iteration,
-                                             settings.verify.model_dump(mode="json"), {"rollouts": [run.run_id]}, True,
-                                             settings.verify.output_settings())
+    parameters, _ = unchanged_or_fingerprint(
+        lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id]), iteration, True)
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
@@ -85,15 +82,8 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
     lake = Lake.open(lake_uri)
     if model_version is None:                          # freshness is measured against the newest policy
         model_version = current_model_version(lake, settings.rollout.base_policy)
-    verifier = settings.advantages.verifier
-    inputs = {"rollouts": run_ids(lake, "rollouts", iteration),
-              "rewards": run_ids(lake, "rewards", iteration, None if verifier is None else pc.field("verifier") == verifier),
-              "dbb_state": sorted(lake.read("dbb_state", filter=pc.field("iteration") < iteration,
-                                            columns=["run_id"])["run_id"].unique().to_list()),
-              "model_version": model_version}
-    parameters, skipped = unchanged_or_fingerprint(
-        lake, "compute-advantages", "advantages", iteration,
-        settings.model_dump(mode="json", include={"advantages", "dynamic_sampling"}), inputs, force)
+    parameters, skipped = unchanged_or_fingerprint(lake, advantages_key(lake, settings, iteration, model_version),
+                                                   iteration, force)
     if skipped:
         return skipped
     with lake.run("compute-advantages", "advantages", parameters, iteration=iteration,
@@ -124,10 +114,7 @@ def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri:
     settings = TrainConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     parent = parent if parent is not None else latest_version(lake)
-    batch = lake.read("batches", filter=pc.field("iteration") == iteration, columns=["batch_id"])
-    parameters, skipped = unchanged_or_fingerprint(
-        lake, "train-policy", "train", iteration, settings.model_dump(mode="json"),
-        {"batch_id": batch["batch_id"][0] if batch.height else None, "parent": parent}, force)
+    parameters, skipped = unchanged_or_fingerprint(lake, train_key(lake, settings, iteration, parent), iteration, force)
     if skipped:
         return {**skipped, "model_version": trained_version(lake, skipped["same_as"])}
     with lake.run("train-policy", "train", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
@@ -139,9 +126,3 @@ def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri:
         print(f"iteration {iteration}: no training step ({result['reason']}); model version stays "
               f"{result['model_version']}")
     return {**result, "run_id": run.run_id}
-
-
-def trained_version(lake: Lake, run_id: str) -> int | None:
-    """The model version a train run registered (None if it kept no group and trained nothing)."""
-    rows = lake.read("model_versions", filter=pc.field("run_id") == run_id, columns=["model_version"])
-    return int(rows["model_version"][0]) if rows.height else None

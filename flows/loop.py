@@ -17,45 +17,24 @@ import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
-from pydantic import Field
 
 from flows.artifacts import publish_iteration
 from flows.curation import curate_bank
-from flows.evaluation import EvaluationRunConfig, evaluate_model
+from flows.evaluation import evaluate_model
 from flows.policies import stage_task, writes_iterations
 from flows.iteration import rl_iteration, train_policy
 from flows.loop_state import resume_point
+from flows.run_config import EvaluationRunConfig, RunConfig
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
-from tasks.curation.config import Strict
-from tasks.curriculum.stage import CurriculumConfig, current_level_weights, moved_gym_difficulty, rebalanced
-from tasks.evaluation import EvalConfig, overall_solve_rate
+from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
+from tasks.evaluation import overall_solve_rate
 from tasks.progress import track
 from tasks.rollout.stage import IterationConfig, current_model_version
-from trainers.grpo import TrainConfig
-from trainers.registry import BRANCH
+from storage.registry import BRANCH
 from trainers.stage import run_warmup, warmup_version
-from trainers.warmup import WarmupConfig
 
 warmup_task = stage_task(run_warmup, "supervised-warm-up", gpu=True)
-
-
-class LoopConfig(Strict):
-    """How many iterations, and how often to evaluate."""
-
-    iterations: int = Field(0, ge=0, description="iterations the run should reach; a run resumes after the last "
-                            "recorded one (--iterations overrides)")
-    evaluate_every: int = Field(1, ge=0, description="evaluate the trained version every this many iterations; 0 = never")
-
-
-class RunConfig(IterationConfig):
-    """The stages of a run config that the loop reads (the bank section is the curation flow's)."""
-
-    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    evaluation: EvalConfig = Field(default_factory=EvalConfig)
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
-    loop: LoopConfig = Field(default_factory=LoopConfig)
 
 
 def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:

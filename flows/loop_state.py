@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 
 from storage.lake import Lake
-from trainers.registry import BRANCH
+from storage.registry import BRANCH
 
 
 def resume_point(lake: Lake) -> tuple[int, int | None]:

@@ -6,7 +6,7 @@ downstream starts at train. Each stage replaces exactly its own output for the i
 records a new row in `runs`; the old run's row stays, so both are visible.
 
 A stage whose inputs, config and code are unchanged since a run whose output is still in place
-is skipped unless forced (storage/fingerprints.py). Without a config, each stage re-runs with the
+is skipped unless forced (flows/stage_plans.py). Without a config, each stage re-runs with the
 config of its previous run for that iteration; a given config overrides it section by section
 (a file holding only `verify: {verifier: process}` re-scores with the process verifier and keeps
 every other setting). A downstream chain is all or nothing for the iteration's tables: if a later
@@ -16,104 +16,27 @@ stage fails, the slices the chain already replaced are put back. A model version
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.policies import writes_iterations
-from flows.evaluation import EvaluationRunConfig, evaluate_model
+from flows.evaluation import evaluate_model
 from flows.iteration import compute_advantages, rl_iteration, train_policy
-from flows.skipping import config_of
+from flows.policies import writes_iterations
+from flows.stage_plans import (EVALUATION_SECTIONS, ITERATION_OUTPUTS, ITERATION_SECTIONS, chain_settings,
+                               policy_version_of, sampled_version_of, stage_chain, trained_version_of)
 from flows.verification import verify_iteration
 from storage.fingerprints import OUTPUT_TABLE
 from storage.lake import Lake
-from tasks.rollout.stage import IterationConfig
-from tasks.verification import VerifyConfig
 from storage.runs import utc_now
-from tasks.curation.config import merged_config
-from trainers.registry import latest_version
-
-STAGES = ("rollout", "verify", "advantages", "train", "evaluate")
-ITERATION_OUTPUTS = {"rollout": ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state"),
-                     "verify": ("rewards",), "advantages": ("groups", "advantages", "batches", "dbb_state"),
-                     "train": (), "evaluate": ()}
-ITERATION_SECTIONS = tuple(IterationConfig.model_fields)                # rollout, dynamic_sampling, verify, advantages
-EVALUATION_SECTIONS = tuple(EvaluationRunConfig.model_fields)          # the same, and evaluation
-
-
-def stage_chain(stage: str, downstream: bool, through: str | None = None) -> list[str]:
-    """The stages a re-run executes, in order: `stage`, then with `downstream` every later one up to
-    `through` (default: evaluate)."""
-    for name in (stage, through):
-        if name is not None and name not in STAGES:
-            raise ValueError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
-    if not downstream:
-        return [stage]
-    last = STAGES.index(through or "evaluate")
-    if last < STAGES.index(stage):
-        raise ValueError(f"--through {through} comes before {stage}; stages run {' → '.join(STAGES)}")
-    chain = list(STAGES[STAGES.index(stage):last + 1])
-    return [chain[0], *chain[3:]] if stage == "rollout" else chain   # rl-iteration includes verify and advantages
-
-
-def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = False) -> dict[str, Any]:
-    """The run config sections the iteration's stages (default: any iteration's) last completed with;
-    sections never run are absent, so they take their defaults. Runs of a chain that was rolled back
-    do not count. With `sampling` (a rollout re-run), the verify section is the one the sampling flow
-    scored with, not a later re-score's, and advantages use that flow's scores."""
-    completed = pc.field("status") == "completed"
-    runs = lake.read("runs", filter=completed if iteration is None else completed & (pc.field("iteration") == iteration),
-                     columns=["flow", "stage", "parameters", "started_at"]).sort("started_at")
-    config: dict[str, Any] = {}
-    for flow_name, stage, text in runs.select("flow", "stage", "parameters").rows():
-        parameters = config_of(json.loads(text))
-        if sampling and stage == "verify" and flow_name != "rl-iteration":
-            continue
-        if stage in ("rollout", "advantages"):
-            config.update({k: v for k, v in parameters.items() if k in ITERATION_SECTIONS})
-        elif stage == "verify":     # how scoring was spread out is this machine's business, not the record's
-            config["verify"] = {k: v for k, v in parameters.items() if k not in VerifyConfig.EXECUTION_ONLY}
-        elif stage == "train":
-            config["train"] = parameters
-        elif stage == "evaluate":
-            config["evaluation"] = parameters
-    if sampling and "advantages" in config:
-        config["advantages"] = {**config["advantages"], "verifier": None}
-    return config
-
-
-def policy_version_of(lake: Lake, iteration: int) -> int | None:
-    """The version current when the iteration was trained (the parent of its first trained version), else the
-    latest: freshness and the training step of a re-run are measured from it, as they were the first time."""
-    trained = lake.read("model_versions", filter=(pc.field("iteration") == iteration) & (pc.field("kind") == "rl"),
-                        columns=["model_version", "parent_version"])
-    if trained.height:
-        return int(trained.sort("model_version")["parent_version"][0])
-    return latest_version(lake)
-
-
-def trained_version_of(lake: Lake, iteration: int) -> int:
-    """The newest version trained on the iteration (a branch, after a re-run of its train stage); for
-    iteration 0, the version the loop started from (the warm-up's, else version 0)."""
-    if iteration == 0:
-        start = lake.read("iteration_metrics", filter=pc.field("iteration") == 0, columns=["trained_version"])
-        return int(start["trained_version"][0]) if start.height else 0
-    trained = lake.read("model_versions", filter=pc.field("iteration") == iteration, columns=["model_version"])
-    if trained.is_empty():
-        raise ValueError(f"iteration {iteration} has no trained model version to evaluate; run its train stage first")
-    return int(trained["model_version"].max())
 
 
 def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], force: bool) -> dict[str, Any]:
     iteration_config = {k: v for k, v in config.items() if k in ITERATION_SECTIONS}
     if stage == "rollout":
-        sampled = lake.read("rollouts", filter=pc.field("iteration") == iteration, columns=["model_version"])
-        version = int(sampled["model_version"].min()) if sampled.height else None
-        return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, version, force,
-                                               policy_version_of(lake, iteration))}
+        return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, sampled_version_of(lake, iteration),
+                                               force, policy_version_of(lake, iteration))}
     if stage == "verify":
         return {"stage": stage, **verify_iteration(iteration, config.get("verify"), lake.uri, force)}
     if stage == "advantages":
@@ -135,13 +58,7 @@ def rerun_stage(stage: str, iteration: int, config: dict[str, Any] | None = None
     summary per stage."""
     lake = Lake.open(lake_uri)
     chain = stage_chain(stage, downstream, through)
-    overrides = config or {}
-    recorded = recorded_config(lake, iteration, sampling=chain[0] == "rollout")
-    settings = merged_config(recorded, overrides)
-    new_verify = overrides.get("verify") or {}
-    if ("verify" in chain and "verifier" in new_verify and "verifier" not in (overrides.get("advantages") or {})
-            and new_verify["verifier"] != (recorded.get("verify") or {}).get("verifier")):
-        settings["advantages"] = {**settings.get("advantages", {}), "verifier": new_verify["verifier"]}   # new scores
+    settings = chain_settings(lake, iteration, chain, config or {})
     tables = sorted({table for name in chain for table in ITERATION_OUTPUTS[name]})
     before = {table: _version(lake, table) for table in tables}
     started = utc_now()

@@ -12,7 +12,7 @@ from prefect.runtime import flow_run
 
 from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
-from storage.fingerprints import run_ids
+from flows.stage_plans import verify_key
 from storage.lake import Lake
 from tasks.verification import (VerifyConfig, record_noise, rollouts_with_problems, score_rollouts,
                                 with_noise_correction, write_rewards)
@@ -60,10 +60,7 @@ def verify_iteration(iteration: int, config: dict[str, Any] | None = None, lake_
     """Score (or re-score, with another verifier config) an iteration's stored rollouts into `rewards`."""
     verify = VerifyConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
-    parameters, skipped = unchanged_or_fingerprint(lake, "verify-iteration", "verify", iteration,
-                                                   verify.model_dump(mode="json"),
-                                                   {"rollouts": run_ids(lake, "rollouts", iteration)}, force,
-                                                   verify.output_settings())
+    parameters, skipped = unchanged_or_fingerprint(lake, verify_key(lake, verify, iteration), iteration, force)
     if skipped:
         return skipped
     with lake.run("verify-iteration", "verify", parameters, iteration=iteration,

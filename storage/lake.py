@@ -33,7 +33,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from storage import faults, leases, presence
-from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-exported: callers catch them from here)
+from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-exported: callers catch them here)
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
 from storage.schemas import TABLES, TableSpec
@@ -145,6 +145,18 @@ class Lake:
 
     def append(self, name: str, rows: RowData, run: Run) -> int:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
+
+    def remove_rows_of_runs(self, name: str, run_ids: list[str], run: Run) -> int:
+        """Delete the rows those runs wrote (one commit): how `rlvr doctor --repair` clears rows of runs that
+        never completed. Returns the new version."""
+        leases.check(self.location)
+        table = self.table(name)
+        predicate = "run_id IN (" + ", ".join(_sql_literal(run_id) for run_id in run_ids) + ")"
+        metrics = table.delete(predicate, commit_properties=CommitProperties(
+            custom_metadata={"run_id": run.run_id, "stage": run.stage}))
+        version = self._committed_version(name, run.run_id)
+        run.record_write(name, version, -int(metrics.get("num_deleted_rows", 0)))
+        return version
 
     def restore(self, name: str, key: dict[str, Any], version: int | None, run: Run) -> int:
         """Put a slice back as it was at table `version` (None: before the table existed), keeping the
@@ -296,27 +308,15 @@ class Lake:
             leases.release(self.location, name)
 
     def reap(self, grant: leases.Grant | None = None) -> list[str]:
-        """Mark `abandoned` every `running` run whose process is dead; returns their ids. A run no process record
-        names (from an older version, or killed before its record was written) counts once it is older than
-        the lease timeout."""
-        records = presence.process_records(self.location)
-        live = {record["process_id"]: record for record in records if presence.alive(record)}
-        owner_of = {run_id: record for record in records if record["process_id"] not in live
-                    for run_id in record.get("runs", [])}
-        live_runs = {run_id for record in live.values() for run_id in record.get("runs", [])} | _ACTIVE_RUNS
-        running = self.read("runs", filter=pc.field("status") == "running")
-        now, abandoned = utc_now(), []
-        for row in running.iter_rows(named=True):
-            owner = owner_of.get(row["run_id"])
-            age = (now - row["started_at"]).total_seconds()
-            if row["run_id"] in live_runs or (owner is None and age < presence.lease_timeout()):
-                continue
-            who = f"its process ({presence.describe(owner)}) died" if owner else "no live process runs it"
-            if self._write_run_row({**row, "status": "abandoned", "ended_at": now, "error": f"abandoned: {who}"},
+        """Mark `abandoned` every `running` run whose process is dead and forget dead processes' records; log a
+        lease takeover. Returns the abandoned run ids."""
+        abandoned = []
+        for row, reason in self.dead_runs():
+            if self._write_run_row({**row, "status": "abandoned", "ended_at": utc_now(), "error": reason},
                                    only_if_running=True):
                 abandoned.append(row["run_id"])
-        for record in records:
-            if record["process_id"] not in live:
+        for record in presence.process_records(self.location):
+            if not presence.alive(record):
                 presence.forget(self.location, record["process_id"])
         if grant is not None and grant.taken_from is not None:
             taken = Run(flow="lease", stage="takeover", parameters={
@@ -324,6 +324,25 @@ class Lake:
                 "from_process": grant.taken_from.get("process_id"), "abandoned_runs": abandoned})
             self._write_run_row(taken.row("completed", utc_now()), insert=True)
         return abandoned
+
+    def dead_runs(self) -> list[tuple[dict[str, Any], str]]:
+        """`running` runs whose process is dead, each with why. A run no process record names (from an older
+        version, or killed before its record was written) counts once it is older than the lease timeout."""
+        records = presence.process_records(self.location)
+        live = {record["process_id"] for record in records if presence.alive(record)}
+        owner_of = {run_id: record for record in records if record["process_id"] not in live
+                    for run_id in record.get("runs", [])}
+        live_runs = {run_id for record in records if record["process_id"] in live
+                     for run_id in record.get("runs", [])} | _ACTIVE_RUNS
+        now, dead = utc_now(), []
+        for row in self.read("runs", filter=pc.field("status") == "running").iter_rows(named=True):
+            owner = owner_of.get(row["run_id"])
+            age = (now - row["started_at"]).total_seconds()
+            if row["run_id"] in live_runs or (owner is None and age < presence.lease_timeout()):
+                continue
+            who = f"its process ({presence.describe(owner)}) died" if owner else "no live process runs it"
+            dead.append((row, f"abandoned: {who}"))
+        return dead
 
     def mark_runs(self, iteration: int, stages: set[str], since: datetime, status: str,
                   unless_in: dict[str, str] | None = None) -> list[str]:

@@ -144,7 +144,9 @@ def register_random_version(lake, version: int, seed: int) -> None:
     """Register another randomly initialised policy, shaped like version 0, as `version` (a stand-in for training)."""
     from transformers import AutoConfig
 
-    from trainers.registry import load_policy, register, save_checkpoint, version_row
+    from storage.registry import register, version_row
+
+    from trainers.registry import load_policy, save_checkpoint
     from trainers.tiny import TinyModelConfig, build_model
 
     base = version_row(lake, 0)["checkpoint_uri"]

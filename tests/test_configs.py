@@ -11,7 +11,7 @@ from tasks.advantages.stage import AdvantageConfig
 from tasks.rollout.stage import RolloutConfig
 from tasks.verification import VerifyConfig
 from trainers.grpo import TrainConfig
-from flows.loop import LoopConfig
+from flows.run_config import LoopConfig
 from tasks.evaluation import EvalConfig
 from trainers.warmup import WarmupConfig
 from tasks.curriculum.stage import CurriculumConfig

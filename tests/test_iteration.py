@@ -126,7 +126,8 @@ def test_off_policy_rollouts_get_truncated_importance_weights_and_stale_ones_are
     from flows.iteration import compute_advantages
     from storage.lake import Lake
     from tasks.rollout.hf import sequence_logprobs
-    from trainers.registry import load_policy, version_row
+    from storage.registry import version_row
+    from trainers.registry import load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

@@ -20,7 +20,7 @@ def test_run_without_iterations_curates_the_bank_and_prints_statistics(tmp_path)
 
 def test_the_learning_config_is_the_demo_with_more_iterations():
     from flows.cli_rl import RUN_SECTIONS
-    from flows.loop import RunConfig
+    from flows.run_config import RunConfig
     from tasks.curation.config import load_yaml_config
 
     demo, learn = (load_yaml_config(f"configs/{name}.yaml", RunConfig, RUN_SECTIONS) for name in ("demo", "demo-learn"))

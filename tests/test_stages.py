@@ -130,7 +130,7 @@ def test_a_failed_downstream_stage_puts_the_chain_back(looped):
 def test_retraining_an_old_iteration_branches_from_its_own_parent(looped):
     from flows.stages import rerun_stage
     from storage.lake import Lake
-    from trainers.registry import latest_version
+    from storage.registry import latest_version
 
     lake = Lake.open(looped)
     [skipped] = rerun_stage("train", 1, lake_uri=looped)
@@ -188,7 +188,7 @@ def test_rlvr_stage_prints_what_ran_and_what_was_skipped(looped, tmp_path, prefe
 
 def test_stage_chains_and_iteration_lists():
     from flows.cli_ops import parse_iterations
-    from flows.stages import stage_chain
+    from flows.stage_plans import stage_chain
 
     assert stage_chain("verify", False) == ["verify"]
     assert stage_chain("verify", True) == ["verify", "advantages", "train", "evaluate"]
@@ -318,7 +318,7 @@ def test_verification_fans_out_over_a_dask_cluster_and_agrees_with_one_task(loop
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
             task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="score-rollouts")))
     assert len(scored) == -(-one_task.height // 7) and all(run.state.is_completed() for run in scored)
-    from flows.stages import recorded_config
+    from flows.stage_plans import recorded_config
 
     assert "task_runner" not in recorded_config(lake, 2)["verify"]     # re-runs do not replay the cluster
 

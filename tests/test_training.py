@@ -149,7 +149,8 @@ def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, t
     from flows.iteration import rl_iteration, train_policy
     from storage.lake import Lake
     from test_iteration import CONFIG, curated
-    from trainers.registry import adapter_base, load_policy, version_row
+    from storage.registry import version_row
+    from trainers.registry import adapter_base, load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

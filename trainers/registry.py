@@ -1,6 +1,7 @@
-"""The model registry: policy versions as HF checkpoints in the lake's storage, one `model_versions` row each.
+"""Policy checkpoints: saving and loading model versions as HF checkpoints in the lake's storage.
 
-Version 0 is the base policy: the embedded tiny model (built and saved on first use) or a local
+The registry's rows (which versions exist, their parents, where their checkpoints are) are
+`storage/registry.py`'s. Version 0 is the base policy: the embedded tiny model (built and saved on first use) or a local
 checkpoint named in the config (registered in place, not copied). Training registers N+1 with
 its parent and the batches it consumed. Checkpoints on S3 are downloaded once into a local cache.
 """
@@ -16,13 +17,11 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage import objects, presence
-from storage.lake import Lake, LakeError
-from storage.runs import Run, utc_now
+from storage.lake import Lake
+from storage.registry import claim_checkpoint, register
 from tasks.curation.config import Strict
 from trainers.tiny import TinyModelConfig
 
@@ -44,66 +43,6 @@ def _quiet_transformers() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-
-
-def checkpoint_uri(lake: Lake, version: int) -> str:
-    return lake.location.path("models", f"v{version:05d}")
-
-
-CLAIM = "_claimed.json"
-
-
-def claim_checkpoint(lake: Lake, version: int) -> str:
-    """A checkpoint folder nobody has used, claimed by a conditional write: `models/v00007`, or `v00007-2`, ...
-    when a run that never completed (or a lost registry row) left one. A checkpoint is never overwritten."""
-    base = checkpoint_uri(lake, version)
-    for attempt in range(1, 1000):
-        uri = base if attempt == 1 else f"{base}-{attempt}"
-        path = uri.removeprefix("s3://")
-        if lake.location.is_s3:
-            if lake.location.filesystem.exists(f"{path}/config.json"):     # made before folders were claimed
-                continue
-            claimed = objects.create_new(lake.location, f"{path}/{CLAIM}", presence.this_process().as_record())
-        else:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                os.mkdir(path)                   # atomic: one process creates the folder
-                claimed = True
-            except FileExistsError:
-                claimed = False
-        if claimed:
-            return uri
-    raise LakeError(f"no free checkpoint folder for model version {version} under {base}")
-
-
-def versions(lake: Lake) -> pl.DataFrame:
-    return lake.read("model_versions").sort("model_version")
-
-
-BRANCH = "rl-branch"
-
-
-def latest_version(lake: Lake) -> int | None:
-    """The newest version of the main line: what the loop samples and trains next, and what evaluation
-    means by "latest". A branch (an old iteration re-trained from its own parent) is never it."""
-    registered = lake.read("model_versions", filter=pc.field("kind") != BRANCH, columns=["model_version"])
-    return None if registered.is_empty() else int(registered["model_version"].max())
-
-
-def next_version_number(lake: Lake) -> int:
-    """The next version number, branches included: one past the highest a completed run registered (a number
-    left by a run that never completed is reused; its checkpoint folder is not, see `claim_checkpoint`)."""
-    registered = lake.read("model_versions", columns=["model_version"])["model_version"]
-    return 0 if registered.is_empty() else int(registered.max()) + 1
-
-
-def version_row(lake: Lake, version: int) -> dict:
-    rows = lake.read("model_versions", filter=pc.field("model_version") == version)
-    if rows.is_empty():
-        known = lake.read("model_versions", columns=["model_version"])["model_version"].to_list()
-        raise ValueError(f"model version {version} is not registered in {lake.uri} (registered: {sorted(known)}); "
-                         "run an iteration or `rlvr policy init` to create version 0")
-    return rows.row(0, named=True)
 
 
 TRAINING_STATE = "training_state.pt"
@@ -218,18 +157,6 @@ def load_training_state(uri: str) -> dict | None:
     path = os.path.join(local_checkpoint(uri), TRAINING_STATE)
     # map to CPU: AdamW's load_state_dict moves the state onto the parameters' device (a GPU run's state loads on CPU)
     return torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else None
-
-
-def register(lake: Lake, run: Run, version: int, *, uri: str, kind: str, parent: int | None = None,
-             iteration: int | None = None, batch_ids: list[str] | None = None, architecture: dict | None = None,
-             metrics: dict | None = None, served_name: str | None = None) -> None:
-    row = {"model_version": version, "parent_version": parent, "kind": kind, "checkpoint_uri": uri,
-           "served_name": served_name, "iteration": iteration, "batch_ids": batch_ids or [],
-           "architecture": json.dumps(architecture or {}, sort_keys=True, default=str),
-           "metrics": json.dumps(metrics or {}, sort_keys=True, default=str), "created_at": utc_now()}
-    lake.replace("model_versions", pl.DataFrame([row], schema_overrides={"parent_version": pl.Int64,
-                                                                          "iteration": pl.Int64}),
-                 {"model_version": version}, run, only_if_empty=True)     # the number is allocated by this commit
 
 
 def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:

@@ -9,10 +9,11 @@ import pyarrow.compute as pc
 
 from storage import faults
 from storage.lake import Lake
+from storage.registry import BRANCH, latest_version, next_version_number, register, version_row
 from storage.runs import Run
 from trainers.grpo import TrainConfig, sampled_temperature, train_on_batch
-from trainers.registry import (BRANCH, adapter_base, latest_version, load_policy, load_training_state,
-                               next_version_number, peft_warnings_quiet, register, save_checkpoint, version_row)
+from trainers.registry import (adapter_base, load_policy, load_training_state, peft_warnings_quiet,
+                               save_checkpoint)
 
 ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"]
 

@@ -174,7 +174,8 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
 
     from tasks.rollout.hf import sequence_logprobs
     from trainers.grpo import sampled_temperature
-    from trainers.registry import load_policy, version_row
+    from storage.registry import version_row
+    from trainers.registry import load_policy
 
     rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
                      columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"])

@@ -100,7 +100,8 @@ def lake_loader(lake_uri: str | None, device: str = "cpu", batch_size: int = 64)
     """Load model version N of a lake's registry as an HFPolicy."""
     from storage.lake import Lake
     from tasks.rollout.hf import HFPolicy
-    from trainers.registry import load_policy, version_row
+    from storage.registry import version_row
+    from trainers.registry import load_policy
 
     lake = Lake.open(lake_uri)
 

@@ -134,7 +134,7 @@ def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
 
 def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[Policy, object | None]:
     """The configured backend holding `model_version`, and the tokenizer chat templates need (if any)."""
-    from trainers.registry import version_row
+    from storage.registry import version_row
 
     row = version_row(lake, model_version)
     checkpoint = row["checkpoint_uri"]
@@ -204,7 +204,8 @@ def next_iteration(lake: Lake) -> int:
 
 def current_model_version(lake: Lake, base: BasePolicyConfig) -> int:
     """The latest registered version; registers version 0 first on a new lake."""
-    from trainers.registry import ensure_base_policy, latest_version
+    from storage.registry import latest_version
+    from trainers.registry import ensure_base_policy
 
     latest = latest_version(lake)
     return latest if latest is not None else ensure_base_policy(lake, base)
