@@ -61,13 +61,15 @@ class Outcome:
 class Bench:
     """One benchmark session: a private PREFECT_HOME and cache, a tag that marks every process it starts."""
 
-    def __init__(self, work: Path, s3_endpoint: str | None = None):
+    def __init__(self, work: Path, s3_endpoint: str | None = None, prefect_api: str | None = None):
         self.work = work
         self.tag = uuid.uuid4().hex
         self.env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "RLVR_CACHE": str(work / "cache"),
                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RLVR_BENCH_TAG": self.tag, "COLUMNS": "200"}
         for name in ("PREFECT_API_URL", "RLVR_LAKE", "RLVR_FAULT"):
             self.env.pop(name, None)
+        if prefect_api:                      # the test suite's shared server: no temporary server per command
+            self.env["PREFECT_API_URL"] = prefect_api
         self.s3_endpoint = s3_endpoint
         if s3_endpoint:
             self.env.update({"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "bench",

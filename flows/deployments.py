@@ -130,7 +130,8 @@ def prefect_yaml(serve: ServeConfig, run_config: dict[str, Any], work_pool: str)
     deployments = []
     for spec in serve.deployments:
         flow = flow_of(spec.flow)
-        entrypoint = f"{Path(inspect.getsourcefile(flow.fn)).resolve().relative_to(root)}:{flow.fn.__name__}"
+        source = inspect.getsourcefile(inspect.unwrap(flow.fn))           # past the lease wrapper (flows/policies.py)
+        entrypoint = f"{Path(source).resolve().relative_to(root)}:{flow.fn.__name__}"
         deployments.append({
             "name": spec.name, "entrypoint": entrypoint, "description": spec.description, "tags": spec.tags,
             "parameters": flow_parameters(spec, serve, run_config),

@@ -15,4 +15,8 @@ def unchanged_or_fingerprint(lake: Lake, key: StageKey, iteration: int, force: b
     """(the run parameters to record: the stage's config plus its inputs and fingerprint, a skip summary or
     None). Unless `force`, a stage whose output from an identical run is still in place is not run again:
     a `skipped` row goes to `runs` and the summary names the run whose output stands."""
-    return key.parameters, skip_if_in_place(lake, key, iteration, force, flow_run.id)
+    skipped = skip_if_in_place(lake, key, iteration, force, flow_run.id)
+    if skipped is not None:
+        print(f"{key.stage} of iteration {iteration}: skipped, its inputs, config and code are unchanged since run "
+              f"{skipped['same_as']} (force to re-run)")
+    return key.parameters, skipped

@@ -108,8 +108,6 @@ def skip_if_in_place(lake: Lake, key: StageKey, iteration: int, force: bool,
         return None
     run = lake.record_skipped(key.flow, key.stage, {**key.parameters, "same_as": same_as}, iteration=iteration,
                               prefect_flow_run_id=prefect_flow_run_id)
-    print(f"{key.stage} of iteration {iteration}: skipped, its inputs, config and code are unchanged since run "
-          f"{same_as} (force to re-run)")
     return {"stage": key.stage, "iteration": iteration, "skipped": True, "same_as": same_as, "run_id": run.run_id}
 
 

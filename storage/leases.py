@@ -130,8 +130,9 @@ def acquire(location: LakeLocation, name: str, wait: bool | float = False, poll:
             mine.remove_lease(name)                        # another process won the race for this epoch
             continue
         if deadline is not None and time.monotonic() >= deadline:
-            if found is None or found.free:                # only this process's other thread holds it
-                raise LeaseHeld(f"the lake's {name} lease is held by another thread of this process")
+            if busy_here:
+                raise LeaseHeld(f"the lake's {name} lease is held by another thread of this process "
+                                f"(pid {os.getpid()})")
             raise LeaseHeld(describe_holder(location, name, found) + ": one writer at a time (--wait queues "
                             "behind it; a holder that dies is taken over)")
         time.sleep(poll)

@@ -87,6 +87,8 @@ def test_read_only_commands_do_not_import_prefect(local_lake_with_rows):
         "assert runner.invoke(app, ['sql', 'select 1', '--lake', lake]).exit_code == 0\n"
         "runner.invoke(app, ['bank', 'stats', '--lake', lake])\n"
         "runner.invoke(app, ['lineage', 'problem', 'x', '--lake', lake])\n"
+        "assert runner.invoke(app, ['doctor', '--lake', lake]).exit_code == 0\n"
+        "runner.invoke(app, ['policy', 'list', '--lake', lake])\n"
         "print('prefect' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -144,11 +144,13 @@ def test_lineage_of_file_and_generated_problems(curate, files, lake, lake_uri):
 
 
 def test_cli_quick_sources_without_a_prefect_server(files, tmp_path):
-    """Ephemeral Prefect (no PREFECT_API_URL), quick `--source` syntax, then stats and sample."""
+    """A temporary Prefect server (no PREFECT_API_URL), quick `--source` syntax, then stats and sample."""
     lake = str(tmp_path / "cli-lake")
     result = run_cli("curate", "--source", f"gsm8k:{files['gsm8k']}", "--source", "gen:level2:30",
                      "--eval-source", f"math:{files['math']}", "--lake", lake)
     assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr                        # a normal exit is quiet
+    assert "Traceback" not in output and "CancelledError" not in output and "Starting temporary server" not in output
     assert "bank version 1" in result.stdout and "3 quarantined" in result.stdout
     stats = run_cli("bank", "stats", "--lake", lake)
     assert "gen:level2" in stats.stdout and "GSM8K answer has no '#### N' final line" in stats.stdout

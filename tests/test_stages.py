@@ -174,10 +174,12 @@ def test_rlvr_stage_prints_what_ran_and_what_was_skipped(looped, tmp_path, prefe
                     "--through", "advantages", "--lake", looped, env=server)
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("ran") >= 4 and "skipped" not in first.stdout
+    home = tmp_path / "prefect-home"                      # no API URL: a command that ran a flow would start a server
     second = run_cli("stage", "verify", "--iteration", "1,2", "--config", str(config), "--downstream",
-                     "--through", "advantages", "--lake", looped, env=server)
+                     "--through", "advantages", "--lake", looped, env={"PREFECT_API_URL": "", "PREFECT_HOME": str(home)})
     assert second.returncode == 0, second.stderr
     assert second.stdout.count("skipped") == 4, second.stdout
+    assert not (home / "rlvr-temporary-server.log").exists()   # every stage skipped: no orchestration at all
 
     bad = run_cli("stage", "score", "--iteration", "1", "--lake", looped)
     assert bad.returncode == 2 and "unknown stage 'score'" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,165 @@
+"""One writer per loop, enforced by the lake: leases written with put-if-absent, refused or queued while
+their holder lives, taken over (and logged) when it dies, on local disk and on S3 alike."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import polars as pl
+import pytest
+
+from storage import leases, objects, presence
+from storage.lake import LakeError, LeaseHeld, LeaseLost
+from storage.leases import LOOP
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from storage.lake import Lake
+    lake = Lake.open(sys.argv[1])
+    with lake.lease("loop"):
+        with lake.run("rl-iteration", "rollout", {}, iteration=1) as run:
+            print(run.run_id, flush=True)
+            time.sleep(600)
+""")
+
+
+def hold_in_another_process(lake_uri: str) -> tuple[subprocess.Popen, str]:
+    """A process that holds the loop lease and has a run in progress; (process, its run id)."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, lake_uri], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return process, process.stdout.readline().strip()
+
+
+def test_a_second_writer_is_refused_at_once_naming_the_holder(lake, lake_uri):
+    process, run_id = hold_in_another_process(lake_uri)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LeaseHeld) as refused:
+            with lake.lease(LOOP):
+                pass
+        assert time.monotonic() - started < 5
+        message = str(refused.value)
+        assert f"pid {process.pid}" in message and run_id in message and "since" in message
+        assert "--wait" in message and "\n" not in message
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_dead_holder_is_taken_over_its_runs_abandoned_and_the_takeover_logged(lake, lake_uri):
+    process, run_id = hold_in_another_process(lake_uri)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    with lake.lease(LOOP) as grant:                      # same machine: its pid is gone, so no timeout to wait
+        assert grant.taken_from["pid"] == process.pid
+    runs = lake.read("runs")
+    killed = runs.filter(pl.col("run_id") == run_id).row(0, named=True)
+    assert killed["status"] == "abandoned" and f"pid {process.pid}" in killed["error"]
+    takeover = runs.filter(pl.col("stage") == "takeover").row(0, named=True)
+    parameters = json.loads(takeover["parameters"])
+    assert takeover["status"] == "completed" and parameters["abandoned_runs"] == [run_id]
+    assert parameters["lease"] == "loop" and f"pid {process.pid}" in parameters["from"]
+    assert presence.process_records(lake.location) == []    # the dead process's record is gone; this one left too
+
+
+def test_a_holder_on_another_machine_counts_until_its_heartbeat_is_old(lake, monkeypatch):
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "30")
+    other = {"process_id": "far-7-1", "host": "far-away", "boot_id": "x", "pid": 7, "started": "1",
+             "command": "rlvr run", "runs": [], "heartbeat_at": time.time()}
+    objects.put(lake.location, ("processes", "far-7-1.json"), other)
+    assert objects.put_if_absent(lake.location, ("leases", LOOP, "0000000001.json"), {**other, "since": time.time()})
+    with pytest.raises(LeaseHeld, match="held by far-away pid 7"):
+        with lake.lease(LOOP):
+            pass
+    objects.put(lake.location, ("processes", "far-7-1.json"), {**other, "heartbeat_at": time.time() - 31})
+    with lake.lease(LOOP) as grant:
+        assert grant.epoch == 2 and grant.taken_from["host"] == "far-away"
+
+
+def test_wait_queues_behind_the_holder(lake, lake_uri):
+    process, _ = hold_in_another_process(lake_uri)
+    threading.Timer(2.0, process.kill).start()
+    started = time.monotonic()
+    with lake.lease(LOOP, wait=True) as grant:
+        assert time.monotonic() - started >= 1.5 and grant.taken_from["pid"] == process.pid
+    process.wait()
+
+
+def test_reentrant_within_a_thread_exclusive_between_threads(lake):
+    with lake.lease(LOOP):
+        with lake.lease(LOOP) as inner:
+            assert inner.count == 2
+        errors = []
+
+        def other_thread():
+            try:
+                with lake.lease(LOOP):
+                    pass
+            except LeaseHeld as error:
+                errors.append(str(error))
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert errors and "another thread of this process" in errors[0]
+    with lake.lease(LOOP):                               # released: free again
+        pass
+
+
+def test_racing_processes_never_both_win(lake_uri, tmp_path):
+    """Eight processes take the lease as fast as they can; the epoch files say who won each turn: never two."""
+    script = textwrap.dedent("""
+        import sys
+        from storage.lake import Lake, LeaseHeld
+        lake, wins = Lake.open(sys.argv[1]), 0
+        for _ in range(6):
+            try:
+                with lake.lease("loop"):
+                    wins += 1
+            except LeaseHeld:
+                pass
+        print(wins)
+    """)
+    processes = [subprocess.Popen([sys.executable, "-c", script, lake_uri], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(8)]
+    wins = sum(int(p.communicate(timeout=300)[0].strip() or 0) for p in processes)
+    from storage.lake import Lake
+
+    location = Lake.open(lake_uri).location
+    epochs = [name for name in objects.names(location, ("leases", LOOP)) if name.endswith(".json")]
+    newest = max(int(name.split(".")[0]) for name in epochs)
+    assert wins >= 1 and newest == wins               # every win is exactly one epoch: no epoch was won twice
+
+
+def test_a_writer_whose_lease_was_taken_over_writes_nothing(lake):
+    from storage.runs import Run
+
+    with lake.lease(LOOP) as grant:
+        objects.put_if_absent(lake.location, ("leases", LOOP, f"{grant.epoch + 1:010d}.json"), {"pid": 1})
+        grant.lost = True                                 # what the heartbeat finds at its next beat
+        with pytest.raises(LeaseLost, match="lost the loop lease"):
+            lake.append("verifier_noise", pl.DataFrame(), Run("t", "t", {}))
+    assert not lake.exists("verifier_noise")
+
+
+def test_the_heartbeat_notices_a_takeover(lake, monkeypatch):
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "3")        # a beat every 0.5 s
+    with lake.lease(LOOP) as grant:
+        objects.put_if_absent(lake.location, ("leases", LOOP, f"{grant.epoch + 1:010d}.json"), {"pid": 1})
+        deadline = time.monotonic() + 10
+        while not grant.lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert grant.lost and not leases.held_here(lake.location, LOOP)
+
+
+def test_a_run_marked_abandoned_cannot_complete(lake):
+    with pytest.raises(LakeError, match="marked abandoned while it worked"):
+        with lake.run("test", "test", {}) as run:
+            row = lake.read("runs").row(0, named=True)
+            lake._write_run_row({**row, "status": "abandoned"})
+    assert lake.read("runs", columns=["status"])["status"].to_list() == ["abandoned"]
+    assert run.run_id not in lake.read("runs").filter(pl.col("status") == "completed")["run_id"].to_list()
