@@ -190,7 +190,7 @@ def sql(
     if format not in ("table", "csv", "json"):
         fail(f"--format must be table, csv or json, not {format!r}", 2)
     try:
-        catalog = open_lake_catalog(Lake.open(lake), as_of)
+        catalog = open_lake_catalog(Lake.open(lake), as_of, query)
         for why in catalog.damaged.values():
             errors.print(f"[yellow]warning:[/yellow] {escape(why)}", highlight=False, soft_wrap=True)
         result = catalog.sql(query)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from storage import faults, leases, presence
@@ -49,6 +50,9 @@ class Lake:
     def __init__(self, location: LakeLocation):
         self.location = location
         self._hidden: tuple[int, frozenset[str]] | None = None     # (runs version, runs not completed)
+        self._latest: dict[str, DeltaTable] = {}                      # see _snapshot
+        self._datasets: dict[str, tuple[int, Any]] = {}
+        self._cache_lock = threading.RLock()
 
     @classmethod
     def open(cls, uri: str | None = None) -> "Lake":
@@ -90,14 +94,14 @@ class Lake:
              version: int | None = None, raw: bool = False) -> pl.DataFrame:
         """Visible rows of a table as a Polars frame (`raw`: every row, whoever wrote it); an empty frame
         with the contract's schema if absent."""
-        table = self.table(name, version)
-        if table is None:
+        snapshot = self._snapshot(name, version)
+        if snapshot is None:
             empty = TABLES[name].schema.empty_table()
             return pl.from_arrow(empty.select(columns) if columns else empty)
         if not raw:
             filter = _and(filter, self._visible(name))
         try:
-            data = table.to_pyarrow_dataset().to_table(filter=filter, columns=columns)
+            data = snapshot[1].to_table(filter=filter, columns=columns)
         except (DeltaError, OSError) as error:         # a data file the log names is missing or unreadable
             raise self.damaged(name, error) from None
         return pl.from_arrow(data)
@@ -105,22 +109,51 @@ class Lake:
     def dataset(self, name: str, version: int | None = None, runs_version: int | None = None):
         """A table's visible rows as a lazy Arrow dataset (what SQL reads), optionally as of a table version and
         the `runs` version that says which runs had completed; None when the table does not exist."""
-        table = self.table(name, version)
-        if table is None:
+        snapshot = self._snapshot(name, version)
+        if snapshot is None:
             return None
         visible = self._visible(name, runs_version)
-        dataset = table.to_pyarrow_dataset()
-        return dataset if visible is None else dataset.filter(visible)
+        return snapshot[1] if visible is None else snapshot[1].filter(visible)
+
+    def _snapshot(self, name: str, version: int | None = None):
+        """(Delta table, its Arrow dataset). The latest version of each table is kept per `Lake` and brought up
+        to date from the log's newer commits (one listing), and its dataset is built once per version:
+        building it is most of what a small read costs."""
+        if version is not None:
+            table = self.table(name, version)
+            return None if table is None else (table, table.to_pyarrow_dataset())
+        with self._cache_lock:
+            table = self._latest.get(name)
+            if table is None:
+                table = self.table(name)
+                if table is None:
+                    return None
+                self._latest[name] = table
+            else:
+                try:
+                    table.update_incremental()
+                except (DeltaError, OSError) as error:
+                    del self._latest[name]
+                    raise self.damaged(name, error) from None
+            cached = self._datasets.get(name)
+            if cached is None or cached[0] != table.version():
+                cached = self._datasets[name] = (table.version(), table.to_pyarrow_dataset())
+            return table, cached[1]
 
     def hidden_runs(self, runs_version: int | None = None) -> frozenset[str]:
         """Runs whose rows readers must not see: every run not `completed` (running elsewhere, killed,
         failed, abandoned, rolled back), except this process's own runs in progress."""
-        runs = self.table("runs", runs_version)
+        if runs_version is not None:
+            runs = self.table("runs", runs_version)
+        else:
+            snapshot = self._snapshot("runs")
+            runs = None if snapshot is None else snapshot[0]
         if runs is None:
             return frozenset()
         version = runs.version()
-        if self._hidden is None or self._hidden[0] != version:
-            rows = runs.to_pyarrow_dataset().to_table(filter=pc.field("status") != "completed", columns=["run_id"])
+        if self._hidden is None or self._hidden[0] != version:      # delta-rs's own SQL: no Arrow dataset to build
+            rows = QueryBuilder().register("runs", runs).execute(
+                "select run_id from runs where status <> 'completed'").read_all()
             self._hidden = (version, frozenset(rows["run_id"].to_pylist()))
         return self._hidden[1] - _ACTIVE_RUNS
 

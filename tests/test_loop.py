@@ -7,7 +7,6 @@ import json
 import polars as pl
 import pytest
 
-from conftest import run_cli
 from test_iteration import CONFIG
 
 RUN = {**CONFIG, "train": {"micro_batch_size": 8}, "evaluation": {"max_problems": 12, "sampler": {"max_new_tokens": 8}},
@@ -63,21 +62,21 @@ def test_loop_records_every_iteration_and_resumes_after_crashes(flows, tmp_path)
     assert rollouts["rollout_id"].is_unique().all() and set(rollouts.filter(pl.col("iteration") == 4)["model_version"]) == {3}
 
 
-def test_rlvr_run_curates_then_loops_and_prints_the_metrics(tmp_path):
+def test_rlvr_run_curates_then_loops_and_prints_the_metrics(cli, tmp_path):
     import yaml
 
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"bank": BANK,
         **RUN}))
     lake_uri = str(tmp_path / "lake")
-    result = run_cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
+    result = cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
     assert result.returncode == 0, result.stderr
     assert "RL loop (SQL: select * from iteration_metrics)" in result.stdout and "kept 80 of 80 rows" in result.stdout
-    done = run_cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
+    done = cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
     assert done.returncode == 0 and "nothing to do: the lake already holds 1 iteration" in done.stdout
-    again = run_cli("run", "--config", str(config), "--iterations", "2", "--lake", lake_uri)
+    again = cli("run", "--config", str(config), "--iterations", "2", "--lake", lake_uri)
     assert again.returncode == 0 and "skipping curation" in again.stdout
-    rows = run_cli("sql", "select iteration, trained_version from iteration_metrics order by 1", "--format", "csv",
+    rows = cli("sql", "select iteration, trained_version from iteration_metrics order by 1", "--format", "csv",
                    "--lake", lake_uri)
     assert rows.stdout.split() == ["iteration,trained_version", "1,1", "2,2"]
 

@@ -3,16 +3,15 @@
 import json
 
 from bench.dedup_scaling import run_benchmark
-from conftest import run_cli
 
 
-def test_run_without_iterations_curates_the_bank_and_prints_statistics(tmp_path):
+def test_run_without_iterations_curates_the_bank_and_prints_statistics(cli, tmp_path):
     lake = str(tmp_path / "lake")
-    result = run_cli("run", "--config", "configs/mixed.yaml", "--lake", lake)
+    result = cli("run", "--config", "configs/mixed.yaml", "--lake", lake)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping curation" not in result.stdout
     assert "bank version 1" in result.stdout and "by level" in result.stdout
-    counts = run_cli("sql", "select split, count(*) as n from problems group by 1 order by 1", "--format", "json",
+    counts = cli("sql", "select split, count(*) as n from problems group by 1 order by 1", "--format", "json",
                      "--lake", lake)
     rows = {r["split"]: r["n"] for r in map(json.loads, counts.stdout.splitlines())}
     assert rows["eval"] == 500 and rows["train"] > 3000
@@ -34,17 +33,17 @@ def test_benchmark_reports_each_size():
     assert all(r["seconds"] > 0 for r in results)
 
 
-def test_a_second_run_skips_the_curation_it_already_did(tmp_path):
+def test_a_second_run_skips_the_curation_it_already_did(cli, tmp_path):
     lake = str(tmp_path / "lake")
-    assert run_cli("run", "--config", "configs/mixed.yaml", "--lake", lake).returncode == 0
-    again = run_cli("run", "--config", "configs/mixed.yaml", "--lake", lake)
+    assert cli("run", "--config", "configs/mixed.yaml", "--lake", lake).returncode == 0
+    again = cli("run", "--config", "configs/mixed.yaml", "--lake", lake)
     assert again.returncode == 0 and "skipping curation" in again.stdout
-    versions = run_cli("sql", "select count(distinct bank_version) as n from problems", "--format", "csv", "--lake", lake)
+    versions = cli("sql", "select count(distinct bank_version) as n from problems", "--format", "csv", "--lake", lake)
     assert versions.stdout == "n\n1\n"
 
 
-def test_reports_fit_an_80_column_terminal(tmp_path):
-    result = run_cli("curate", "--source", "gen:level1:10", "--lake", str(tmp_path / "lake"), env={"COLUMNS": "80"})
+def test_reports_fit_an_80_column_terminal(cli, tmp_path):
+    result = cli("curate", "--source", "gen:level1:10", "--lake", str(tmp_path / "lake"), env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     assert "│ gen:level1" in result.stdout
 

@@ -5,7 +5,6 @@ import json
 import polars as pl
 import pytest
 
-from conftest import run_cli
 from tasks.curation.config import SourceConfig, ValidationConfig
 from tasks.curation.load import load_source
 
@@ -84,7 +83,7 @@ def test_missing_rollouts_are_a_clear_error(verify_iteration, lake, lake_uri):
         verify_iteration(9, {}, lake_uri)
 
 
-def test_audit_command_stores_rho(tmp_path):
+def test_audit_command_stores_rho(cli, tmp_path):
     lake = str(tmp_path / "lake")
     lines = [{"id": i, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": True} for i in range(8)]
     lines += [{"id": 100 + i, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": False} for i in range(6)]
@@ -92,14 +91,14 @@ def test_audit_command_stores_rho(tmp_path):
               {"id": 201, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": False}]  # a false positive
     path = tmp_path / "audit.jsonl"
     path.write_text("".join(json.dumps(l) + "\n" for l in lines))
-    result = run_cli("audit-verifier", str(path), "--workers", "2", "--lake", lake)
+    result = cli("audit-verifier", str(path), "--workers", "2", "--lake", lake)
     assert result.returncode == 0, result.stderr
-    stored = run_cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
+    stored = cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
                      "--lake", lake)
     assert json.loads(stored.stdout) == {"verifier": "math", "rho0": 1 / 7, "rho1": 1 / 9, "n_correct": 9, "n_wrong": 7}
 
 
-def test_audit_against_a_reference_verifier_keeps_lines_aligned(tmp_path):
+def test_audit_against_a_reference_verifier_keeps_lines_aligned(cli, tmp_path):
     """`process` (stricter: wants the steps too) as the truth for `math`, with 2 workers and many lines."""
     lake = str(tmp_path / "lake")
     lines = []
@@ -111,8 +110,8 @@ def test_audit_against_a_reference_verifier_keeps_lines_aligned(tmp_path):
                       "response": f"{steps}. \\boxed{{{answer}}}"})
     path = tmp_path / "audit.jsonl"
     path.write_text("".join(json.dumps(l) + "\n" for l in lines))
-    result = run_cli("audit-verifier", str(path), "--reference", "flipped", "--workers", "2", "--lake", lake)
+    result = cli("audit-verifier", str(path), "--reference", "flipped", "--workers", "2", "--lake", lake)
     assert result.returncode == 0, result.stderr
-    stored = json.loads(run_cli("sql", "select rho0, rho1 from verifier_noise", "--format", "json", "--lake", lake).stdout)
+    stored = json.loads(cli("sql", "select rho0, rho1 from verifier_noise", "--format", "json", "--lake", lake).stdout)
     # flipped keeps `correct` as the truth of math: aligned lines mean math agrees with it everywhere
     assert stored == {"rho0": 0.0, "rho1": 0.0}
