@@ -89,9 +89,26 @@ class Bench:
         env = {**self.env, **({"RLVR_FAULT": fault} if fault else {})}
         return subprocess.run([str(BIN / "rlvr"), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
-    def start(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([str(BIN / "rlvr"), *args], env=self.env, stdout=subprocess.PIPE,
+    def start(self, *args: str, hold_at: str | None = None) -> subprocess.Popen:
+        """Start a command; with `hold_at`, it waits at that fault point until `release` (see storage/faults.py)."""
+        env = dict(self.env)
+        if hold_at:
+            env |= {"RLVR_FAULT": hold_at, "RLVR_FAULT_HOLD": str(self.work / f"hold-{self.tag}")}
+        return subprocess.Popen([str(BIN / "rlvr"), *args], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+
+    def held(self, process: subprocess.Popen, timeout: float = 300.0) -> bool:
+        """Whether `process` (started with `hold_at`) reached its point and is waiting there."""
+        reached = self.work / f"hold-{self.tag}.reached"
+        deadline = time.monotonic() + timeout
+        while not reached.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def release(self) -> None:
+        (self.work / f"hold-{self.tag}").write_text("go")
 
     def leftovers(self, wait: float = 10.0) -> list[str]:
         """Processes this session started that are still alive (a parent-death signal takes a moment)."""
@@ -200,14 +217,15 @@ def concurrent_runs(bench: Bench, kind: str, expected: pl.DataFrame) -> Outcome:
     started = time.monotonic()
     lake_uri = bench.lake(kind, "two-runs")
     outcome = Outcome("two rlvr run at once (the second with --wait)", kind)
-    first = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri)
-    time.sleep(1.0)
+    first = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, hold_at="lease-taken:loop")
+    outcome.checks["the first took the loop lease"] = bench.held(first)
     refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)
     second = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, "--wait")
+    bench.release()
     codes = [first.wait(900), second.wait(900)]
     outcome.killed = f"exits {codes}, a third without --wait: {refused.returncode}"
     outcome.checks["a third writer refused at once, naming the holder"] = (
-        refused.returncode == 1 and "lease is held by" in refused.stderr)
+        refused.returncode == 1 and "lease is held by" in refused.stderr and f"pid {first.pid}" in refused.stderr)
     outcome.checks["both finished"] = codes == [0, 0]
     outcome.checks |= lake_checks(bench, lake_uri, len(expected) - 1)
     outcome.checks["metrics equal the unkilled run's"] = metrics(lake_uri).equals(expected)

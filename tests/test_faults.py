@@ -26,19 +26,20 @@ def unkilled(bench):
     """Two `rlvr run` of one config at once: the first runs, a third without --wait is refused at once naming
     it, the second (--wait) queues and then finds nothing left to do. Returns the lake's metrics."""
     lake_uri = bench.lake("local", "two-runs")
-    first = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri)
-    deadline = time.monotonic() + 120
-    refused = None
-    while time.monotonic() < deadline:
-        refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)
-        if refused.returncode == 1 and "lease is held by" in refused.stderr:
-            break
-        time.sleep(0.5)
+    first = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, hold_at="lease-taken:loop")
+    assert bench.held(first), first.stderr.read()[-2000:] if first.poll() is not None else "never held"
+    refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)      # while the first holds the lease
+    assert refused.returncode == 1 and "lease is held by" in refused.stderr, refused.stderr
     assert f"pid {first.pid}" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     second = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, "--wait")
+    queued = ""
+    while "waiting" not in queued and (line := second.stderr.readline()):     # the second queues behind the first
+        queued += line
+    assert "waiting: the lake's loop lease is held by" in queued, queued
+    bench.release()
     assert first.wait(600) == 0, first.stderr.read()[-2000:]
     out, err = second.communicate(timeout=600)
-    assert second.returncode == 0 and "waiting: the lake's loop lease is held by" in err and "nothing to do" in out
+    assert second.returncode == 0 and "nothing to do" in out, err
     assert all(lake_checks(bench, lake_uri, 2).values())
     return metrics(lake_uri)
 

@@ -23,6 +23,8 @@ from tasks.verifiers.base import Verdict, build_verifier
 from tasks.verifiers.formats import format_reward
 
 DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
+READY = "ready"                # a worker's first message, once warm: its items' deadlines start from here
+STARTUP_TIMEOUT = 180.0        # seconds a new worker may take to import and warm up on a loaded machine
 
 
 def own_verifier(problem: Mapping[str, Any]) -> str:
@@ -86,6 +88,7 @@ def _worker_main(connection: Connection, options: dict, worker: int) -> None:
     from tasks.verifiers.math import warm_up
 
     warm_up(verifiers.get("math"))                  # sympy and the LaTeX parser, before the first item
+    connection.send(READY)
     try:
         while True:
             try:
@@ -112,9 +115,10 @@ class VerifierPool:
     """`workers` processes scoring items in parallel; `workers=0` scores in this process, unbounded.
 
     Items travel in chunks (fewer round trips), but results come back one by one, and each item
-    has its own deadline: `item_timeout` seconds from the previous result of its worker. When it
-    passes, the worker is killed and replaced, the item scores 0, and the rest of its chunk is
-    sent again.
+    has its own deadline: `item_timeout` seconds from the previous result of its worker, or from the
+    moment a new worker said it is warm (its imports on a loaded machine are not an item's time).
+    When it passes, the worker is killed and replaced, the item scores 0, and the rest of its chunk
+    is sent again.
     """
 
     def __init__(self, workers: int = 2, item_timeout: float = 30.0,
@@ -130,8 +134,6 @@ class VerifierPool:
         """Start (and warm up) the workers now rather than at the first `score`; they serve every call."""
         if not self._slots and self.workers:
             self._slots = [self._start(w) for w in range(self.workers)]
-            for slot in self._slots:                      # a no-op round trip: the worker is warm once it answers
-                slot["connection"].send([])
         return self
 
     def close(self) -> None:
@@ -150,7 +152,8 @@ class VerifierPool:
         process = self._context.Process(target=_worker_main, args=(child, self.options, worker), daemon=True)
         process.start()
         child.close()
-        return {"worker": worker, "process": process, "connection": parent, "in_flight": deque(), "deadline": 0.0}
+        return {"worker": worker, "process": process, "connection": parent, "in_flight": deque(), "ready": False,
+                "deadline": time.monotonic() + STARTUP_TIMEOUT}
 
     def score(self, items: Iterable[tuple[Mapping[str, Any], str, str | None]]) -> Iterator[Scored]:
         """Yield a `Scored` per (problem, response, verifier name or None), in completion order."""
@@ -181,7 +184,8 @@ class VerifierPool:
         chunk = queue.take(self.chunk_size)
         if chunk:
             slot["in_flight"].extend(chunk)
-            slot["deadline"] = time.monotonic() + self.item_timeout
+            if slot["ready"]:
+                slot["deadline"] = time.monotonic() + self.item_timeout
             slot["connection"].send(chunk)
 
     def _collect(self, slot: dict[str, Any], queue: "_Queue") -> Iterator[Scored]:
@@ -189,14 +193,19 @@ class VerifierPool:
         try:
             while slot["in_flight"] and connection.poll():
                 result = connection.recv()
-                slot["in_flight"].popleft()
                 slot["deadline"] = time.monotonic() + self.item_timeout
+                if result == READY:
+                    slot["ready"] = True
+                    continue
+                slot["in_flight"].popleft()
                 yield result
         except (EOFError, OSError):
             yield self._replace(slot, queue, "the verification worker died")
         else:
             if slot["in_flight"] and time.monotonic() >= slot["deadline"]:
-                yield self._replace(slot, queue, f"verification timed out after {self.item_timeout:g} s")
+                reason = (f"verification timed out after {self.item_timeout:g} s" if slot["ready"] else
+                          f"the verification worker did not start within {STARTUP_TIMEOUT:g} s")
+                yield self._replace(slot, queue, reason)
         if not slot["in_flight"]:
             self._feed(slot, queue)
 
