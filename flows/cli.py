@@ -473,6 +473,17 @@ def bench_learning(
         fail(str(error))
 
 
+@bench_app.command("orchestration")
+def bench_orchestration(
+    repeats: Annotated[int, typer.Option(min=1, help="runs of each read-only command (median)")] = 3,
+    subflows: Annotated[int, typer.Option(min=1, help="stage-shaped subflows timed (median)")] = 20,
+) -> None:
+    """What Prefect and the command line cost: read-only commands, a subflow and a task, the loop outside its stages."""
+    from bench.orchestration import run_benchmark
+
+    run_benchmark(repeats, subflows)
+
+
 @bench_app.command("faults")
 def bench_faults(
     lakes: Annotated[str, typer.Option(help="where to run the cases: local, s3 (moto on loopback) or both")] = "local,s3",

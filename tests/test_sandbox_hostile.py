@@ -1,230 +1,357 @@
-"""The hostile-program suite: every program is contained, scores 0, and leaves nothing behind.
+"""The hostile-program suite (`hostile_programs.py`), in every isolation mode this host offers.
 
-Each program is a candidate for `solve(x)`, with tests that only a successful attack could pass
-(the secret, the answer served over the network, the expected value hidden in the tests), so a
-score above 0 would mean the attack worked. After each run: the sandbox server is the same
-process, no process of the sandbox's user ids is alive, and no file it tried to plant exists.
+Every program scores 0, its sandbox server survives, no process of that sandbox is left, and no
+file it tried to plant exists. Modes: `namespaces` (root), `userns` started by root, and `userns`
+started by an unprivileged user (the tests drop to `nobody` with setpriv, reaching this Python
+through a bind mount in a mount namespace of their own). Each test looks only at its own sandbox's
+processes, so two suites can share a host.
 """
 
+from __future__ import annotations
+
+import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tasks.sandbox.client import Sandbox, isolation_mode
+from hostile_programs import HOSTILE, REPO, planted_files, score_all
+from tasks.sandbox import client
+from tasks.sandbox.client import Sandbox, SandboxUnavailable, isolation_mode
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.zygote import UID_BASE
-from tasks.verifiers.code import CodeVerifier
 
-SECRET = "s3cr3t-" + uuid.uuid4().hex
-MARKER = "rlvr-hostile-" + uuid.uuid4().hex[:8]
-LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4, memory_mb=512, processes=16, output_bytes=200_000)
-
-
-def expecting(value: str) -> str:
-    return f"assert solve(2) == {value!r}\nassert solve(3) == {value!r}\n"
+LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, processes=16,
+                       output_bytes=200_000)
+NOBODY = 65534
 
 
-HOSTILE = {
-    "exit early with status 0": ("import os\ndef solve(x):\n    os._exit(0)\n", expecting("4")),
-    "sys.exit at import": ("import sys\nsys.exit(0)\ndef solve(x):\n    return 0\n", expecting("4")),
-    "print fake success": ("def solve(x):\n    print('ALL TESTS PASSED 2/2')\n    print('OK')\n    return None\n",
-                           expecting("4")),
-    "override __eq__": ("class Yes:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
-                        "def solve(x):\n    return Yes()\n", expecting("4")),
-    "int subclass that equals all": ("class Liar(int):\n    def __eq__(self, other): return True\n"
-                                     "def solve(x):\n    return Liar(0)\n", expecting("4")),
-    "patch builtins": ("import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
-                       "builtins.isinstance = lambda *a: True\nbuiltins.len = lambda *a: 0\n"
-                       "def solve(x):\n    return -1\n", expecting("4")),
-    "patch the test functions": ("import gc, sys\nfor obj in gc.get_objects():\n"
-                                 "    if callable(obj) and getattr(obj, '__name__', '') == 'check':\n"
-                                 "        obj.__code__ = (lambda candidate: None).__code__\n"
-                                 "sys.modules.pop('unittest', None)\ndef solve(x):\n    return -1\n",
-                                 "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"),
-    "catch the assertion errors": ("import sys\nsys.excepthook = lambda *a: None\n"
-                                   "def solve(x):\n    try:\n        raise AssertionError\n    except AssertionError:\n"
-                                   "        return -1\n", expecting("4")),
-    "read expected outputs from the test file": (
-        "import os, re\ndef solve(x):\n    for root in ('.', '/tmp', '/', os.path.expanduser('~'), REPO):\n"
-        "        for base, dirs, files in os.walk(root):\n            for name in files:\n"
-        "                try:\n                    text = open(os.path.join(base, name), errors='ignore').read(100000)\n"
-        "                except Exception:\n                    continue\n"
-        "                found = re.search(r\"solve\\(2\\) == '(hidden-[0-9a-f]+)'\", text)\n"
-        "                if found:\n                    return found.group(1)\n            if base.count('/') > 8:\n"
-        "                dirs[:] = []\n    return None\n", expecting("hidden-" + uuid.uuid4().hex[:12])),
-    "read the tests from its own memory": (
-        "import gc\ndef solve(x):\n    for obj in gc.get_objects():\n"
-        "        if isinstance(obj, dict) and isinstance(obj.get('tests'), str) and 'hidden' in obj['tests']:\n"
-        "            return obj['tests'].split(\"'\")[1]\n"
-        "    import re\n    raw = open('/proc/self/maps').read()\n    return None\n",
-        expecting("hidden-" + uuid.uuid4().hex[:12])),
-    "read other processes' memory": (
-        "import os, re\ndef solve(x):\n    for pid in os.listdir('/proc'):\n        if not pid.isdigit():\n"
-        "            continue\n        for part in ('cmdline', 'environ'):\n            try:\n"
-        "                data = open(f'/proc/{pid}/{part}', 'rb').read().decode(errors='ignore')\n"
-        "            except Exception:\n                continue\n"
-        "            found = re.search(r's3cr3t-[0-9a-f]+', data)\n            if found:\n                return found.group(0)\n"
-        "    return None\n", expecting(SECRET)),
-    "read the orchestrator's environment": ("import os\ndef solve(x):\n    return os.environ.get('RLVR_HOSTILE_SECRET')\n",
-                                            expecting(SECRET)),
-    "read the orchestrator's secret file": ("def solve(x):\n    return open(SECRET_PATH).read()\n", expecting(SECRET)),
-    "read the orchestrator's files": ("import os\ndef solve(x):\n    return open(os.path.join(REPO, 'README.md')).readline()\n",
-                                      expecting(open(Path(__file__).resolve().parents[1] / "README.md").readline())),
-    "open a socket to fetch the answer": (
-        "import socket\ndef solve(x):\n    with socket.create_connection(('127.0.0.1', PORT), timeout=2) as s:\n"
-        "        return s.recv(100).decode()\n", expecting(SECRET)),
-    "write outside its folder": (
-        f"import os\ndef solve(x):\n    for path in ('/tmp/{MARKER}', '/var/tmp/{MARKER}', '/dev/shm/{MARKER}',"
-        f" os.path.join(REPO, '{MARKER}'), '/root/{MARKER}'):\n        open(path, 'w').write('pwned')\n    return 4\n",
-        expecting("4")),
-    "kill its parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\n"
-                        "def solve(x):\n    return 4\n", expecting("5")),
-    "kill the test runner": ("import os, signal\ndef solve(x):\n    for pid in os.listdir('/proc'):\n"
-                             "        if pid.isdigit() and int(pid) != os.getpid():\n            try:\n"
-                             "                os.kill(int(pid), signal.SIGKILL)\n            except Exception:\n"
-                             "                pass\n    return -1\n", expecting("4")),
-    "leave a daemon behind": (
-        f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        while True:\n"
-        f"            open('/tmp/{MARKER}-daemon', 'w').write(str(time.time()))\n            time.sleep(0.05)\n"
-        f"    os._exit(0)\ndef solve(x):\n    return -1\n", expecting("4")),
-    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
-                  "def solve(x):\n    return 4\n", expecting("4")),
-    "memory bomb": ("hog = bytearray(8 * 1024 ** 3)\ndef solve(x):\n    return 4\n", expecting("4")),
-    "infinite loop": ("def solve(x):\n    while True:\n        pass\n", expecting("4")),
-    "ignore termination and spin": ("import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU):\n"
-                                    "    signal.signal(s, signal.SIG_IGN)\ndef solve(x):\n    while True:\n        pass\n",
-                                    expecting("4")),
-    "gigabytes of output": ("import sys\ndef solve(x):\n    chunk = 'x' * 65536\n    for _ in range(20000):\n"
-                            "        sys.stdout.write(chunk)\n    return 4\n", expecting("5")),
-    "huge file": ("def solve(x):\n    with open('big', 'wb') as f:\n        f.write(b'0' * 512 * 1024 * 1024)\n"
-                  "    return 4\n", expecting("5")),
-}
+def _works(prefix: list[str]) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
+
+
+ROOT = os.geteuid() == 0
+MODES = [m for m in ("namespaces", "userns") if (m != "namespaces" or ROOT) and _works(client.PREFIXES[m])]
+UNPRIVILEGED = ROOT and "userns" in MODES and shutil.which("setpriv") is not None
+ALL_MODES = MODES + (["userns as nobody"] if UNPRIVILEGED else [])
+
+
+def _serve(server: socket.socket, secret: str, stop: threading.Event) -> None:
+    server.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            connection, _ = server.accept()
+        except OSError:
+            continue
+        connection.sendall(secret.encode())
+        connection.close()
 
 
 @pytest.fixture(scope="module")
-def answer_server():
-    """A loopback TCP server that hands out the secret: reachable from here, not from the sandbox."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
+def context():
+    """The secrets and servers a successful attack would reach: a TCP port and unix sockets on the host
+    that hand out the secret, a secret file only the orchestrator may read."""
+    secret, marker = "s3cr3t-" + uuid.uuid4().hex, "rlvr-hostile-" + uuid.uuid4().hex[:8]
+    folder = Path(tempfile.mkdtemp(prefix="rlvr-hostile-"))
+    tcp, abstract, unix = socket.socket(), socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    tcp.bind(("127.0.0.1", 0))
+    abstract_name = "rlvr-hostile-" + uuid.uuid4().hex
+    abstract.bind("\0" + abstract_name)
+    socket_path = str(folder / "answer.sock")
+    unix.bind(socket_path)
+    os.chmod(socket_path, 0o777)
+    os.chmod(folder, 0o755)                          # the unprivileged orchestrator reaches it; the sandbox must not
     stop = threading.Event()
-
-    def serve():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                connection, _ = server.accept()
-            except OSError:
-                continue
-            connection.sendall(SECRET.encode())
-            connection.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
+    threads = []
+    for server in (tcp, abstract, unix):
+        server.listen()
+        threads.append(threading.Thread(target=_serve, args=(server, secret, stop), daemon=True))
+        threads[-1].start()
+    yield {"secret": secret, "hidden": "hidden-" + uuid.uuid4().hex[:12], "marker": marker,
+           "port": tcp.getsockname()[1], "abstract": abstract_name, "socket_path": socket_path,
+           "readme_line": open(Path(REPO) / "README.md").readline(), "limits": LIMITS.to_dict(),
+           "folder": str(folder)}
     stop.set()
-    thread.join(2)
-    server.close()
+    for thread in threads:
+        thread.join(2)
+    for server in (tcp, abstract, unix):
+        server.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def secret_file():
-    folder = tempfile.mkdtemp(dir=os.path.expanduser("~"))
-    path = Path(folder) / "credentials"
-    path.write_text(SECRET)
+def _secret_file(context: dict, owner: int | None) -> str:
+    """A file only the orchestrator can read: in root's home (0600), or for the unprivileged run a folder
+    of its own (0700)."""
+    folder = Path(tempfile.mkdtemp(dir=os.path.expanduser("~") if owner is None else context["folder"]))
+    path = folder / "credentials"
+    path.write_text(context["secret"])
     path.chmod(0o600)
-    yield str(path)
-    path.unlink()
-    os.rmdir(folder)
+    if owner is not None:
+        os.chown(folder, owner, owner)
+        os.chown(path, owner, owner)
+    folder.chmod(0o700)
+    return str(path)
+
+
+def run_unprivileged(script: str, arguments: list[str], stdin: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `script` as nobody with no capabilities. This Python lives under root's home, which nobody may
+    not enter, so a mount namespace of the test's own binds it at a world-readable folder first."""
+    mount_point = tempfile.mkdtemp(prefix="rlvr-python-")
+    os.chmod(mount_point, 0o755)
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent",
+           "PYTHONPATH": os.pathsep.join([REPO, str(Path(REPO) / "tests"), *site])}
+    try:
+        return subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount --bind "$1" "$2" && shift 2 && exec setpriv --reuid=65534 --regid=65534 --clear-groups '
+             '--inh-caps=-all --bounding-set=-all "$@"', "sh", sys.base_prefix, mount_point,
+             f"{mount_point}/bin/python3", script, *arguments],
+            input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+    finally:
+        os.rmdir(mount_point)
 
 
 @pytest.fixture(scope="module")
-def verifier(monkeypatch_module):
-    monkeypatch_module.setenv("RLVR_HOSTILE_SECRET", SECRET)       # in the orchestrator's environment
-    verifier = CodeVerifier(limits=LIMITS)
-    verifier.sandbox.start()
-    yield verifier
-    verifier.close()
+def outcomes(context):
+    """Every hostile program scored once per mode: {mode: {case: outcome}}, computed on first use."""
+    cache: dict[str, dict] = {}
 
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
-
-
-def sandbox_processes() -> list[str]:
-    uids = {str(UID_BASE + i) for i in range(8)}
-    listing = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in listing if line.split()[0] in uids]
-
-
-def planted_files() -> list[str]:
-    root = Path(__file__).resolve().parents[1]
-    candidates = [Path("/tmp") / MARKER, Path("/tmp") / f"{MARKER}-daemon", Path("/var/tmp") / MARKER,
-                  Path("/dev/shm") / MARKER, root / MARKER, Path("/root") / MARKER]
-    return [str(p) for p in candidates if p.exists()]
+    def of(mode: str) -> dict:
+        if mode not in cache:
+            if mode == "userns as nobody":
+                request = {**context, "secret_path": _secret_file(context, NOBODY)}
+                done = run_unprivileged(str(Path(__file__).with_name("hostile_programs.py")), ["userns"],
+                                        json.dumps({"context": request, "names": list(HOSTILE)}))
+                assert done.returncode == 0, done.stderr[-3000:]
+                cache[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+            else:
+                os.environ["RLVR_HOSTILE_SECRET"] = context["secret"]        # in the orchestrator's environment
+                try:
+                    cache[mode] = score_all(mode, {**context, "secret_path": _secret_file(context, None)},
+                                            list(HOSTILE))
+                finally:
+                    os.environ.pop("RLVR_HOSTILE_SECRET", None)
+        return cache[mode]
+    return of
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_program_is_contained(name, verifier, answer_server, secret_file):
-    program, tests = HOSTILE[name]
-    root = Path(__file__).resolve().parents[1]
-    program = (program.replace("PORT", str(answer_server)).replace("SECRET_PATH", repr(secret_file))
-               .replace("REPO", repr(str(root))))
-    server_before = verifier.sandbox.server_pid
-    verdict = verifier.verify({"prompt": "", "tests": tests, "entry_point": "solve"}, program)
-    assert verdict.reward == 0.0, verdict.details
-    assert verdict.correct is False
-    assert verifier.sandbox.server_pid == server_before, "the sandbox server was replaced"
-    assert sandbox_processes() == []
-    assert planted_files() == []
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_hostile_program_is_contained(mode, name, outcomes, context):
+    outcome = outcomes(mode)[name]
+    assert outcome["reward"] == 0.0 and outcome["correct"] is False, outcome
+    assert not outcome["server_replaced"] and outcome["crashes"] == 0, outcome
+    assert outcome["leftovers"] == 0, outcome
+    assert outcome["planted"] == [] and planted_files(context["marker"]) == []
+    assert outcome["isolation"] == mode.split()[0]
 
 
 def test_the_suite_is_large_enough():
-    assert len(HOSTILE) >= 15
+    assert len(HOSTILE) >= 40
+    assert len(ALL_MODES) >= (3 if ROOT else 1)     # root hosts check all three modes
 
 
-def test_an_honest_program_still_passes_after_the_hostile_ones(verifier):
-    verdict = verifier.verify({"prompt": "", "tests": expecting("4").replace("'4'", "4"), "entry_point": "solve"},
-                              "def solve(x):\n    return 4\n")
-    assert verdict.reward == 1.0 and verdict.correct
+@pytest.mark.parametrize("mode", MODES)
+def test_deadlines_end_a_run_early(mode, outcomes):
+    """A program that answers each test after its deadline costs one deadline: the rest fail at once."""
+    outcome = outcomes(mode)["sleep past each test's deadline, then answer right"]
+    assert outcome["failures"][0] == f"CandidateTimeout: timed out after {LIMITS.test_seconds:g} s"
+    assert outcome["seconds"] < 2 * LIMITS.test_seconds
 
 
-@pytest.mark.skipif(isolation_mode() != "namespaces", reason="needs root and unshare")
-def test_the_sandbox_has_no_network_and_its_own_process_table():
-    with Sandbox(limits=LIMITS) as sandbox:
+@pytest.mark.parametrize("mode", MODES)
+def test_an_honest_program_passes_in_every_mode(mode):
+    from tasks.verifiers.code import CodeVerifier
+
+    verifier = CodeVerifier(limits=LIMITS, _sandbox=Sandbox(isolation=mode, limits=LIMITS))
+    try:
+        verdict = verifier.verify({"prompt": "", "tests": "assert solve(2) == 4\nassert solve(3) == 9\n",
+                                   "entry_point": "solve"}, "import math\ndef solve(x):\n    return int(math.pow(x, 2))\n")
+    finally:
+        verifier.close()
+    assert verdict.reward == 1.0 and verdict.correct and verdict.details["isolation"] == mode
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_sandbox_has_no_network_and_sees_no_other_process(mode):
+    with Sandbox(limits=LIMITS, isolation=mode) as sandbox:
         result = sandbox.run_script(
-            "import os, socket\nprint([line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]])\n"
-            "print(len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
-            "print(os.getuid(), os.environ.get('RLVR_HOSTILE_SECRET'))\nprint(sorted(os.listdir('/')))\n")
-    interfaces, processes, identity, root = result.output.strip().splitlines()
+            "import os\nprint([line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]])\n"
+            "print([p for p in os.listdir('/proc') if p.isdigit()])\n"
+            "print(os.getuid(), os.environ.get('RLVR_HOSTILE_SECRET'))\nprint(sorted(os.listdir('/')))\n"
+            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n")
+    interfaces, processes, identity, root, capabilities = result.output.strip().splitlines()
     assert interfaces == "['lo']"
-    assert "home" not in root and "run" not in root
-    assert int(processes) <= 3                     # the server and this program, not the host's processes
-    assert identity == f"{UID_BASE} None"
+    assert processes == "['1']"                       # itself, PID 1 of its own namespace: not the test runner
+    assert "home" not in root and "run" not in root and "etc" in root
+    assert identity == (f"{UID_BASE} None" if mode == "namespaces" else "0 None")
+    assert int(capabilities, 16) == 0
 
 
-def test_the_rlimits_fallback_still_refuses_sockets(answer_server):
-    program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {answer_server}), timeout=2)\n"
+@pytest.mark.skipif(not UNPRIVILEGED, reason="needs root (to drop to nobody), setpriv and user namespaces")
+def test_an_unprivileged_user_gets_userns_isolation():
+    probe = run_unprivileged("-c", ["from tasks.sandbox.client import isolation_mode; print(isolation_mode())"], "")
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "userns"
+
+
+def test_without_isolation_code_is_refused_unless_explicitly_allowed(monkeypatch):
+    monkeypatch.delenv(client.INSECURE_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match="--insecure-sandbox"):
+        Sandbox(isolation="rlimits")
+    monkeypatch.setenv(client.INSECURE_ENV, "1")
+    sandbox = Sandbox(isolation="rlimits", limits=LIMITS)
+    assert sandbox.description == "rlimits (insecure: no isolation)"
+
+
+def test_the_rlimits_fallback_still_refuses_sockets(context):
+    program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {context['port']}), timeout=2)\n"
                "print(s.recv(100).decode())\n")
-    with Sandbox(limits=LIMITS, isolation="rlimits") as sandbox:
+    with Sandbox(limits=LIMITS, isolation="rlimits", allow_insecure=True) as sandbox:
         result = sandbox.run_script(program)
-    assert SECRET not in result.output and result.exit_code != 0
+    assert context["secret"] not in result.output and result.exit_code != 0
 
 
-def test_closing_a_sandbox_leaves_no_folder_or_process_behind():
+def test_closing_a_sandbox_leaves_no_folder_process_or_cgroup_behind():
     before = set(Path("/tmp").glob("rlvr-sandbox-*"))
-    for isolation in {"rlimits", isolation_mode()}:
-        with Sandbox(limits=LIMITS, isolation=isolation) as sandbox:
+    for isolation in {"rlimits", *MODES}:
+        with Sandbox(limits=LIMITS, isolation=isolation, allow_insecure=True) as sandbox:
             assert sandbox.run_script("open('x', 'w').write('1')").exit_code == 0
-            server = sandbox._process.pid
-        assert subprocess.run(["ps", "-p", str(server)], capture_output=True).returncode != 0
+            processes, groups = sandbox.processes(), sandbox._cgroups
+            assert processes
+        assert not _still_alive(processes)
+        assert not groups or not any(os.path.exists(path) for path in (groups["memory"], groups["pids"]))
     assert set(Path("/tmp").glob("rlvr-sandbox-*")) == before
-    assert not Path("/run/rlvr-jail").exists() and not Path("/tmp/rlvr-jail").exists()
+    assert not Path("/tmp/rlvr-jail").exists()
+
+
+def _still_alive(pids: list[int], wait: float = 10.0) -> list[int]:
+    """Those of `pids` still running (not zombies) after up to `wait` seconds: the last exits take a moment."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+            except OSError:
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+# ---- whole-run budgets ----------------------------------------------------------------------------------------
+def _memory_of(pids: list[int]) -> int:
+    """Proportional set size of these processes in bytes (shared pages counted once overall)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in open(f"/proc/{pid}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
+
+
+def _available() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_many_children_together_stay_within_the_memory_budget(mode):
+    """Eight forked children each touch 300 MB (2.4 GB in all) against a 512 MB budget; sampled every few ms,
+    the sandbox's processes never hold more than the budget, and the host's available memory never drops
+    by much more (other tests share the host: a generous margin)."""
+    program = ("import os, time\nfor _ in range(8):\n    if os.fork() == 0:\n        try:\n"
+               "            hog = bytearray(300 * 1024 * 1024)\n            for i in range(0, len(hog), 4096):\n"
+               "                hog[i] = 1\n        except MemoryError:\n            pass\n        time.sleep(30)\n"
+               "        os._exit(0)\ntime.sleep(2)\nprint('done')\n")
+    with Sandbox(limits=LIMITS, isolation=mode) as sandbox:
+        baseline_processes, baseline_available = _memory_of(sandbox.processes()), _available()
+        peaks = {"sandbox": 0, "host": 0}
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                peaks["sandbox"] = max(peaks["sandbox"], _memory_of(sandbox.processes()) - baseline_processes)
+                peaks["host"] = max(peaks["host"], baseline_available - _available())
+                time.sleep(0.005)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            result = sandbox.run_script(program)
+        finally:
+            stop.set()
+            sampler.join()
+    budget = LIMITS.memory_mb * 1024 * 1024
+    assert result.status == "memory_limit", result
+    assert peaks["sandbox"] <= budget + 64 * 1024 * 1024, peaks
+    assert peaks["host"] <= budget + 700 * 1024 * 1024, peaks
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_time_is_a_budget_of_the_whole_run(mode):
+    """Four processes spinning together pass a 2 s CPU budget in about half a second of wall time each."""
+    program = ("import os\nfor _ in range(3):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n")
+    limits = SandboxLimits(cpu_seconds=2, wall_seconds=8, memory_mb=512)
+    with Sandbox(limits=limits, isolation=mode) as sandbox:
+        result = sandbox.run_script(program)
+    assert result.status == "cpu_limit", result
+    assert result.seconds < limits.wall_seconds
+
+
+def test_the_tmpfs_of_a_run_is_private_and_bounded():
+    mode = MODES[0] if MODES else pytest.skip("no jailed mode on this host")
+    limits = SandboxLimits(memory_mb=512, scratch_mb=32, wall_seconds=8)
+    program = ("import os\nwritten = 0\nfor n in range(100):\n    try:\n        with open(f'f{n}', 'wb') as f:\n"
+               "            f.write(b'0' * (4 << 20))\n        written += 4\n    except OSError:\n        break\n"
+               "print(written, sorted(os.listdir('/tmp')))\n")
+    with Sandbox(limits=limits, isolation=mode) as sandbox:
+        first = sandbox.run_script(program)
+        second = sandbox.run_script("import os\nprint(sorted(os.listdir('/tmp')))\n")
+    written, listing = first.output.split(" ", 1)
+    assert int(written) <= limits.scratch_mb and listing.strip() == "['work']"
+    assert second.output.strip() == "['work']"                # the next run starts from an empty tmpfs
+
+
+# ---- no leaks ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES[:1])
+def test_thousands_of_runs_in_one_server_leak_nothing(mode):
+    """3,000 consecutive test runs in one server: none crashed, the server never replaced, its descriptor
+    count and memory flat."""
+    with Sandbox(limits=LIMITS, isolation=mode) as sandbox:
+        server = sandbox.server_pid
+        first = sandbox.run_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\n", "f")
+        for index in range(3000):
+            result = sandbox.run_tests("def f(x):\n    return x + 1\n", "assert f(1) == 2\nassert f(2) == 3\n", "f")
+            assert result.all_passed, (index, result)
+        assert sandbox.server_pid == server and sandbox.crashes == 0 and sandbox.recycled == 0
+    assert result.health["open_fds"] == first.health["open_fds"]
+    assert result.health["rss_mb"] <= first.health["rss_mb"] + 20
+
+
+def test_a_server_past_a_health_limit_is_replaced_without_failing_a_run():
+    mode = MODES[0] if MODES else pytest.skip("no jailed mode on this host")
+    with Sandbox(limits=LIMITS, isolation=mode, health_limits={"open_fds": 3}) as sandbox:   # it holds 7
+        server = sandbox.server_pid
+        first = sandbox.run_script("print('ok')")
+        assert first.output.strip() == "ok" and first.health["recycle"] and sandbox.recycled == 1
+        after = sandbox.run_script("print('still ok')")
+        assert after.output.strip() == "still ok" and sandbox.server_pid != server and sandbox.crashes == 0

@@ -5,11 +5,18 @@
         result.passed, result.total, result.status
 
 Model-generated code never runs in this process. The server is restarted whenever a run
-outlives its deadline or the server itself dies.
+outlives its deadline or the server itself dies, and recycled (a fresh one for the next job, no
+run failed) when it reports its own descriptors, memory or leftover processes past a limit.
+
+Isolation modes, best first: `namespaces` (root: namespaces, a user id per role, cgroups),
+`userns` (no root needed: an unprivileged user namespace), `rlimits` (resource limits only, no
+isolation: refused unless `allow_insecure`, `--insecure-sandbox` or RLVR_INSECURE_SANDBOX=1).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import select
 import shutil
@@ -21,21 +28,31 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from tasks.sandbox import budget
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.protocol import recv_json, send_json
 
 NAMESPACE_COMMAND = ["unshare", "--net", "--pid", "--mount", "--fork", "--mount-proc", "--kill-child"]
+USERNS_COMMAND = ["unshare", "--user", "--map-root-user", *NAMESPACE_COMMAND[1:]]
+PREFIXES = {"namespaces": NAMESPACE_COMMAND, "userns": USERNS_COMMAND, "rlimits": []}
+INSECURE_ENV = "RLVR_INSECURE_SANDBOX"
+_servers = itertools.count()
+
+
+class SandboxUnavailable(RuntimeError):
+    """No isolation is available here and running code without it was not allowed."""
 
 
 @dataclass
 class SandboxResult:
-    status: str                       # ok, timeout, output_limit, incomplete, crashed
+    status: str                       # ok, timeout, output_limit, memory_limit, cpu_limit, incomplete, crashed
     passed: int = 0
     total: int = 0
     exit_code: int | None = None
     output: str = ""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    health: dict = field(default_factory=dict)      # the server's own state after the run
 
     @property
     def all_passed(self) -> bool:
@@ -44,27 +61,67 @@ class SandboxResult:
 
 @lru_cache(maxsize=1)
 def isolation_mode() -> str:
-    """`namespaces` (root and unshare available: no network, private PID and mount namespaces)
-    or `rlimits` (resource limits, a separate session, and an audit-hook network guard)."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
+    """The best isolation this host allows: `namespaces` (root), `userns` (an unprivileged user namespace
+    with its own network, PID and mount namespaces), else `rlimits` (resource limits and an audit-hook
+    network guard only: not isolation)."""
+    if shutil.which("unshare") is None:
         return "rlimits"
-    probe = subprocess.run([*NAMESPACE_COMMAND, "true"], capture_output=True, timeout=30)
-    return "namespaces" if probe.returncode == 0 else "rlimits"
+    for mode in (("namespaces", "userns") if os.geteuid() == 0 else ("userns",)):
+        probe = subprocess.run([*PREFIXES[mode], "true"], capture_output=True, timeout=30)
+        if probe.returncode == 0:
+            return mode
+    return "rlimits"
+
+
+def insecure_allowed() -> bool:
+    return os.environ.get(INSECURE_ENV, "").lower() in ("1", "true", "yes")
+
+
+def require_isolation(isolation: str | None = None, allow_insecure: bool | None = None) -> str:
+    """The isolation code runs under here; refuses (SandboxUnavailable) where that is none and running code
+    without it was not explicitly allowed. Called before any code is scored, so a stage fails at once with
+    the reason instead of scoring honest programs 0."""
+    isolation = isolation or isolation_mode()
+    allowed = insecure_allowed() if allow_insecure is None else allow_insecure
+    if isolation == "rlimits" and not allowed:
+        raise SandboxUnavailable(
+            "code verification needs isolation this host does not offer (root, or unprivileged user namespaces "
+            "with util-linux `unshare`); to run model-generated code with resource limits only, which does not "
+            f"isolate it from this user's files and processes, pass --insecure-sandbox (or set {INSECURE_ENV}=1)")
+    return isolation
 
 
 class Sandbox:
-    def __init__(self, worker: int = 0, limits: SandboxLimits | None = None, isolation: str | None = None):
+    def __init__(self, worker: int = 0, limits: SandboxLimits | None = None, isolation: str | None = None,
+                 allow_insecure: bool | None = None, health_limits: dict | None = None):
+        if isolation not in (None, *PREFIXES):
+            raise ValueError(f"isolation must be one of {sorted(PREFIXES)}, not {isolation!r}")
         self.worker = worker
         self.limits = limits or SandboxLimits()
-        self.isolation = isolation or isolation_mode()
+        self.health_limits = dict(health_limits or {})     # overrides of the server's own (zygote.HEALTH_LIMITS)
+        self.isolation = require_isolation(isolation, allow_insecure)
         self._process: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self.server_pid: int | None = None
+        self.recycled = 0                 # servers replaced because they reported a limit (no run failed)
+        self.crashes = 0                  # servers that hung or died during a run
+        self._cgroups = budget.create_cgroups(f"{os.getpid()}-{self.worker}-{next(_servers)}") \
+            if self.isolation == "namespaces" else None
+
+    @property
+    def budget(self) -> str:
+        """How a run's memory is bounded as a whole: by a cgroup (`cgroup v1` / `cgroup v2`) or by polling."""
+        return f"cgroup v{self._cgroups['version']}" if self._cgroups else "polled"
+
+    @property
+    def description(self) -> str:
+        """What reward rows record: the isolation, marked insecure where it is none."""
+        return "rlimits (insecure: no isolation)" if self.isolation == "rlimits" else self.isolation
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        prefix = NAMESPACE_COMMAND if self.isolation == "namespaces" else []
-        command = [*prefix, sys.executable, "-s", "-m", "tasks.sandbox.zygote", str(self.worker), self.isolation]
+        command = [*PREFIXES[self.isolation], sys.executable, "-s", "-m", "tasks.sandbox.zygote", str(self.worker),
+                   self.isolation, json.dumps(self._cgroups)]
         # the environment carries nothing of the orchestrator's; the working directory is /
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": _package_root()}
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
@@ -77,6 +134,10 @@ class Sandbox:
         self.server_pid = self._process.pid
 
     def close(self) -> None:
+        self._stop_server()
+        budget.remove_cgroups(self._cgroups)
+
+    def _stop_server(self) -> None:
         process, self._process = self._process, None
         if process is None:
             return
@@ -86,6 +147,14 @@ class Sandbox:
         except (OSError, subprocess.TimeoutExpired):
             process.kill()
             process.wait(5)
+        process.stdout.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_process", None) is not None or getattr(self, "_cgroups", None):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - at interpreter exit anything may be half torn down
+                pass
 
     def __enter__(self) -> "Sandbox":
         self.start()
@@ -96,10 +165,11 @@ class Sandbox:
 
     # ---- jobs ------------------------------------------------------------------------------
     def run_tests(self, program: str, tests: str, entry_point: str, prompt: str = "",
-                  limits: SandboxLimits | None = None) -> SandboxResult:
-        """Run `tests` against `entry_point` of `program`, each in its own jailed process."""
+                  limits: SandboxLimits | None = None, stop_after_failure: bool = False) -> SandboxResult:
+        """Run `tests` against `entry_point` of `program` (program and tests in separate jailed processes);
+        `stop_after_failure`: the first failing test ends the run (an all-or-nothing reward needs no more)."""
         return self._run({"kind": "tests", "program": program, "tests": tests, "entry_point": entry_point,
-                          "prompt": prompt}, limits)
+                          "prompt": prompt, "stop_after_failure": stop_after_failure}, limits)
 
     def run_script(self, program: str, limits: SandboxLimits | None = None) -> SandboxResult:
         """Run a program as `__main__`; its exit code and output come back."""
@@ -108,9 +178,10 @@ class Sandbox:
     def _run(self, job: dict[str, Any], limits: SandboxLimits | None) -> SandboxResult:
         limits = limits or self.limits
         job["limits"] = limits.to_dict()
+        job["health_limits"] = self.health_limits
         with self._lock:
             if self._process is None or self._process.poll() is not None:
-                self.close()
+                self._stop_server()
                 self.start()
             try:
                 send_json(self._process.stdin.fileno(), job)
@@ -118,10 +189,21 @@ class Sandbox:
             except OSError:
                 reply = None
             if reply is None:                   # the server hung or died: nothing of it is kept
+                self.crashes += 1
                 self._kill_server()
                 return SandboxResult(status="crashed")
+            if reply.get("health", {}).get("recycle"):    # it exits after this reply; the next job gets a new one
+                self.recycled += 1
+                self._stop_server()
         known = SandboxResult.__dataclass_fields__
         return SandboxResult(**{key: value for key, value in reply.items() if key in known})
+
+    def processes(self) -> list[int]:
+        """Pids of this sandbox's own processes (its server and everything under it, daemons included: in
+        the jailed modes orphans are adopted by the server, PID 1 of its namespace)."""
+        if self._process is None:
+            return []
+        return _descendants(self._process.pid)
 
     def _receive(self, deadline: float) -> dict | None:
         fd = self._process.stdout.fileno()
@@ -140,6 +222,28 @@ class Sandbox:
             except ProcessLookupError:
                 pass
             process.wait(10)
+            process.stdin.close()
+            process.stdout.close()
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        found.append(pid)
+        frontier.extend(children.get(pid, []))
+    return [pid for pid in found if os.path.exists(f"/proc/{pid}")]
 
 
 def _die_with_parent() -> None:

@@ -6,12 +6,18 @@ functions) and the tests, calling the candidate through a proxy. Values cross th
 `marshal`, which accepts builtin types only: an object whose `__eq__` always says yes cannot
 cross. Assertions are evaluated in B, so exiting early, printing "passed", patching builtins or
 catching `AssertionError` in A changes nothing; A never sees the tests, on disk or in memory.
+
+Each test case has its own deadline (`test_seconds`, the candidate's load included in the first):
+past it the case fails, and since A is still busy with it, the rest fail at once without waiting —
+a program that loops forever costs one deadline, not one per test. With `stop_after_failure` (an
+all-or-nothing reward), the first failing case ends the run the same way.
 """
 
 from __future__ import annotations
 
 import ast
 import marshal
+import select
 import sys
 
 from tasks.sandbox.protocol import recv_bytes, recv_value, send_bytes, send_value
@@ -48,14 +54,29 @@ class CandidateFailure(Exception):
     """The candidate raised, returned something that is not plain data, or died."""
 
 
-def make_proxy(entry_point: str, request_fd: int, response_fd: int):
+class CandidateTimeout(CandidateFailure):
+    """The candidate did not answer within the test case's deadline; it may still be computing."""
+
+
+def make_proxy(entry_point: str, request_fd: int, response_fd: int, test_seconds: float | None = None):
+    """The candidate as the tests see it: a function whose calls cross the pipe. After a call that timed
+    out, A is still busy with it (its late answer must not be taken for another call's), so every later
+    call fails at once; `candidate.busy` says so."""
+    waiting = select.poll()
+    waiting.register(response_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+
     def candidate(*args, **kwargs):
+        if candidate.busy:
+            raise CandidateTimeout("not run: the candidate is still busy with an earlier test")
         try:
             send_bytes(request_fd, marshal.dumps((entry_point, args, kwargs)))
         except ValueError as error:
             raise CandidateFailure(f"test arguments are not plain data: {error}") from None
         except OSError:
             raise CandidateFailure("the candidate process is gone") from None
+        if test_seconds is not None and not waiting.poll(int(test_seconds * 1000)):
+            candidate.busy = True
+            raise CandidateTimeout(f"timed out after {test_seconds:g} s")
         try:
             reply = recv_value(response_fd)
         except (EOFError, ValueError, OSError):
@@ -66,6 +87,7 @@ def make_proxy(entry_point: str, request_fd: int, response_fd: int):
             return reply[1]
         raise CandidateFailure(": ".join(map(str, reply[1:])))
     candidate.__name__ = entry_point
+    candidate.busy = False
     return candidate
 
 
@@ -89,14 +111,15 @@ def _is_test(statement: ast.stmt, names: set[str]) -> bool:
                for node in ast.walk(statement))
 
 
-def run_tests(prompt: str, tests: str, entry_point: str, request_fd: int, response_fd: int, result_fd: int) -> None:
+def run_tests(prompt: str, tests: str, entry_point: str, request_fd: int, response_fd: int, result_fd: int,
+              test_seconds: float | None = None, stop_after_failure: bool = False) -> None:
     """Process B: report ("total", n), then ("result", i, passed, message) per test, then ("done",)."""
     namespace: dict = {"__name__": "__tests__"}
     try:
         exec(compile(prompt, "<prompt>", "exec"), namespace)       # helper functions the tests use
     except BaseException:  # noqa: BLE001 - a stub that does not run is not the tests' concern
         pass
-    proxy = make_proxy(entry_point, request_fd, response_fd)
+    proxy = make_proxy(entry_point, request_fd, response_fd, test_seconds)
     namespace[entry_point] = proxy
     namespace["candidate"] = proxy
     try:
@@ -109,9 +132,14 @@ def run_tests(prompt: str, tests: str, entry_point: str, request_fd: int, respon
     send_value(result_fd, ("total", max(1, len(units))))
     setup_error = _run(setup, namespace)
     namespace[entry_point] = namespace["candidate"] = proxy      # the tests' module may have rebound them
+    stopped = None
     for index, unit in enumerate(units):
-        error = setup_error or _run([unit], namespace)
+        error = stopped or setup_error or _run([unit], namespace)
         send_value(result_fd, ("result", index, error is None, error or ""))
+        if stopped is None and proxy.busy:
+            stopped = "not run: the candidate is still busy with an earlier test"
+        elif stopped is None and error is not None and stop_after_failure:
+            stopped = "not run: an earlier test failed"
     if not units:
         send_value(result_fd, ("result", 0, setup_error is None, setup_error or ""))
     send_value(result_fd, ("done",))

@@ -1,15 +1,19 @@
-"""The sandbox server: a warm Python process that forks one jailed child per sandboxed program.
+"""The sandbox server: a warm Python process that forks jailed children for each sandboxed program.
 
-Started by `client.Sandbox`, with an empty environment. Where it can (root, util-linux `unshare`),
-it runs as PID 1 of its own network, PID and mount namespaces: no network interface is up, the
-world-writable folders (/tmp, /var/tmp, /dev/shm, /run/lock) are private tmpfs mounts wiped after
-each run, and every process a run leaves behind — daemons included — is killed after it, since
-they all live in this PID namespace. Children drop to unprivileged user ids (one for the
-candidate, another for the tests), so they cannot signal this server, read each other's memory,
-or read the orchestrator's private files.
+Started by `client.Sandbox` with an empty environment, as PID 1 of its own network, PID and mount
+namespaces: as root (`namespaces` mode) or, without root, inside an unprivileged user namespace
+(`userns` mode) where it is root of nothing but itself. No network interface is up; the children
+see a root of their own (the system's libraries and Python's, read-only, nosuid) and nothing of the
+orchestrator's files; every process a run leaves behind — daemons included — is killed after it.
 
-Without namespaces (not root) the same jail is applied minus those three namespaces, and a
-Python audit hook refuses socket connections: a guard, not isolation (see the README).
+The candidate runs in a PID and mount namespace of its own, nested in the server's: it sees no other
+process (not the test runner, not this server), and a private tmpfs as its working folder and /tmp,
+with the jail's root read-only. It holds no capability and can gain none. As root it also runs under
+its own user id, apart from the test runner's. A run's memory (its processes and its tmpfs), process
+count and CPU time are budgets of the whole run (`budget.py`).
+
+`rlimits` mode (no namespaces) is a guard, not isolation: the client refuses it unless asked for it
+explicitly (`--insecure-sandbox`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tempfile
 import time
 import traceback
 
-from tasks.sandbox import harness
+from tasks.sandbox import budget, harness, linux
 from tasks.sandbox.protocol import recv_json, recv_value, send_json
 
 JAIL = "/tmp/rlvr-jail"          # on a tmpfs mounted over /tmp in the server's own mount namespace
@@ -38,17 +42,25 @@ JAIL_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/de
 PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib", "heapq",
              "bisect", "random", "statistics", "fractions", "decimal", "copy", "json", "operator")
 UID_BASE = 61000
+JAILED_MODES = ("namespaces", "userns")
+OWN_PROCESSES = 6                # the server's own processes a run's user id shares in userns mode
+POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them
+# The server recycles itself (the client starts a fresh one, no run fails) past any of these.
+HEALTH_LIMITS = {"open_fds": 128, "rss_mb": 300, "leftover_processes": 0}
+_MB = 1024 * 1024
 
 
 class Zygote:
-    def __init__(self, worker: int, namespaces: bool):
-        self.namespaces = namespaces
-        self.root = os.geteuid() == 0
+    def __init__(self, worker: int, mode: str, cgroups: dict | None = None):
+        self.mode = mode
+        self.jailed = mode in JAILED_MODES
+        self.own_uids = mode == "namespaces" or (mode == "rlimits" and os.geteuid() == 0)
+        self.cgroups = cgroups
         self.candidate_uid = UID_BASE + 2 * worker
         self.tests_uid = UID_BASE + 2 * worker + 1
         for module in PRELOADED:
             __import__(module)
-        if namespaces:
+        if self.jailed:
             _build_jail()
             self.scratch = os.path.join(JAIL, "tmp", "runs")
             os.makedirs(self.scratch)
@@ -83,21 +95,20 @@ class Zygote:
             if job["kind"] == "tests":
                 request_fd, response_fd, out_fd = fds
                 keep = (request_fd, response_fd)
+                status_fd = None
                 body = lambda: harness.serve_candidate(job["program"], request_fd, response_fd)  # noqa: E731
             else:
                 out_fd, status_fd = fds
                 keep = (status_fd,)
                 body = lambda: harness.run_script(job["program"])  # noqa: E731
-            pid = self._fork_jailed(self.candidate_uid, job["workdir"], job["limits"], out_fd, keep, body,
-                                    status_fd=None if job["kind"] == "tests" else fds[1])
+            pid = self._fork_candidate(job["limits"], out_fd, keep, body, status_fd)
             for fd in fds:
                 os.close(fd)
             connection.sendall(pid.to_bytes(8, "big"))
 
     def _spawn_candidate(self, kind: str, program: str, limits: dict, fds: list[int]) -> int:
         """Have the template fork the program's process; returns its pid (also its process group)."""
-        workdir = self._workdir(self.candidate_uid)
-        payload = json.dumps({"kind": kind, "program": program, "limits": limits, "workdir": workdir}).encode()
+        payload = json.dumps({"kind": kind, "program": program, "limits": limits}).encode()
         socket.send_fds(self.template_socket, [len(payload).to_bytes(8, "big")], fds)
         self.template_socket.sendall(payload)
         return int.from_bytes(_recv_exactly(self.template_socket, 8), "big")
@@ -106,14 +117,20 @@ class Zygote:
     def run(self, job: dict) -> dict:
         limits = job["limits"]
         started = time.monotonic()
+        if self.cgroups:
+            budget.set_limits(self.cgroups, limits["memory_mb"] * _MB, limits["processes"] + 2)
+        kills_before = budget.oom_kills(self.cgroups) if self.cgroups else 0
         try:
             if job["kind"] == "tests":
                 result = self._run_tests(job, limits)
             else:
                 result = self._run_script(job, limits)
+            if self.cgroups and budget.oom_kills(self.cgroups) > kills_before:
+                result["status"] = "memory_limit"
         finally:
             self._clean_up()
         result["seconds"] = round(time.monotonic() - started, 4)
+        result["health"] = self.health({**HEALTH_LIMITS, **job.get("health_limits", {})})
         return result
 
     def _run_script(self, job: dict, limits: dict) -> dict:
@@ -122,13 +139,13 @@ class Zygote:
         pid = self._spawn_candidate("script", job["program"], limits, [out_write, status_write])
         os.close(out_write)
         os.close(status_write)
-        watch = _Watch(limits)
+        watch = _Watch(limits, self._run_usage((pid,)))
         watch.output(out_read)
-        status = watch.until(lambda: bool(select.select([status_read], [], [], 0)[0]), extra=(status_read,))
+        status = watch.until(lambda: _readable(status_read), extra=(status_read,))
         code = os.read(status_read, 16) if status == "ok" else b""
         os.close(status_read)
         _kill_group(pid)
-        return {"status": status, "exit_code": int(code) if code else None, "output": watch.text(out_read)}
+        return {"status": status, "exit_code": int(code) if code.strip() else None, "output": watch.text(out_read)}
 
     def _run_tests(self, job: dict, limits: dict) -> dict:
         request_read, request_write = os.pipe()
@@ -136,16 +153,18 @@ class Zygote:
         result_read, result_write = os.pipe()
         out_read, out_write = os.pipe()
         candidate = self._spawn_candidate("tests", job["program"], limits, [request_read, response_write, out_write])
-        tester = self._fork_jailed(self.tests_uid, self._workdir(self.tests_uid), limits, None,
-                                   (request_write, response_read, result_write),
-                                   lambda: harness.run_tests(job.get("prompt", ""), job["tests"], job["entry_point"],
-                                                             request_write, response_read, result_write))
+        tester = self._fork_tester(limits, (request_write, response_read, result_write), lambda: harness.run_tests(
+            job.get("prompt", ""), job["tests"], job["entry_point"], request_write, response_read, result_write,
+            limits.get("test_seconds"), job.get("stop_after_failure", False)))
         for fd in (request_read, request_write, response_read, response_write, result_write, out_write):
             os.close(fd)
-        watch = _Watch(limits)
+        watch = _Watch(limits, self._run_usage((candidate,), spare=(tester,)))
         watch.output(out_read)
         report = {"total": None, "results": {}}
-        status = watch.until(lambda: self._collect(result_read, report), extra=(result_read,))
+        try:
+            status = watch.until(lambda: self._collect(result_read, report), extra=(result_read,))
+        finally:
+            os.close(result_read)
         results = report["results"]
         total = report["total"] or max(1, len(results))
         passed = sum(1 for ok, _ in results.values() if ok)
@@ -159,7 +178,7 @@ class Zygote:
 
     def _collect(self, result_fd: int, report: dict) -> bool:
         """Read what the test process reported; True once it is done (or gone)."""
-        while select.select([result_fd], [], [], 0)[0]:
+        while _readable(result_fd):
             try:
                 message = recv_value(result_fd)
             except (EOFError, ValueError):
@@ -172,21 +191,57 @@ class Zygote:
                 return True
         return False
 
-    # ---- the jail --------------------------------------------------------------------------
-    def _workdir(self, uid: int) -> str:
-        workdir = tempfile.mkdtemp(dir=self.scratch)
-        if self.root:
-            os.chown(workdir, uid, uid)
-        return workdir
+    def _run_usage(self, first: tuple[int, ...], spare: tuple[int, ...] = ()):
+        """Where no cgroup bounds the run, a function measuring (resident bytes, CPU seconds) of the run's
+        processes: every process in this server's PID namespace but itself, the template and `spare`."""
+        if not self.jailed:
+            return None
+        own = {os.getpid(), self.template_pid, *spare}
+        polled_memory = self.cgroups is None
 
-    def _fork_jailed(self, uid: int, workdir: str, limits: dict, stdout: int | None, keep: tuple[int, ...], body,
-                     status_fd: int | None = None) -> int:
+        def measure() -> tuple[int, float]:
+            pids = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in own]
+            resident, cpu = budget.usage(pids)
+            return (resident if polled_memory else 0), cpu
+        return measure
+
+    # ---- health ----------------------------------------------------------------------------
+    def health(self, limits: dict = HEALTH_LIMITS) -> dict:
+        """The server's own state after a run: open descriptors, resident memory, processes left over, and
+        whether any passed its limit (then it is recycled)."""
+        leftovers = [e for e in os.listdir("/proc") if e.isdigit() and int(e) not in (os.getpid(), self.template_pid)]
+        health = {"open_fds": len(os.listdir("/proc/self/fd")),
+                  "rss_mb": round(budget.usage([os.getpid()])[0] / _MB, 1),
+                  "leftover_processes": len(leftovers) if self.jailed else 0,
+                  "template_alive": _alive(self.template_pid)}
+        health["recycle"] = (not health["template_alive"]) or any(health[k] > v for k, v in limits.items())
+        return health
+
+    # ---- the jail --------------------------------------------------------------------------
+    def _fork_candidate(self, limits: dict, stdout: int, keep: tuple[int, ...], body, status_fd: int | None) -> int:
+        """The candidate's process, forked by the template. In a jailed mode it makes a PID and mount
+        namespace of its own and forks the program's process inside (PID 1 there), then waits for it."""
         pid = os.fork()
         if pid:
             return pid
         code = 1
-        try:                                   # the child: never returns into its parent's loop
-            self._enter_jail(uid, workdir, limits, stdout, keep)
+        try:
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)       # the template ignores it; programs must not
+            if self.cgroups:
+                budget.join(self.cgroups)
+            if self.jailed:
+                linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWPID)
+                inner = os.fork()
+                if inner:                              # the waiter outside: nothing of the program's runs here
+                    _close_all(keep=())
+                    _, status = os.waitpid(inner, 0)
+                    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+                linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+                workdir = _private_view(limits, self.candidate_uid if self.own_uids else None)
+            else:
+                workdir = self._workdir(self.candidate_uid)
+            self._enter_jail(self.candidate_uid, workdir, limits, stdout, keep, candidate=True)
             body()
             code = 0
         except SystemExit as exit_:
@@ -195,59 +250,75 @@ class Zygote:
             traceback.print_exc(limit=5)
             code = 1
         finally:
-            try:
-                sys.stdout.flush()
-                if status_fd is not None:
-                    os.write(status_fd, str(code).encode())
-            finally:
-                os._exit(code)
+            _exit_with(code, status_fd)
 
-    def _enter_jail(self, uid: int, workdir: str, limits: dict, stdout: int | None, keep: tuple[int, ...]) -> None:
-        os.setsid()
+    def _fork_tester(self, limits: dict, keep: tuple[int, ...], body) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            os.setsid()
+            self._enter_jail(self.tests_uid, self._workdir(self.tests_uid), limits, None, keep, candidate=False)
+            body()
+            code = 0
+        except BaseException:                  # noqa: BLE001
+            traceback.print_exc(limit=5)
+        finally:
+            _exit_with(code, None)
+
+    def _workdir(self, uid: int) -> str:
+        workdir = tempfile.mkdtemp(dir=self.scratch)
+        if self.own_uids:
+            os.chown(workdir, uid, uid)
+        return workdir
+
+    def _enter_jail(self, uid: int, workdir: str, limits: dict, stdout: int | None, keep: tuple[int, ...],
+                    candidate: bool) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(stdout if stdout is not None else devnull, 1)
         os.dup2(stdout if stdout is not None else devnull, 2)
-        for fd in range(3, 1024):              # nothing of the server's survives but the job's own pipes
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        if self.namespaces:
+        _close_all(keep)                       # nothing of the server's survives but the job's own pipes
+        if self.jailed:
             os.chroot(JAIL)
-            workdir = workdir[len(JAIL):]
+            workdir = workdir[len(JAIL):] if workdir.startswith(JAIL) else workdir
         os.chdir(workdir)
-        mb = 1024 * 1024
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb, limits["memory_mb"] * mb))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb, limits["file_size_mb"] * mb))
+        memory = limits["memory_mb"] * _MB
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        file_size = limits["file_size_mb"] * _MB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
-        if self.root:
+        if candidate:                          # its first process counts; in userns mode so do the server's own
+            allowance = limits["processes"] + (2 if self.own_uids else OWN_PROCESSES)
+            resource.setrlimit(resource.RLIMIT_NPROC, (allowance, allowance))
+        if self.jailed:
+            linux.drop_privileges(uid if self.own_uids else None)
+        elif self.own_uids:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
         os.umask(0o077)
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir})
-        if not self.namespaces:
+        if not self.jailed:
             sys.addaudithook(_refuse_network)
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
 
     def _clean_up(self) -> None:
         """Kill whatever the run left behind and remove every file it wrote."""
-        if self.namespaces:
+        if self.jailed:
             for entry in os.listdir("/proc"):
                 if entry.isdigit() and int(entry) not in (os.getpid(), self.template_pid):
                     try:
                         os.kill(int(entry), signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-        _reap((os.getpid(), self.template_pid), self.namespaces)
-        if self.namespaces:                    # everything a run can write lives under the jail's /tmp
+        _reap((os.getpid(), self.template_pid), self.jailed)
+        if self.jailed:                        # everything else a run can write lives under the jail's /tmp
             _empty_folder(os.path.join(JAIL, "tmp"))
         else:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -255,11 +326,15 @@ class Zygote:
 
 
 class _Watch:
-    """Collects a child's output up to the limit while waiting, and enforces the wall clock."""
+    """Collects a run's output up to the limit while waiting, and enforces its wall clock and, where
+    `measure` is given, its summed memory and CPU time."""
 
-    def __init__(self, limits: dict):
+    def __init__(self, limits: dict, measure=None):
         self.deadline = time.monotonic() + limits["wall_seconds"]
         self.limit = limits["output_bytes"]
+        self.memory = (limits["memory_mb"] - limits.get("scratch_mb", 0)) * _MB
+        self.cpu = limits["cpu_seconds"]
+        self.measure = measure
         self.buffers: dict[int, bytearray] = {}
         self.open: set[int] = set()
 
@@ -268,6 +343,7 @@ class _Watch:
         self.open.add(fd)
 
     def until(self, finished, extra: tuple[int, ...] = ()) -> str:
+        tick = POLL_SECONDS if self.measure else 0.05
         while True:
             if finished():
                 self._drain()
@@ -275,8 +351,13 @@ class _Watch:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            ready = select.select(list(self.open) + list(extra), [], [], min(remaining, 0.05))[0]
-            for fd in ready:
+            if self.measure is not None:
+                resident, cpu = self.measure()
+                if resident > self.memory:
+                    return "memory_limit"
+                if cpu > self.cpu:
+                    return "cpu_limit"
+            for fd in _ready([*self.open, *extra], min(remaining, tick)):
                 if fd in self.open and not self._read(fd):
                     return "output_limit"
 
@@ -290,13 +371,72 @@ class _Watch:
 
     def _drain(self) -> None:
         for fd in list(self.open):
-            while select.select([fd], [], [], 0)[0]:
+            while _readable(fd):
                 if not os.read(fd, 65536):
                     break
 
     def text(self, fd: int) -> str:
         os.close(fd)
         return bytes(self.buffers[fd][: min(len(self.buffers[fd]), 4000)]).decode("utf-8", "replace")
+
+
+def _ready(fds: list[int], timeout: float) -> list[int]:
+    """The descriptors that can be read (or hit end of file) within `timeout` seconds. poll, not select:
+    select cannot watch a descriptor numbered 1024 or above."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return [fd for fd, _ in poller.poll(max(0, int(timeout * 1000)))]
+
+
+def _readable(fd: int) -> bool:
+    return bool(_ready([fd], 0))
+
+
+def _private_view(limits: dict, uid: int | None) -> str:
+    """In the candidate's own mount namespace: its own /proc (its PID namespace only), a private tmpfs of
+    `scratch_mb` as /tmp and working folder, and the jail's root read-only. Returns the working folder."""
+    linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+    hardened = linux.MS_NOSUID | linux.MS_NODEV
+    linux.mount("proc", JAIL + "/proc", "proc", hardened | linux.MS_NOEXEC)
+    linux.mount("tmpfs", JAIL + "/tmp", "tmpfs", hardened, f"size={limits.get('scratch_mb', 64)}m,mode=1777")
+    workdir = JAIL + "/tmp/work"
+    os.mkdir(workdir, 0o700)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    linux.mount(None, JAIL, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | hardened)
+    return workdir
+
+
+def _close_all(keep: tuple[int, ...]) -> None:
+    for fd in range(3, 1024):
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    try:                                       # a descriptor above 1023 (a leak) must not survive either
+        for fd in [int(entry) for entry in os.listdir("/proc/self/fd")]:
+            if fd >= 1024 and fd not in keep:
+                os.close(fd)
+    except OSError:
+        pass
+
+
+def _exit_with(code: int, status_fd: int | None) -> None:
+    try:
+        sys.stdout.flush()
+        if status_fd is not None:
+            os.write(status_fd, str(code).encode())
+    finally:
+        os._exit(code)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return False
 
 
 def _kill_group(pid: int) -> None:
@@ -312,8 +452,10 @@ def _reap(spare: tuple[int, ...], namespaces: bool, seconds: float = 2.0) -> Non
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+            while True:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
         except ChildProcessError:
             pass
         if not namespaces or not [e for e in os.listdir("/proc") if e.isdigit() and int(e) not in spare]:
@@ -349,25 +491,25 @@ def _mount(*arguments: str) -> None:
 
 
 def _build_jail() -> None:
-    """A root for the children: a private tmpfs holding read-only binds of the system and of Python."""
+    """A root for the children: a private tmpfs holding read-only, nosuid binds of the system and of Python."""
     _mount("-t", "tmpfs", "-o", "mode=1777,size=16m", "tmpfs", "/tmp")      # nothing below is seen by the host
     os.makedirs(JAIL)
-    _mount("-t", "tmpfs", "-o", "mode=755,size=512m", "tmpfs", JAIL)
+    _mount("-t", "tmpfs", "-o", "mode=755,size=64m", "tmpfs", JAIL)
     python_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
     for source in [*JAIL_READ_ONLY, *sorted(python_roots)]:
         if not os.path.isdir(source) or any(source.startswith(r + "/") for r in JAIL_READ_ONLY):
             continue
         target = JAIL + source
         os.makedirs(target, exist_ok=True)
-        _mount("--bind", source, target)
-        _mount("-o", "remount,bind,ro", target)
+        _mount("--rbind", source, target)
+        _mount("-o", "remount,bind,ro,nosuid,nodev", target)
     for source in JAIL_FILES:
         if os.path.exists(source):
             os.makedirs(os.path.dirname(JAIL + source), exist_ok=True)
             open(JAIL + source, "a").close()
             _mount("--bind", source, JAIL + source)
     os.makedirs(JAIL + "/proc")
-    _mount("-t", "proc", "proc", JAIL + "/proc")
+    _mount("-t", "proc", "-o", "nosuid,nodev,noexec", "proc", JAIL + "/proc")
     os.makedirs(JAIL + "/tmp", mode=0o1777)
     os.chmod(JAIL + "/tmp", 0o1777)
 
@@ -379,19 +521,23 @@ def _refuse_network(event: str, args: tuple) -> None:
 
 def main() -> None:
     worker, mode = int(sys.argv[1]), sys.argv[2]
-    zygote = Zygote(worker, namespaces=mode == "namespaces")
+    cgroups = json.loads(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "null" else None
+    zygote = Zygote(worker, mode, cgroups)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)      # stray prints must not corrupt the protocol
-    send_json(replies, {"ready": True, "isolation": mode, "pid": os.getpid()})
+    send_json(replies, {"ready": True, "isolation": mode, "pid": os.getpid(), "health": zygote.health()})
     try:
         while True:
             job = recv_json(requests)
             if job is None:
                 return
-            send_json(replies, zygote.run(job))
+            result = zygote.run(job)
+            send_json(replies, result)
+            if result["health"]["recycle"]:           # the client starts a fresh server for the next job
+                return
     finally:
-        if not zygote.namespaces:
+        if not zygote.jailed:
             shutil.rmtree(zygote.scratch, ignore_errors=True)
 
 

@@ -56,9 +56,10 @@ class CodeVerifier:
             return Verdict(0.0, None, {"reason": "problem has no tests or entry point"})
         prompt = problem.get("prompt") or ""
         program = extract_program(response, prompt, entry_point)
-        result = self.sandbox.run_tests(program, tests, entry_point, prompt)
+        result = self.sandbox.run_tests(program, tests, entry_point, prompt,
+                                        stop_after_failure=self.partial_credit == "none")
         details = {"tests_passed": result.passed, "tests_total": result.total, "status": result.status,
-                   "failures": result.failures, "seconds": result.seconds, "isolation": self.sandbox.isolation}
+                   "failures": result.failures, "seconds": result.seconds, "isolation": self.sandbox.description}
         if result.status not in ("ok", "incomplete"):
             return failed(f"sandbox: {result.status}", **details)
         all_passed = result.all_passed
