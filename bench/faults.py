@@ -91,15 +91,18 @@ class Bench:
 
     def start(self, *args: str, hold_at: str | None = None) -> subprocess.Popen:
         """Start a command; with `hold_at`, it waits at that fault point until `release` (see storage/faults.py)."""
-        env = dict(self.env)
+        env, hold = dict(self.env), None
         if hold_at:
-            env |= {"RLVR_FAULT": hold_at, "RLVR_FAULT_HOLD": str(self.work / f"hold-{self.tag}")}
-        return subprocess.Popen([str(BIN / "rlvr"), *args], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+            hold = self.work / f"hold-{uuid.uuid4().hex}"
+            env |= {"RLVR_FAULT": hold_at, "RLVR_FAULT_HOLD": str(hold)}
+        process = subprocess.Popen([str(BIN / "rlvr"), *args], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        process.hold = hold
+        return process
 
     def held(self, process: subprocess.Popen, timeout: float = 300.0) -> bool:
         """Whether `process` (started with `hold_at`) reached its point and is waiting there."""
-        reached = self.work / f"hold-{self.tag}.reached"
+        reached = Path(f"{process.hold}.reached")
         deadline = time.monotonic() + timeout
         while not reached.exists():
             if process.poll() is not None or time.monotonic() > deadline:
@@ -107,8 +110,8 @@ class Bench:
             time.sleep(0.1)
         return True
 
-    def release(self) -> None:
-        (self.work / f"hold-{self.tag}").write_text("go")
+    def release(self, process: subprocess.Popen) -> None:
+        process.hold.write_text("go")
 
     def leftovers(self, wait: float = 10.0) -> list[str]:
         """Processes this session started that are still alive (a parent-death signal takes a moment)."""
@@ -221,8 +224,10 @@ def concurrent_runs(bench: Bench, kind: str, expected: pl.DataFrame) -> Outcome:
     outcome.checks["the first took the loop lease"] = bench.held(first)
     refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)
     second = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, "--wait")
-    bench.release()
-    codes = [first.wait(900), second.wait(900)]
+    bench.release(first)
+    for process in (first, second):              # read their output as they go: a full pipe would stall them
+        process.communicate(timeout=900)
+    codes = [first.returncode, second.returncode]
     outcome.killed = f"exits {codes}, a third without --wait: {refused.returncode}"
     outcome.checks["a third writer refused at once, naming the holder"] = (
         refused.returncode == 1 and "lease is held by" in refused.stderr and f"pid {first.pid}" in refused.stderr)
@@ -240,8 +245,11 @@ def concurrent_curations(bench: Bench, kind: str, count: int = 3) -> Outcome:
     outcome = Outcome(f"{count} rlvr curate of overlapping sources at once", kind)
     processes = [bench.start("curate", *(CURATE_SOURCES if i % 2 else OVERLAPPING), "--lake", lake_uri)
                  for i in range(count)]
-    codes = [process.wait(900) for process in processes]
+    finished = [process.communicate(timeout=900) for process in processes]
+    codes = [process.returncode for process in processes]
     outcome.killed = f"exits {codes}"
+    failed = [err.strip().splitlines()[-1] for (_, err), code in zip(finished, codes) if code != 0 and err.strip()]
+    outcome.note = "; ".join(failed)[:300]
     from storage.lake import Lake
 
     lake = Lake.open(lake_uri)

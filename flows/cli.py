@@ -30,6 +30,23 @@ WaitOption = Annotated[bool, typer.Option("--wait", help="queue behind another w
                                           "refused (one process writes iterations at a time)")]
 
 
+@app.callback()
+def main_options(
+    insecure_sandbox: Annotated[bool, typer.Option(
+        "--insecure-sandbox", help="run model-generated code with resource limits only where this host offers no "
+        "isolation (no root, no user namespaces); recorded on every code reward")] = False,
+) -> None:
+    """RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO."""
+    if insecure_sandbox:
+        from tasks.sandbox.client import INSECURE_ENV, isolation_mode
+
+        os.environ[INSECURE_ENV] = "1"             # verification workers inherit it
+        if isolation_mode() == "rlimits":
+            errors.print("[bold red]WARNING: --insecure-sandbox: model-generated code will run WITHOUT isolation, "
+                         "as this user, with resource limits only. It can read and change this user's files and "
+                         "processes. Every code reward records it.[/bold red]", highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 1) -> None:
     errors.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -277,13 +294,16 @@ def bank_sample(
 def verify_file(
     input_path: Annotated[Path, typer.Argument(metavar="IN.jsonl", help="lines with id, domain, response, ground_truth / tests")],
     output_path: Annotated[Path, typer.Argument(metavar="OUT.jsonl", help="where the scored lines go")],
-    workers: Annotated[int, typer.Option(min=0, help="worker processes (0: score in this process, no time bound)")] = 2,
+    workers: Annotated[int, typer.Option(min=0, help="worker processes (0: score in this process)")] = 2,
     verifier: Annotated[Optional[str], typer.Option(help="score every line with this verifier (e.g. process, random)")] = None,
     item_timeout: Annotated[float, typer.Option(min=1, help="seconds one item may take before its worker is killed")] = 30.0,
     partial_credit: Annotated[str, typer.Option(help="code rewards: fraction, seed (all 1, some 0.5) or none")] = "fraction",
     process_weight: Annotated[float, typer.Option(help="λ of the process verifier: (1-λ)·outcome + λ·process")] = 0.5,
+    max_line_bytes: Annotated[int, typer.Option(min=1, help="longer lines are skipped unread")] = 16 * 1024 * 1024,
+    max_response_chars: Annotated[int, typer.Option(min=1, help="longer responses score 0 (too long)")] = 200_000,
 ) -> None:
-    """Score a JSONL file of responses (math, code, logic, qa) without a lake."""
+    """Score a JSONL file of responses (math, code, logic, qa) without a lake. Exit code 3: some lines could not
+    be used (each reported with its number and reason); every other line was scored."""
     import json
 
     from rich.progress import Progress
@@ -293,11 +313,12 @@ def verify_file(
         from tasks.verifiers.base import build_verifier
 
         build_verifier(verifier)                    # an unknown name fails here, before any work
-    items, bad = _verify_lines(input_path)
+    items, bad = _verify_lines(input_path, max_line_bytes)
     if verifier is not None:
         items = [(problem, response, verifier) for problem, response, _ in items]
     options = {"code": {"partial_credit": partial_credit}, "process": {"process_weight": process_weight}}
-    pool = VerifierPool(workers=workers, item_timeout=item_timeout, options=options)
+    pool = VerifierPool(workers=workers, item_timeout=item_timeout, options=options,
+                        max_response_chars=max_response_chars)
     waiting: dict[int, dict] = {}
     next_index, correct = 0, 0
     with output_path.open("w") as out, Progress(console=errors, transient=True) as progress:
@@ -314,13 +335,15 @@ def verify_file(
                 next_index += 1
             progress.advance(bar)
     console.print(f"scored {len(items):,} lines ({correct:,} correct) into {output_path}; {len(bad):,} bad lines skipped")
+    if bad:
+        raise typer.Exit(3)                          # every usable line is scored; some lines were not usable
 
 
-def _verify_lines(path: Path) -> tuple[list, list]:
+def _verify_lines(path: Path, max_line_bytes: int | None = None) -> tuple[list, list]:
     """(usable items, bad lines) of a verify-file JSONL; each bad line is reported on stderr."""
-    from tasks.verifiers.files import BadLine, read_lines
+    from tasks.verifiers.files import MAX_LINE_BYTES, BadLine, read_lines
 
-    parsed = list(read_lines(str(path)))
+    parsed = list(read_lines(str(path), max_line_bytes or MAX_LINE_BYTES))
     bad = [line for line in parsed if isinstance(line, BadLine)]
     for line in bad:
         errors.print(f"[yellow]skipped[/yellow] {escape(str(path))} {escape(str(line))}", highlight=False, soft_wrap=True)
@@ -437,8 +460,20 @@ def bench_advantages(
 def bench_sandbox(
     workers: Annotated[int, typer.Option(min=1, help="concurrent runs on both sides")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="passes over the 164 problems")] = 1,
+    hostile: Annotated[bool, typer.Option("--hostile", help="score a mix of honest and hostile programs through "
+                                          "the verification pool instead")] = False,
+    rows: Annotated[int, typer.Option(min=1, help="--hostile: rows to score")] = 10_000,
+    hostile_share: Annotated[float, typer.Option(min=0, max=1, help="--hostile: share of hostile rows")] = 0.1,
 ) -> None:
-    """Sandboxed executions per second against bare subprocesses, on HumanEval's canonical solutions."""
+    """Sandboxed executions per second against bare subprocesses, on HumanEval's canonical solutions; with
+    --hostile, honest pass rate, hostile rewards, memory, descriptors and throughput under hostile load."""
+    if hostile:
+        from bench.sandbox_hostile import run_benchmark as hostile_benchmark
+
+        summary = hostile_benchmark(rows, hostile_share, workers)
+        if summary["honest_pass_rate_vs_bare"] < 1 or summary["hostile_rows_rewarded"] or summary["crashed"]:
+            raise typer.Exit(1)
+        return
     from bench.sandbox_rate import run_benchmark
 
     run_benchmark(workers, repeats)

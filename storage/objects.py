@@ -7,9 +7,11 @@ hard link on local disk, `If-None-Match: *` on S3), so local lakes and S3 lakes 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+import time
 from typing import Any
 
 from storage.location import LakeLocation
@@ -61,12 +63,22 @@ def put(location: LakeLocation, parts: tuple[str, ...], value: dict[str, Any]) -
 
 
 def get(location: LakeLocation, parts: tuple[str, ...]) -> dict[str, Any] | None:
-    """The object's JSON, or None when it does not exist (or was half-written by an older version)."""
-    try:
-        with location.filesystem.open(object_path(location, *parts), "rb") as handle:
-            return json.loads(handle.read())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    """The object's JSON, or None when it does not exist (or was half-written by an older version).
+
+    One whole-object read (`cat_file`: a single GET on S3). s3fs's `open` reads in ranges pinned to the
+    ETag it saw first, and fails with EBUSY when another process rewrites the object in between (a
+    heartbeat does, every few seconds); a read that still meets a rewrite is tried again."""
+    path = object_path(location, *parts)
+    for attempt in range(5):
+        try:
+            return json.loads(location.filesystem.cat_file(path))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        except OSError as error:
+            if error.errno != errno.EBUSY or attempt == 4:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return None
 
 
 def names(location: LakeLocation, parts: tuple[str, ...]) -> list[str]:

@@ -9,6 +9,7 @@ re-running replaces exactly that output, while another verifier's rewards stay b
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Literal
 
@@ -21,7 +22,7 @@ from storage.lake import Lake
 from storage.runs import Run
 from tasks.curation.config import Strict
 from tasks.progress import track
-from tasks.verifiers.engine import VerifierPool
+from tasks.verifiers.engine import MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
 from tasks.verifiers.noise import NoiseEstimate, corrected_reward
 
 PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
@@ -34,8 +35,12 @@ class VerifyConfig(Strict):
     verifier: str | None = Field(None, description="score every rollout with this verifier instead of each problem's own")
     options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per verifier name, "
                                                "e.g. {code: {partial_credit: seed}, process: {process_weight: 0.5}}")
-    workers: int = Field(2, ge=0, description="worker processes; 0 scores in the orchestrator, without deadlines")
-    item_timeout: float = Field(30.0, gt=0, description="seconds one rollout may take before its worker is killed")
+    workers: int = Field(2, ge=0, description="worker processes; 0 scores in the orchestrator (bounded by a watchdog "
+                         "thread instead of a kill)")
+    item_timeout: float = Field(30.0, gt=0, description="seconds one rollout may take before its worker is killed "
+                                "(or, with workers 0, its scoring interrupted); it scores 0")
+    max_response_chars: int = Field(MAX_RESPONSE_CHARS, gt=0, description="longer responses score 0 ('too long') "
+                                    "before any verifier reads them")
     noise_correction: bool = Field(False, description="add corrected_reward from the verifier's latest audit")
     chunk_size: int = Field(0, ge=0, description="rollouts per scoring task; 0: the iteration is one task")
     task_runner: Literal["local", "dask"] = Field("local", description="where chunks are scored: local (one "
@@ -54,29 +59,40 @@ class VerifyConfig(Strict):
 
 
 def rollouts_with_problems(lake: Lake, iteration: int) -> pl.DataFrame:
+    """The iteration's rollouts joined with their problems. A rollout whose problem is not in the bank is kept
+    (`missing_problem`): it is reported and scored as skipped, never a reason to score nothing."""
     rollouts = lake.read("rollouts", filter=pc.field("iteration") == iteration,
                          columns=["rollout_id", "iteration", "problem_id", "response"])
     if rollouts.is_empty():
         raise ValueError(f"iteration {iteration} has no rollouts in {lake.uri}")
     ids = rollouts["problem_id"].unique().to_list()
     problems = lake.read("problems", filter=pc.field("problem_id").isin(ids), columns=PROBLEM_FIELDS)
-    missing = set(ids) - set(problems["problem_id"].to_list())
-    if missing:
-        raise ValueError(f"rollouts of iteration {iteration} name {len(missing)} problems not in the bank, "
-                         f"e.g. {sorted(missing)[:3]}")
-    return rollouts.join(problems.unique("problem_id"), on="problem_id", how="left")
+    joined = rollouts.join(problems.unique("problem_id").with_columns(missing_problem=pl.lit(False)),
+                           on="problem_id", how="left")
+    return joined.with_columns(pl.col("missing_problem").fill_null(True))
 
 
 def verifier_pool(config: VerifyConfig) -> VerifierPool:
-    return VerifierPool(workers=config.workers, item_timeout=config.item_timeout, options=config.options)
+    return VerifierPool(workers=config.workers, item_timeout=config.item_timeout, options=config.options,
+                        max_response_chars=config.max_response_chars)
 
 
 def score_rollouts(frame: pl.DataFrame, config: VerifyConfig, pool: VerifierPool | None = None) -> pl.DataFrame:
     """Reward rows (without run id) for every rollout of the frame; a started `pool` is reused."""
     rows = frame.to_dicts()
     pool = pool or verifier_pool(config)
-    items = ((row, row["response"], config.verifier) for row in rows)
-    scored = {s.index: s for s in track(pool.score(items), "verifying", total=len(rows))}
+    usable = [i for i, row in enumerate(rows) if not row.get("missing_problem")]
+    items = ((rows[i], rows[i]["response"], config.verifier) for i in usable)
+    scored = {usable[s.index]: s for s in track(pool.score(items), "verifying", total=len(usable))}
+    for i, row in enumerate(rows):
+        if row.get("missing_problem"):
+            name = config.verifier or "unknown"
+            scored[i] = Scored(i, 0.0, None, name, "unknown" if name == "unknown" else version_of(name), 0.0,
+                               {"reason": "skipped: its problem is not in the bank"})
+    skipped = Counter(str(s.details["reason"]) for s in scored.values() if str(s.details.get("reason")).startswith("skipped"))
+    if skipped:                                        # reported, and in each row's details; the rest is scored
+        print(f"warning: {sum(skipped.values()):,} of {len(rows):,} rollouts could not be scored: "
+              + "; ".join(f"{count:,} {reason}" for reason, count in skipped.items()))
     return pl.DataFrame([{
         "iteration": row["iteration"], "rollout_id": row["rollout_id"], "problem_id": row["problem_id"],
         "verifier": scored[i].verifier, "verifier_version": scored[i].verifier_version,

@@ -36,7 +36,7 @@ def unkilled(bench):
     while "waiting" not in queued and (line := second.stderr.readline()):     # the second queues behind the first
         queued += line
     assert "waiting: the lake's loop lease is held by" in queued, queued
-    bench.release()
+    bench.release(first)
     assert first.wait(600) == 0, first.stderr.read()[-2000:]
     out, err = second.communicate(timeout=600)
     assert second.returncode == 0 and "nothing to do" in out, err

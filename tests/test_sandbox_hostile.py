@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_programs import HOSTILE, REPO, planted_files, score_all
+from bench.hostile_programs import HOSTILE, REPO, planted_files, score_all
 from tasks.sandbox import client
 from tasks.sandbox.client import Sandbox, SandboxUnavailable, isolation_mode
 from tasks.sandbox.limits import SandboxLimits
@@ -103,20 +103,20 @@ def _secret_file(context: dict, owner: int | None) -> str:
     return str(path)
 
 
-def run_unprivileged(script: str, arguments: list[str], stdin: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `script` as nobody with no capabilities. This Python lives under root's home, which nobody may
+def run_unprivileged(flag: str, arguments: list[str], stdin: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `python FLAG ARGUMENTS...` (-m module or -c code) as nobody with no capabilities. This Python lives under root's home, which nobody may
     not enter, so a mount namespace of the test's own binds it at a world-readable folder first."""
     mount_point = tempfile.mkdtemp(prefix="rlvr-python-")
     os.chmod(mount_point, 0o755)
     site = [p for p in sys.path if p.endswith("site-packages")]
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent",
-           "PYTHONPATH": os.pathsep.join([REPO, str(Path(REPO) / "tests"), *site])}
+           "PYTHONPATH": os.pathsep.join([REPO, *site])}
     try:
         return subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c",
              'mount --bind "$1" "$2" && shift 2 && exec setpriv --reuid=65534 --regid=65534 --clear-groups '
              '--inh-caps=-all --bounding-set=-all "$@"', "sh", sys.base_prefix, mount_point,
-             f"{mount_point}/bin/python3", script, *arguments],
+             f"{mount_point}/bin/python3", flag, *arguments],
             input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
     finally:
         os.rmdir(mount_point)
@@ -131,7 +131,7 @@ def outcomes(context):
         if mode not in cache:
             if mode == "userns as nobody":
                 request = {**context, "secret_path": _secret_file(context, NOBODY)}
-                done = run_unprivileged(str(Path(__file__).with_name("hostile_programs.py")), ["userns"],
+                done = run_unprivileged("-m", ["bench.hostile_programs", "userns"],
                                         json.dumps({"context": request, "names": list(HOSTILE)}))
                 assert done.returncode == 0, done.stderr[-3000:]
                 cache[mode] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -44,7 +44,8 @@ def test_rewards_for_an_iteration(verify_iteration, lake, lake_uri):
     rewards = lake.read("rewards").sort("rollout_id")
     assert rewards.height == rollouts.height
     assert rewards.group_by("verifier").agg(pl.col("reward").sum()).sort("verifier").rows() == [("code", 1.0), ("math", 4.0)]
-    assert set(rewards["verifier_version"]) == {"1.0"} and set(rewards["run_id"]) == {result["run_id"]}
+    assert dict(rewards.select("verifier", "verifier_version").unique().rows()) == {"math": "1.0", "code": "1.1"}
+    assert set(rewards["run_id"]) == {result["run_id"]}
     assert json.loads(rewards.filter(pl.col("verifier") == "code")["details"][0])["tests_total"] == 1
     runs = lake.read("runs").filter(pl.col("stage") == "verify")
     assert runs.select("iteration", "status").rows() == [(1, "completed")]
@@ -115,3 +116,19 @@ def test_audit_against_a_reference_verifier_keeps_lines_aligned(cli, tmp_path):
     stored = json.loads(cli("sql", "select rho0, rho1 from verifier_noise", "--format", "json", "--lake", lake).stdout)
     # flipped keeps `correct` as the truth of math: aligned lines mean math agrees with it everywhere
     assert stored == {"rho0": 0.0, "rho1": 0.0}
+
+
+def test_a_rollout_without_its_problem_is_reported_and_the_rest_scored(lake, capsys):
+    from tasks.verification import VerifyConfig, rollouts_with_problems, score_rollouts
+
+    rollouts = seed_iteration(lake)
+    orphan = rollouts.head(1).with_columns(rollout_id=pl.lit("orphan"), problem_id=pl.lit("gone"))
+    with lake.run("test", "rollout", {}, iteration=1) as run:
+        lake.replace("rollouts", pl.concat([rollouts, orphan]), {"iteration": 1}, run)
+    rewards = score_rollouts(rollouts_with_problems(lake, 1), VerifyConfig(workers=0))
+    assert rewards.height == rollouts.height + 1
+    skipped = rewards.filter(pl.col("rollout_id") == "orphan").row(0, named=True)
+    assert skipped["reward"] == 0.0 and skipped["correct"] is None
+    assert json.loads(skipped["details"])["reason"] == "skipped: its problem is not in the bank"
+    assert rewards.filter(pl.col("rollout_id") != "orphan")["reward"].sum() == 5.0     # the others, as before
+    assert "1 of 11 rollouts could not be scored: 1 skipped: its problem is not in the bank" in capsys.readouterr().out

@@ -35,7 +35,8 @@ class CodeVerifier:
     partial_credit: str = "fraction"          # fraction | seed | none
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     name: str = "code"
-    version: str = "1.0"
+    version: str = "1.1"                      # 1.1: per-test deadlines, whole-run budgets, the candidate's own namespaces
+    runs_code = True                          # model-generated code: only in the sandbox (see engine._isolation_checked)
     _sandbox: Sandbox | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

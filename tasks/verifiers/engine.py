@@ -19,10 +19,15 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from tasks.verifiers.base import Verdict, build_verifier
+from tasks.verifiers.base import VERIFIERS, Verdict, build_verifier
+from tasks.verifiers.deadline import ItemTimeout, Watchdog
+from tasks.sandbox.client import SandboxUnavailable
 from tasks.verifiers.formats import format_reward
 
 DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
+MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them
+MAX_DETAIL_CHARS = 1_000       # each string in a verdict's details, and each list's items beyond MAX_DETAIL_ITEMS
+MAX_DETAIL_ITEMS = 20
 READY = "ready"                # a worker's first message, once warm: its items' deadlines start from here
 STARTUP_TIMEOUT = 180.0        # seconds a new worker may take to import and warm up on a loaded machine
 
@@ -30,6 +35,22 @@ STARTUP_TIMEOUT = 180.0        # seconds a new worker may take to import and war
 def own_verifier(problem: Mapping[str, Any]) -> str:
     """The verifier a problem names, else its domain's, else math."""
     return problem.get("verifier") or DEFAULT_VERIFIER.get(problem.get("domain") or "", "math")
+
+
+def _isolation_checked(items: Iterable[tuple[Mapping[str, Any], str, str | None]]) -> Iterator:
+    """The items, unchanged; before the first one a verifier that runs code scores, the host's isolation is
+    checked here, in the orchestrator: without any (and without --insecure-sandbox) the stage fails at once
+    with the reason instead of scoring every program 0."""
+    checked = False
+    for item in items:
+        if not checked:
+            name = item[2] or own_verifier(item[0])
+            if getattr(VERIFIERS.get(name), "runs_code", False):
+                from tasks.sandbox.client import require_isolation
+
+                require_isolation()
+                checked = True
+        yield item
 
 
 @dataclass(frozen=True)
@@ -45,12 +66,33 @@ class Scored:
     details: dict[str, Any]
 
 
-class VerifierSet:
-    """Verifier instances by name, built on first use with the configured options."""
+def bounded(value: Any, depth: int = 0) -> Any:
+    """A verdict's details with every string cut to MAX_DETAIL_CHARS and every list to MAX_DETAIL_ITEMS: a
+    reward row's details stay small whatever the response holds."""
+    if isinstance(value, str):
+        if len(value) <= MAX_DETAIL_CHARS:
+            return value
+        return value[:MAX_DETAIL_CHARS] + f"…[{len(value) - MAX_DETAIL_CHARS:,} more characters]"
+    if depth > 4:
+        return repr(value)[:MAX_DETAIL_CHARS]
+    if isinstance(value, dict):
+        return {str(key)[:100]: bounded(item, depth + 1) for key, item in list(value.items())[:50]}
+    if isinstance(value, (list, tuple)):
+        kept = [bounded(item, depth + 1) for item in value[:MAX_DETAIL_ITEMS]]
+        return kept + ([f"…[{len(value) - MAX_DETAIL_ITEMS} more]"] if len(value) > MAX_DETAIL_ITEMS else [])
+    return value
 
-    def __init__(self, options: Mapping[str, Mapping[str, Any]] | None = None, worker: int = 0):
+
+class VerifierSet:
+    """Verifier instances by name, built on first use with the configured options. `item_timeout` bounds each
+    item in this process (a watchdog; see deadline.py); None leaves the bound to whoever runs this process."""
+
+    def __init__(self, options: Mapping[str, Mapping[str, Any]] | None = None, worker: int = 0,
+                 max_response_chars: int = MAX_RESPONSE_CHARS, item_timeout: float | None = None):
         self.options = {name: dict(value) for name, value in (options or {}).items()}
         self.worker = worker
+        self.max_response_chars = max_response_chars
+        self._watchdog, self._item_timeout = (Watchdog(), item_timeout) if item_timeout is not None else (None, None)
         self._built: dict[str, Any] = {}
 
     def get(self, name: str):
@@ -65,16 +107,30 @@ class VerifierSet:
 
     def score(self, index: int, problem: Mapping[str, Any], response: str, verifier_name: str | None) -> Scored:
         name = verifier_name or own_verifier(problem)
+        if not isinstance(response, str):
+            return Scored(index, 0.0, None, name, version_of(name), 0.0,
+                          {"reason": f"skipped: the response is {type(response).__name__}, not text"})
+        if len(response) > self.max_response_chars:
+            return Scored(index, 0.0, False, name, version_of(name), 0.0, {
+                "reason": f"too long: {len(response):,} characters (limit {self.max_response_chars:,})"})
         try:
             verifier = self.get(name)
-            verdict = verifier.verify(problem, response)
+            if self._watchdog is not None:
+                with self._watchdog.within(self._item_timeout):
+                    verdict = verifier.verify(problem, response)
+            else:
+                verdict = verifier.verify(problem, response)
             identity = (verifier.name, verifier.version)
+        except SandboxUnavailable:                     # the host, not the item: nothing could be scored
+            raise
+        except ItemTimeout as error:
+            verdict, identity = Verdict(0.0, False, {"reason": f"verification {error}"}), (name, version_of(name))
         except Exception as error:  # noqa: BLE001 - a verifier bug or a bad name must not lose the other items
             verdict = Verdict(0.0, None, {"reason": f"verifier error: {type(error).__name__}: {error}",
                                           "traceback": traceback.format_exc(limit=3)})
             identity = (name, "unknown")
         return Scored(index, float(verdict.reward), verdict.correct, *identity,
-                      format_reward(problem.get("domain", "math"), response), verdict.details)
+                      format_reward(problem.get("domain", "math"), response), bounded(verdict.details))
 
     def close(self) -> None:
         for verifier in self._built.values():
@@ -82,9 +138,9 @@ class VerifierSet:
                 verifier.close()
 
 
-def _worker_main(connection: Connection, options: dict, worker: int) -> None:
+def _worker_main(connection: Connection, options: dict, worker: int, max_response_chars: int) -> None:
     """Score each chunk of items it receives, sending every result as soon as it is ready."""
-    verifiers = VerifierSet(options, worker)
+    verifiers = VerifierSet(options, worker, max_response_chars)
     from tasks.verifiers.math import warm_up
 
     warm_up(verifiers.get("math"))                  # sympy and the LaTeX parser, before the first item
@@ -104,7 +160,7 @@ def _worker_main(connection: Connection, options: dict, worker: int) -> None:
 
 
 @lru_cache(maxsize=None)
-def _version_of(name: str) -> str:
+def version_of(name: str) -> str:
     try:
         return build_verifier(name).version
     except (ValueError, TypeError):
@@ -112,7 +168,8 @@ def _version_of(name: str) -> str:
 
 
 class VerifierPool:
-    """`workers` processes scoring items in parallel; `workers=0` scores in this process, unbounded.
+    """`workers` processes scoring items in parallel; `workers=0` scores in this process (bounded by a watchdog
+    thread instead of a kill).
 
     Items travel in chunks (fewer round trips), but results come back one by one, and each item
     has its own deadline: `item_timeout` seconds from the previous result of its worker, or from the
@@ -122,9 +179,11 @@ class VerifierPool:
     """
 
     def __init__(self, workers: int = 2, item_timeout: float = 30.0,
-                 options: Mapping[str, Mapping[str, Any]] | None = None, chunk_size: int = 16):
+                 options: Mapping[str, Mapping[str, Any]] | None = None, chunk_size: int = 16,
+                 max_response_chars: int = MAX_RESPONSE_CHARS):
         self.workers = workers
         self.item_timeout = item_timeout
+        self.max_response_chars = max_response_chars
         self.chunk_size = chunk_size
         self.options = {name: dict(value) for name, value in (options or {}).items()}
         self._context = multiprocessing.get_context("spawn")
@@ -149,7 +208,7 @@ class VerifierPool:
 
     def _start(self, worker: int) -> dict[str, Any]:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_worker_main, args=(child, self.options, worker), daemon=True)
+        process = self._context.Process(target=_worker_main, args=(child, self.options, worker, self.max_response_chars), daemon=True)
         process.start()
         child.close()
         return {"worker": worker, "process": process, "connection": parent, "in_flight": deque(), "ready": False,
@@ -157,8 +216,10 @@ class VerifierPool:
 
     def score(self, items: Iterable[tuple[Mapping[str, Any], str, str | None]]) -> Iterator[Scored]:
         """Yield a `Scored` per (problem, response, verifier name or None), in completion order."""
+        items = _isolation_checked(items)
         if self.workers == 0:
-            verifiers = VerifierSet(self.options)
+            verifiers = VerifierSet(self.options, max_response_chars=self.max_response_chars,
+                                    item_timeout=self.item_timeout)
             try:
                 for index, (problem, response, name) in enumerate(items):
                     yield verifiers.score(index, problem, response, name)
@@ -217,7 +278,7 @@ class VerifierPool:
         slot["process"].join(5)
         slot.update(self._start(slot["worker"]))
         name = name or own_verifier(problem)
-        return Scored(index, 0.0, False, name, _version_of(name), 0.0, {"reason": reason})
+        return Scored(index, 0.0, False, name, version_of(name), 0.0, {"reason": reason})
 
     def _stop(self, slot: dict[str, Any]) -> None:
         try:

@@ -14,7 +14,9 @@ EXTRACTORS = ("boxed", "hash", "answer_is")
 
 
 def all_boxed(text: str) -> list[str]:
-    """Contents of every `\\boxed{...}` / `\\fbox{...}`, in order, braces balanced (one linear pass)."""
+    """Contents of every outermost `\\boxed{...}` / `\\fbox{...}`, in order, braces balanced. Linear in the
+    text: a box nested inside another is part of the outer one's content (where the "box inside a box" rule
+    sees it), not a statement of its own, so no character is copied twice."""
     closing: dict[int, int] = {}
     stack: list[int] = []
     for position, char in enumerate(text):
@@ -22,11 +24,12 @@ def all_boxed(text: str) -> list[str]:
             stack.append(position)
         elif char == "}" and stack:
             closing[stack.pop()] = position
-    found = []
+    found, covered_until = [], -1
     for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
         start = match.end() - 1
-        if start in closing:
+        if start in closing and match.start() > covered_until:
             found.append(text[start + 1:closing[start]].strip())
+            covered_until = closing[start]
     return found
 
 

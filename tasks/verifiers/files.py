@@ -3,6 +3,9 @@
 Each input line: `id`, `domain` (math, code, logic, qa), `response`; `ground_truth` for math and qa
 (and logic, where the dataset has a single answer); `tests` and `entry_point` for code; optional `prompt`, `metadata` (logic: the reasoning-gym
 entry's metadata), `steps` (process rewards) and `verifier` (override the domain's default).
+
+A line that cannot be used — not UTF-8, not JSON, nested too deeply, too long, a field of the wrong
+type — is reported with its number and reason, and the other lines are scored.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DOMAINS = ("math", "code", "logic", "qa")
+MAX_LINE_BYTES = 16 * 1024 * 1024
+OPTIONAL_TYPES = {"prompt": (str,), "tests": (str,), "entry_point": (str,), "metadata": (dict,), "steps": (list,),
+                  "verifier": (str,), "ground_truth": (str, int, float, list, dict)}
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,19 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
     try:
         record = json.loads(text)
     except json.JSONDecodeError as error:
-        return BadLine(number, None, f"invalid JSON: {error.msg}")
+        return BadLine(number, None, f"invalid JSON: {error.msg} (column {error.colno})")
+    except RecursionError:
+        return BadLine(number, None, "invalid JSON: nested too deeply")
     if not isinstance(record, dict):
         return BadLine(number, None, "not a JSON object")
-    for field, kind in (("id", (str, int)), ("domain", str), ("response", str)):
-        if not isinstance(record.get(field), kind):
-            return BadLine(number, field, "missing or not a " + " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,))))
+    for field, kind in (("id", (str, int)), ("domain", (str,)), ("response", (str,))):
+        if not isinstance(record.get(field), kind) or isinstance(record.get(field), bool):
+            return BadLine(number, field, "missing or not " + " or ".join(_type_name(k) for k in kind))
+    for field, kinds in OPTIONAL_TYPES.items():
+        value = record.get(field)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            return BadLine(number, field, f"must be {' or '.join(_type_name(k) for k in kinds)}, not "
+                                          f"{_type_name(type(value))}")
     domain = record["domain"]
     if domain not in DOMAINS:
         return BadLine(number, "domain", f"{domain!r} is not one of {', '.join(DOMAINS)}")
@@ -69,8 +82,32 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
     return problem, record["response"], verifier
 
 
-def read_lines(path: str) -> Iterator[tuple[dict[str, Any], str, str | None] | BadLine]:
-    with open(path, encoding="utf-8-sig") as handle:
-        for number, text in enumerate(handle, start=1):
+def _type_name(kind: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object",
+            bool: "a boolean", type(None): "null"}.get(kind, kind.__name__)
+
+
+def read_lines(path: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[tuple[dict[str, Any], str, str | None] | BadLine]:
+    """Each non-blank line parsed, or the reason it cannot be used. Read as bytes, so one bad byte spoils
+    only its own line; a line over `max_line_bytes` is skipped without being held in memory."""
+    with open(path, "rb") as handle:
+        number = 0
+        while True:
+            raw = handle.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):    # the rest of the line, in pieces
+                    raw = handle.readline(max_line_bytes)
+                yield BadLine(number, None, f"longer than {max_line_bytes:,} bytes")
+                continue
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]                              # a UTF-8 byte-order mark
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                yield BadLine(number, None, f"not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})")
+                continue
             if text.strip():
                 yield parse_line(number, text)

@@ -5,8 +5,9 @@ Each program is a candidate for `solve(x)`, with tests that only a successful at
 score above 0 means the attack worked. Resource attacks return a wrong answer on purpose: for them
 what counts is that the run is contained (the server survives, nothing is left behind).
 
-Run as a script (`python hostile_programs.py MODE < context.json`), it scores every program and
-prints one JSON object per program: how the tests drop privileges to check the non-root mode.
+Used by the test suite (every program in every isolation mode) and by `rlvr bench sandbox --hostile`.
+Run as a module (`python -m bench.hostile_programs MODE < request.json`), it scores the requested
+programs and prints one JSON object: how the tests drop privileges to check the non-root mode.
 """
 
 from __future__ import annotations
