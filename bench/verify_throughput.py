@@ -1,10 +1,16 @@
-"""Math verification throughput: our verifier (fast path + guards + math-verify in 2 worker processes)
+"""Math verification throughput: our verifier (fast paths + guards + math-verify in 2 worker processes)
 against calling math-verify directly (parse + verify in one process), on the same items, in one run.
 
-Items: gold answers of MATH-500 and GSM8K test (from ../shared/datasets, else our generators), each with
-realistic responses — a worked-solution tail ending in the gold answer (sometimes in an equivalent
-form: 0.5 for 1/2, 1,000 for 1000, $18 for 18), and wrong ones (an off-by-one or a perturbed expression).
-Accuracy is agreement with those constructed labels.
+Two mixes:
+- `numeric`: gold answers of MATH-500 and GSM8K test (from ../shared/datasets, else our generators), each
+  with realistic responses — a worked-solution tail ending in the gold answer (sometimes in an equivalent
+  form: 0.5 for 1/2, 1,000 for 1000, $18 for 18), and a wrong one (an off-by-one or a perturbed
+  expression). Mostly the exact-number fast path.
+- `symbolic`: MATH-500's non-numeric golds (fractions, radicals, π, polynomials, tuples, intervals,
+  vectors, text), each with a group of 16 responses as a policy samples them: 10 in equivalent symbolic
+  forms (`\\dfrac`, `a/b`, reordered terms, expanded or factored polynomials, rationalised radicals,
+  respaced tuples) and 6 wrong (perturbed values, swapped parts). Where math-verify must run.
+Accuracy is agreement with the constructed labels.
 """
 
 from __future__ import annotations
@@ -57,6 +63,86 @@ def build_items(limit: int, seed: int = 0) -> list[tuple[str, str, bool]]:
     return [(gold, response, label) for gold in gold_answers(limit) for response, label in responses_for(gold, rng)]
 
 
+ENDINGS = ["Therefore the answer is $\\boxed{%s}$.", "So we get \\boxed{%s}.", "The final answer is $%s$.",
+           "Putting it together: $\\boxed{%s}$"]
+
+
+def symbolic_golds(limit: int) -> list[str]:
+    """MATH-500's golds that are not plain numbers."""
+    path = SHARED / "math500" / "test.jsonl"
+    if not path.exists():
+        return [r"\frac{\sqrt{2}}{2}", r"3\sqrt{13}", r"x^2+2x+1", r"\left( 3, \frac{\pi}{2} \right)", r"[0, 1)",
+                r"\frac{x+2}{7}", r"2\pi", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\text{(B)}"][:limit]
+    golds = [str(json.loads(line)["answer"]) for line in path.open()]
+    return [gold for gold in golds if parse_number(gold) is None][:limit]
+
+
+def equivalent_forms(gold: str, rng: random.Random) -> list[str]:
+    """Forms a policy writes for the same answer: sympy's own LaTeX (reordered, expanded, factored,
+    rationalised), `\\dfrac` for `\\frac`, `a/b`, other spacing, each part of a tuple rewritten."""
+    import sympy
+
+    from tasks.verifiers.forms import structure
+    from tasks.verifiers.symbolic import parse
+
+    shape = structure(gold)
+    if shape is not None and shape.kind in ("tuple", "interval", "set", "list") and len(shape.parts) <= 6:
+        rewritten = [equivalent_forms(part, rng) or [part] for part in shape.parts]
+        forms = []
+        for _ in range(6):
+            parts = [rng.choice(options) for options in rewritten]
+            joined = ", ".join(parts) if rng.random() < 0.5 else ",".join(parts)
+            forms.append(f"{shape.opening}{joined}{shape.closing}" if shape.kind != "set" else f"\\{{{joined}\\}}")
+        return forms
+    forms = {gold.replace("\\frac", "\\dfrac"), gold.replace(" ", ""), gold.replace("\\left", "").replace("\\right", "")}
+    parsed = parse(gold)
+    if parsed is not None and not parsed[1]:
+        expression = parsed[0]
+        for variant in (expression, sympy.expand(expression), sympy.factor(expression), sympy.radsimp(expression),
+                        sympy.nsimplify(expression)):
+            try:
+                forms.add(sympy.latex(variant))
+                forms.add(sympy.latex(variant, fold_short_frac=True))
+            except Exception:  # noqa: BLE001 - a variant sympy cannot print is simply not offered
+                continue
+    return sorted(forms)
+
+
+def wrong_forms(gold: str, rng: random.Random) -> list[str]:
+    """Near misses: the value perturbed, a part changed or parts swapped."""
+    import sympy
+
+    from tasks.verifiers.forms import structure
+    from tasks.verifiers.symbolic import parse
+
+    shape = structure(gold)
+    if shape is not None and shape.kind in ("tuple", "interval") and len(shape.parts) >= 2:
+        parts = list(shape.parts)
+        changed = list(parts)
+        finite = max(i for i, part in enumerate(parts) if "infty" not in part) if any(
+            "infty" not in part for part in parts) else len(parts) - 1
+        changed[finite] = f"{changed[finite]}+1"                        # ∞ + 1 is still ∞
+        swapped = parts[::-1] if parts[::-1] != parts else changed
+        return [f"{shape.opening}{', '.join(p)}{shape.closing}" for p in (changed, swapped)]
+    parsed = parse(gold)
+    if parsed is not None:
+        expression = parsed[0]
+        return [sympy.latex(expression + 1), sympy.latex(2 * expression), sympy.latex(expression - sympy.Rational(1, 2))]
+    return [f"{gold} + 1", f"2({gold})"]
+
+
+def symbolic_items(limit: int, group_size: int = 16, seed: int = 0) -> list[tuple[str, str, bool]]:
+    rng = random.Random(seed)
+    items = []
+    for gold in symbolic_golds(limit):
+        right, wrong = equivalent_forms(gold, rng) or [gold], wrong_forms(gold, rng)
+        group = [(rng.choice(right), True) for _ in range(group_size * 5 // 8)]
+        group += [(rng.choice(wrong), False) for _ in range(group_size - len(group))]
+        reasoning = "Let us work it out. We simplify the expression step by step and check the conditions.\n"
+        items += [(gold, reasoning + rng.choice(ENDINGS) % form, label) for form, label in group]
+    return items
+
+
 def math_verify_direct(items: list[tuple[str, str, bool]]) -> tuple[float, float]:
     import math_verify.parser
     from math_verify import parse, verify
@@ -88,10 +174,17 @@ def ours(items: list[tuple[str, str, bool]], workers: int) -> tuple[float, float
     return len(items) / seconds, right / len(items)
 
 
-def run_benchmark(limit: int = 1000, workers: int = 2, repeats: int = 3) -> dict:
-    """Both sides back to back, `repeats` times; the median ratio is the figure (this machine is shared)."""
-    items = build_items(limit)
-    console.print(f"{len(items):,} responses to {len(items) // 2:,} gold answers")
+def run_benchmark(limit: int = 1000, workers: int = 2, repeats: int = 3, mixes: tuple[str, ...] = ("numeric", "symbolic")) -> dict:
+    """Both sides back to back on each mix, `repeats` times; the median ratio is the figure (this machine is shared)."""
+    summary = {}
+    for mix in mixes:
+        items = build_items(limit) if mix == "numeric" else symbolic_items(limit)
+        console.print(f"[bold]{mix} mix[/bold]: {len(items):,} responses to {len({g for g, _, _ in items}):,} gold answers")
+        summary[mix] = _measure(items, workers, repeats)
+    return summary
+
+
+def _measure(items: list[tuple[str, str, bool]], workers: int, repeats: int) -> dict:
     runs = []
     for _ in range(repeats):
         baseline_rate, baseline_accuracy = math_verify_direct(items)

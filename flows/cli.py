@@ -435,14 +435,19 @@ def bench_dedup(
 
 @bench_app.command("verify")
 def bench_verify(
-    limit: Annotated[int, typer.Option(help="gold answers (MATH-500 then GSM8K test), two responses each")] = 2000,
+    limit: Annotated[int, typer.Option(help="gold answers per mix (numeric: MATH-500 then GSM8K test, two responses "
+                                       "each; symbolic: MATH-500's non-numeric golds, 16 responses each)")] = 2000,
     workers: Annotated[int, typer.Option(min=1, help="our verifier's worker processes")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="back-to-back measurements; the median is reported")] = 3,
+    mix: Annotated[str, typer.Option(help="numeric, symbolic or both (comma separated)")] = "numeric,symbolic",
 ) -> None:
-    """Math verification throughput and accuracy against math-verify called directly."""
+    """Math verification throughput and accuracy against math-verify called directly, on two mixes."""
     from bench.verify_throughput import run_benchmark
 
-    run_benchmark(limit, workers, repeats)
+    mixes = tuple(m for m in mix.split(",") if m)
+    if not set(mixes) <= {"numeric", "symbolic"}:
+        fail(f"--mix takes numeric and symbolic, not {mix!r}", 2)
+    run_benchmark(limit, workers, repeats, mixes)
 
 
 @bench_app.command("advantages")

@@ -166,3 +166,109 @@ def test_gsm8k_reward_on_ten_real_problems(shared_datasets):
 
 def test_final_answers_lists_every_statement():
     assert final_answers("\\boxed{1}\n#### 2\nthe answer is 3") == [("boxed", "1"), ("hash", "2"), ("answer_is", "3")]
+
+
+# ---- read as broadly as Math-Verify, judged stricter (issue 13) ------------------------------------------------
+@pytest.mark.parametrize("response, expected", [
+    ("Final Answer: The final answer is 7.78. I hope it is correct.", ("7.78", "answer_is")),
+    ("Final Answer: The final answer is $\\frac{10}{27}$. I hope it is correct. <|im_start|>user", (r"\frac{10}{27}", "answer_is")),
+    ("Final Answer: The volume of $ABCDEFGH$ is 120. I hope it is correct.", ("120", "answer_is")),
+    ("Final Answer: Jane started growing it 3 hours ago.", ("3", "answer_is")),
+    ("**Answer:** 8", ("8", "answer_is")),
+    ("Answer \\[ 9 \\]", ("9", "answer_is")),
+    ("so the area is $\\frac{3}{4}$", (r"\frac{3}{4}", "math")),
+    ("We conclude \\[ x = 12 \\]", ("x = 12", "math")),
+    ("There are 12 distinct sequences. I hope it is correct. <|im_start|>user", ("12", "number")),
+    (r"\frac{10}{9}", (r"\frac{10}{9}", "math")),
+])
+def test_extraction_reads_the_forms_math_verify_reads(response, expected):
+    assert extract_answer(response, ("boxed", "hash", "answer_is", "math", "number")) == expected
+
+
+def test_every_extractor_is_named_in_the_details():
+    assert verifier.verify({"answer": "120"}, "Final Answer: The volume is 120.").details["extractor"] == "answer_is"
+    assert verifier.verify({"answer": "3/4"}, "so it is $\\frac34$").details["extractor"] == "math"
+
+
+@pytest.mark.parametrize("gold, response", [
+    ("(2,1),(1,2),(-1,-20),(-20,-1)", r"\boxed{(1, 2)}, \boxed{(2, 1)}, \boxed{(-1, -20)}, \boxed{(-20, -1)}"),
+    (r"\{1,2,3\}", r"\boxed{1},\boxed{2},\boxed{3}"),
+    (r"\{1,2,3\}", r"\boxed{1} and \boxed{2} and \boxed{3}"),
+    ("k = 45, n = 2", r"\boxed{k = 45} \quad \text{and} \quad \boxed{n = 2}"),
+    ("x=1 or x=2", r"\boxed{x = 2} and \boxed{x = 1}"),
+])
+def test_boxes_whose_union_is_a_multi_part_gold_are_one_answer(gold, response):
+    assert score(gold, response) == 1.0
+
+
+def test_a_multi_part_gold_still_needs_every_part():
+    assert score(r"\{1,2,3\}", r"\boxed{1},\boxed{2}") == 0.0
+    assert score(r"\{1,2,3\}", r"\boxed{1},\boxed{2},\boxed{3},\boxed{4}") == 0.0
+
+
+def test_a_self_correction_counts_its_last_answer():
+    assert score("6", "#### 8\nHmm, wait, I made an arithmetic slip: 3 * 2 = 6.\n#### 6") == 1.0
+    assert score("6", "The answer is \\boxed{8}. Actually, recounting gives \\boxed{6}.") == 1.0
+    assert score("8", "#### 8\nWait, recount: 3 * 2 = 6.\n#### 6") == 0.0          # the corrected answer is wrong
+    assert score("6", r"\boxed{8} or \boxed{6}") == 0.0                        # alternatives are hedging
+    assert score("6", "It is \\boxed{8}, or wait, maybe \\boxed{6}.") == 0.0      # a correction offering an "or"
+    assert score("6", r"So \boxed{8}. Then \boxed{6}.") == 0.0                  # no correction: hedging
+
+
+def test_a_closing_final_answer_supersedes_boxed_intermediate_results():
+    response = ("First $0.04 \\cdot 10000 / 2 = \\boxed{200}$, then $0.05 \\cdot 10200 / 2 = \\boxed{255}$, so "
+                "$10,200 + 255 = 10,455$. Final Answer: The final answer is $10,455$. I hope it is correct.")
+    assert score("10455", response) == 1.0
+
+
+@pytest.mark.parametrize("gold", [r"\text{(B)}", r"\text{odd}", r"\mathrm{(E)}", "Evelyn", r"\text{east}"])
+def test_a_word_never_matches_another_word(gold):
+    assert score(gold, r"\boxed{\text{x}}") == 0.0
+    assert score(gold, r"\boxed{\text{}}") == 0.0
+
+
+@pytest.mark.parametrize("gold, response", [
+    (r"\text{(B)}", r"\boxed{B}"), (r"\text{(B)}", r"\boxed{\textbf{B}}"), ("(B)", r"\boxed{B)}"),
+    (r"\mathrm{(E)}", r"\boxed{(E)}"), (r"\text{odd}", r"$odd$"), (r"\text{Even}", r"\boxed{even}"),
+    (r"\text{The midpoints form a regular hexagon}", r"\boxed{\text{The midpoints form a regular hexagon}}"),
+])
+def test_text_answers_compare_as_text(gold, response):
+    assert score(gold, response) == 1.0
+
+
+def test_a_gold_is_never_read_differently_than_written():
+    assert score(r"\boxed{1} no no no \boxed{2}", r"\boxed{1,2}") == 0.0       # the gold is its last box
+    assert score(r"\boxed{1} and \boxed{2}", r"\boxed{1,2}") == 1.0            # joined boxes are both parts
+
+
+@pytest.mark.parametrize("gold, response", [
+    (r"\frac{1}{3}", r"\boxed{0.\overline{3}}"), (r"\frac{1}{6}", r"\boxed{0.1\overline{6}}"),
+    (r"\frac{1}{2}", r"\boxed{\left.\frac12\right.}"), ("(1, 2)", r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}"),
+    (r"\frac{1}{12}", r"\boxed{0.0833333333333333}"), ("1.22", r"\boxed{1,22}"), ("1000", r"\boxed{1 000}"),
+    ("12000023", r"\boxed{12,\!000,\!023}"), (r"1\frac{4}{5}", r"\boxed{\frac{9}{5}}"), ("x = 11", r"\boxed{x = 5 + 5 + 1 = 11}"),
+])
+def test_forms_math_verify_recognises(gold, response):
+    assert score(gold, response) == 1.0
+
+
+@pytest.mark.parametrize("gold, response", [
+    (r"\frac{1}{12}", r"\boxed{0.08}"),                 # a decimal must agree to `precision` places (6)
+    ("1,234", r"\boxed{1.234}"),                        # a thousands grouping is not a decimal comma
+    ("x = 11", r"\boxed{x = 5 + 5 + 1 = 7 = 11}"),      # an equality chain whose sides differ
+    (r"1 - \frac{1}{\mathrm{e}}", r"\boxed{1 + \frac{1}{\mathrm{e}}}"),
+])
+def test_near_misses_score_zero(gold, response):
+    assert score(gold, response) == 0.0
+
+
+def test_precision_and_decimal_commas_are_configurable():
+    assert MathVerifier(precision=4).verify({"answer": r"\frac{1}{3}"}, r"\boxed{0.3333}").reward == 1.0
+    assert MathVerifier().verify({"answer": r"\frac{1}{3}"}, r"\boxed{0.3333}").reward == 0.0
+    assert MathVerifier(decimal_comma=False).verify({"answer": "1.22"}, r"\boxed{1,22}").reward == 0.0
+
+
+def test_symbolic_answers_take_the_fast_path():
+    for gold, response in [(r"3\sqrt{13}", r"\boxed{\sqrt{117}}"), ("x^2+2x+1", r"\boxed{(x+1)^2}"),
+                           (r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{1}{\sqrt{2}}}")]:
+        verdict = verifier.verify({"answer": gold}, response)
+        assert verdict.reward == 1.0 and verdict.details["method"] == "symbolic"

@@ -44,7 +44,7 @@ def test_rewards_for_an_iteration(verify_iteration, lake, lake_uri):
     rewards = lake.read("rewards").sort("rollout_id")
     assert rewards.height == rollouts.height
     assert rewards.group_by("verifier").agg(pl.col("reward").sum()).sort("verifier").rows() == [("code", 1.0), ("math", 4.0)]
-    assert dict(rewards.select("verifier", "verifier_version").unique().rows()) == {"math": "1.0", "code": "1.1"}
+    assert dict(rewards.select("verifier", "verifier_version").unique().rows()) == {"math": "2.0", "code": "1.1"}
     assert set(rewards["run_id"]) == {result["run_id"]}
     assert json.loads(rewards.filter(pl.col("verifier") == "code")["details"][0])["tests_total"] == 1
     runs = lake.read("runs").filter(pl.col("stage") == "verify")
@@ -69,7 +69,7 @@ def test_noise_correction_uses_the_latest_audit(verify_iteration, lake, lake_uri
     from flows.verification import audit_verifier
 
     seed_iteration(lake)
-    audit_verifier("math", "1.0", {"rho0": 0.1, "rho1": 0.2, "n_wrong": 50, "n_correct": 50}, "test", lake_uri)
+    audit_verifier("math", "2.0", {"rho0": 0.1, "rho1": 0.2, "n_wrong": 50, "n_correct": 50}, "test", lake_uri)
     verify_iteration(1, {"workers": 0, "noise_correction": True}, lake_uri)
     rewards = lake.read("rewards")
     math = rewards.filter(pl.col("verifier") == "math")

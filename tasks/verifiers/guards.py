@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from tasks.verifiers.forms import assignment
 from tasks.verifiers.numbers import MODIFIERS, parse_number, strip_noise
 
 MAX_ANSWER_CHARS = 300
@@ -17,7 +18,7 @@ MAX_NESTING = 12
 MAX_DIGITS = 200
 MAX_POWERS = 20
 _CANDIDATE_SEPARATORS = re.compile(r"\bor\b|\band/or\b|\\lor|;|\\\\|\\quad|\\qquad")
-_RELATION = re.compile(r"\\(?:neq?|leq?|geq?|lt|gt|approx|sim|simeq|equiv|propto)\b|[=<>≠≤≥≈]")
+_RELATION = re.compile(r"\\(?:neq?|leq?|geq?|lt|gt|approx|sim|simeq|equiv|propto|in)\b|[=<>≠≤≥≈∈]")
 
 
 def canonical(answer: str) -> str:
@@ -44,7 +45,8 @@ def lists_candidates(answer: str, gold: str) -> bool:
 def qualifies(answer: str, gold: str) -> str | None:
     """Why the answer says something other than a value: a relation (≠ 2, > 2, 3 = 2) or words that
     change the number (not 2, at least 2, 2 million) that the gold does not have."""
-    bare_answer = re.sub(r"^\s*\$?\s*[a-zA-Z](?:_\{?\w+\}?)?\s*=", "", answer)     # "x = 5" is an assignment
+    named = assignment(answer)                                   # "x = 5", "(x, y) = (5, 8)" name a value
+    bare_answer = named[1] if named else answer
     if _RELATION.search(bare_answer) and not _RELATION.search(gold):
         return "a relation where a value is asked"
     words = {w.lower() for w in re.findall(r"[A-Za-z]{2,}", re.sub(r"\\[a-zA-Z]+", " ", answer))}
