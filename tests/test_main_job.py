@@ -55,7 +55,8 @@ def test_verification_benchmarks_measure_both_sides():
     items = build_items(20)
     assert len(items) == 40 and {label for _, _, label in items} == {True, False}
     measured = verify_benchmark(limit=20, workers=1, repeats=1)
-    assert measured["items"] == 40 and measured["accuracy"] >= 0.9 and measured["rate"] > 0
+    assert measured["numeric"]["items"] == 40 and measured["numeric"]["accuracy"] >= 0.9 and measured["numeric"]["rate"] > 0
+    assert measured["symbolic"]["items"] == 16 * 20 and measured["symbolic"]["accuracy"] >= 0.9
     rates = sandbox_benchmark(workers=1)
     assert rates["passed"] == rates["baseline_passed"] == rates["runs"]
 
