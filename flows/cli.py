@@ -387,39 +387,18 @@ def audit_verifier_command(
     workers: Annotated[int, typer.Option(min=0)] = 2,
     lake: LakeOption = None,
 ) -> None:
-    """Estimate a verifier's false-positive (rho0) and false-negative (rho1) rates and store them."""
-    import numpy as np
-
-    from tasks.verifiers.engine import VerifierPool
-    from tasks.verifiers.noise import estimate_noise
-
-    items, _ = _verify_lines(audit_file)
-    if not items:
-        fail(f"{audit_file}: no usable lines")
-
-    def verdicts(name: str | None) -> list:
-        return sorted(VerifierPool(workers=workers).score([(p, r, name or v) for p, r, v in items]), key=lambda s: s.index)
-
-    judged = verdicts(verifier)
-    identities = {(s.verifier, s.verifier_version) for s in judged}
-    if len(identities) != 1:
-        fail(f"{audit_file}: the lines are scored by {sorted(identities)}; audit one verifier at a time (--verifier)")
-    if reference:
-        truth = [s.correct for s in verdicts(reference)]
-        audit = f"reference verifier {reference} on {audit_file.name}"
-    else:
-        truth = [problem["label"] for problem, _, _ in items]
-        if any(t is None for t in truth):
-            fail(f"{audit_file}: every line needs a boolean `label` (or pass --reference)")
-        audit = f"labels in {audit_file.name}"
-    noise = estimate_noise(np.array([bool(s.correct) for s in judged]), np.array([bool(t) for t in truth]))
+    """Estimate a verifier's false-positive (rho0) and false-negative (rho1) rates, with 95 % intervals, and store them."""
     _prefect_defaults()
     from flows.verification import audit_verifier
 
-    name, version = judged[0].verifier, judged[0].verifier_version
-    run_id = audit_verifier(name, version, noise.__dict__, audit, lake)
-    console.print(f"{name} {version}: rho0 (false positives) = {noise.rho0:.3f} over {noise.n_wrong} wrong, "
-                  f"rho1 (false negatives) = {noise.rho1:.3f} over {noise.n_correct} correct (run {run_id})")
+    try:
+        result = audit_verifier(str(audit_file), verifier, reference, workers, lake)
+    except ValueError as error:
+        fail(str(error))
+    console.print(f"{result['verifier']} {result['verifier_version']}: rho0 (false positives) = {result['rho0']:.3f} "
+                  f"[{result['rho0_low']:.3f}, {result['rho0_high']:.3f}] over {result['n_wrong']} wrong, rho1 (false "
+                  f"negatives) = {result['rho1']:.3f} [{result['rho1_low']:.3f}, {result['rho1_high']:.3f}] over "
+                  f"{result['n_correct']} correct (run {result['run_id']})")
 
 
 @bench_app.command("dedup")

@@ -16,14 +16,14 @@ from pydantic import Field, field_validator
 
 from tasks.curation.config import Strict, read_yaml
 
-FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report"]
+FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report", "audit"]
 
 
 class DeploymentSpec(Strict):
     """One deployment: a flow, when it runs, and what it is given beyond the run config."""
 
     name: str = Field(description="deployment name, shown in the UI as <flow name>/<name>")
-    flow: FlowKey = Field(description="curate, loop, iteration, evaluate, rescore or report")
+    flow: FlowKey = Field(description="curate, loop, iteration, evaluate, rescore, report or audit")
     cron: str | None = Field(None, description="cron schedule (in `timezone`); none: run from the UI or API only")
     parameters: dict[str, Any] = Field(default_factory=dict, description="flow parameters over the ones built "
                                        "from the run config (e.g. iterations: 100, force: true)")
@@ -82,6 +82,8 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
         built.update(config=sections(tuple(EvaluationRunConfig.model_fields)), force=False)   # skipped while in place
     elif spec.flow == "rescore":
         built.update(config={"verify": {}}, iterations=[])   # each iteration keeps its own recorded settings
+    elif spec.flow == "audit":
+        pass                                                 # its labelled sample (audit_file) is the spec's parameter
     else:
         built["out_dir"] = serve.report_dir
     return {**built, **spec.parameters}
@@ -104,6 +106,9 @@ def flow_of(key: str):
     if key == "rescore":
         from flows.stages import rescore
         return rescore
+    if key == "audit":
+        from flows.verification import audit_verifier
+        return audit_verifier
     from flows.report import report
     return report
 

@@ -61,7 +61,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
             lake.replace(table, pl.DataFrame(), key, run)
     parameters, _ = unchanged_or_fingerprint(
-        lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id]), iteration, True)
+        lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward), iteration, True)
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
@@ -88,7 +88,7 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
         return skipped
     with lake.run("compute-advantages", "advantages", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
-        scored = scored_rollouts(lake, iteration, settings.advantages.verifier)
+        scored = scored_rollouts(lake, iteration, settings.advantages.verifier, reward=settings.reward)
         logprob_sums = off_policy_task(lake, iteration, scored, settings.advantages, model_version,
                                        settings.rollout.device)
         results = compute_task(scored, settings.advantages, settings.dynamic_sampling, model_version,

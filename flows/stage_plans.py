@@ -21,6 +21,7 @@ from storage.lake import Lake
 from storage.registry import latest_version
 from tasks.curation.config import merged_config
 from tasks.evaluation import pinned_bank_version
+from tasks.rewards.compose import RewardConfig
 from tasks.rollout.stage import IterationConfig
 from tasks.verification import VerifyConfig
 from trainers.grpo import TrainConfig
@@ -68,9 +69,12 @@ def rollout_key(settings: IterationConfig, model_version: int, bank_version: int
 
 
 def verify_key(lake: Lake, verify: VerifyConfig, iteration: int, flow: str = "verify-iteration",
-               rollout_runs: list[str] | None = None) -> StageKey:
+               rollout_runs: list[str] | None = None, reward: RewardConfig | None = None) -> StageKey:
     rollouts = rollout_runs if rollout_runs is not None else run_ids(lake, "rollouts", iteration)
-    return StageKey(flow, "verify", verify.model_dump(mode="json"), {"rollouts": rollouts}, verify.output_settings())
+    config, output = verify.model_dump(mode="json"), verify.output_settings()
+    if reward is not None and not reward.is_default():     # the default composition keeps older fingerprints
+        config, output = ({**part, "reward": reward.model_dump(mode="json")} for part in (config, output))
+    return StageKey(flow, "verify", config, {"rollouts": rollouts}, output)
 
 
 def advantages_key(lake: Lake, settings: IterationConfig, iteration: int, model_version: int | None) -> StageKey:
@@ -80,8 +84,8 @@ def advantages_key(lake: Lake, settings: IterationConfig, iteration: int, model_
               "dbb_state": sorted(lake.read("dbb_state", filter=pc.field("iteration") < iteration,
                                             columns=["run_id"])["run_id"].unique().to_list()),
               "model_version": model_version}
-    return StageKey("compute-advantages", "advantages",
-                    settings.model_dump(mode="json", include={"advantages", "dynamic_sampling"}), inputs)
+    sections = {"advantages", "dynamic_sampling"} | ({"reward"} if not settings.reward.is_default() else set())
+    return StageKey("compute-advantages", "advantages", settings.model_dump(mode="json", include=sections), inputs)
 
 
 def train_key(lake: Lake, settings: TrainConfig, iteration: int, parent: int | None) -> StageKey:
@@ -148,6 +152,8 @@ def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = F
         if stage in ("rollout", "advantages"):
             config.update({k: v for k, v in parameters.items() if k in ITERATION_SECTIONS})
         elif stage == "verify":     # how scoring was spread out is this machine's business, not the record's
+            if "reward" in parameters:
+                config["reward"] = parameters.pop("reward")
             config["verify"] = {k: v for k, v in parameters.items() if k not in VerifyConfig.EXECUTION_ONLY}
         elif stage == "train":
             config["train"] = parameters
@@ -206,7 +212,7 @@ def stage_key(lake: Lake, stage: str, iteration: int, settings: dict[str, Any]) 
         version = sampled_version_of(lake, iteration)
         return None if version is None else rollout_key(iteration_settings, version, latest_bank_version(lake))
     if stage == "verify":
-        return verify_key(lake, iteration_settings.verify, iteration)
+        return verify_key(lake, iteration_settings.verify, iteration, reward=iteration_settings.reward)
     if stage == "advantages":
         return advantages_key(lake, iteration_settings, iteration, policy_version_of(lake, iteration))
     if stage == "train":

@@ -38,7 +38,7 @@ def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], f
         return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, sampled_version_of(lake, iteration),
                                                force, policy_version_of(lake, iteration))}
     if stage == "verify":
-        return {"stage": stage, **verify_iteration(iteration, config.get("verify"), lake.uri, force)}
+        return {"stage": stage, **verify_iteration(iteration, config.get("verify"), lake.uri, force, config.get("reward"))}
     if stage == "advantages":
         return {"stage": stage, **compute_advantages(iteration, iteration_config, lake.uri,
                                                      policy_version_of(lake, iteration), force)}

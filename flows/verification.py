@@ -14,27 +14,28 @@ from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import verify_key
 from storage.lake import Lake
-from tasks.verification import (VerifyConfig, record_noise, rollouts_with_problems, score_rollouts,
-                                with_noise_correction, write_rewards)
-from tasks.verifiers.noise import NoiseEstimate
+from tasks.rewards.compose import RewardConfig
+from tasks.verification import (VerifyConfig, record_noise, rollouts_with_problems, score_with_components,
+                                with_composition, with_noise_correction, write_rewards)
 
 read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=STORAGE_RETRY_DELAYS)
-score_task = stage_task(score_rollouts, "score-rollouts")
+score_task = stage_task(score_with_components, "score-rollouts")
 correct_task = task(with_noise_correction, name="noise-correction", cache_policy=NO_CACHE)
 write_task = stage_task(write_rewards, "write-rewards", retry_delays=STORAGE_RETRY_DELAYS)
 
 
-def score_in_chunks(frame: pl.DataFrame, verify: VerifyConfig) -> pl.DataFrame:
+def score_in_chunks(frame: pl.DataFrame, verify: VerifyConfig, reward: RewardConfig) -> pl.DataFrame:
     """Score the rollouts as one task, or in chunks of `chunk_size`: one after another here, or all at once
     on a Dask cluster (each chunk a task run, scored by a worker's own verifier processes)."""
     if not verify.chunk_size or frame.height <= verify.chunk_size:
-        return score_task(frame, verify)
+        return score_task(frame, verify, reward)
     chunks = [frame.slice(start, verify.chunk_size) for start in range(0, frame.height, verify.chunk_size)]
     if verify.task_runner == "local":
-        return pl.concat([score_task(chunk, verify) for chunk in chunks])
+        return pl.concat([score_task(chunk, verify, reward) for chunk in chunks], how="diagonal_relaxed")
     with dask_runner(verify) as runner:
-        futures = [runner.submit(score_task, parameters={"frame": chunk, "config": verify}) for chunk in chunks]
-        return pl.concat([future.result() for future in futures])
+        futures = [runner.submit(score_task, parameters={"frame": chunk, "config": verify, "reward": reward})
+                   for chunk in chunks]
+        return pl.concat([future.result() for future in futures], how="diagonal_relaxed")
 
 
 def dask_runner(verify: VerifyConfig):
@@ -56,19 +57,23 @@ def dask_runner(verify: VerifyConfig):
 @flow(name="verify-iteration", log_prints=True)
 @writes_iterations
 def verify_iteration(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
-                     force: bool = True) -> dict[str, Any]:
-    """Score (or re-score, with another verifier config) an iteration's stored rollouts into `rewards`."""
+                     force: bool = True, reward: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Score (or re-score, with another verifier config) an iteration's stored rollouts into `rewards`, with
+    the reward config's other verifiers and its composed reward."""
     verify = VerifyConfig.model_validate(config or {})
+    composition = RewardConfig.model_validate(reward or {})
     lake = Lake.open(lake_uri)
-    parameters, skipped = unchanged_or_fingerprint(lake, verify_key(lake, verify, iteration), iteration, force)
+    parameters, skipped = unchanged_or_fingerprint(lake, verify_key(lake, verify, iteration, reward=composition),
+                                                   iteration, force)
     if skipped:
         return skipped
     with lake.run("verify-iteration", "verify", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
         frame = read_task(lake, iteration)
-        rewards = score_in_chunks(frame, verify)
+        rewards = score_in_chunks(frame, verify, composition)
         if verify.noise_correction:
             rewards = correct_task(lake, rewards)
+        rewards = with_composition(rewards, frame, composition, verify.verifier)
         write_task(lake, run, iteration, rewards)
     summary = rewards.group_by("verifier", "verifier_version").agg(
         rollouts=pl.len(), mean_reward=pl.col("reward").mean(), correct=pl.col("correct").sum()).sort("verifier")
@@ -76,9 +81,19 @@ def verify_iteration(iteration: int, config: dict[str, Any] | None = None, lake_
 
 
 @flow(name="audit-verifier", log_prints=True)
-def audit_verifier(verifier: str, version: str, noise: dict[str, Any], audit: str, lake_uri: str | None = None) -> str:
+def audit_verifier(audit_file: str, verifier: str | None = None, reference: str | None = None, workers: int = 2,
+                   lake_uri: str | None = None) -> dict[str, Any]:
+    """Re-estimate a verifier version's noise (ρ0, ρ1 with 95 % intervals) from a labelled sample and store it
+    in `verifier_noise`, where `verify.noise_correction` reads the latest one. Scheduled weekly by
+    configs/deployments.yaml; `rlvr audit-verifier` runs it once."""
+    from tasks.verification import audit_file as audit_sample
+
     lake = Lake.open(lake_uri)
-    with lake.run("audit-verifier", "audit", {"verifier": verifier, "audit": audit, **noise},
+    name, version, noise, audit = audit_sample(audit_file, verifier, reference, workers)
+    with lake.run("audit-verifier", "audit", {"verifier": name, "audit": audit, **noise.__dict__},
                   prefect_flow_run_id=flow_run.id) as run:
-        record_noise(lake, run, verifier, version, NoiseEstimate(**noise), audit)
-    return run.run_id
+        record_noise(lake, run, name, version, noise, audit)
+    print(f"{name} {version}: rho0 (false positives) = {noise.rho0:.3f} [{noise.rho0_low:.3f}, {noise.rho0_high:.3f}] "
+          f"over {noise.n_wrong} wrong, rho1 (false negatives) = {noise.rho1:.3f} [{noise.rho1_low:.3f}, "
+          f"{noise.rho1_high:.3f}] over {noise.n_correct} correct")
+    return {"verifier": name, "verifier_version": version, "run_id": run.run_id, **noise.__dict__}

@@ -100,11 +100,17 @@ class Lake:
             return pl.from_arrow(empty.select(columns) if columns else empty)
         if not raw:
             filter = _and(filter, self._visible(name))
+        present = set(snapshot[1].schema.names)
+        wanted = columns if columns is not None else TABLES[name].schema.names
         try:
-            data = snapshot[1].to_table(filter=filter, columns=columns)
+            data = snapshot[1].to_table(filter=filter, columns=[c for c in wanted if c in present])
         except (DeltaError, OSError) as error:         # a data file the log names is missing or unreadable
             raise self.damaged(name, error) from None
-        return pl.from_arrow(data)
+        for column in wanted:                          # a column added to the contract after this table was written
+            if column not in present:
+                field = TABLES[name].schema.field(column)
+                data = data.append_column(field, pa.nulls(data.num_rows, field.type))
+        return pl.from_arrow(data.select(wanted) if columns is not None else data)
 
     def dataset(self, name: str, version: int | None = None, runs_version: int | None = None):
         """A table's visible rows as a lazy Arrow dataset (what SQL reads), optionally as of a table version and
@@ -218,6 +224,7 @@ class Lake:
         existing = self.table(spec.name)
         for condition in conditions or []:            # checked on this snapshot; the commit must land right on it
             condition(existing)
+        grows = existing is not None and not set(spec.schema.names) <= {f.name for f in existing.schema().fields}
         try:
             write_deltalake(
                 existing if existing is not None else self.location.table_uri(spec.name),
@@ -225,6 +232,7 @@ class Lake:
                 mode="overwrite" if predicate and existing is not None else "append",
                 predicate=predicate if existing is not None else None,
                 partition_by=list(spec.partition_by) or None,
+                schema_mode="merge" if grows else None,       # the contract gained nullable columns since
                 storage_options=self.location.storage_options(),
                 commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage},
                                                    max_commit_retries=0 if conditions else None),

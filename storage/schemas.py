@@ -156,6 +156,9 @@ REWARDS = TableSpec(
         _field("corrected_reward", pa.float64(), True, "(R - rho0) / (1 - rho0 - rho1) with the verifier's audited noise"),
         _field("details", pa.string(), True, "JSON: extracted answer, failure reason, tests passed"),
         _field("run_id", pa.string(), False),
+        _field("composed_reward", pa.float64(), True, "the reward training sees: the reward config's weighted sum "
+               "of components (tasks/rewards/compose.py); on the rollout's own verifier's row"),
+        _field("reward_components", pa.string(), True, "JSON: each component's mapped value, null where absent"),
     ]),
 )
 
@@ -173,6 +176,10 @@ VERIFIER_NOISE = TableSpec(
         _field("audit", pa.string(), False, "where the true labels came from"),
         _field("run_id", pa.string(), False),
         _field("created_at", pa.timestamp("us", tz="UTC"), False),
+        _field("rho0_low", pa.float64(), True, "95 % Wilson interval of rho0: low end"),
+        _field("rho0_high", pa.float64(), True, "95 % Wilson interval of rho0: high end"),
+        _field("rho1_low", pa.float64(), True, "95 % Wilson interval of rho1: low end"),
+        _field("rho1_high", pa.float64(), True, "95 % Wilson interval of rho1: high end"),
     ]),
 )
 

@@ -22,11 +22,13 @@ from storage.lake import Lake
 from storage.runs import Run
 from tasks.curation.config import Strict
 from tasks.progress import track
-from tasks.verifiers.engine import MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
+from tasks.rewards.compose import RewardConfig, compose
+from tasks.verifiers.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
 from tasks.verifiers.noise import NoiseEstimate, corrected_reward
 
 PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
                   "params"]
+ROLLOUT_FIELDS = ["rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty"]
 
 
 class VerifyConfig(Strict):
@@ -61,8 +63,7 @@ class VerifyConfig(Strict):
 def rollouts_with_problems(lake: Lake, iteration: int) -> pl.DataFrame:
     """The iteration's rollouts joined with their problems. A rollout whose problem is not in the bank is kept
     (`missing_problem`): it is reported and scored as skipped, never a reason to score nothing."""
-    rollouts = lake.read("rollouts", filter=pc.field("iteration") == iteration,
-                         columns=["rollout_id", "iteration", "problem_id", "response"])
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") == iteration, columns=ROLLOUT_FIELDS)
     if rollouts.is_empty():
         raise ValueError(f"iteration {iteration} has no rollouts in {lake.uri}")
     ids = rollouts["problem_id"].unique().to_list()
@@ -102,13 +103,72 @@ def score_rollouts(frame: pl.DataFrame, config: VerifyConfig, pool: VerifierPool
     } for i, row in enumerate(rows)], schema_overrides={"correct": pl.Boolean, "process_reward": pl.Float64})
 
 
+def score_with_components(frame: pl.DataFrame, config: VerifyConfig, reward: RewardConfig,
+                          pool: VerifierPool | None = None) -> pl.DataFrame:
+    """Reward rows by the configured verifier (each problem's own by default) and by every other verifier the
+    reward config reads (`verifier:NAME` components), each as its own rows."""
+    pool = pool or verifier_pool(config)
+    own = score_rollouts(frame, config, pool)
+    others = [score_rollouts(frame, config.model_copy(update={"verifier": name}), pool) for name in reward.other_verifiers()]
+    return pl.concat([own, *others], how="diagonal_relaxed") if others else own
+
+
+def with_composition(rewards: pl.DataFrame, frame: pl.DataFrame, reward: RewardConfig,
+                     verifier: str | None = None) -> pl.DataFrame:
+    """`composed_reward` and `reward_components` on the rows of each rollout's scoring verifier (`verifier`,
+    else its problem's own): the reward config applied to the stored signals (tasks/rewards/compose.py)."""
+    flagged = _flag_own(rewards.drop("composed_reward", "reward_components", strict=False), frame, verifier)
+    own, others = flagged.filter("own"), flagged.filter(~pl.col("own"))
+    composed = compose(composition_inputs(own, others, frame), reward).select(
+        "rollout_id", "composed_reward", "reward_components")
+    return pl.concat([own.join(composed, on="rollout_id", how="left"), others], how="diagonal_relaxed").drop("own")
+
+
+def own_rewards(rewards: pl.DataFrame, frame: pl.DataFrame, verifier: str | None = None) -> pl.DataFrame:
+    """The reward rows of each rollout's scoring verifier (what dynamic sampling and lineage read)."""
+    return _flag_own(rewards, frame, verifier).filter("own").drop("own")
+
+
+def _flag_own(rewards: pl.DataFrame, frame: pl.DataFrame, verifier: str | None) -> pl.DataFrame:
+    owners = frame.select("rollout_id", owner=scoring_verifier(verifier))
+    return (rewards.join(owners, on="rollout_id", how="left")
+            .with_columns(own=pl.col("verifier") == pl.col("owner")).drop("owner"))
+
+
+def scoring_verifier(verifier: str | None = None) -> pl.Expr:
+    """The verifier that scores a rollout: the one configured, else its problem's own (engine.own_verifier)."""
+    if verifier is not None:
+        return pl.lit(verifier)
+    named = pl.when(pl.col("verifier").fill_null("") != "").then(pl.col("verifier"))
+    return pl.coalesce(named, pl.col("domain").replace_strict(DEFAULT_VERIFIER, default="math"), pl.lit("math"))
+
+
+def composition_inputs(own: pl.DataFrame, others: pl.DataFrame, frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per rollout with every signal a component reads: its own verifier's reward, correct, format,
+    process and corrected rewards, other verifiers' rewards as `verifier:NAME`, and the rollout's tokens,
+    self-certainty and domain."""
+    signals = own.select("rollout_id", "reward", "correct", *[c for c in ("format_reward", "process_reward",
+                                                                           "corrected_reward") if c in own.columns])
+    for name, part in (others.partition_by("verifier", as_dict=True).items() if others.height else []):
+        signals = signals.join(part.select("rollout_id", pl.col("reward").alias(f"verifier:{name[0]}")),
+                               on="rollout_id", how="left")
+    context = frame.select("rollout_id", *[c for c in ("n_tokens", "self_certainty", "domain") if c in frame.columns])
+    joined = signals.join(context, on="rollout_id", how="left")
+    for column, dtype in (("corrected_reward", pl.Float64), ("process_reward", pl.Float64),
+                          ("self_certainty", pl.Float64), ("n_tokens", pl.Int64), ("domain", pl.String)):
+        if column not in joined.columns:
+            joined = joined.with_columns(pl.lit(None, dtype).alias(column))
+    return joined
+
+
 def latest_noise(lake: Lake, verifier: str, version: str) -> NoiseEstimate | None:
     audits = lake.read("verifier_noise", filter=(pc.field("verifier") == verifier)
                        & (pc.field("verifier_version") == version)).sort("created_at")
     if audits.is_empty():
         return None
     row = audits.row(-1, named=True)
-    return NoiseEstimate(row["rho0"], row["rho1"], row["n_wrong"], row["n_correct"])
+    return NoiseEstimate(row["rho0"], row["rho1"], row["n_wrong"], row["n_correct"], row["rho0_low"], row["rho0_high"],
+                         row["rho1_low"], row["rho1_high"])
 
 
 def with_noise_correction(lake: Lake, rewards: pl.DataFrame) -> pl.DataFrame:
@@ -133,4 +193,33 @@ def record_noise(lake: Lake, run: Run, verifier: str, version: str, noise: Noise
     lake.append("verifier_noise", pl.DataFrame([{
         "verifier": verifier, "verifier_version": version, "rho0": noise.rho0, "rho1": noise.rho1,
         "n_correct": noise.n_correct, "n_wrong": noise.n_wrong, "audit": audit,
-        "created_at": datetime.now(timezone.utc)}]), run)
+        "created_at": datetime.now(timezone.utc), "rho0_low": noise.rho0_low, "rho0_high": noise.rho0_high,
+        "rho1_low": noise.rho1_low, "rho1_high": noise.rho1_high}]), run)
+
+
+def audit_file(path: str, verifier: str | None = None, reference: str | None = None,
+               workers: int = 2) -> tuple[str, str, NoiseEstimate, str]:
+    """(verifier, version, noise with its intervals, what the truth was) of a verifier on a labelled sample:
+    verify-file lines with a boolean `label`, or — with `reference` — the verdicts of a stricter verifier."""
+    from tasks.verifiers.files import BadLine, read_lines
+    from tasks.verifiers.noise import estimate_noise
+
+    items = [line for line in read_lines(path) if not isinstance(line, BadLine)]
+    if not items:
+        raise ValueError(f"{path}: no usable lines")
+
+    def verdicts(name: str | None) -> list:
+        return sorted(VerifierPool(workers=workers).score([(p, r, name or v) for p, r, v in items]), key=lambda s: s.index)
+
+    judged = verdicts(verifier)
+    identities = {(s.verifier, s.verifier_version) for s in judged}
+    if len(identities) != 1:
+        raise ValueError(f"{path}: the lines are scored by {sorted(identities)}; audit one verifier at a time (--verifier)")
+    if reference:
+        truth, audit = [s.correct for s in verdicts(reference)], f"reference verifier {reference} on {path}"
+    else:
+        truth, audit = [problem["label"] for problem, _, _ in items], f"labels in {path}"
+        if any(t is None for t in truth):
+            raise ValueError(f"{path}: every line needs a boolean `label` (or pass --reference)")
+    noise = estimate_noise(np.array([bool(s.correct) for s in judged]), np.array([bool(t) for t in truth]))
+    return judged[0].verifier, judged[0].verifier_version, noise, audit

@@ -117,3 +117,42 @@ def test_keeping_informative_groups_then_advantages_matches_the_group_table():
     assert kept["group_id"].unique().to_list() == ["g1"]
     assert kept["advantage"].to_list() == pytest.approx(advantage_values("grpo")[:4])
     assert group_statistics(ROLLOUTS).filter("kept")["group_id"].to_list() == ["g1"]
+
+
+# ---- DBB keeps the groups that are its reason to exist (issue 14) -------------------------------------------
+def _dbb_frame(rewards_by_group):
+    rows = [{"rollout_id": f"{g}-{i}", "group_id": g, "problem_id": g, "round": 1, "model_version": 0, "n_tokens": 10,
+             "finish_reason": "stop", "reward": r, "correct": bool(r)}
+            for g, rewards in rewards_by_group.items() for i, r in enumerate(rewards)]
+    return pl.DataFrame(rows)
+
+
+def test_dbb_keeps_an_all_correct_group_on_a_hard_problem():
+    from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
+    from tasks.advantages.stage import AdvantageConfig, compute
+
+    # history by hand: "hard" was solved 1 of 9 times (α = 1, β = 9 → baseline 0.1); "easy" 9 of 10 (α 9, β 1 → 0.9);
+    # "even" has baseline exactly 1.0 (α 5, β 0) and is all-correct again: no signal at all.
+    state = pl.DataFrame({"problem_id": ["hard", "easy", "even"], "dbb_alpha": [1.0, 9.0, 5.0], "dbb_beta": [9.0, 1.0, 0.0]})
+    scored = _dbb_frame({"hard": [1.0] * 4, "easy": [0.0] * 4, "even": [1.0] * 4, "mixed": [1.0, 0.0, 1.0, 0.0]})
+    result = compute(scored, AdvantageConfig(estimator="dbb"), DynamicSamplingConfig(groups_per_batch=8), 0, state)
+    groups = {row["group_id"]: row for row in result["groups"].iter_rows(named=True)}
+    assert groups["hard"]["kept"] and groups["easy"]["kept"] and groups["mixed"]["kept"]
+    assert not groups["even"]["kept"] and groups["even"]["filter_reason"] == "zero_advantage"
+    advantages = dict(result["advantages"].select("rollout_id", "advantage").rows())
+    assert advantages["hard-0"] == pytest.approx(0.9) and advantages["easy-0"] == pytest.approx(-0.9)
+    assert set(result["batch"]["group_id"]) == {"hard", "easy", "mixed"}
+    # the user's band still decides where it says so
+    narrow = compute(scored, AdvantageConfig(estimator="dbb"), DynamicSamplingConfig(groups_per_batch=8, band=(0.2, 0.8)),
+                     0, state)
+    assert set(narrow["batch"]["group_id"]) == {"mixed"}
+
+
+def test_a_band_past_zero_and_one_keeps_all_correct_and_all_wrong_groups():
+    from tasks.advantages.shaping import filter_reason, kept
+
+    rates = pl.DataFrame({"solve_rate": [0.0, 0.5, 1.0]})
+    assert rates.select(kept=kept((-0.1, 1.1)))["kept"].to_list() == [True, True, True]
+    assert rates.select(reason=filter_reason((0.0, 1.0)))["reason"].to_list() == ["all_wrong", None, "all_correct"]
+    assert rates.select(reason=filter_reason((0.2, 0.4)))["reason"].to_list() == ["all_wrong", "outside_band",
+                                                                                    "all_correct"]

@@ -287,11 +287,14 @@ def test_long_stage_work_publishes_progress_artifacts(looped, prefect_api):
     from flows.verification import verify_iteration
     from storage.lake import Lake
 
-    verify_iteration(1, {"workers": 0, "verifier": "constant"}, looped)
-    rollouts = Lake.open(looped).read("rollouts", filter=pc.field("iteration") == 1).height
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(
+    result = verify_iteration(1, {"workers": 0, "verifier": "constant"}, looped)
+    lake = Lake.open(looped)
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") == 1).height
+    flow_run = lake.read("runs").filter(pl.col("run_id") == result["run_id"])["prefect_flow_run_id"][0]
+    with get_client(sync_client=True) as client:         # this run's own artifact: other tests publish the same key
+        artifacts = [artifact for artifact in client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["score-rollouts-verifying"])))
+            if str(artifact.flow_run_id) == flow_run]
     assert artifacts and float(artifacts[-1].data) == 100.0
     assert f"verifying: {rollouts:,} of {rollouts:,}" in artifacts[-1].description
 

@@ -65,11 +65,18 @@ def test_rescoring_replaces_its_own_rows_and_keeps_other_verifiers(verify_iterat
     assert lake.read("runs").filter(pl.col("stage") == "verify").height == 3
 
 
-def test_noise_correction_uses_the_latest_audit(verify_iteration, lake, lake_uri, tmp_path):
-    from flows.verification import audit_verifier
+def record_audit(lake, rho0: float, rho1: float, verifier: str = "math", version: str = "2.0") -> None:
+    from tasks.verification import record_noise
+    from tasks.verifiers.noise import NoiseEstimate
 
+    with lake.run("test", "audit", {}) as run:
+        record_noise(lake, run, verifier, version, NoiseEstimate(rho0, rho1, 50, 50), "test")
+
+
+def test_noise_correction_uses_the_latest_audit(verify_iteration, lake, lake_uri, tmp_path):
     seed_iteration(lake)
-    audit_verifier("math", "2.0", {"rho0": 0.1, "rho1": 0.2, "n_wrong": 50, "n_correct": 50}, "test", lake_uri)
+    record_audit(lake, 0.3, 0.3)
+    record_audit(lake, 0.1, 0.2)                              # the latest
     verify_iteration(1, {"workers": 0, "noise_correction": True}, lake_uri)
     rewards = lake.read("rewards")
     math = rewards.filter(pl.col("verifier") == "math")
@@ -97,6 +104,13 @@ def test_audit_command_stores_rho(cli, tmp_path):
     stored = cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
                      "--lake", lake)
     assert json.loads(stored.stdout) == {"verifier": "math", "rho0": 1 / 7, "rho1": 1 / 9, "n_correct": 9, "n_wrong": 7}
+    bounds = json.loads(cli("sql", "select rho0_low, rho0_high, rho1_low, rho1_high from verifier_noise", "--format",
+                            "json", "--lake", lake).stdout)
+    from tasks.verifiers.noise import wilson_interval
+
+    assert (bounds["rho0_low"], bounds["rho0_high"]) == pytest.approx(wilson_interval(1, 7))
+    assert (bounds["rho1_low"], bounds["rho1_high"]) == pytest.approx(wilson_interval(1, 9))
+    assert bounds["rho0_low"] < 1 / 7 < bounds["rho0_high"] and "[" in result.stdout
 
 
 def test_audit_against_a_reference_verifier_keeps_lines_aligned(cli, tmp_path):
@@ -132,3 +146,38 @@ def test_a_rollout_without_its_problem_is_reported_and_the_rest_scored(lake, cap
     assert json.loads(skipped["details"])["reason"] == "skipped: its problem is not in the bank"
     assert rewards.filter(pl.col("rollout_id") != "orphan")["reward"].sum() == 5.0     # the others, as before
     assert "1 of 11 rollouts could not be scored: 1 skipped: its problem is not in the bank" in capsys.readouterr().out
+
+
+def test_noise_correction_reaches_training_through_the_loop(lake, lake_uri, prefect_api):
+    """The loop's own scoring applies the latest audit, and the `corrected` component makes advantages use it."""
+    from flows.iteration import rl_iteration
+    from test_iteration import CONFIG, curated
+
+    curated(lake_uri)
+    config = {**CONFIG, "verify": {"workers": 0, "verifier": "random", "noise_correction": True},
+              "reward": {"components": {"corrected": {"weight": 1.0}}}}
+    record_audit(lake, 0.2, 0.1, verifier="random", version=_version("random"))
+    rl_iteration(config, lake_uri=lake_uri)
+    rewards = lake.read("rewards")
+    expected = (rewards["reward"] - 0.2) / (1 - 0.2 - 0.1)
+    assert (rewards["corrected_reward"] - expected).abs().max() < 1e-9
+    advantages = lake.read("advantages").join(rewards.select("rollout_id", "corrected_reward"), on="rollout_id")
+    assert (advantages["reward"] - advantages["corrected_reward"]).abs().max() < 1e-9
+
+
+def test_wilson_intervals_by_hand():
+    from tasks.verifiers.noise import estimate_noise, wilson_interval
+
+    low, high = wilson_interval(5, 50)
+    assert (round(low, 4), round(high, 4)) == (0.0435, 0.2136)           # the textbook value
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    import numpy as np
+
+    noise = estimate_noise(np.array([True, False, True, True]), np.array([True, False, False, True]))
+    assert noise.rho0 == 1.0 / 2 and (noise.rho0_low, noise.rho0_high) == wilson_interval(1, 2)
+
+
+def _version(name: str) -> str:
+    from tasks.verifiers.base import build_verifier
+
+    return build_verifier(name).version

@@ -41,18 +41,21 @@ def shape_overlong(rollouts: pl.DataFrame, max_length: int, cache_length: int, f
 
 
 def filter_reason(band: tuple[float, float] = (0.0, 1.0)) -> pl.Expr:
-    """Why dynamic sampling drops a group (null when kept), from its `solve_rate`."""
+    """Why dynamic sampling drops a group (null when kept): its `solve_rate` is not strictly inside the band.
+    The default band (0, 1) drops the all-wrong and all-correct groups; a band past them, (−0.1, 1.1), keeps
+    them."""
     low, high = band
     rate = pl.col("solve_rate")
-    return (pl.when(rate <= 0.0).then(pl.lit("all_wrong")).when(rate >= 1.0).then(pl.lit("all_correct"))
-            .when((rate <= low) | (rate >= high)).then(pl.lit("outside_band")).otherwise(None))
+    inside = (rate > low) & (rate < high)
+    return (pl.when(inside).then(None).when(rate <= 0.0).then(pl.lit("all_wrong"))
+            .when(rate >= 1.0).then(pl.lit("all_correct")).otherwise(pl.lit("outside_band")))
 
 
 def kept(band: tuple[float, float] = (0.0, 1.0)) -> pl.Expr:
     """True for groups dynamic sampling keeps: the same rule as `filter_reason`, without building strings."""
     low, high = band
     rate = pl.col("solve_rate")
-    return (rate > max(low, 0.0)) & (rate < min(high, 1.0))
+    return (rate > low) & (rate < high)
 
 
 def keep_informative_groups(rollouts: pl.DataFrame, band: tuple[float, float] = (0.0, 1.0)) -> pl.DataFrame:

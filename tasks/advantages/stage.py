@@ -19,6 +19,12 @@ from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with
 from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
                                       truncated_importance_weight)
 from tasks.curation.config import Strict
+from tasks.rewards.compose import RewardConfig, compose
+from tasks.verification import composition_inputs
+
+
+DEFAULT_BAND = (0.0, 1.0)
+ZERO_ADVANTAGE = 1e-9
 
 
 class AdvantageConfig(Strict):
@@ -37,24 +43,41 @@ class AdvantageConfig(Strict):
     dbb_discount: float = Field(0.9, gt=0, le=1, description="gamma of the Beta-Bernoulli state")
 
 
-def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tuple[str, ...] = ()) -> pl.DataFrame:
-    """An iteration's rollouts with their rewards (`verifier`'s, or each problem's own verifier's)."""
+def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tuple[str, ...] = (),
+                    reward: RewardConfig | None = None) -> pl.DataFrame:
+    """An iteration's rollouts with their rewards (`verifier`'s, or each problem's own verifier's); `reward`
+    is then the reward config's composition of the stored signals (re-composed here, so a new reward config
+    needs no re-scoring), and `correct` the scoring verifier's verdict."""
     by_iteration = pc.field("iteration") == iteration
     rollouts = lake.read("rollouts", filter=by_iteration,
                          columns=["rollout_id", "group_id", "problem_id", "round", "model_version", "n_tokens",
-                                  "finish_reason", *extra])
+                                  "finish_reason", "self_certainty", *extra])
     if rollouts.is_empty():
         raise ValueError(f"iteration {iteration} has no rollouts in {lake.uri}")
-    rewards = lake.read("rewards", filter=by_iteration, columns=["rollout_id", "verifier", "reward", "correct"])
+    stored = lake.read("rewards", filter=by_iteration, columns=["rollout_id", "verifier", "reward", "correct",
+                                                                "format_reward", "process_reward", "corrected_reward"])
     if verifier is not None:
-        rewards = rewards.filter(pl.col("verifier") == verifier)
+        rewards = stored.filter(pl.col("verifier") == verifier)
     else:                                             # each problem's own verifier, else its only scores
-        rewards = own_verifier_first(lake, rollouts, rewards).unique("rollout_id", keep="first", maintain_order=True)
-    scored = rollouts.join(rewards.drop("verifier"), on="rollout_id", how="inner")
+        rewards = own_verifier_first(lake, rollouts, stored).unique("rollout_id", keep="first", maintain_order=True)
+    scored = rollouts.join(rewards.select("rollout_id", "reward", "correct"), on="rollout_id", how="inner")
     if scored.height < rollouts.height:
         raise ValueError(f"iteration {iteration}: {rollouts.height - scored.height} rollouts have no reward"
                          f"{' from ' + verifier if verifier else ''}; run `rlvr verify --iteration {iteration}` first")
-    return scored
+    reward = reward or RewardConfig()
+    if reward.is_default():
+        return scored
+    missing = set(reward.other_verifiers()) - set(stored["verifier"].unique())
+    if missing:
+        raise ValueError(f"iteration {iteration}: the reward config reads verifiers {sorted(missing)} that scored no "
+                         f"rollout; run `rlvr verify --iteration {iteration}` with this reward config first")
+    domains = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
+                        columns=["problem_id", "domain"]).unique("problem_id")
+    context = rollouts.join(domains, on="problem_id", how="left")
+    inputs = composition_inputs(rewards, stored.filter(pl.col("verifier").is_in(reward.other_verifiers())), context)
+    composed = compose(inputs, reward).select("rollout_id", "composed_reward")
+    return scored.join(composed, on="rollout_id", how="left").with_columns(reward=pl.col("composed_reward")).drop(
+        "composed_reward")
 
 
 def own_verifier_first(lake: Lake, rollouts: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
@@ -79,6 +102,8 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamp
 
     The batch takes the first `groups_per_batch` informative groups in draw order (group ids sort
     by round), the same ones the resampling loop stopped on; later informative groups are `surplus`.
+    Informative: solve rate strictly inside the band; with the DBB estimator and the default band, any
+    non-zero advantage (an all-correct group on a historically hard problem carries signal).
     Stale rollouts stay out of groups and batch but are recorded in `advantages` as stale.
     Acceptable (off-policy) rollouts are weighted by a truncated importance weight, from
     `logprob_sums` (rollout_id, current_logprob_sum, behaviour_logprob_sum) of the current policy.
@@ -92,7 +117,7 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamp
         frame = shape_overlong(frame, config.max_length, config.cache_length, config.overlong_factor, config.mask_truncated)
     else:
         frame = frame.with_columns(shaped_reward=pl.col("reward"), loss_mask=pl.lit(1.0))
-    groups = mark_surplus(group_statistics(frame, sampling.band), sampling.groups_per_batch)
+    statistics = group_statistics(frame, sampling.band)
     state = dbb_state if dbb_state is not None else pl.DataFrame(schema={"problem_id": pl.String, "dbb_alpha": pl.Float64,
                                                                           "dbb_beta": pl.Float64})
     shaped = frame.rename({"reward": "verifier_reward"}).with_columns(reward=pl.col("shaped_reward"))
@@ -100,6 +125,9 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamp
         shaped = with_dbb_state(shaped, state)
     scored_rows = advantages(with_group_columns(shaped), config.estimator)
     scored_rows = with_importance_weights(scored_rows, logprob_sums, config.importance_cap)
+    if config.estimator == "dbb" and tuple(sampling.band) == DEFAULT_BAND:    # unless the user's band says otherwise
+        statistics = keep_nonzero_advantages(statistics, scored_rows)
+    groups = mark_surplus(statistics, sampling.groups_per_batch)
     kept_groups = groups.filter("kept").select("group_id")
     batch_rows = scored_rows.join(kept_groups, on="group_id", how="semi")
     columns = ["rollout_id", "group_id", "problem_id", "estimator", "reward", "shaped_reward", "advantage", "loss_mask",
@@ -115,6 +143,17 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamp
                                    weight=pl.col("loss_mask") * pl.col("importance_weight")),
         "dbb_state": dbb_update(state, frame, config.dbb_discount),
     }
+
+
+def keep_nonzero_advantages(groups: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """DBB's filter: a group is kept when any of its advantages is non-zero. Against its problem's history,
+    an all-correct group on a hard problem (or an all-wrong one on an easy problem) carries signal; only a
+    group whose every reward equals its baseline carries none (`zero_advantage`)."""
+    signal = rows.group_by("group_id").agg(signal=pl.col("advantage").abs().max() > ZERO_ADVANTAGE)
+    joined = groups.drop("kept", "filter_reason").join(signal, on="group_id", how="left")
+    return joined.with_columns(kept=pl.col("signal").fill_null(False),
+                               filter_reason=pl.when(pl.col("signal")).then(None).otherwise(pl.lit("zero_advantage"))
+                               ).drop("signal").select(groups.columns)
 
 
 def with_importance_weights(rows: pl.DataFrame, logprob_sums: pl.DataFrame | None, cap: float) -> pl.DataFrame:

@@ -29,7 +29,9 @@ from tasks.generators.base import derive_seed
 from tasks.rollout.openai_backend import OpenAIBackendConfig
 from tasks.rollout.prompts import PromptConfig, format_prompt
 from tasks.rollout.sampling import Policy, Sample, SamplerConfig
-from tasks.verification import PROBLEM_FIELDS, VerifyConfig, score_rollouts, verifier_pool
+from tasks.rewards.compose import RewardConfig
+from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
+                                with_composition, with_noise_correction)
 from tasks.verifiers.engine import VerifierPool
 from trainers.registry import BasePolicyConfig
 
@@ -56,6 +58,8 @@ class IterationConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="how the reward training sees is "
+                                 "composed (tasks/rewards/compose.py)")
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
 
 
@@ -95,6 +99,7 @@ class GroupSampler:
     model_version: int
     rollouts: list[pl.DataFrame] = field(default_factory=list)
     rewards: list[pl.DataFrame] = field(default_factory=list)
+    scored: list[pl.DataFrame] = field(default_factory=list)        # what was scored: rollouts with their problems
     drawn: set[str] = field(default_factory=set)
 
     def draw(self, n_groups: int, round_: int) -> pl.DataFrame:
@@ -115,13 +120,15 @@ class GroupSampler:
                    "prompt": rollout.prompt.model_dump()}
         rows = rollout_rows(problems, prompts, groups, iteration=self.iteration, round_=round_,
                             model_version=self.model_version, sampler=sampler, seed=seed)
-        to_score = rows.select("rollout_id", "iteration", "problem_id", "response").join(
+        to_score = rows.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
             problems.select(PROBLEM_FIELDS), on="problem_id", how="left")
-        rewards = score_rollouts(to_score, self.config.verify, self.pool)
+        rewards = score_with_components(to_score, self.config.verify, self.config.reward, self.pool)
         self.rollouts.append(rows)
         self.rewards.append(rewards)
+        self.scored.append(to_score)
+        own = own_rewards(rewards, to_score, self.config.verify.verifier)
         return rows.select("rollout_id", "group_id", "problem_id").join(
-            rewards.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
+            own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
 
 
 def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
@@ -194,7 +201,11 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
         getattr(policy, "close", lambda: None)()
     if not sampler.rollouts:
         raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
-    return SampledIteration(pl.concat(sampler.rollouts), pl.concat(sampler.rewards), rounds, short_by, failure)
+    rewards = pl.concat(sampler.rewards, how="diagonal_relaxed")
+    if config.verify.noise_correction:             # the correction reaches training through the reward config
+        rewards = with_noise_correction(lake, rewards)
+    rewards = with_composition(rewards, pl.concat(sampler.scored), config.reward, config.verify.verifier)
+    return SampledIteration(pl.concat(sampler.rollouts), rewards, rounds, short_by, failure)
 
 
 def next_iteration(lake: Lake) -> int:

@@ -1,0 +1,1 @@
+"""Reward composition and the reward signals beyond verifiers."""

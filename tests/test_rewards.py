@@ -1,0 +1,88 @@
+"""Reward composition: the formula by hand, the config's checks, and the composed reward reaching the
+advantages end to end (an iteration, then a re-composition by `compute-advantages` without re-scoring)."""
+
+import json
+import warnings
+
+import polars as pl
+import pytest
+
+from tasks.rewards.compose import RewardConfig, compose
+from test_iteration import CONFIG, curated
+
+ROWS = pl.DataFrame({
+    "rollout_id": ["a", "b", "c", "d"], "domain": ["math", "math", "code", "qa"],
+    "reward": [1.0, 0.0, 0.5, 1.0], "correct": [True, False, None, True], "format_reward": [1.0, 0.0, 1.0, 1.0],
+    "process_reward": [None, 0.5, 1.0, None], "corrected_reward": [None, -0.2, None, 1.25],
+    "self_certainty": [0.2, None, 0.1, 0.4], "n_tokens": [100, 2000, 500, 1500], "verifier:judge": [0.9, 0.1, None, 0.7],
+}, schema_overrides={"corrected_reward": pl.Float64, "process_reward": pl.Float64})
+
+
+def test_the_default_composition_is_the_verifier_reward():
+    assert compose(ROWS, RewardConfig())["composed_reward"].to_list() == [1.0, 0.0, 0.5, 1.0]
+
+
+def test_weights_mappings_and_length_by_hand():
+    config = RewardConfig(components={
+        "verifier": {"weight": 1.0, "mapping": {"math": {"correct": 1, "wrong": -1}}},   # math ±1, others as they are
+        "format": {"weight": 0.1}, "length": {"weight": -0.5}, "verifier:judge": {"weight": 0.5},
+    }, free_tokens=1000, scale_tokens=1000)
+    composed = compose(ROWS, config)
+    # a: +1 + 0.1 − 0 + 0.45;  b: −1 + 0 − 0.5 + 0.05;  c: 0.5 + 0.1 − 0 + 0 (no judge score);  d: 1 + 0.1 − 0.25 + 0.35
+    assert composed["composed_reward"].round(6).to_list() == [1.55, -1.45, 0.6, 1.2]
+    components = [json.loads(text) for text in composed["reward_components"]]
+    assert components[1] == {"verifier": -1.0, "format": 0.0, "length": 1.0, "verifier:judge": 0.1}
+    assert components[2]["verifier:judge"] is None                        # absent: recorded as null, counted 0
+
+
+def test_the_corrected_component_falls_back_to_the_raw_reward_without_an_audit():
+    composed = compose(ROWS, RewardConfig(components={"corrected": {"weight": 1.0}}))
+    assert composed["composed_reward"].to_list() == [1.0, -0.2, 0.5, 1.25]
+
+
+def test_a_default_mapping_and_a_domain_mapping():
+    config = RewardConfig(components={"verifier": {"mapping": {"default": {"correct": 2, "wrong": 0},
+                                                               "code": {"correct": 1, "wrong": -1}}}})
+    assert compose(ROWS, config)["composed_reward"].to_list() == [2.0, 0.0, 0.0, 2.0]   # code 0.5 → 0
+
+
+def test_bad_configs_are_refused_and_the_danger_zone_warned_once():
+    with pytest.raises(ValueError, match="unknown reward component 'bleu'"):
+        RewardConfig(components={"bleu": {"weight": 1}})
+    with pytest.warns(UserWarning, match="worse than outcome-only"):
+        RewardConfig(components={"verifier": {"weight": 0.95}, "process": {"weight": 0.05}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RewardConfig(components={"verifier": {"weight": 0.5}, "process": {"weight": 0.5}})     # no warning
+    with pytest.raises(ValueError, match="lack"):
+        compose(ROWS.drop("verifier:judge"), RewardConfig(components={"verifier:judge": {"weight": 1}}))
+
+
+@pytest.fixture
+def flows(prefect_api):
+    from flows.iteration import compute_advantages, rl_iteration
+
+    return rl_iteration, compute_advantages
+
+
+def test_the_composed_reward_reaches_the_advantages_end_to_end(flows, lake, lake_uri):
+    rl_iteration, compute_advantages = flows
+    curated(lake_uri)
+    reward = {"components": {"verifier": {"mapping": {"math": {"correct": 1, "wrong": -1}}},
+                             "length": {"weight": -0.01}}, "scale_tokens": 1}
+    rl_iteration({**CONFIG, "reward": reward}, lake_uri=lake_uri)
+    rewards = lake.read("rewards")
+    rollouts = lake.read("rollouts").select("rollout_id", "n_tokens")
+    joined = rewards.join(rollouts, on="rollout_id")
+    expected = (2 * pl.col("reward") - 1) - 0.01 * pl.col("n_tokens")                # the mix is all math
+    assert joined.select((pl.col("composed_reward") - expected).abs().max()).item() < 1e-9
+    advantages = lake.read("advantages").join(rewards.select("rollout_id", "composed_reward"), on="rollout_id")
+    assert advantages.select((pl.col("reward") - pl.col("composed_reward")).abs().max()).item() < 1e-9
+    groups = advantages.group_by("group_id").agg(pl.col("advantage").sum().abs())
+    assert groups["advantage"].max() < 1e-6                                         # GRPO: zero-mean per group
+    # a new reward config re-composes the stored signals, without scoring again
+    scored_before = lake.read("runs").filter(pl.col("stage") == "verify").height
+    compute_advantages(1, {**CONFIG, "reward": {"components": {"verifier": {"weight": 3.0}}}}, lake_uri)
+    again = lake.read("advantages").join(rewards.select("rollout_id", "reward"), on="rollout_id", suffix="_stored")
+    assert again.select((pl.col("reward") - 3 * pl.col("reward_stored")).abs().max()).item() < 1e-9
+    assert lake.read("runs").filter(pl.col("stage") == "verify").height == scored_before
