@@ -122,11 +122,13 @@ def _generator_drafts(source: SourceConfig) -> list[dict]:
     drafts = []
     problems = generate(source.generator, source.procedural_count, source.seed)
     for generator, seed, made in track(problems, f"generating {source.source_name}", source.procedural_count):
-        draft = _base(source, "math", source.level if isinstance(source.level, int) else generator.level,
+        draft = _base(source, generator.domain, source.level if isinstance(source.level, int) else generator.level,
                       generator.name, None)
         draft.update(prompt=made.prompt, answer=made.answer, solution=made.solution, steps=made.steps, seed=seed,
                      params={"generator": generator.name, "selector": source.generator, "source_seed": source.seed,
                              **made.params})
+        if generator.verifier is not None and source.verifier is None:
+            draft["verifier"] = generator.verifier
         drafts.append(draft)
     return drafts
 

@@ -1,8 +1,11 @@
-"""Our own seeded math generators, levels 1 to 4.
+"""Our own seeded generators, levels 1 to 4.
 
-Level 1: 2-4 arithmetic steps. Level 2: 4-8 steps with algebra. Level 3: multi-tool
-competition style. Level 4: a few hard counting and number-theory problems. Every problem
-is reproducible from (generator, seed) alone, and records both.
+Math (the `mix`): level 1 2-4 arithmetic steps, level 2 4-8 steps with algebra, level 3 multi-tool
+competition style, level 4 a few hard counting and number-theory problems. Other verifiable domains,
+by name only (`gen:sat:N`, or `sat_level3` for one level): `sat` (CNF satisfiability with a proof,
+verifier `sat`), `tictactoe` and `connect4` (a move that keeps the best result, verifier `game`),
+`translation` (English → French against a rule-built reference, verifier `translation`). Every
+problem is reproducible from (generator, seed) alone, and records both.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tasks.generators import algebra, arithmetic, competition
+from functools import partial
+
+from tasks.generators import algebra, arithmetic, competition, games, logic, translation
 from tasks.generators.base import Generated, derive_seed
 
 
@@ -21,6 +26,18 @@ class Generator:
     level: int
     make: Callable[[random.Random], Generated]
     in_mix: bool = True          # False: only by name (a drill family, e.g. for the tiny model's learning run)
+    domain: str = "math"
+    verifier: str | None = None  # None: the domain's default verifier
+
+
+def _levels(name: str, make, domain: str, verifier: str) -> list[Generator]:
+    """A family with four levels: `name` draws across them, `name_levelN` one of them."""
+    return [Generator(f"{name}_level{level}", level, partial(make, level=level), False, domain, verifier)
+            for level in (1, 2, 3, 4)]
+
+
+OTHER_DOMAINS = {"sat": (logic.sat, "logic", "sat"), "tictactoe": (games.tictactoe, "logic", "game"),
+                 "connect4": (games.connect4, "logic", "game"), "translation": (translation.translation, "qa", "translation")}
 
 
 GENERATORS: dict[str, Generator] = {
@@ -41,6 +58,7 @@ GENERATORS: dict[str, Generator] = {
         Generator("chinese_remainder", 4, competition.chinese_remainder),
         Generator("lcm_pairs", 4, competition.lcm_pairs),
         Generator("bounded_compositions", 4, competition.bounded_compositions),
+        *[g for name, (make, domain, verifier) in OTHER_DOMAINS.items() for g in _levels(name, make, domain, verifier)],
     ]
 }
 
@@ -51,6 +69,8 @@ def families(selector: str) -> list[Generator]:
     """`level2` → that level's generators; `mix` → all of them; a name → that generator."""
     if selector in GENERATORS:
         return [GENERATORS[selector]]
+    if selector in OTHER_DOMAINS:                       # every level of a family of another domain
+        return [g for g in GENERATORS.values() if g.name.startswith(f"{selector}_level")]
     if selector.startswith("level") and selector[5:].isdigit():
         chosen = [g for g in GENERATORS.values() if g.level == int(selector[5:]) and g.in_mix]
         if chosen:

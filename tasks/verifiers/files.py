@@ -58,7 +58,8 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
         for field in ("tests", "entry_point"):
             if not isinstance(record.get(field), str) or not record[field].strip():
                 return BadLine(number, field, "required for code")
-    if domain == "logic" and not (isinstance(record.get("metadata"), dict) and record["metadata"].get("source_dataset")):
+    if domain == "logic" and record.get("verifier") in (None, "gym") and not (
+            isinstance(record.get("metadata"), dict) and record["metadata"].get("source_dataset")):
         return BadLine(number, "metadata", "logic lines need the reasoning-gym entry's metadata (with source_dataset)")
     verifier = record.get("verifier")
     if verifier is not None:
