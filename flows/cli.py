@@ -530,10 +530,11 @@ def main() -> None:
     from deltalake.exceptions import DeltaError
 
     from storage.lake import LakeError
+    from tasks.verifiers.base import VerifierUnavailable
 
     try:
         app(prog_name="rlvr")
-    except (LakeError, DeltaError, OSError, ValueError) as error:
+    except (LakeError, DeltaError, OSError, ValueError, VerifierUnavailable) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         errors.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
         sys.exit(1)

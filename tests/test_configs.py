@@ -16,7 +16,9 @@ from tasks.evaluation import EvalConfig
 from trainers.warmup import WarmupConfig
 from tasks.curriculum.stage import CurriculumConfig
 
-SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig,
+from tasks.rewards.compose import RewardConfig
+
+SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
             "loop": LoopConfig, "warmup": WarmupConfig,
             "curriculum": CurriculumConfig}

@@ -19,6 +19,9 @@ MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "mod
 NON_ANSWERS = {"n/a", "na", "none", "null", "nan", "todo", "tbd", "unknown", "see above", "?"}
 
 
+ANSWER_FREE_VERIFIERS = {"judge"}
+
+
 def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_answers: bool) -> tuple[str | None, str] | None:
     """The first thing wrong with a problem, or None if it can enter the bank."""
     prompt = problem.get("prompt")
@@ -32,7 +35,9 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
     if domain == "code":
         return code_issue(prompt, problem.get("solution"), problem.get("tests"), problem.get("entry_point"))
     answer = problem.get("answer")
-    if domain in ("math", "qa", "logic") and problem["source_kind"] != "gym" and (answer is None or not str(answer).strip()):
+    judged = problem.get("verifier") in ANSWER_FREE_VERIFIERS        # graded by a judge model, not against a gold
+    if domain in ("math", "qa", "logic") and problem["source_kind"] != "gym" and not judged and (
+            answer is None or not str(answer).strip()):
         return "answer", "missing answer"
     if domain == "math" and check_math_answers and not math_answer_parses(str(answer)):
         return "answer", "math answer cannot be parsed"

@@ -29,6 +29,7 @@ from functools import lru_cache
 from typing import Any
 
 from tasks.sandbox import budget
+from tasks.verifiers.base import VerifierUnavailable
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.protocol import recv_json, send_json
 
@@ -39,7 +40,7 @@ INSECURE_ENV = "RLVR_INSECURE_SANDBOX"
 _servers = itertools.count()
 
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(VerifierUnavailable):
     """No isolation is available here and running code without it was not allowed."""
 
 

@@ -1,3 +1,3 @@
 """Importing this module registers every verifier."""
 
-from tasks.verifiers import code, controls, formats, games, gym, math, process, qa, sat, translation  # noqa: F401
+from tasks.verifiers import code, controls, formats, games, gym, judge, math, process, qa, sat, translation  # noqa: F401

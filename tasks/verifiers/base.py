@@ -20,6 +20,11 @@ class Verdict:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+class VerifierUnavailable(RuntimeError):
+    """What a verifier needs is missing for every item, not this one (no sandbox isolation, a judge that does not
+    answer): the stage fails with the reason instead of scoring every response 0."""
+
+
 def failed(reason: str, **details: Any) -> Verdict:
     return Verdict(0.0, False, {"reason": reason, **details})
 

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from tasks.verifiers.base import VERIFIERS, Verdict, build_verifier
+from tasks.verifiers.base import VERIFIERS, Verdict, VerifierUnavailable, build_verifier
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
-from tasks.sandbox.client import SandboxUnavailable
 from tasks.verifiers.formats import format_reward
 
 DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
@@ -121,7 +120,7 @@ class VerifierSet:
             else:
                 verdict = verifier.verify(problem, response)
             identity = (verifier.name, verifier.version)
-        except SandboxUnavailable:                     # the host, not the item: nothing could be scored
+        except VerifierUnavailable:                    # the host or a server, not the item: nothing could be scored
             raise
         except ItemTimeout as error:
             verdict, identity = Verdict(0.0, False, {"reason": f"verification {error}"}), (name, version_of(name))
@@ -154,7 +153,11 @@ def _worker_main(connection: Connection, options: dict, worker: int, max_respons
             if chunk is None:
                 return
             for item in chunk:
-                connection.send(verifiers.score(*item))
+                try:
+                    connection.send(verifiers.score(*item))
+                except VerifierUnavailable as error:           # the parent stops the stage with the reason
+                    connection.send(("unavailable", str(error)))
+                    return
     finally:
         verifiers.close()
 
@@ -258,6 +261,8 @@ class VerifierPool:
                 if result == READY:
                     slot["ready"] = True
                     continue
+                if isinstance(result, tuple) and result[0] == "unavailable":
+                    raise VerifierUnavailable(result[1])
                 slot["in_flight"].popleft()
                 yield result
         except (EOFError, OSError):
