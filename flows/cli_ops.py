@@ -51,6 +51,9 @@ def stage(
     downstream: Annotated[bool, typer.Option(help="also re-run every later stage (up to --through)")] = False,
     through: Annotated[Optional[str], typer.Option(help="with --downstream, the last stage to run")] = None,
     force: Annotated[bool, typer.Option(help="run even when inputs, config and code are unchanged")] = False,
+    verifier: Annotated[Optional[str], typer.Option(help="re-score with this verifier: verify scores the rollouts "
+                                                    "with it, evaluate re-scores the stored held-out responses "
+                                                    "(sampling nothing)")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
 ) -> None:
@@ -58,6 +61,11 @@ def stage(
     try:
         iterations = parse_iterations(iteration)
         overrides = stage_overrides(config)
+        if verifier is not None:
+            from tasks.curation.config import merged_config
+
+            section = "evaluation" if name == "evaluate" else "verify"
+            overrides = merged_config(overrides, {section: {"verifier": verifier}})
         from flows.stage_plans import stage_chain
 
         stage_chain(name, downstream, through)
@@ -119,11 +127,16 @@ def evaluate(
     config: Annotated[Optional[Path], typer.Option(help="run config whose evaluation / rollout / verify sections "
                                                    "override the lake's last recorded ones")] = None,
     force: Annotated[bool, typer.Option(help="evaluate even when an identical evaluation is in place")] = False,
+    k: Annotated[Optional[int], typer.Option("--k", min=1, help="also report pass@k (samples per problem are raised "
+                                             "to k)")] = None,
+    verifier: Annotated[Optional[str], typer.Option(help="re-score the version's stored held-out responses with "
+                                                    "this verifier instead of sampling new ones")] = None,
     lake: LakeOption = None,
 ) -> None:
-    """Held-out solve rate of a model version per source and level (replaces that version's evaluation).
+    """Held-out solve rate (pass@1) and pass@k of a model version per source and level (replaces that version's
+    evaluation; every response is kept in eval_rollouts).
 
-    Settings are the lake's last recorded ones, overridden by the sections of --config."""
+    Settings are the lake's last recorded ones, overridden by the sections of --config, then --k and --verifier."""
     import polars as pl
 
     from flows.run_config import EvaluationRunConfig
@@ -135,8 +148,11 @@ def evaluate(
     opened = Lake.open(lake)
     try:
         settings = merged_config(recorded_config(opened), stage_overrides(config))
+        flags = {name: value for name, value in (("k", k), ("verifier", verifier)) if value is not None}
+        if flags:
+            settings = merged_config(settings, {"evaluation": flags})
         settings = EvaluationRunConfig.model_validate(
-            {k: v for k, v in settings.items() if k in EvaluationRunConfig.model_fields})
+            {name: value for name, value in settings.items() if name in EvaluationRunConfig.model_fields})
     except ValueError as error:
         fail(str(error), 2)
     version = model_version if model_version is not None else latest_version(opened)
@@ -156,9 +172,12 @@ def evaluate(
         console.print(f"model version {result['model_version']}: skipped, the evaluation of run "
                       f"{escape(result['same_as'])} is in place (--force to re-run)")
         return
-    table = pl.DataFrame(result["by_source_level"]).with_columns(pl.col("solve_rate").round(3))
-    console.print(frame_table(table, title=f"model version {result['model_version']}: held-out solve rate "
-                                           f"{result['solve_rate']:.1%} (SQL: select * from evaluations)"))
+    table = pl.DataFrame(result["by_source_level"]).with_columns(pl.col("solve_rate", "pass_at_k").round(3))
+    table = table.rename({"solve_rate": "pass@1", "pass_at_k": f"pass@{result['k']}"}) if result["k"] > 1 else \
+        table.drop("pass_at_k").rename({"solve_rate": "pass@1"})
+    pass_k = f", pass@{result['k']} {result['pass_at_k']:.1%}" if result["k"] > 1 else ""
+    console.print(frame_table(table, title=f"model version {result['model_version']}: held-out pass@1 "
+                                           f"{result['solve_rate']:.1%}{pass_k} (SQL: select * from evaluations)"))
 
 
 @app.command()

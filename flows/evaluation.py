@@ -1,8 +1,10 @@
-"""The evaluation flow: a model version's held-out solve rate per source and level, into `evaluations`.
+"""The evaluation flow: a model version's held-out solve rate and pass@k per source and level, into
+`evaluations`, and every response it sampled into `eval_rollouts`.
 
 The loop runs it after each trained version; deployed alone, it re-evaluates any version (for
-example the latest, nightly, on a new held-out source). Evaluation always scores with each
-problem's own verifier, never with the run's reward control.
+example the latest, nightly, on a new held-out source). Evaluation scores with each problem's own
+verifier, never with the run's reward control — unless `evaluation.verifier` asks to re-score the
+stored responses with another verifier, which samples nothing.
 """
 
 from __future__ import annotations
@@ -40,12 +42,21 @@ def evaluate_model(model_version: int | None = None, config: dict[str, Any] | No
         return {**skipped, "model_version": version}
     with lake.run("evaluate-model", "evaluate", parameters, iteration=iteration,
                   prefect_flow_run_id=flow_run.id) as run:
-        evaluation = evaluate_task(lake, settings.evaluation, truth, version)
+        evaluation, responses = evaluate_task(lake, settings.evaluation, truth, version)
         lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
                      {"model_version": version}, run)
+        lake.replace("eval_rollouts", responses, {"model_version": version, "scoring": responses["scoring"][0]}, run)
     rate = overall_solve_rate(evaluation)
-    print(f"model version {version}: held-out sampled solve rate {rate:.1%} "
-          f"on {int(evaluation['problems'].sum())} problems")
+    k = settings.evaluation.k
+    pass_k = f", pass@{k} {_weighted(evaluation, 'pass_at_k'):.1%}" if k > 1 else ""
+    scoring = "" if settings.evaluation.verifier is None else f" (re-scored by {settings.evaluation.verifier})"
+    print(f"model version {version}: held-out sampled solve rate {rate:.1%}{pass_k} "
+          f"on {int(evaluation['problems'].sum())} problems{scoring}")
     return {"stage": "evaluate", "iteration": iteration, "model_version": version, "run_id": run.run_id,
-            "solve_rate": rate, "by_source_level": evaluation.select("source", "level", "problems", "solve_rate")
-            .to_dicts()}
+            "solve_rate": rate, "k": k, "pass_at_k": _weighted(evaluation, "pass_at_k"),
+            "by_source_level": evaluation.select("source", "level", "problems", "solve_rate", "pass_at_k").to_dicts()}
+
+
+def _weighted(evaluation: pl.DataFrame, column: str) -> float:
+    """A per-cell mean over problems, weighted by each cell's problems."""
+    return float((evaluation[column] * evaluation["problems"]).sum() / max(int(evaluation["problems"].sum()), 1))

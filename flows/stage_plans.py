@@ -157,8 +157,8 @@ def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = F
             config["verify"] = {k: v for k, v in parameters.items() if k not in VerifyConfig.EXECUTION_ONLY}
         elif stage == "train":
             config["train"] = parameters
-        elif stage == "evaluate":
-            config["evaluation"] = parameters
+        elif stage == "evaluate":           # a re-score with another verifier is a one-off, not a setting to keep
+            config["evaluation"] = {k: v for k, v in parameters.items() if k != "verifier"}
     if sampling and "advantages" in config:
         config["advantages"] = {**config["advantages"], "verifier": None}
     return config

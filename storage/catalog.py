@@ -59,6 +59,26 @@ def tables_for(query: str | None) -> list[str]:
     return [name for name in TABLES if name in needed] if needed else list(TABLES)
 
 
+def _register(connection: duckdb.DuckDBPyConnection, name: str, dataset) -> None:
+    """The table as DuckDB sees it: its Arrow dataset, and — for a table written before the contract gained
+    columns (storage/schemas.py lets a table grow by nullable ones) — those columns as typed nulls, so every
+    query and view reads one schema whatever the lake's age."""
+    stored = set(dataset.schema.names)
+    missing = [field for field in TABLES[name].schema if field.name not in stored]
+    if not missing:
+        connection.register(name, dataset)
+        return
+    connection.register(f"_stored_{name}", dataset)
+    columns = ", ".join(f'"{field.name}"' if field.name in stored else
+                        f'CAST(NULL AS {_SQL_TYPES.get(str(field.type), "VARCHAR")}) AS "{field.name}"'
+                        for field in TABLES[name].schema)
+    connection.execute(f'create view "{name}" as select {columns} from "_stored_{name}"')
+
+
+_SQL_TYPES = {"double": "DOUBLE", "float": "FLOAT", "int64": "BIGINT", "int32": "INTEGER", "int8": "TINYINT",
+              "bool": "BOOLEAN", "string": "VARCHAR", "large_string": "VARCHAR"}
+
+
 def read_only_statements(query: str) -> None:
     """Refuse anything but queries (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN), before it runs."""
     try:
@@ -96,7 +116,7 @@ def open_lake_catalog(lake: Lake, as_of: int | str | None = None, query: str | N
             catalog.damaged[name] = str(error)
             continue
         if dataset is not None:
-            connection.register(name, dataset)
+            _register(connection, name, dataset)
             present.add(name)
     for view in VIEWS:
         if set(view.needs) <= present:

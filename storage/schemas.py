@@ -303,6 +303,36 @@ EVALUATIONS = register(TableSpec(
         _field("sampler", pa.string(), False, "JSON: how the responses were sampled"),
         _field("run_id", pa.string(), False),
         _field("created_at", pa.timestamp("us", tz="UTC"), False),
+        _field("k", pa.int64(), True, "the k of pass_at_k"),
+        _field("pass_at_k", pa.float64(), True, "mean over problems of 1 - C(n-c, k) / C(n, k) (n samples, c correct)"),
+        _field("scoring", pa.string(), True, "own (each problem's own verifier) or the verifier that re-scored them"),
+    ]),
+))
+
+EVAL_ROLLOUTS = register(TableSpec(
+    name="eval_rollouts",
+    partition_by=("model_version",),
+    description="Every held-out response an evaluation sampled, with its score: what lets an evaluation be "
+                "re-scored with another verifier without sampling again, and pass@k be computed.",
+    schema=pa.schema([
+        _field("model_version", pa.int64(), False),
+        _field("scoring", pa.string(), False, "own (each problem's own verifier) or the verifier that re-scored them"),
+        _field("response_id", pa.string(), False, "eval-v{version}-{problem_id}-s{sample}: the same across re-scores"),
+        _field("problem_id", pa.string(), False),
+        _field("source", pa.string(), True),
+        _field("level", pa.int8(), True),
+        _field("sample_idx", pa.int32(), False),
+        _field("response", pa.string(), False),
+        _field("n_tokens", pa.int32(), True),
+        _field("finish_reason", pa.string(), True, "stop or length"),
+        _field("verifier", pa.string(), False),
+        _field("verifier_version", pa.string(), False),
+        _field("reward", pa.float64(), False),
+        _field("correct", pa.bool_(), True),
+        _field("details", pa.string(), True, "JSON: the verdict's details"),
+        _field("sampler", pa.string(), True, "JSON: how the responses were sampled"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), True),
     ]),
 ))
 

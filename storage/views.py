@@ -27,6 +27,11 @@ VIEWS = [
         select model_version, level, sum(problems) as problems, sum(solved) / sum(samples) as solve_rate
         from evaluations group by all order by 1, 2""",
          "held-out sampled solve rate per model version and level"),
+    View("eval_pass_at_k", ("evaluations",), """
+        select model_version, max(k) as k, sum(problems) as problems, sum(solved) / sum(samples) as pass_at_1,
+               sum(pass_at_k * problems) / sum(problems) as pass_at_k
+        from evaluations where k is not null group by 1 order by 1""",
+         "held-out pass@1 and pass@k per model version (evaluations with `evaluation.k`)"),
     View("learning_zone_share", ("groups",), """
         select iteration, count(*) as groups,
                avg(case when solve_rate between 0.2 and 0.5 then 1.0 else 0.0 end) as zone_share

@@ -25,7 +25,8 @@ def looped_lake(tmp_path_factory, prefect_api):
 
     lake_uri = str(tmp_path_factory.mktemp("report") / "lake")
     curated_with_eval(lake_uri)
-    rl_loop({**RUN, "loop": {"iterations": 2, "evaluate_every": 1}}, lake_uri=lake_uri)
+    evaluation = {**RUN.get("evaluation", {}), "k": 2}                       # pass@2 beside pass@1
+    rl_loop({**RUN, "evaluation": evaluation, "loop": {"iterations": 2, "evaluate_every": 1}}, lake_uri=lake_uri)
     verify_iteration(1, {"workers": 0, "verifier": "flipped"}, lake_uri)     # a later re-score of iteration 1
     return Lake.open(lake_uri)
 
@@ -99,9 +100,9 @@ def test_a_lake_without_evaluations_still_reports_and_says_why_a_plot_is_missing
     (out / "eval_solve_rate_by_level.png").write_bytes(b"from an earlier report")
     lake = Lake.open(str(copy))
     result = write_report(build_report(lake, lake.runs_version()), out)
-    assert list(result["skipped"]) == ["eval_solve_rate_by_level"]
+    assert sorted(result["skipped"]) == ["eval_pass_at_k", "eval_solve_rate_by_level"]
     assert not (out / "eval_solve_rate_by_level.png").exists()
-    assert set(result["plots"]) == {plot.name for plot in PLOTS} - {"eval_solve_rate_by_level"}
+    assert set(result["plots"]) == {plot.name for plot in PLOTS} - {"eval_solve_rate_by_level", "eval_pass_at_k"}
     html = (out / "report.html").read_text()
     assert "Skipped: no evaluations yet" in html and "Held-out solve rate per level" in html
 
@@ -143,3 +144,16 @@ def test_html_tables_format_rates_counts_and_duckdb_decimals():
                                       "mean_tokens": [29.51], "split": ["<eval>"]}))
     assert '<td class="number">500</td>' in table and '<td class="number">45.4%</td>' in table
     assert '<td class="number">29.51</td>' in table and "<td>&lt;eval&gt;</td>" in table
+
+
+def test_the_pass_at_k_plot_draws_the_evaluations_numbers(looped_lake):
+    from storage.catalog import open_catalog
+    from tasks.evaluation import pass_at_k
+
+    frame = data.gather(open_catalog(looped_lake))["eval_pass_at_k"]
+    assert frame.height >= 2 and set(frame["k"]) == {2}
+    responses = looped_lake.read("eval_rollouts").filter(pl.col("model_version") == frame["model_version"][-1])
+    per_problem = responses.group_by("problem_id").agg(n=pl.len(), c=pl.col("correct").fill_null(False).sum())
+    expected = sum(pass_at_k(n, c, 2) for n, c in per_problem.select("n", "c").rows()) / per_problem.height
+    assert frame["pass_at_k"][-1] == pytest.approx(expected)
+    assert frame["pass_at_1"][-1] == pytest.approx(float(responses["correct"].fill_null(False).mean()))

@@ -85,6 +85,7 @@ def gather(con: duckdb.DuckDBPyConnection, distribution_iterations: int = 3) -> 
     picked = pick_iterations(sampled_iterations(con), distribution_iterations)
     return {
         "eval_solve_rate_by_level": view(con, "eval_solve_rate_by_level", f"where {MAIN_LINE}"),
+        "eval_pass_at_k": view(con, "eval_pass_at_k", f"where {MAIN_LINE} and k > 1"),
         "train_solve_rate_by_level": view(con, "solve_rate_by_level", "where model_version is not null"),
         "rewards": rewards(con, picked),
         "response_lengths": response_lengths(con, picked),

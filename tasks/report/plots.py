@@ -140,11 +140,29 @@ def draw_filter_rates(ax: Axes, frame: pl.DataFrame) -> None:
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
 
 
+def draw_pass_at_k(ax: Axes, frame: pl.DataFrame) -> None:
+    """pass@1 and pass@k of each evaluated model version."""
+    ordered = frame.sort("model_version")
+    versions = ordered["model_version"].to_numpy()
+    ax.plot(versions, ordered["pass_at_1"].to_numpy(), marker="o", label="pass@1")
+    ks = sorted(set(ordered["k"].to_list()))
+    ax.plot(versions, ordered["pass_at_k"].to_numpy(), marker="s",
+            label=f"pass@{ks[0]}" if len(ks) == 1 else "pass@k")
+    ax.set_xlabel("model version")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _percent_axis(ax, "held-out problems solved")
+    ax.legend(fontsize=8)
+
+
 PLOTS = [
     Plot("eval_solve_rate_by_level", "Held-out solve rate per level",
          "Sampled solve rate of each evaluated model version on the pinned held-out problems, per level "
          "(view eval_solve_rate_by_level).", "eval_solve_rate_by_level", draw_eval_solve_rate,
          "no evaluations yet (the loop evaluates every `loop.evaluate_every` iterations)"),
+    Plot("eval_pass_at_k", "Held-out pass@k",
+         "pass@1 and pass@k (the unbiased estimator over n samples per problem) of each model version evaluated "
+         "with `evaluation.k` > 1 (view eval_pass_at_k).", "eval_pass_at_k", draw_pass_at_k,
+         "no pass@k evaluations (rlvr evaluate --k 8)"),
     Plot("train_solve_rate_by_level", "Training solve rate per level",
          "Mean solve rate of the training groups per level, by the model version that sampled them "
          "(view solve_rate_by_level).", "train_solve_rate_by_level", draw_train_solve_rate,
@@ -179,9 +197,13 @@ def figure(plot: Plot, frame: pl.DataFrame) -> Figure:
 
 def overview(frames: dict[str, pl.DataFrame], title: str) -> Figure:
     """Every plot as a panel of one figure; a skipped plot's panel says why."""
-    fig = Figure(figsize=(16, 8.5), layout="constrained")
+    columns = -(-len(PLOTS) // 2)
+    fig = Figure(figsize=(16 * columns / 3, 8.5), layout="constrained")
     fig.suptitle(title)
-    for ax, plot in zip(fig.subplots(2, 3).flat, PLOTS):
+    axes = list(fig.subplots(2, columns).flat)
+    for ax in axes[len(PLOTS):]:
+        ax.set_axis_off()
+    for ax, plot in zip(axes, PLOTS):
         frame = frames[plot.data]
         if frame.is_empty():
             ax.text(0.5, 0.5, textwrap.fill(plot.missing, 40), ha="center", va="center", color="#555555")
