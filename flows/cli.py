@@ -316,6 +316,9 @@ def verify_file(
     items, bad = _verify_lines(input_path, max_line_bytes)
     if verifier is not None:
         items = [(problem, response, verifier) for problem, response, _ in items]
+    from tasks.verifiers.process import warn_low_process_weight
+
+    warn_low_process_weight(process_weight)             # here, once: not in every worker
     options = {"code": {"partial_credit": partial_credit}, "process": {"process_weight": process_weight}}
     pool = VerifierPool(workers=workers, item_timeout=item_timeout, options=options,
                         max_response_chars=max_response_chars)

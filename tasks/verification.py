@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import polars as pl
 import pyarrow.compute as pc
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from storage.lake import Lake
 from storage.runs import Run
@@ -54,6 +54,13 @@ class VerifyConfig(Strict):
     # How the scoring is spread out, not what it yields: left out of the stage's fingerprint.
     EXECUTION_ONLY: ClassVar[frozenset[str]] = frozenset({"workers", "chunk_size", "task_runner", "dask_address",
                                                           "dask_workers"})
+
+    @model_validator(mode="after")
+    def _danger_zone(self) -> "VerifyConfig":
+        from tasks.verifiers.process import warn_low_process_weight
+
+        warn_low_process_weight(float((self.options.get("process") or {}).get("process_weight", 0.5)))
+        return self
 
     def output_settings(self) -> dict[str, Any]:
         """The settings the rewards depend on."""

@@ -79,12 +79,15 @@ def test_padding_with_true_but_irrelevant_arithmetic_earns_nothing():
     assert process.verify(problem, r"16-3-4=9 and 9*2=18, so \boxed{18}").reward == 1.0
 
 
-def test_small_process_weight_warns():
+def test_small_process_weight_warns_once_where_the_config_is_read():
+    from tasks.verification import VerifyConfig
+
     with pytest.warns(UserWarning, match="worse than outcome-only"):
-        build_verifier("process", process_weight=0.1)
+        VerifyConfig(options={"process": {"process_weight": 0.1}})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        build_verifier("process", process_weight=0.5)
+        VerifyConfig(options={"process": {"process_weight": 0.5}})
+        build_verifier("process", process_weight=0.1)          # workers build it: no warning from each of them
 
 
 def test_reward_controls():

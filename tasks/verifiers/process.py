@@ -108,6 +108,14 @@ def process_score(response: str, gold_steps: list[str] | None, prompt: str | Non
     return (sum(parts) / len(parts) if parts else None), details
 
 
+def warn_low_process_weight(weight: float) -> None:
+    """The seed's danger zone, raised where a config is read (once, in the main process; not in every worker
+    that builds the verifier)."""
+    if 0 < weight <= LOW_PROCESS_WEIGHT:
+        warnings.warn(f"process_weight λ={weight} puts little weight on the process reward; the seed experiments "
+                      "found λ=0.1 worse than outcome-only rewards", UserWarning, stacklevel=3)
+
+
 @register("process")
 @dataclass
 class ProcessVerifier:
@@ -122,9 +130,6 @@ class ProcessVerifier:
     def __post_init__(self) -> None:
         if not 0 <= self.process_weight <= 1:
             raise ValueError("process_weight (λ) must be in [0, 1]")
-        if 0 < self.process_weight <= LOW_PROCESS_WEIGHT:
-            warnings.warn(f"process_weight λ={self.process_weight} puts little weight on the process reward; the seed "
-                          "experiments found λ=0.1 worse than outcome-only rewards", UserWarning, stacklevel=3)
         self._outcome = build_verifier(self.outcome)
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
