@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -85,6 +85,9 @@ class _OneLineErrors(logging.Filter):
         return True
 
 
+_COMMAND_CONTEXT = ExitStack()
+
+
 def _prefect_defaults() -> None:
     """Before a command's first flow: quiet defaults, and an API to report to (`flows/orchestration.py`:
     PREFECT_API_URL, else a temporary server that dies with this command)."""
@@ -95,6 +98,9 @@ def _prefect_defaults() -> None:
         ensure_api()
     except OrchestrationUnavailable as error:
         fail(str(error))
+    from flows.policies import without_flow_heartbeats
+
+    _COMMAND_CONTEXT.enter_context(without_flow_heartbeats())    # for the whole command (see policies.py)
     if not os.environ.get("RLVR_DEBUG"):
         for name in ("prefect.flow_runs", "prefect.task_runs"):
             logging.getLogger(name).addFilter(_OneLineErrors())

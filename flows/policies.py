@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from collections.abc import Callable
 from typing import Any
 
@@ -83,7 +85,18 @@ def writes_iterations(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def under_lease(*args, **kwargs):
-        with Lake.open(signature.bind(*args, **kwargs).arguments.get("lake_uri")).lease(LOOP):
+        with Lake.open(signature.bind(*args, **kwargs).arguments.get("lake_uri")).lease(LOOP), without_flow_heartbeats():
             return fn(*args, **kwargs)
 
     return under_lease
+
+
+@contextmanager
+def without_flow_heartbeats() -> Iterator[None]:
+    """Flow runs started inside it send no Prefect heartbeats. Prefect joins each flow run's heartbeat thread
+    in 1-second sleeps when the run ends, about 1 s a flow run — most of what a stage subflow costs. A dead
+    writer is found by the lake's own process records (storage/presence.py), not by these."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield

@@ -275,9 +275,10 @@ def _available() -> int:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_many_children_together_stay_within_the_memory_budget(mode):
-    """Eight forked children each touch 300 MB (2.4 GB in all) against a 512 MB budget; sampled every few ms,
-    the sandbox's processes never hold more than the budget, and the host's available memory never drops
-    by much more (other tests share the host: a generous margin)."""
+    """Eight forked children each touch 300 MB (2.4 GB in all) against a 512 MB budget: the run never holds
+    more than the budget (by the kernel's own peak where a cgroup bounds it; sampled every few ms from
+    outside where the server polls), and the host's available memory never drops by much more (other tests
+    share the host: a generous margin)."""
     program = ("import os, time\nfor _ in range(8):\n    if os.fork() == 0:\n        try:\n"
                "            hog = bytearray(300 * 1024 * 1024)\n            for i in range(0, len(hog), 4096):\n"
                "                hog[i] = 1\n        except MemoryError:\n            pass\n        time.sleep(30)\n"
@@ -301,9 +302,13 @@ def test_many_children_together_stay_within_the_memory_budget(mode):
             stop.set()
             sampler.join()
     budget = LIMITS.memory_mb * 1024 * 1024
+    seen = {**peaks, "budget": sandbox.budget, "kernel_peak_mb": result.peak_mb}
     assert result.status == "memory_limit", result
-    assert peaks["sandbox"] <= budget + 64 * 1024 * 1024, peaks
-    assert peaks["host"] <= budget + 700 * 1024 * 1024, peaks
+    if sandbox.budget.startswith("cgroup"):      # the kernel's own count of the run's memory, pages it charged
+        assert result.peak_mb is not None and result.peak_mb <= LIMITS.memory_mb, seen
+    else:                                        # polled: what one poll interval lets through, sampled from outside
+        assert peaks["sandbox"] <= budget + 64 * 1024 * 1024, seen
+    assert peaks["host"] <= budget + 700 * 1024 * 1024, seen
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -54,6 +54,7 @@ class SandboxResult:
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
     health: dict = field(default_factory=dict)      # the server's own state after the run
+    peak_mb: float | None = None      # the run's peak memory by the kernel's own count, where a cgroup bounds it
 
     @property
     def all_passed(self) -> bool:

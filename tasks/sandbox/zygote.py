@@ -44,7 +44,8 @@ PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "s
 UID_BASE = 61000
 JAILED_MODES = ("namespaces", "userns")
 OWN_PROCESSES = 6                # the server's own processes a run's user id shares in userns mode
-POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them
+POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them,
+NEAR_POLL_SECONDS = 0.001        # and how often once they hold half their memory budget (less slips through)
 # The server recycles itself (the client starts a fresh one, no run fails) past any of these.
 HEALTH_LIMITS = {"open_fds": 128, "rss_mb": 300, "leftover_processes": 0}
 _MB = 1024 * 1024
@@ -127,6 +128,9 @@ class Zygote:
                 result = self._run_script(job, limits)
             if self.cgroups and budget.oom_kills(self.cgroups) > kills_before:
                 result["status"] = "memory_limit"
+            if self.cgroups:
+                peak = budget.peak_bytes(self.cgroups)
+                result["peak_mb"] = None if peak is None else round(peak / _MB, 1)
         finally:
             self._clean_up()
         result["seconds"] = round(time.monotonic() - started, 4)
@@ -357,6 +361,7 @@ class _Watch:
                     return "memory_limit"
                 if cpu > self.cpu:
                     return "cpu_limit"
+                tick = NEAR_POLL_SECONDS if resident > self.memory / 2 else POLL_SECONDS
             for fd in _ready([*self.open, *extra], min(remaining, tick)):
                 if fd in self.open and not self._read(fd):
                     return "output_limit"
