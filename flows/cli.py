@@ -484,6 +484,21 @@ def bench_train(
     run_benchmark(sequences=sequences, response_length=response_length, repeats=repeats)
 
 
+@bench_app.command("sampling")
+def bench_sampling(
+    shape: Annotated[list[str], typer.Option(help="model shapes: tiny (the demo policy), 0.5b (Qwen2.5-0.5B-shaped)")]
+        = ["tiny", "0.5b"],
+    repeats: Annotated[int, typer.Option(min=1, help="alternating repeats per side (best)")] = 3,
+) -> None:
+    """The hf backend's sampler against transformers' generate (with scores) on the same model and batch."""
+    from bench.sampling import SHAPES, run_benchmark
+
+    unknown = sorted(set(shape) - set(SHAPES))
+    if unknown:
+        fail(f"--shape {unknown[0]}: choose from {', '.join(SHAPES)}")
+    run_benchmark(shape, repeats)
+
+
 @bench_app.command("learning")
 def bench_learning(
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
@@ -499,6 +514,21 @@ def bench_learning(
         run_benchmark(str(config), lake, iterations)
     except ValueError as error:
         fail(str(error))
+
+
+@bench_app.command("peer")
+def bench_peer(
+    config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
+    steps: Annotated[int, typer.Option(min=1, help="RL steps (our iterations, TRL's optimizer steps)")] = 50,
+    seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [0, 1, 2],
+    eval_every: Annotated[int, typer.Option(min=1, help="steps between held-out evaluations")] = 10,
+    work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake and the runs (reused)")] = None,
+) -> None:
+    """The loop against TRL's GRPOTrainer from the same warmed-up checkpoint: accuracy and RL wall time."""
+    _prefect_defaults()
+    from bench.peer import run_benchmark
+
+    run_benchmark(str(config), steps, seed, eval_every, work)
 
 
 @bench_app.command("orchestration")

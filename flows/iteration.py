@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -59,7 +58,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         sampled = sample_task(lake, settings, iteration, version)
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
-            lake.replace(table, pl.DataFrame(), key, run)
+            lake.clear(table, key, run)
     parameters, _ = unchanged_or_fingerprint(
         lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward), iteration, True)
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
@@ -68,7 +67,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
     if sampled.failure is not None:                    # written first: what was sampled and scored is kept
         raise sampled.failure
-    summary = compute_advantages(iteration, settings.model_dump(mode="json"), lake_uri, training_version)
+    summary = compute_advantages.fn(iteration, settings.model_dump(mode="json"), lake_uri, training_version)
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 

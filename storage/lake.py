@@ -182,6 +182,14 @@ class Lake:
         conditions = [self._slice_empty(spec, key, run)] if only_if_empty else []
         return self._write(spec, rows, run, key=key, predicate=_key_predicate(key), conditions=conditions)
 
+    def clear(self, name: str, key: dict[str, Any], run: Run) -> int | None:
+        """Empty a slice (a replace by no rows); no commit when it holds no row at all, visible or not, which
+        is the common case of a fresh iteration (four empty commits an iteration otherwise). Returns the new
+        version, or None when there was nothing to clear."""
+        if self.read(name, filter=_key_expression(key), columns=["run_id"], raw=True).is_empty():
+            return None
+        return self.replace(name, pl.DataFrame(), key, run)
+
     def append(self, name: str, rows: RowData, run: Run) -> int:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
 

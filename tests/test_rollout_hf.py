@@ -114,7 +114,11 @@ def test_stop_strings_end_responses_and_are_cut_from_the_text(uniform_model, tok
 def test_a_multibyte_stop_string_is_found_across_its_byte_tokens(uniform_model, tokenizer):
     policy = HFPolicy(uniform_model, tokenizer, model_version=0)
     smiles = tokenizer("🙂🙂").input_ids                   # two characters, eight byte tokens
-    assert len(smiles) == 8 and policy._hit_stop_string([[7, 8, 9] + smiles], ["🙂🙂"], 1).tolist() == [True]
+    rows = torch.tensor([[7, 8, 9] + smiles, [7, 8, 9] + smiles, [7, 8, 9] + smiles[:7] + [0]])
+    lengths, alive = torch.tensor([11, 10, 11]), torch.tensor([True, True, True])
+    assert len(smiles) == 8          # the whole string; one byte short; its last byte replaced
+    assert policy._hit_stop_string(rows, lengths, alive, ["🙂🙂"]).tolist() == [True, False, False]
+    assert policy._hit_stop_string(rows, lengths, torch.tensor([False, True, True]), ["🙂🙂"]).tolist() == [False] * 3
     assert policy._text([7, 8] + smiles + [9], ["🙂🙂"]) == tokenizer.decode([7, 8])
 
 

@@ -129,7 +129,8 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
     metrics = {"loss": totals["loss"] / steps, "clip_fraction": totals["clip_fraction"] / tokens,
                "kl": totals["kl"] / tokens, "entropy": totals["entropy"] / tokens,
                "grad_norm": totals["grad_norm"] / steps, "tokens": totals["tokens"], "optimizer_steps": steps,
-               "sequences": rows.height, "learning_rate": optimizer.param_groups[0]["lr"], "global_step": step}
+               "sequences": rows.height, "learning_rate": optimizer.param_groups[0]["lr"], "global_step": step,
+               "torch_threads": torch.get_num_threads()}     # bit-reproducible only at the same count
     return metrics, {"optimizer": optimizer.state_dict(), "step": step}
 
 

@@ -132,7 +132,10 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from trainers.threads import use_given_cores
+
     _quiet_transformers()
+    use_given_cores()                                  # every torch stage loads a policy first
     folder = local_checkpoint(uri)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"

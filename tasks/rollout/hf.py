@@ -49,55 +49,77 @@ class HFPolicy:
         stop_ids = torch.tensor(sorted(stop_token_ids(model, tokenizer)), device=model.device)
         batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
         device = model.device
+        steps = sampler.max_new_tokens
         input_ids = torch.full((batch, width), pad, dtype=torch.long, device=device)       # [B, P] left-padded
-        attention = torch.zeros((batch, width), dtype=torch.long, device=device)
+        attention = torch.ones((batch, width + steps), dtype=torch.long, device=device)   # [B, P + T], sliced per step
+        attention[:, :width] = 0
         for row, ids in enumerate(prompt_ids):
             input_ids[row, width - len(ids):] = torch.tensor(ids, device=device)
             attention[row, width - len(ids):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)                                # pads share position 0
-        tokens: list[list[int]] = [[] for _ in range(batch)]
-        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)                     # pads share position 0
+        plain = sampler.top_k == 0 and sampler.top_p >= 1.0 and sampler.temperature == 1.0  # behaviour = raw softmax
+        tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)          # [B, T] filled per step
+        logprobs = torch.zeros((batch, steps), device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)                      # tokens kept per row
         certainty = torch.zeros(batch, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+        used = 0
         with torch.no_grad():
-            output = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-            for _ in range(sampler.max_new_tokens):
+            # the prompt's last position only: logits for every prompt token would cost B × P × V
+            output = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions,
+                           use_cache=True, logits_to_keep=1)
+            for step in range(steps):
                 logits = output.logits[:, -1].float()                                      # [B, V]
-                behaviour = sampling_logprobs(logits, sampler)                             # [B, V]
+                raw = torch.log_softmax(logits, dim=-1)
+                behaviour = raw if plain else sampling_logprobs(logits, sampler)           # [B, V]
                 if sampler.temperature == 0:
                     token = logits.argmax(-1)
                     token_logprob = torch.zeros(batch, device=device)
                 else:
                     token = torch.multinomial(behaviour.exp(), 1, generator=generator).squeeze(-1)   # [B]
                     token_logprob = behaviour.gather(-1, token[:, None]).squeeze(-1)
-                certainty += torch.where(finished, 0.0, self_certainty(logits))
-                for row in (~finished).nonzero().flatten().tolist():
-                    tokens[row].append(int(token[row]))
-                    logprobs[row].append(float(token_logprob[row]))
-                stopped |= ~finished & torch.isin(token, stop_ids)
-                stopped |= ~finished & self._hit_stop_string(tokens, sampler.stop, batch)
+                alive = ~finished
+                tokens[:, step] = token
+                logprobs[:, step] = token_logprob
+                lengths += alive
+                used = step + 1
+                certainty += torch.where(finished, 0.0, self_certainty(logits, raw))
+                stopped |= alive & torch.isin(token, stop_ids)
+                if sampler.stop:
+                    stopped |= alive & self._hit_stop_string(tokens[:, :used], lengths, alive, sampler.stop)
                 finished |= stopped
-                if bool(finished.all()):
+                if used == steps or bool(finished.all()):              # no forward past the cap; one host sync a step
                     break
                 token = torch.where(finished, pad, token)
-                attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=-1)
                 positions = positions[:, -1:] + 1
-                output = model(input_ids=token[:, None], attention_mask=attention, position_ids=positions,
+                output = model(input_ids=token[:, None], attention_mask=attention[:, :width + step + 1],
+                               position_ids=positions,
                                cache=output.cache, use_cache=True)
-        return [Sample(text=self._text(tokens[row], sampler.stop), token_ids=tokens[row], logprobs=logprobs[row],
-                       finish_reason="stop" if bool(stopped[row]) else "length",
-                       self_certainty=float(certainty[row]) / max(len(tokens[row]), 1), backend=self.backend)
-                for row in range(batch)]
+        kept = lengths.tolist()                            # one transfer for the whole batch, not one per token
+        token_rows, logprob_rows = tokens[:, :used].tolist(), logprobs[:, :used].tolist()
+        ended, certainties = stopped.tolist(), certainty.tolist()
+        samples = []
+        for row in range(batch):
+            ids = token_rows[row][:kept[row]]
+            samples.append(Sample(text=self._text(ids, sampler.stop), token_ids=ids, logprobs=logprob_rows[row][:kept[row]],
+                                  finish_reason="stop" if ended[row] else "length",
+                                  self_certainty=certainties[row] / max(kept[row], 1), backend=self.backend))
+        return samples
 
-    def _hit_stop_string(self, tokens: list[list[int]], stop: list[str], batch: int):
+    def _hit_stop_string(self, tokens, lengths, alive, stop: list[str]):
+        """Rows (among the `alive` ones) whose text now ends in a stop string: only the last few tokens of
+        each live row are decoded, in one batch call."""
         import torch
 
-        if not stop:
-            return torch.zeros(batch, dtype=torch.bool, device=self.model.device)
         tail = max(len(s.encode()) for s in stop) + 4               # byte-level: a stop string spans ≤ its bytes
-        hits = [any(s in self.tokenizer.decode(ids[-tail:]) for s in stop) for ids in tokens]
-        return torch.tensor(hits, device=self.model.device)
+        rows = alive.nonzero().flatten().tolist()
+        ends = lengths.tolist()
+        texts = self.tokenizer.batch_decode([tokens[row, max(0, ends[row] - tail):ends[row]].tolist() for row in rows])
+        hits = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+        for row, text in zip(rows, texts):
+            hits[row] = any(s in text for s in stop)
+        return hits
 
     def _text(self, token_ids: list[int], stop: list[str]) -> str:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)

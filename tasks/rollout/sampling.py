@@ -63,9 +63,11 @@ def sampling_logprobs(logits, sampler: SamplerConfig):
     return torch.log_softmax(scaled, dim=-1)
 
 
-def self_certainty(logits):
-    """KL(uniform ‖ softmax(logits)) per row: −log V − mean_j log p_j (INTUITOR). [B]"""
+def self_certainty(logits, logprobs=None):
+    """KL(uniform ‖ softmax(logits)) per row: −log V − mean_j log p_j (INTUITOR). [B]
+    `logprobs`: log_softmax(logits) when the caller has it already."""
     import torch
 
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    if logprobs is None:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
     return -math.log(logits.shape[-1]) - logprobs.mean(dim=-1)

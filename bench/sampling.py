@@ -1,0 +1,105 @@
+"""`rlvr bench sampling`: the hf backend's sampler against transformers' `generate` on the same model and batch.
+
+Both sample the same prompts at temperature 1 with top-k and top-p off, to the same length cap, on one
+thread count; `generate` also returns its per-step scores (`output_scores`), since the hf sampler
+keeps the behaviour log-probs and self-certainty of every token. The models have random weights, so
+nearly every response runs to the cap and both do the same work; the figure is generated tokens per
+second, the best of a few alternating repeats, and the ratio hf / generate (target ≥ 1).
+
+Shapes: `tiny` is the embedded default policy; `0.5b` is a Qwen2.5-0.5B-shaped config (24 layers,
+hidden 896, vocabulary 151,936) built from scratch, which is where the per-token work over a large
+vocabulary shows.
+"""
+
+from __future__ import annotations
+
+import time
+
+SHAPES = {
+    "tiny": {},
+    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+             "num_key_value_heads": 2, "vocab_size": 151936},
+}
+
+
+def build(shape: str, seed: int = 0):
+    """(model, tokenizer) of a shape: the tiny policy's byte tokenizer (ids past it decode to nothing)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+
+    tokenizer = train_tokenizer(tokenizer_corpus(count=200), 0)
+    if shape == "tiny":
+        return build_model(TinyModelConfig(seed=seed), tokenizer).eval(), tokenizer
+    torch.manual_seed(seed)
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=1024, tie_word_embeddings=True,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    return Qwen2ForCausalLM(config).eval(), tokenizer
+
+
+def hf_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
+    from tasks.rollout.hf import HFPolicy
+    from tasks.rollout.sampling import SamplerConfig
+
+    policy = HFPolicy(model, tokenizer, 0, batch_size=len(prompts) * n)
+    started = time.perf_counter()
+    groups = policy.generate(prompts, n, SamplerConfig(max_new_tokens=max_new_tokens), seed=1, model_version=0)
+    seconds = time.perf_counter() - started
+    return sum(len(s.token_ids) for group in groups for s in group), seconds
+
+
+def generate_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
+    import torch
+
+    from tasks.rollout.hf import stop_token_ids
+
+    stops = sorted(stop_token_ids(model, tokenizer))
+    encoded = tokenizer([p for p in prompts for _ in range(n)], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+    torch.manual_seed(1)
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=stops)
+    seconds = time.perf_counter() - started
+    new = out.sequences[:, encoded.input_ids.shape[1]:]
+    # a row's tokens up to and including its first end token; pads after it are not generated work
+    ended = torch.isin(new, torch.tensor(stops))
+    first_end = torch.where(ended.any(-1), ended.float().argmax(-1) + 1, torch.tensor(new.shape[1]))
+    return int(first_end.sum()), seconds
+
+
+def compare(shape: str, prompts: int, group_size: int, max_new_tokens: int, repeats: int) -> dict:
+    model, tokenizer = build(shape)
+    texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]
+    best = {"hf": 0.0, "generate": 0.0}
+    measure = {"hf": hf_tokens_per_second, "generate": generate_tokens_per_second}
+    measure["hf"](model, tokenizer, texts[:1], 1, 4)                     # warm both paths once
+    measure["generate"](model, tokenizer, texts[:1], 1, 4)
+    for _ in range(repeats):                                             # alternating: drift hits both
+        for name in ("hf", "generate"):
+            tokens, seconds = measure[name](model, tokenizer, texts, group_size, max_new_tokens)
+            best[name] = max(best[name], tokens / seconds)
+    return {"shape": shape, "rows": prompts * group_size, "max_new_tokens": max_new_tokens,
+            "hf_tokens_per_s": round(best["hf"], 1), "generate_tokens_per_s": round(best["generate"], 1),
+            "ratio": round(best["hf"] / best["generate"], 3)}
+
+
+def run_benchmark(shapes: list[str], repeats: int = 3) -> list[dict]:
+    from rich.console import Console
+
+    import torch
+
+    console = Console()
+    batches = {"tiny": (48, 8, 48), "0.5b": (2, 4, 24)}     # (prompts, group size, new tokens): the demo's batch
+    results = []
+    for shape in shapes:
+        prompts, group_size, max_new = batches[shape]
+        result = compare(shape, prompts, group_size, max_new, repeats)
+        results.append(result)
+        console.print(f"{shape}: {result['rows']} rows × ≤{max_new} tokens, {torch.get_num_threads()} threads — hf "
+                      f"{result['hf_tokens_per_s']:,.0f} tokens/s, generate {result['generate_tokens_per_s']:,.0f} "
+                      f"tokens/s: ×{result['ratio']:.2f} (target ≥ 1)")
+    return results
