@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 import polars as pl
@@ -73,16 +74,30 @@ def artifact_key(*parts: str) -> str:
     return "-".join(words)[:100]
 
 
+PROGRESS_AFTER_SECONDS = 2.0       # a tracked loop gets an artifact once it has run this long,
+PROGRESS_EVERY_SECONDS = 1.0       # then an update at most this often (and one at the end)
+
+
 def progress_listener():
-    """A listener for `tasks.progress.reporting_to`: each tracked loop of a task run is a progress artifact
-    (key `<task>-<loop>`, e.g. `score-rollouts-verifying`), updated every 5 %."""
+    """A listener for `tasks.progress.reporting_to`: each tracked loop of a task run that lasts more than a
+    couple of seconds is a progress artifact (key `<task>-<loop>`, e.g. `score-rollouts-verifying`),
+    updated every 5 % and at most once a second."""
     artifact_ids: dict[str, Any] = {}
     task_name = task_run.task_name or "stage"
     failed: list[str] = []
+    first_heard: dict[str, float] = {}
+    last_sent: dict[str, float] = {}
 
     def update(description: str, done: int, total: int) -> None:
         if failed:
             return
+        now = time.monotonic()
+        started = first_heard.setdefault(description, now)
+        if description not in artifact_ids and now - started < PROGRESS_AFTER_SECONDS:
+            return                  # a loop done within seconds needs no artifact: each API call costs ~10 ms
+        if done < total and now - last_sent.get(description, 0.0) < PROGRESS_EVERY_SECONDS:
+            return
+        last_sent[description] = now
         percent, text = round(100 * done / total, 1), f"{description}: {done:,} of {total:,}"
         try:
             if description in artifact_ids:

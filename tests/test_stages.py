@@ -280,12 +280,15 @@ def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
             client.delete_concurrency_limit_by_tag(GPU_TAG)
     assert second_start >= first_end - 0.05
 
-def test_long_stage_work_publishes_progress_artifacts(looped, prefect_api):
+def test_long_stage_work_publishes_progress_artifacts(looped, prefect_api, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    from flows import artifacts as progress
     from flows.verification import verify_iteration
     from storage.lake import Lake
+
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_SECONDS", 0.0)     # this small iteration counts as long work
 
     result = verify_iteration(1, {"workers": 0, "verifier": "constant"}, looped)
     lake = Lake.open(looped)
@@ -339,6 +342,7 @@ def test_a_failing_progress_report_never_fails_the_stage(prefect_api, monkeypatc
         raise ConnectionError("the API is restarting")
 
     monkeypatch.setattr(artifacts, "create_progress_artifact", unreachable)
+    monkeypatch.setattr(artifacts, "PROGRESS_AFTER_SECONDS", 0.0)
     counted = stage_task(lambda n: sum(1 for _ in track(range(n), "counting")), "count", retry_delays=[])
 
     @flow
@@ -346,3 +350,30 @@ def test_a_failing_progress_report_never_fails_the_stage(prefect_api, monkeypatc
         return counted(50)
 
     assert run() == 50
+
+
+def test_only_loops_that_last_get_progress_artifacts_and_updates_are_spaced(prefect_api, monkeypatch):
+    """Each artifact update is an API call (~10 ms): a loop over in seconds publishes none, a longer one
+    publishes its artifact once it has run a while, at most once per interval, and always its end."""
+    from prefect import flow
+
+    from flows import artifacts
+    from flows.policies import stage_task
+    from tasks.progress import track
+
+    sent = []
+    monkeypatch.setattr(artifacts, "create_progress_artifact", lambda percent, **kw: sent.append(("create", percent)) or 1)
+    monkeypatch.setattr(artifacts, "update_progress_artifact", lambda _, percent, **kw: sent.append(("update", percent)))
+    monkeypatch.setattr(artifacts, "PROGRESS_AFTER_SECONDS", 0.3)
+    monkeypatch.setattr(artifacts, "PROGRESS_EVERY_SECONDS", 0.25)
+    quick = stage_task(lambda n: sum(1 for _ in track(range(n), "quick")), "quick", retry_delays=[])
+    slow = stage_task(lambda n: sum(1 for _ in track(range(n), "slow") if time.sleep(0.05) is None), "slow",
+                      retry_delays=[])
+
+    @flow
+    def run() -> tuple[int, int]:
+        return quick(1000), slow(40)                 # 40 × 50 ms: 2 s, reported every 5 %
+
+    assert run() == (1000, 40)
+    assert sent[0][0] == "create" and sent[-1] == ("update", 100.0)
+    assert 3 <= len(sent) <= 2 + 2.0 / 0.25           # not the 20 reports the loop made
