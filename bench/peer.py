@@ -155,10 +155,14 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     config = run_config(config_path)
     folder = work or tempfile.mkdtemp(prefix="rlvr-bench-peer-")
     base = str(Path(folder) / "warmed")
-    if not (Path(base) / "model_versions").exists():
+    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0) \
+        if (Path(base) / "iteration_metrics").exists() else None
+    if warmed is None or warmed.is_empty():              # none yet, or a warm-up that was interrupted
+        shutil.rmtree(base, ignore_errors=True)
         console.print(f"warming up once in {base} …")
         warmed_lake(config_path, base)
-    start = float(Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)["eval_solve_rate"][0])
+        warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
+    start = float(warmed["eval_solve_rate"][0])
     results = {"ours": [], "trl": []}
     for seed in seeds:
         results["ours"].append(ours(config, base, seed, steps, eval_every))

@@ -22,6 +22,7 @@ import os
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -46,13 +47,53 @@ Condition = Callable[[DeltaTable | None], None]
 _ACTIVE_RUNS: set[str] = set()
 
 
+class _Snapshot:
+    """A table as this process last saw it: the Delta table, its commit stamp, its Arrow dataset (version,
+    dataset) and, for `runs`, the runs not completed at a version."""
+
+    def __init__(self, table: DeltaTable, stamp: tuple):
+        self.table, self.stamp = table, stamp
+        self.dataset: tuple[int, Any] | None = None
+        self.hidden: tuple[int, frozenset[str]] | None = None
+
+
+_SNAPSHOTS: dict[str, _Snapshot] = {}
+_SNAPSHOT_LOCK = threading.RLock()
+
+
+# The same slice is read again and again within an iteration (the latest model version, the iteration's
+# groups, the bank's problems): a table version is immutable, so a small result is kept per (table, version,
+# filter with the visibility rule, columns) and handed out again; a new commit is a new key.
+_READS: "OrderedDict[tuple, pa.Table]" = OrderedDict()
+READ_CACHE_ENTRIES = 256
+READ_CACHE_MAX_ROWS = 20_000
+
+
+def _recent_reads(key: tuple) -> pa.Table | None:
+    with _SNAPSHOT_LOCK:
+        data = _READS.get(key)
+        if data is not None:
+            _READS.move_to_end(key)
+        return data
+
+
+def _remember_read(key: tuple, data: pa.Table) -> None:
+    if data.num_rows > READ_CACHE_MAX_ROWS:
+        return
+    with _SNAPSHOT_LOCK:
+        _READS[key] = data
+        while len(_READS) > READ_CACHE_ENTRIES:
+            _READS.popitem(last=False)
+
+
+def _not_completed(runs: DeltaTable) -> frozenset[str]:
+    rows = QueryBuilder().register("runs", runs).execute("select run_id from runs where status <> 'completed'").read_all()
+    return frozenset(rows["run_id"].to_pylist())
+
+
 class Lake:
     def __init__(self, location: LakeLocation):
         self.location = location
-        self._hidden: tuple[int, frozenset[str]] | None = None     # (runs version, runs not completed)
-        self._latest: dict[str, DeltaTable] = {}                      # see _snapshot
-        self._datasets: dict[str, tuple[int, Any]] = {}
-        self._cache_lock = threading.RLock()
 
     @classmethod
     def open(cls, uri: str | None = None) -> "Lake":
@@ -102,10 +143,17 @@ class Lake:
             filter = _and(filter, self._visible(name))
         present = set(snapshot[1].schema.names)
         wanted = columns if columns is not None else TABLES[name].schema.names
-        try:
-            data = snapshot[1].to_table(filter=filter, columns=[c for c in wanted if c in present])
-        except (DeltaError, OSError) as error:         # a data file the log names is missing or unreadable
-            raise self.damaged(name, error) from None
+        read = [c for c in wanted if c in present]
+        stamp = snapshot[2]                            # None when time-travelled: not cached
+        key = (self.location.table_uri(name), stamp, str(filter), tuple(read))
+        data = _recent_reads(key) if stamp is not None else None
+        if data is None:
+            try:
+                data = snapshot[1].to_table(filter=filter, columns=read)
+            except (DeltaError, OSError) as error:     # a data file the log names is missing or unreadable
+                raise self.damaged(name, error) from None
+            if stamp is not None:
+                _remember_read(key, data)
         for column in wanted:                          # a column added to the contract after this table was written
             if column not in present:
                 field = TABLES[name].schema.field(column)
@@ -122,46 +170,79 @@ class Lake:
         return snapshot[1] if visible is None else snapshot[1].filter(visible)
 
     def _snapshot(self, name: str, version: int | None = None):
-        """(Delta table, its Arrow dataset). The latest version of each table is kept per `Lake` and brought up
-        to date from the log's newer commits (one listing), and its dataset is built once per version:
-        building it is most of what a small read costs."""
+        """(Delta table, its Arrow dataset, its commit stamp: None when time-travelled). The latest version of
+        each table is kept per process (shared by every `Lake` of the same location: each stage opens its
+        own) and brought up to date from the log's
+        newer commits (one listing), and its dataset is built once per version: building it is most of
+        what a small read costs."""
         if version is not None:
             table = self.table(name, version)
-            return None if table is None else (table, table.to_pyarrow_dataset())
-        with self._cache_lock:
-            table = self._latest.get(name)
+            return None if table is None else (table, table.to_pyarrow_dataset(), None)
+        with _SNAPSHOT_LOCK:
+            entry = self._cached(name)
+            if entry is None:
+                return None
+            if entry.dataset is None or entry.dataset[0] != entry.table.version():
+                entry.dataset = (entry.table.version(), entry.table.to_pyarrow_dataset())
+            return entry.table, entry.dataset[1], entry.stamp
+
+    def _snapshot_key(self, name: str) -> str:
+        return self.location.table_uri(name) + "|" + json.dumps(self.location.storage_options(), sort_keys=True)
+
+    def _cached(self, name: str) -> "_Snapshot | None":
+        """The process's snapshot of a table, up to date; reopened when the table at this location is no longer
+        the one cached (its current commit file changed or vanished: a lake removed and made again)."""
+        key = self._snapshot_key(name)
+        entry = _SNAPSHOTS.get(key)
+        if entry is not None:
+            try:
+                if self._commit_stamp(name, entry.table.version()) != entry.stamp:
+                    raise FileNotFoundError("replaced")
+                if self._has_commit(name, entry.table.version() + 1):   # commits are numbered without gaps: one
+                    entry.table.update_incremental()                   # look, not a listing of the whole log
+                    entry.stamp = self._commit_stamp(name, entry.table.version())
+            except FileNotFoundError:
+                entry = _SNAPSHOTS.pop(key, None) and None
+            except (DeltaError, OSError) as error:
+                _SNAPSHOTS.pop(key, None)
+                raise self.damaged(name, error) from None
+        if entry is None:
+            table = self.table(name)
             if table is None:
-                table = self.table(name)
-                if table is None:
-                    return None
-                self._latest[name] = table
-            else:
-                try:
-                    table.update_incremental()
-                except (DeltaError, OSError) as error:
-                    del self._latest[name]
-                    raise self.damaged(name, error) from None
-            cached = self._datasets.get(name)
-            if cached is None or cached[0] != table.version():
-                cached = self._datasets[name] = (table.version(), table.to_pyarrow_dataset())
-            return table, cached[1]
+                return None
+            entry = _SNAPSHOTS[key] = _Snapshot(table, self._commit_stamp(name, table.version()))
+        return entry
+
+    def _has_commit(self, name: str, version: int) -> bool:
+        path = self.location.table_uri(name).removeprefix("s3://") + f"/_delta_log/{version:020d}.json"
+        fs = self.location.filesystem
+        if self.location.is_s3:
+            fs.invalidate_cache(path)
+        return fs.exists(path)
+
+    def _commit_stamp(self, name: str, version: int) -> tuple:
+        """What identifies a table's commit `version` at this location: its log file's size and time (and, on
+        S3, its ETag: a content hash, since a time there has whole seconds)."""
+        path = self.location.table_uri(name).removeprefix("s3://") + f"/_delta_log/{version:020d}.json"
+        fs = self.location.filesystem
+        if self.location.is_s3:
+            fs.invalidate_cache(path)                  # s3fs caches object details
+        info = fs.info(path)
+        return version, info.get("size"), info.get("mtime"), info.get("ETag"), str(info.get("LastModified"))
 
     def hidden_runs(self, runs_version: int | None = None) -> frozenset[str]:
         """Runs whose rows readers must not see: every run not `completed` (running elsewhere, killed,
         failed, abandoned, rolled back), except this process's own runs in progress."""
         if runs_version is not None:
             runs = self.table("runs", runs_version)
-        else:
-            snapshot = self._snapshot("runs")
-            runs = None if snapshot is None else snapshot[0]
-        if runs is None:
-            return frozenset()
-        version = runs.version()
-        if self._hidden is None or self._hidden[0] != version:      # delta-rs's own SQL: no Arrow dataset to build
-            rows = QueryBuilder().register("runs", runs).execute(
-                "select run_id from runs where status <> 'completed'").read_all()
-            self._hidden = (version, frozenset(rows["run_id"].to_pylist()))
-        return self._hidden[1] - _ACTIVE_RUNS
+            return frozenset() if runs is None else _not_completed(runs) - _ACTIVE_RUNS
+        with _SNAPSHOT_LOCK:
+            entry = self._cached("runs")
+            if entry is None:
+                return frozenset()
+            if entry.hidden is None or entry.hidden[0] != entry.table.version():   # no Arrow dataset to build
+                entry.hidden = (entry.table.version(), _not_completed(entry.table))
+            return entry.hidden[1] - _ACTIVE_RUNS
 
     def _visible(self, name: str, runs_version: int | None = None) -> pc.Expression | None:
         if name == "runs" or "run_id" not in TABLES[name].schema.names:
@@ -423,18 +504,35 @@ class Lake:
         marked abandoned stays so). Returns whether a row was written."""
         data = pa.Table.from_pylist([row], schema=TABLES["runs"].schema)
 
-        def commit() -> bool:
-            table = self.table("runs")
+        def write(table: DeltaTable | None) -> bool:
             if insert or table is None:
                 write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
                                 storage_options=self.location.storage_options())
                 return True
-            merger = table.merge(data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
+            # the literal lets delta-rs skip every file but the run's own (by its statistics): one file
+            # rewritten and read instead of the whole table, which grows by a file a run
+            merger = table.merge(data, predicate=f"t.run_id = s.run_id AND t.run_id = {_sql_literal(row['run_id'])}",
+                                 source_alias="s", target_alias="t")
             if only_if_running:
                 metrics = merger.when_matched_update_all(predicate="t.status = 'running'").execute()
                 return metrics.get("num_target_rows_updated", 0) > 0
             merger.when_matched_update_all().when_not_matched_insert_all().execute()
             return True
+
+        def commit() -> bool:
+            """On the process's snapshot of `runs`, brought up to date (opening the table anew replays its log
+            since the last checkpoint: up to 100 commit files), then refreshed past the new commit."""
+            with _SNAPSHOT_LOCK:
+                entry = self._cached("runs")
+                try:
+                    written = write(entry.table if entry is not None else None)
+                    if entry is not None:
+                        entry.table.update_incremental()
+                        entry.stamp = self._commit_stamp("runs", entry.table.version())
+                except BaseException:
+                    _SNAPSHOTS.pop(self._snapshot_key("runs"), None)    # reopened from the log next time
+                    raise
+                return written
 
         return _retry_on_conflict(commit, f"record run {row['run_id']}")
 

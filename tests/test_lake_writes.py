@@ -153,3 +153,24 @@ def test_concurrent_writers_all_commit_and_close_their_runs(lake_uri, lake):
         version = json.loads(row["table_versions"])["quarantine"]
         snapshot = lake.read("quarantine", version=version)
         assert row["bank_version"] in snapshot["bank_version"].to_list()
+
+
+def test_every_lake_of_a_process_shares_one_up_to_date_snapshot_and_a_remade_lake_is_read_anew(lake, lake_uri):
+    """Reads are served from one process-wide snapshot per table (each stage opens its own `Lake`): a write
+    through one `Lake` is seen by another at once, repeated reads of a slice are answered from memory, and a
+    lake removed and made again at the same location (same table versions) is never read from the old one."""
+    from storage.lake import Lake
+
+    other = Lake.open(lake_uri)
+    write(lake, 1, ["a", "b"])
+    assert sorted(other.read("quarantine")["source"]) == ["a", "b"]
+    write(other, 2, ["c"])
+    assert sorted(lake.read("quarantine")["source"]) == ["a", "b", "c"]
+    assert lake.read("quarantine").equals(other.read("quarantine"))          # a second read of the same slice
+    fs = lake.location.filesystem
+    fs.rm(lake_uri.removeprefix("s3://"), recursive=True)
+    remade = Lake.open(lake_uri)
+    write(remade, 1, ["x"])
+    write(remade, 2, ["y"])                                 # the same table versions as before, other rows
+    assert sorted(lake.read("quarantine")["source"]) == ["x", "y"]
+    assert lake.read("runs").height == 2

@@ -107,6 +107,10 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
     assert [row[0] for row in report["curve"]] == [0, 1, 2] and report["eval_problems"] == 12
     assert report["gain_points"] == pytest.approx(100 * (report["final_solve_rate"] - report["warmup_solve_rate"]))
     assert report["stage_seconds"]["warmup"] > 0 and report["stage_seconds"]["train"] > 0
+    runs = lake.read("runs").filter(pl.col("iteration") > 0)
+    span = (runs["ended_at"].max() - runs["started_at"].min()).total_seconds()
+    assert report["rl_seconds"] == pytest.approx(span)
+    assert 0 <= report["outside_share"] < 1          # the stages' own time, within the iterations' span
 
 
 def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api):
