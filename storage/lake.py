@@ -310,7 +310,28 @@ class Lake:
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
             spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter))
-        existing = self.table(spec.name)
+        if isinstance(rows, (pl.DataFrame, pa.Table)):
+            # rows in memory: committed on the process's snapshot of the table, brought up to date under its
+            # lock (a fresh open replays the log since its last checkpoint, about half of a small write's cost)
+            with _SNAPSHOT_LOCK:
+                entry = self._cached(spec.name)
+                try:
+                    self._commit_rows(spec, reader, entry.table if entry else None, predicate, run, conditions, counter)
+                    if entry is not None:
+                        entry.table.update_incremental()
+                        entry.stamp = self._commit_stamp(spec.name, entry.table.version())
+                except BaseException:
+                    _SNAPSHOTS.pop(self._snapshot_key(spec.name), None)   # reopened from the log next time
+                    raise
+        else:                                          # a stream may take long: no lock held while it is read
+            self._commit_rows(spec, reader, self.table(spec.name), predicate, run, conditions, counter)
+        version = self._committed_version(spec.name, run.run_id)
+        run.record_write(spec.name, version, counter["rows"], slice_key=predicate)
+        faults.point(f"committed:{run.stage}:{spec.name}")
+        return version
+
+    def _commit_rows(self, spec: TableSpec, reader, existing: DeltaTable | None, predicate: str | None, run: Run,
+                     conditions: list[Condition] | None, counter: dict[str, Any]) -> None:
         for condition in conditions or []:            # checked on this snapshot; the commit must land right on it
             condition(existing)
         grows = existing is not None and not set(spec.schema.names) <= {f.name for f in existing.schema().fields}
@@ -330,10 +351,6 @@ class Lake:
             if counter["error"] is not None:   # the rows' own failure, not delta-rs's wrapping of it
                 raise counter["error"] from None
             raise
-        version = self._committed_version(spec.name, run.run_id)
-        run.record_write(spec.name, version, counter["rows"], slice_key=predicate)
-        faults.point(f"committed:{run.stage}:{spec.name}")
-        return version
 
     def _unique(self, spec: TableSpec, rows: RowData, key: dict[str, Any], run: Run) -> Condition:
         """No two visible rows may share the table's unique columns: refuse rows that repeat each other or a
