@@ -272,3 +272,13 @@ def test_symbolic_answers_take_the_fast_path():
                            (r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{1}{\sqrt{2}}}")]:
         verdict = verifier.verify({"answer": gold}, response)
         assert verdict.reward == 1.0 and verdict.details["method"] == "symbolic"
+
+
+@pytest.mark.parametrize("gold, answer", [("181", "11#### 181"), ("992", "2*9 @u#### 992"), ("58", "58\ufffd"),
+                                          ("61", "6\ufffd1")])
+def test_a_junk_answer_holding_the_gold_among_other_numbers_scores_nothing(gold, answer):
+    """Found in a drill's rollouts: math-verify reads a number out of text with stray marks (`11#### 181` →
+    181, a hedge between 11 and 181). Such an answer never reaches it."""
+    equal, how = MathVerifier().equivalent(gold, answer)
+    assert not equal and how == "text (stray characters)"
+    assert score(gold, f"#### {answer}") == 0.0

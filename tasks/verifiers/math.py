@@ -41,6 +41,10 @@ CORRECTION = re.compile(r"\b(?:wait|actually|correction|mistake|oops|re-?check(?
                         r"not correct|incorrect)\b", re.IGNORECASE)
 FINAL = re.compile(r"\W*(?:the\s+)?final\s+answer", re.IGNORECASE)
 _EQUALS = re.compile(r"(?<![<>!\\])=(?!=)")
+# Characters no mathematical answer is written with: a stray answer marker (`#`), `@`, or the replacement
+# character of undecodable bytes. math-verify reads a number out of such text (`11#### 181` → 181: a
+# hedge between 11 and 181 rewarded), so an answer holding one is not handed to it.
+_STRAY = re.compile(r"(?<!\\)#|@|\ufffd")
 ALTERNATIVE = re.compile(r"\bor\b|\balternatively\b|\beither\b", re.IGNORECASE)
 
 
@@ -54,7 +58,7 @@ class MathVerifier:
     precision: int = PRECISION                      # decimals a decimal answer must agree to
     decimal_comma: bool = True                      # `1,22` is 1.22 where the comma cannot group thousands
     name: str = "math"
-    version: str = "2.0"
+    version: str = "2.1"
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         raw_gold = str(problem.get("answer") or "").strip()
@@ -147,6 +151,8 @@ class MathVerifier:
         decided = symbolic.compare(gold, answer, self.precision)
         if decided is not None:
             return decided, "symbolic"
+        if _STRAY.search(answer):
+            return False, "text (stray characters)"
         return self._math_verify(gold, answer), "math-verify"
 
     def _same_structure(self, gold: Structure, answer: Structure, percent_question: bool | None) -> bool:
