@@ -139,3 +139,17 @@ def test_greedy_has_zero_logprobs_and_identical_samples(model, tokenizer):
 def test_a_policy_refuses_another_model_version(model, tokenizer):
     with pytest.raises(ValueError, match="holds model version 0, not 2"):
         HFPolicy(model, tokenizer, model_version=0).generate(["x"], 1, SamplerConfig(), 0, model_version=2)
+
+
+def test_the_sampling_benchmark_times_both_samplers_on_the_same_work():
+    """`rlvr bench sampling`: our sampler and transformers' generate sample the same rows to the same cap on one
+    model (random weights: nearly every row runs to the cap), so tokens per second compare like for like."""
+    from bench.sampling import build, compare, generate_tokens_per_second, hf_tokens_per_second
+
+    model, tokenizer = build("tiny")
+    prompts = ["1 * 2 + 3 =", "4 * 5 + 6 ="]
+    ours, _ = hf_tokens_per_second(model, tokenizer, prompts, 3, 12)
+    theirs, _ = generate_tokens_per_second(model, tokenizer, prompts, 3, 12)
+    assert 0 < ours <= 6 * 12 and 0 < theirs <= 6 * 12           # 6 rows, at most 12 new tokens each
+    result = compare("tiny", 2, 2, 8, 1)
+    assert result["rows"] == 4 and result["ratio"] == pytest.approx(result["hf_tokens_per_s"] / result["generate_tokens_per_s"], rel=1e-2)
