@@ -45,13 +45,19 @@ def warmed_lake(config: str, folder: str) -> str:
     return folder
 
 
+def copy_of(base: str, prefix: str) -> str:
+    """A fresh copy of the warmed lake (its checkpoints stay where they are: the copy's registry points at them)."""
+    lake_uri = tempfile.mkdtemp(prefix=prefix)
+    shutil.rmtree(lake_uri)
+    shutil.copytree(base, lake_uri)
+    return lake_uri
+
+
 def ours(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
     """Our loop from the warmed version in a copy of `base`: {wall, rl_seconds, curve, stages, outside}."""
     from flows.loop import rl_loop
 
-    lake_uri = tempfile.mkdtemp(prefix=f"rlvr-peer-ours-{seed}-")
-    shutil.rmtree(lake_uri)
-    shutil.copytree(base, lake_uri)
+    lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
     settings = config.model_copy(deep=True)
     settings.rollout.seed, settings.train.seed, settings.loop.evaluate_every = seed, seed, eval_every
     started = time.perf_counter()
@@ -88,10 +94,7 @@ def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
     from trainers.stage import warmup_version
     from trainers.threads import use_given_cores
 
-    lake_uri = tempfile.mkdtemp(prefix=f"rlvr-peer-trl-{seed}-")
-    shutil.rmtree(lake_uri)
-    shutil.copytree(base, lake_uri)
-    lake = Lake.open(lake_uri)
+    lake = Lake.open(copy_of(base, f"rlvr-peer-trl-{seed}-"))
     warm = warmup_version(lake)
     model, tokenizer = load_policy(version_row(lake, warm)["checkpoint_uri"])
     use_given_cores()
@@ -99,7 +102,7 @@ def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
     problems = {row["problem_id"]: row for row in bank.select(PROBLEM_FIELDS).iter_rows(named=True)}
     dataset = Dataset.from_dict({"prompt": [format_prompt(p, config.rollout.prompt, tokenizer) for p in bank["prompt"]],
                                  "problem_id": bank["problem_id"].to_list()})
-    pool = verifier_pool(config.verify).__enter__()
+    pool = None                                      # the verifier pool, open while TRL trains
 
     def reward(prompts, completions, problem_id, **_) -> list[float]:
         frame = pl.DataFrame([{**problems[pid], "rollout_id": str(i), "iteration": 0, "response": text}
@@ -128,10 +131,10 @@ def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[KeepWeights()])
-    started = time.perf_counter()
-    trainer.train()
-    rl_seconds = time.perf_counter() - started
-    pool.__exit__(None, None, None)
+    with verifier_pool(config.verify) as pool:
+        started = time.perf_counter()
+        trainer.train()
+        rl_seconds = time.perf_counter() - started
     settings = IterationConfig.model_validate(config.model_dump(include=set(IterationConfig.model_fields)))
     curve = {}
     for step, weights in sorted(kept.items()):            # scored after training: not in TRL's wall time

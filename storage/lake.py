@@ -172,9 +172,8 @@ class Lake:
     def _snapshot(self, name: str, version: int | None = None):
         """(Delta table, its Arrow dataset, its commit stamp: None when time-travelled). The latest version of
         each table is kept per process (shared by every `Lake` of the same location: each stage opens its
-        own) and brought up to date from the log's
-        newer commits (one listing), and its dataset is built once per version: building it is most of
-        what a small read costs."""
+        own, see `_cached`), and its dataset is built once per version: building it is most of what a small
+        read costs."""
         if version is not None:
             table = self.table(name, version)
             return None if table is None else (table, table.to_pyarrow_dataset(), None)
@@ -202,7 +201,8 @@ class Lake:
                     entry.table.update_incremental()                   # look, not a listing of the whole log
                     entry.stamp = self._commit_stamp(name, entry.table.version())
             except FileNotFoundError:
-                entry = _SNAPSHOTS.pop(key, None) and None
+                _SNAPSHOTS.pop(key, None)
+                entry = None
             except (DeltaError, OSError) as error:
                 _SNAPSHOTS.pop(key, None)
                 raise self.damaged(name, error) from None
@@ -213,22 +213,41 @@ class Lake:
             entry = _SNAPSHOTS[key] = _Snapshot(table, self._commit_stamp(name, table.version()))
         return entry
 
-    def _has_commit(self, name: str, version: int) -> bool:
+    def _log_file(self, name: str, version: int):
+        """(filesystem, path) of a table's commit file `version`, with s3fs's cached details of it dropped."""
         path = self.location.table_uri(name).removeprefix("s3://") + f"/_delta_log/{version:020d}.json"
         fs = self.location.filesystem
         if self.location.is_s3:
             fs.invalidate_cache(path)
+        return fs, path
+
+    def _has_commit(self, name: str, version: int) -> bool:
+        fs, path = self._log_file(name, version)
         return fs.exists(path)
 
     def _commit_stamp(self, name: str, version: int) -> tuple:
         """What identifies a table's commit `version` at this location: its log file's size and time (and, on
         S3, its ETag: a content hash, since a time there has whole seconds)."""
-        path = self.location.table_uri(name).removeprefix("s3://") + f"/_delta_log/{version:020d}.json"
-        fs = self.location.filesystem
-        if self.location.is_s3:
-            fs.invalidate_cache(path)                  # s3fs caches object details
+        fs, path = self._log_file(name, version)
         info = fs.info(path)
         return version, info.get("size"), info.get("mtime"), info.get("ETag"), str(info.get("LastModified"))
+
+    def _on_snapshot(self, name: str, write: Callable[[DeltaTable | None], Any]) -> Any:
+        """Run `write` on the process's snapshot of a table (None when the table does not exist yet), brought up
+        to date under the snapshot lock, then bring the snapshot past the new commit. A fresh open replays the
+        log since its last checkpoint (up to 100 commit files): about half of what a small write costs. A
+        write that fails drops the snapshot, which is reopened from the log next time."""
+        with _SNAPSHOT_LOCK:
+            entry = self._cached(name)
+            try:
+                result = write(entry.table if entry is not None else None)
+                if entry is not None:
+                    entry.table.update_incremental()
+                    entry.stamp = self._commit_stamp(name, entry.table.version())
+            except BaseException:
+                _SNAPSHOTS.pop(self._snapshot_key(name), None)
+                raise
+            return result
 
     def hidden_runs(self, runs_version: int | None = None) -> frozenset[str]:
         """Runs whose rows readers must not see: every run not `completed` (running elsewhere, killed,
@@ -310,19 +329,9 @@ class Lake:
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
             spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter))
-        if isinstance(rows, (pl.DataFrame, pa.Table)):
-            # rows in memory: committed on the process's snapshot of the table, brought up to date under its
-            # lock (a fresh open replays the log since its last checkpoint, about half of a small write's cost)
-            with _SNAPSHOT_LOCK:
-                entry = self._cached(spec.name)
-                try:
-                    self._commit_rows(spec, reader, entry.table if entry else None, predicate, run, conditions, counter)
-                    if entry is not None:
-                        entry.table.update_incremental()
-                        entry.stamp = self._commit_stamp(spec.name, entry.table.version())
-                except BaseException:
-                    _SNAPSHOTS.pop(self._snapshot_key(spec.name), None)   # reopened from the log next time
-                    raise
+        if isinstance(rows, (pl.DataFrame, pa.Table)):    # rows in memory: committed on the process's snapshot
+            self._on_snapshot(spec.name, lambda existing: self._commit_rows(spec, reader, existing, predicate, run,
+                                                                            conditions, counter))
         else:                                          # a stream may take long: no lock held while it is read
             self._commit_rows(spec, reader, self.table(spec.name), predicate, run, conditions, counter)
         version = self._committed_version(spec.name, run.run_id)
@@ -536,22 +545,7 @@ class Lake:
             merger.when_matched_update_all().when_not_matched_insert_all().execute()
             return True
 
-        def commit() -> bool:
-            """On the process's snapshot of `runs`, brought up to date (opening the table anew replays its log
-            since the last checkpoint: up to 100 commit files), then refreshed past the new commit."""
-            with _SNAPSHOT_LOCK:
-                entry = self._cached("runs")
-                try:
-                    written = write(entry.table if entry is not None else None)
-                    if entry is not None:
-                        entry.table.update_incremental()
-                        entry.stamp = self._commit_stamp("runs", entry.table.version())
-                except BaseException:
-                    _SNAPSHOTS.pop(self._snapshot_key("runs"), None)    # reopened from the log next time
-                    raise
-                return written
-
-        return _retry_on_conflict(commit, f"record run {row['run_id']}")
+        return _retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
 
     def runs_version(self) -> int | None:
         table = self.table("runs")
