@@ -2,9 +2,10 @@
 
 Transient failures (an inference server down for a restart, a storage or network timeout) are
 retried by Prefect after a delay; anything else (a bad config, a refused request, a bug) fails at
-once. Tasks that hold an accelerator carry the `gpu` tag, so one Prefect concurrency limit
-(`prefect concurrency-limit create gpu 1`) serialises them across every flow run and worker: a
-scheduling aid. Correctness does not rest on it: flows that write iterations or train hold the
+once. Tasks that hold an accelerator carry the `gpu` tag while a `gpu` concurrency limit exists
+(`prefect concurrency-limit create gpu 1`), which then serialises them across every flow run and
+worker: a scheduling aid. Without one they run untagged, because a tagged task run asks the server
+for slots (a write) every 5 s, and on a busy 2-core host that request sometimes waits 2 s. Correctness does not rest on it: flows that write iterations or train hold the
 lake's own `loop` lease (`writes_iterations`), which a second writer cannot take.
 """
 
@@ -13,12 +14,13 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from collections.abc import Callable
 from typing import Any
 
-from prefect import task
+from prefect import Task, tags
 from prefect.cache_policies import NO_CACHE
 
 from flows.artifacts import progress_listener
@@ -28,6 +30,38 @@ from tasks.progress import reporting_to
 from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
 
 GPU_TAG = "gpu"
+GPU_LIMIT_LOOKUP_SECONDS = 30.0      # how long the answer to "is there a gpu limit?" is kept
+_gpu_limit_seen: list[tuple[float, bool]] = []   # (monotonic time of the lookup, its answer)
+
+
+def gpu_limit_exists() -> bool:
+    """Whether the Prefect server holds a `gpu` tag concurrency limit; looked up (a read) at most once per
+    GPU_LIMIT_LOOKUP_SECONDS. A server that cannot answer counts as having one: the tag is then kept."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    if _gpu_limit_seen and time.monotonic() - _gpu_limit_seen[0][0] < GPU_LIMIT_LOOKUP_SECONDS:
+        return _gpu_limit_seen[0][1]
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_global_concurrency_limit_by_name(f"tag:{GPU_TAG}")
+        exists = True
+    except ObjectNotFound:
+        exists = False
+    except Exception:  # noqa: BLE001 - an unreachable server: keep the tag, Prefect reports the failure itself
+        exists = True
+    _gpu_limit_seen[:] = [(time.monotonic(), exists)]
+    return exists
+
+
+class GpuTask(Task):
+    """A task that holds the accelerator: run with the `gpu` tag while a `gpu` concurrency limit exists."""
+
+    def __call__(self, *args, **kwargs):
+        if not gpu_limit_exists():
+            return super().__call__(*args, **kwargs)
+        with tags(GPU_TAG):
+            return super().__call__(*args, **kwargs)
 
 
 def retry_delays_from_env(default: list[float]) -> list[float]:
@@ -62,8 +96,8 @@ def _retry_if_transient(task_, task_run, state) -> bool:
 
 
 def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delays: list[float] | None = None):
-    """A Prefect task over a stage function: no result caching, transient failures retried, `gpu`-tagged,
-    and the function's tracked loops published as progress artifacts."""
+    """A Prefect task over a stage function: no result caching, transient failures retried, `gpu`-tagged
+    when it holds the accelerator and a `gpu` limit exists, and its tracked loops published as progress artifacts."""
     delays = TRANSIENT_RETRY_DELAYS if retry_delays is None else retry_delays
 
     @functools.wraps(fn)
@@ -73,8 +107,8 @@ def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delay
 
     with_progress.__prefect_task_source__ = fn      # Prefect keys task runs by this function's code, not the wrapper's
 
-    return task(with_progress, name=name, cache_policy=NO_CACHE, retries=len(delays), retry_delay_seconds=delays,
-                retry_condition_fn=_retry_if_transient, tags=[GPU_TAG] if gpu else [])
+    return (GpuTask if gpu else Task)(with_progress, name=name, cache_policy=NO_CACHE, retries=len(delays),
+                                      retry_delay_seconds=delays, retry_condition_fn=_retry_if_transient)
 
 
 def writes_iterations(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,5 +132,8 @@ def without_flow_heartbeats() -> Iterator[None]:
     writer is found by the lake's own process records (storage/presence.py), not by these."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:    # already off (a nested flow): settings cost ~0.1 s to copy
+        yield
+        return
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield

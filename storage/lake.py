@@ -234,16 +234,19 @@ class Lake:
 
     def _on_snapshot(self, name: str, write: Callable[[DeltaTable | None], Any]) -> Any:
         """Run `write` on the process's snapshot of a table (None when the table does not exist yet), brought up
-        to date under the snapshot lock, then bring the snapshot past the new commit. A fresh open replays the
+        to date under the snapshot lock; after it, the snapshot is delta-rs's own post-commit state (dropped and
+        reopened when another writer's commit landed in between). A fresh open replays the
         log since its last checkpoint (up to 100 commit files): about half of what a small write costs. A
         write that fails drops the snapshot, which is reopened from the log next time."""
         with _SNAPSHOT_LOCK:
             entry = self._cached(name)
             try:
+                before = entry.table.version() if entry is not None else None
                 result = write(entry.table if entry is not None else None)
-                if entry is not None:
-                    entry.table.update_incremental()
-                    entry.stamp = self._commit_stamp(name, entry.table.version())
+                if entry is not None and entry.table.version() == before + 1:
+                    entry.stamp = self._commit_stamp(name, entry.table.version())   # delta-rs holds the new state
+                elif entry is not None and entry.table.version() != before:   # another writer's commit landed
+                    _SNAPSHOTS.pop(self._snapshot_key(name), None)               # first: reopened from the log
             except BaseException:
                 _SNAPSHOTS.pop(self._snapshot_key(name), None)
                 raise
@@ -329,12 +332,19 @@ class Lake:
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
             spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter))
+        version = None
         if isinstance(rows, (pl.DataFrame, pa.Table)):    # rows in memory: committed on the process's snapshot
-            self._on_snapshot(spec.name, lambda existing: self._commit_rows(spec, reader, existing, predicate, run,
-                                                                            conditions, counter))
+
+            def commit(existing: DeltaTable | None) -> int | None:
+                before = existing.version() if existing is not None else None
+                self._commit_rows(spec, reader, existing, predicate, run, conditions, counter)
+                # the snapshot one commit on: that commit is this write's (else the log says which one is)
+                return existing.version() if existing is not None and existing.version() == before + 1 else None
+
+            version = self._on_snapshot(spec.name, commit)
         else:                                          # a stream may take long: no lock held while it is read
             self._commit_rows(spec, reader, self.table(spec.name), predicate, run, conditions, counter)
-        version = self._committed_version(spec.name, run.run_id)
+        version = version if version is not None else self._committed_version(spec.name, run.run_id)
         run.record_write(spec.name, version, counter["rows"], slice_key=predicate)
         faults.point(f"committed:{run.stage}:{spec.name}")
         return version

@@ -234,22 +234,28 @@ def test_transient_failures_are_retried_and_others_are_not(prefect_api):
 
 
 def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
-    """With `prefect concurrency-limit create gpu 1`, two flows' GPU tasks never overlap (without it they do:
-    each holds the GPU longer than the second flow takes to start)."""
+    """With `prefect concurrency-limit create gpu 1`, two flows' GPU tasks carry the `gpu` tag and never overlap.
+    Without it they run untagged (a tagged task run asks the server for slots) and overlap: each holds the
+    GPU longer than the second flow takes to start."""
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from flows.iteration import sample_task, train_task
-    from flows.policies import GPU_TAG, stage_task
+    from prefect.runtime import task_run
 
-    assert GPU_TAG in sample_task.tags and GPU_TAG in train_task.tags
+    from flows import policies
+    from flows.iteration import sample_task, train_task
+    from flows.policies import GPU_TAG, GpuTask, stage_task
+
+    assert isinstance(sample_task, GpuTask) and isinstance(train_task, GpuTask)
     assert sample_task.task_key != train_task.task_key      # keyed by each stage function's code, not the wrapper
+    run_tags: list[list[str]] = []
 
     def spans_of_two_flows() -> list[tuple[float, float]]:
         spans: list[tuple[float, float]] = []
 
         def hold_the_gpu() -> None:
             start = time.monotonic()
+            run_tags.append(list(task_run.tags))
             time.sleep(4)
             spans.append((start, time.monotonic()))
 
@@ -269,16 +275,20 @@ def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
         assert len(spans) == 2
         return sorted(spans)
 
+    policies._gpu_limit_seen.clear()
     (_, first_end), (second_start, _) = spans_of_two_flows()
     assert second_start < first_end                             # no limit: they overlap
+    assert run_tags == [[], []]
     with get_client(sync_client=True) as client:
         client.create_concurrency_limit(tag=GPU_TAG, concurrency_limit=1)
-        time.sleep(5.5)                                         # Prefect caches "no limit on these tags" for 5 s
+        policies._gpu_limit_seen.clear()                        # looked up again at once, not after 30 s
         try:
             (_, first_end), (second_start, _) = spans_of_two_flows()
         finally:
             client.delete_concurrency_limit_by_tag(GPU_TAG)
+            policies._gpu_limit_seen.clear()
     assert second_start >= first_end - 0.05
+    assert run_tags[2:] == [[GPU_TAG], [GPU_TAG]]
 
 def test_long_stage_work_publishes_progress_artifacts(looped, prefect_api, monkeypatch):
     from prefect.client.orchestration import get_client

@@ -23,6 +23,7 @@ from pydantic import Field
 from storage.lake import Lake
 from storage.registry import claim_checkpoint, register
 from tasks.curation.config import Strict
+from trainers import policy_cache
 from trainers.tiny import TinyModelConfig
 
 CACHE_DIR = Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr")) / "checkpoints"
@@ -69,6 +70,10 @@ def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: 
 
     if not lake.location.is_s3:
         write(uri)
+        if adapter_of is None:                 # the loop loads it again at once: to sample, then to train on
+            policy_cache.remember("policy", uri, (model, tokenizer))
+            if training_state is not None:
+                policy_cache.remember("training_state", uri, training_state)
         return uri
     with tempfile.TemporaryDirectory() as local:
         write(local)
@@ -137,11 +142,17 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
     _quiet_transformers()
     use_given_cores()                                  # every torch stage loads a policy first
     folder = local_checkpoint(uri)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.padding_side = "left"
     base = adapter_base(uri)
     if base is None:
+        kept = policy_cache.recall("policy", folder)
+        if kept is not None:
+            model, tokenizer = kept
+            return model.to(device).eval(), tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    if base is None:
         model = AutoModelForCausalLM.from_pretrained(folder)
+        policy_cache.remember("policy", folder, (model, tokenizer))
     else:
         from peft import PeftModel
 
@@ -157,9 +168,13 @@ def load_training_state(uri: str) -> dict | None:
     """The optimizer state saved with a checkpoint, or None (a base model)."""
     import torch
 
-    path = os.path.join(local_checkpoint(uri), TRAINING_STATE)
+    folder = local_checkpoint(uri)
+    path = os.path.join(folder, TRAINING_STATE)
+    if not os.path.exists(path):
+        return None
+    kept = policy_cache.recall("training_state", folder)
     # map to CPU: AdamW's load_state_dict moves the state onto the parameters' device (a GPU run's state loads on CPU)
-    return torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else None
+    return kept if kept is not None else torch.load(path, map_location="cpu", weights_only=True)
 
 
 def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:

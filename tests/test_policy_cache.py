@@ -1,0 +1,75 @@
+"""The in-process checkpoint cache: a version just saved loads from memory, exactly as it would from its
+files, every load is a copy of its own, and a folder whose files changed is read again."""
+
+import pytest
+import torch
+
+from storage.lake import Lake
+from trainers import policy_cache
+from trainers.registry import load_policy, load_training_state, save_checkpoint
+from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+
+SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    """A checkpoint saved with its optimizer state; the cache starts empty and is emptied after."""
+    policy_cache.forget()
+    tokenizer = train_tokenizer(tokenizer_corpus(count=50))
+    model = build_model(SMALL, tokenizer)
+    state = {"optimizer": {"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": []}, "step": 7}
+    uri = save_checkpoint(Lake.open(str(tmp_path / "lake")), 1, model, tokenizer, state)
+    yield uri, model, state
+    policy_cache.forget()
+
+
+def weights(model) -> dict:
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_saved_version_loads_from_memory_as_it_would_from_its_files(saved):
+    uri, model, _ = saved
+    assert policy_cache.recall("policy", uri) is not None            # kept at save time
+    from_memory, _ = load_policy(uri)
+    policy_cache.forget()
+    from_files, _ = load_policy(uri)
+    assert same(weights(from_memory), weights(from_files)) and same(weights(from_memory), weights(model))
+    assert from_memory is not model
+
+
+def test_every_load_is_a_copy_so_training_in_place_changes_nothing_kept(saved):
+    uri, model, state = saved
+    first, _ = load_policy(uri)
+    with torch.no_grad():
+        for parameter in first.parameters():
+            parameter.add_(1.0)                                      # what a training step does to its model
+    second, _ = load_policy(uri)
+    assert same(weights(second), weights(model))
+    loaded = load_training_state(uri)
+    loaded["optimizer"]["state"][0]["exp_avg"].mul_(0)               # AdamW updates its state in place
+    assert torch.equal(load_training_state(uri)["optimizer"]["state"][0]["exp_avg"], torch.ones(3))
+    assert load_training_state(uri)["step"] == state["step"]
+
+
+def test_a_folder_whose_checkpoint_changed_is_read_again(saved):
+    uri, model, _ = saved
+    other, _ = load_policy(uri)                                      # cached now
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(0.5)
+    other.save_pretrained(uri)                                       # the same folder, other weights
+    reloaded, _ = load_policy(uri)
+    assert same(weights(reloaded), weights(other)) and not same(weights(reloaded), weights(model))
+
+
+def test_models_over_the_size_limit_are_not_kept(saved, monkeypatch):
+    uri, model, _ = saved
+    policy_cache.forget()
+    monkeypatch.setattr(policy_cache, "MAX_PARAMETERS", 10)
+    load_policy(uri)
+    assert policy_cache.recall("policy", uri) is None
