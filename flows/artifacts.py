@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import re
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import polars as pl
@@ -17,25 +14,6 @@ from prefect.artifacts import (create_markdown_artifact, create_progress_artifac
 from prefect.runtime import task_run
 
 from storage.lake import Lake
-
-
-_SENDER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-artifacts")
-_PENDING: list[Future] = []
-
-
-def send_later(create: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """Call an artifact function from one background thread, in the caller's run context: the loop does not
-    wait for the server's reply (about 15 ms a request, 5 an iteration). Sent in order; `all_sent` waits."""
-    _PENDING.append(_SENDER.submit(contextvars.copy_context().run, create, *args, **kwargs))
-
-
-def all_sent(timeout: float = 60.0) -> None:
-    """Wait for the artifacts sent so far; one that failed is a warning, never the loop's failure."""
-    while _PENDING:
-        try:
-            _PENDING.pop(0).result(timeout)
-        except Exception as error:  # noqa: BLE001 - an artifact is a view of the lake, which holds the data
-            logging.getLogger("rlvr.artifacts").warning("an iteration artifact was not published: %s", error)
 
 
 def solve_rate_table(lake: Lake, iteration: int) -> list[dict[str, Any]]:
@@ -51,20 +29,19 @@ def solve_rate_table(lake: Lake, iteration: int) -> list[dict[str, Any]]:
 
 
 def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:
-    """A table of solve rate by level and source, and a markdown summary of the iteration (read here, sent in
-    the background)."""
+    """A table of solve rate by level and source, and a markdown summary of the iteration."""
     iteration = row["iteration"]
-    send_later(create_table_artifact, key="rl-iteration-solve-rates", table=solve_rate_table(lake, iteration),
+    create_table_artifact(key="rl-iteration-solve-rates", table=solve_rate_table(lake, iteration),
                           description=f"iteration {iteration}: training groups by level and source")
     filters = lake.read("groups", filter=pc.field("iteration") == iteration, columns=["filter_reason"])
     outcomes = sorted(filters.group_by("filter_reason").len().rows(), key=lambda r: str(r[0]))
-    send_later(create_table_artifact, key="rl-iteration-filters", table=[
+    create_table_artifact(key="rl-iteration-filters", table=[
         {"outcome": reason or "kept", "groups": count, "share": round(count / max(filters.height, 1), 3)}
         for reason, count in outcomes],
         description=f"iteration {iteration}: what dynamic sampling did with the drawn groups")
     freshness = lake.read("advantages", filter=pc.field("iteration") == iteration,
                           columns=["freshness", "staleness", "importance_weight"])
-    send_later(create_table_artifact, key="rl-iteration-staleness", table=freshness.group_by("freshness").agg(
+    create_table_artifact(key="rl-iteration-staleness", table=freshness.group_by("freshness").agg(
         rollouts=pl.len(), mean_staleness=pl.col("staleness").mean().round(2),
         mean_importance_weight=pl.col("importance_weight").mean().round(3)).sort("freshness").to_dicts(),
         description=f"iteration {iteration}: rollouts by freshness against the training version")
@@ -78,7 +55,7 @@ def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:
              f"entropy {_number(row['entropy'])}",
              f"- solve rate by level: {row['solve_rate_by_level']}",
              f"- held-out sampled solve rate: {_percent(row['eval_solve_rate'])}"]
-    send_later(create_markdown_artifact, key="rl-iteration-summary", markdown="\n".join(lines),
+    create_markdown_artifact(key="rl-iteration-summary", markdown="\n".join(lines),
                              description=f"iteration {iteration} at a glance")
 
 

@@ -18,7 +18,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from flows.artifacts import all_sent, publish_iteration, send_later
+from flows.artifacts import publish_iteration
 from flows.curation import curate_bank
 from flows.evaluation import evaluate_model
 from flows.policies import stage_task, writes_iterations
@@ -100,15 +100,6 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)
     progress = create_progress_artifact(0.0, key="rl-loop-progress", description=f"{total} iterations to run")
-    try:
-        return run_iterations(settings, iteration_config, lake, lake_uri, total, progress)
-    finally:
-        all_sent()                                   # the iterations' artifacts exist when the flow run ends
-
-
-def run_iterations(settings: RunConfig, iteration_config: dict[str, Any], lake: Lake, lake_uri: str | None,
-                   total: int, progress) -> list[dict[str, Any]]:
-    """The loop's body: `total` iterations from where the lake stands, each resumable on its own."""
     rows = []
     for _ in track(range(total), "RL loop"):
         iteration, already_trained = resume_point(lake)
@@ -145,5 +136,5 @@ def run_iterations(settings: RunConfig, iteration_config: dict[str, Any], lake: 
                 for source, old, new, reason in moves.select("source", "old_step", "new_step", "reason").rows():
                     print(f"gym curriculum: {source} step {old}→{new} ({reason})")
         rows.append(row)
-        send_later(update_progress_artifact, progress, 100 * len(rows) / total)
+        update_progress_artifact(progress, 100 * len(rows) / total)
     return rows
