@@ -143,24 +143,23 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
     use_given_cores()                                  # every torch stage loads a policy first
     folder = local_checkpoint(uri)
     base = adapter_base(uri)
-    if base is None:
-        kept = policy_cache.recall("policy", folder)
-        if kept is not None:
-            model, tokenizer = kept
-            return model.to(device).eval(), tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.padding_side = "left"
-    if base is None:
-        model = AutoModelForCausalLM.from_pretrained(folder)
-        policy_cache.remember("policy", folder, (model, tokenizer))
+    kept = policy_cache.recall("policy", folder) if base is None else None     # a full checkpoint held in memory
+    if kept is not None:
+        model, tokenizer = kept
     else:
-        from peft import PeftModel
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer.padding_side = "left"
+        if base is None:
+            model = AutoModelForCausalLM.from_pretrained(folder)
+            policy_cache.remember("policy", folder, (model, tokenizer))
+        else:
+            from peft import PeftModel
 
-        base_model, _ = load_policy(base)
-        with peft_warnings_quiet():
-            model = PeftModel.from_pretrained(base_model, folder, is_trainable=trainable_adapter)
-        if not trainable_adapter:
-            model = model.merge_and_unload()
+            base_model, _ = load_policy(base)
+            with peft_warnings_quiet():
+                model = PeftModel.from_pretrained(base_model, folder, is_trainable=trainable_adapter)
+            if not trainable_adapter:
+                model = model.merge_and_unload()
     return model.to(device).eval(), tokenizer
 
 
