@@ -19,6 +19,7 @@ from flows.run_config import EvaluationRunConfig
 from storage.fingerprints import fingerprint, in_place_run, run_ids
 from storage.lake import Lake
 from storage.registry import latest_version
+from tasks.advantages.stage import latest_dbb_iteration
 from tasks.curation.config import merged_config
 from tasks.evaluation import pinned_bank_version
 from tasks.rewards.compose import RewardConfig
@@ -81,11 +82,16 @@ def advantages_key(lake: Lake, settings: IterationConfig, iteration: int, model_
     verifier = settings.advantages.verifier
     inputs = {"rollouts": run_ids(lake, "rollouts", iteration),
               "rewards": run_ids(lake, "rewards", iteration, None if verifier is None else pc.field("verifier") == verifier),
-              "dbb_state": sorted(lake.read("dbb_state", filter=pc.field("iteration") < iteration,
-                                            columns=["run_id"])["run_id"].unique().to_list()),
+              "dbb_state": dbb_state_runs(lake, iteration),
               "model_version": model_version}
     sections = {"advantages", "dynamic_sampling"} | ({"reward"} if not settings.reward.is_default() else set())
     return StageKey("compute-advantages", "advantages", settings.model_dump(mode="json", include=sections), inputs)
+
+
+def dbb_state_runs(lake: Lake, iteration: int) -> list[str]:
+    """The runs that wrote the DBB state the iteration's advantages start from (the latest earlier one)."""
+    last = latest_dbb_iteration(lake, iteration)
+    return [] if last is None else run_ids(lake, "dbb_state", last)
 
 
 def train_key(lake: Lake, settings: TrainConfig, iteration: int, parent: int | None) -> StageKey:

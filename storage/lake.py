@@ -27,10 +27,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import unquote
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
@@ -84,6 +86,31 @@ def _remember_read(key: tuple, data: pa.Table) -> None:
         _READS[key] = data
         while len(_READS) > READ_CACHE_ENTRIES:
             _READS.popitem(last=False)
+
+
+def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") -> "pads.FileSystemDataset":
+    """The table's Arrow dataset, built from the previous version's where it can be. delta-rs spends about 1 ms a
+    file writing each file's statistics into an expression, and the loop adds a file to most tables every
+    iteration, so a full build grows with the run (50 ms a table at 50 iterations); files are immutable, so only
+    the files that are new since `previous` are built, from the partitions that hold them."""
+    partitions = table.metadata().partition_columns
+    schema = pa.schema(table.schema().to_arrow())
+    if previous is None or len(partitions) != 1 or not previous.schema.equals(schema):
+        return table.to_pyarrow_dataset()
+    # relative paths, as the fragments name them, in delta-rs's own order (rows come back in the order a full
+    # build gives them)
+    paths = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
+    fragments = {fragment.path: fragment for fragment in previous.get_fragments()}
+    new = [path for path in paths if path not in fragments]
+    values = {unquote(path.split("/", 1)[0].partition("=")[2]) for path in new}
+    if any(not path.startswith(partitions[0] + "=") for path in new) or "__HIVE_DEFAULT_PARTITION__" in values:
+        return table.to_pyarrow_dataset()
+    if new:
+        built = table.to_pyarrow_dataset(file_pruning_predicate=[(partitions[0], "in", sorted(values))])
+        fragments.update((fragment.path, fragment) for fragment in built.get_fragments())
+    if any(path not in fragments for path in new):
+        return table.to_pyarrow_dataset()
+    return pads.FileSystemDataset([fragments[path] for path in paths], schema, previous.format, previous.filesystem)
 
 
 def _not_completed(runs: DeltaTable) -> frozenset[str]:
@@ -182,7 +209,8 @@ class Lake:
             if entry is None:
                 return None
             if entry.dataset is None or entry.dataset[0] != entry.table.version():
-                entry.dataset = (entry.table.version(), entry.table.to_pyarrow_dataset())
+                entry.dataset = (entry.table.version(),
+                                 _next_dataset(entry.table, entry.dataset[1] if entry.dataset else None))
             return entry.table, entry.dataset[1], entry.stamp
 
     def _snapshot_key(self, name: str) -> str:
@@ -545,17 +573,23 @@ class Lake:
                 write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
                                 storage_options=self.location.storage_options())
                 return True
-            # the literal lets delta-rs skip every file but the run's own (by its statistics): one file
-            # rewritten and read instead of the whole table, which grows by a file a run
-            merger = table.merge(data, predicate=f"t.run_id = s.run_id AND t.run_id = {_sql_literal(row['run_id'])}",
-                                 source_alias="s", target_alias="t")
+            # the run's row replaced in one commit that lands right on this snapshot (or is retried on a fresh
+            # one), so the status read here still holds when it lands. Not a MERGE: delta-rs writes the file a
+            # MERGE rewrites with string_view columns, which a filtered read of a compacted file cannot compare
+            predicate = f"run_id = {_sql_literal(row['run_id'])}"
             if only_if_running:
-                metrics = merger.when_matched_update_all(predicate="t.status = 'running'").execute()
-                return metrics.get("num_target_rows_updated", 0) > 0
-            merger.when_matched_update_all().when_not_matched_insert_all().execute()
+                status = QueryBuilder().register("runs", table).execute(
+                    f"select status from runs where {predicate}").read_all()["status"].to_pylist()
+                if status != ["running"]:
+                    return False
+            write_deltalake(table, data, mode="overwrite", predicate=predicate,
+                            storage_options=self.location.storage_options(),
+                            commit_properties=CommitProperties(max_commit_retries=0))
             return True
 
-        return _retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
+        written = _retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
+        self._on_snapshot("runs", _compacted_runs)
+        return written
 
     def runs_version(self) -> int | None:
         table = self.table("runs")
@@ -596,6 +630,26 @@ class Lake:
         if not before:
             raise LakeError(f"the lake at {self.uri} has no version at or before {instant.isoformat()}")
         return max(before)
+
+
+RUNS_COMPACT_FILES = 48      # `runs` grows by a file per row written; past this many it is rewritten as one
+
+
+def _compacted_runs(table: DeltaTable | None) -> None:
+    """Rewrite `runs` as one file once it holds RUNS_COMPACT_FILES: every write, read and snapshot of it costs
+    in proportion to its files (about 1 ms each), and a loop adds five an iteration. The rewrite holds
+    exactly the rows of the snapshot and lands right on it or not at all: a commit by any other writer in
+    between refuses it, and it is tried again at a later write; so does every update of a run's row. It is a
+    data-changing overwrite, not delta-rs's `optimize.compact`: delta-rs 1.6 let a concurrent MERGE commit over
+    a compaction that removed the file it read (a run's row then appeared twice)."""
+    if table is None or len(table.file_uris()) < RUNS_COMPACT_FILES:
+        return
+    rows = table.to_pyarrow_table()
+    try:
+        write_deltalake(table, rows, mode="overwrite", commit_properties=CommitProperties(
+            custom_metadata={"stage": "compact-runs"}, max_commit_retries=0))
+    except CommitFailedError:
+        pass
 
 
 def _retry_on_conflict(commit, what: str, attempts: int = 30):

@@ -7,6 +7,7 @@ import textwrap
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from storage.lake import LakeError
@@ -130,11 +131,19 @@ def test_reading_a_missing_table_gives_the_contract_schema(lake):
     assert frame.is_empty() and "problem_id" in frame.columns
 
 
-def test_concurrent_writers_all_commit_and_close_their_runs(lake_uri, lake):
+@pytest.mark.parametrize("compact_at", [None, 2], ids=["runs-never-compacted", "runs-compacted-at-every-write"])
+def test_concurrent_writers_all_commit_and_close_their_runs(lake_uri, lake, compact_at, monkeypatch):
+    """Five processes race to write their slices and run rows; with `runs` compacted at every write too
+    (a rewrite racing the others' updates), each run keeps exactly one row and ends completed."""
+    if compact_at:
+        monkeypatch.setattr("storage.lake.RUNS_COMPACT_FILES", compact_at)
     script = textwrap.dedent(f"""
         import sys
         import polars as pl
+        import storage.lake
         from storage.lake import Lake
+        if {compact_at!r}:
+            storage.lake.RUNS_COMPACT_FILES = {compact_at!r}
         version = int(sys.argv[1])
         lake = Lake.open({lake_uri!r})
         rows = pl.DataFrame({{"bank_version": [version] * 3, "source": ["s"] * 3, "source_uri": ["f"] * 3, "reason": ["r"] * 3}})
@@ -147,7 +156,9 @@ def test_concurrent_writers_all_commit_and_close_their_runs(lake_uri, lake):
     for process in processes:
         assert process.wait(240) == 0, process.stderr.read()
     runs = lake.read("runs")
-    assert runs.height == 6 and set(runs["status"]) == {"completed"}
+    assert runs.height == 6 and set(runs["status"]) == {"completed"}, runs.select("run_id", "status")
+    if compact_at:                                   # the rewrites happened, and left one file behind at times
+        assert any(info.get("stage") == "compact-runs" for info in lake.table("runs").history())
     assert sorted(lake.read("quarantine")["bank_version"].unique().to_list()) == [0, 1, 2, 3, 4, 5]
     for row in runs.iter_rows(named=True):            # each run recorded the version of its own commit
         version = json.loads(row["table_versions"])["quarantine"]
@@ -174,3 +185,71 @@ def test_every_lake_of_a_process_shares_one_up_to_date_snapshot_and_a_remade_lak
     write(remade, 2, ["y"])                                 # the same table versions as before, other rows
     assert sorted(lake.read("quarantine")["source"]) == ["x", "y"]
     assert lake.read("runs").height == 2
+
+
+
+def test_a_table_read_after_each_write_holds_what_a_fresh_open_reads_in_the_same_order(lake, monkeypatch):
+    """The process's dataset of a partitioned table is built from the previous version's (only new files are
+    built anew, see `_next_dataset`): after replaces, a clear, an append into an existing partition and a
+    replace that removes a file, every read equals a fresh full build's, row for row and in order."""
+    from deltalake import DeltaTable
+
+    full_builds = []
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", lambda self, *a, _original=DeltaTable.to_pyarrow_dataset,
+                        **k: full_builds.append(bool(k.get("file_pruning_predicate"))) or _original(self, *a, **k))
+
+    def fresh() -> pl.DataFrame:
+        table = DeltaTable(lake.location.table_uri("quarantine"), storage_options=lake.location.storage_options())
+        return pl.from_arrow(table.to_pyarrow_table())
+
+    steps = [lambda run, v=version: lake.replace("quarantine", quarantine_rows(v, [f"v{v}"]), {"bank_version": v}, run)
+             for version in range(1, 6)]
+    steps += [lambda run: lake.clear("quarantine", {"bank_version": 2}, run),
+              lambda run: lake.append("quarantine", quarantine_rows(4, ["extra-a", "extra-b"]), run),
+              lambda run: lake.replace("quarantine", quarantine_rows(4, ["again"]), {"bank_version": 4}, run),
+              lambda run: lake.replace("quarantine", quarantine_rows(7, ["late"]), {"bank_version": 7}, run)]
+    for step in steps:
+        with lake.run("test-flow", "test-stage", {}) as run:
+            step(run)
+        assert lake.read("quarantine", raw=True).equals(fresh())
+    assert sorted(lake.read("quarantine")["source"]) == ["again", "late", "v1", "v3", "v5"]
+    assert full_builds.count(True) >= 5            # most versions were built from the one before
+
+
+def test_runs_are_compacted_into_one_file_without_losing_or_repeating_a_row(lake, monkeypatch):
+    """`runs` grows by a file per run; past RUNS_COMPACT_FILES it is rewritten as one file with the same rows.
+    A rewrite planned on a stale snapshot is refused, and delta-rs refuses an update read before a rewrite
+    (the lake then retries it on a fresh snapshot): no run row is lost or doubled."""
+    from deltalake import CommitProperties, DeltaTable, write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    from storage import lake as lake_module
+
+    def runs_table() -> DeltaTable:
+        return DeltaTable(lake.location.table_uri("runs"), storage_options=lake.location.storage_options())
+
+    monkeypatch.setattr(lake_module, "RUNS_COMPACT_FILES", 3)
+    runs = [write(lake, version, ["s"]) for version in range(3)]     # the third run's start row makes 3 files
+    assert len(runs_table().file_uris()) == 1
+    assert any(info.get("stage") == "compact-runs" for info in runs_table().history())
+    assert sorted(lake.read("runs")["run_id"]) == sorted(run.run_id for run in runs)
+    assert set(lake.read("runs")["status"]) == {"completed"}
+
+    monkeypatch.setattr(lake_module, "RUNS_COMPACT_FILES", 1)
+    stale = runs_table()
+    runs.append(write(lake, 3, ["s"]))                # commits after `stale` was read (and compacts again)
+    version = runs_table().version()
+    lake_module._compacted_runs(stale)                # a rewrite of what `stale` holds: refused
+    assert runs_table().version() == version
+    assert sorted(lake.read("runs")["run_id"]) == sorted(run.run_id for run in runs)
+
+    stale = runs_table()
+    lake_module._compacted_runs(runs_table())         # a rewrite lands after `stale` was read
+    update = pa.Table.from_pylist([runs[0].row("failed")], schema=pa.schema(stale.schema().to_arrow()))
+    with pytest.raises(CommitFailedError):            # a run row's update, as the lake makes it, on `stale`
+        write_deltalake(stale, update, mode="overwrite", predicate=f"run_id = '{runs[0].run_id}'",
+                        storage_options=lake.location.storage_options(),
+                        commit_properties=CommitProperties(max_commit_retries=0))
+    assert lake.read("runs").height == 4 and set(lake.read("runs")["status"]) == {"completed"}
+    first = lake.read("runs", filter=pc.field("run_id") == runs[1].run_id)   # a filtered read of the compacted file
+    assert first.height == 1 and first["bank_version"][0] == 1

@@ -48,6 +48,20 @@ def test_micro_batches_add_up_to_the_full_batch(policy, loss_type):
     assert any(not torch.equal(a, b) for a, b in zip(whole.parameters(), model.parameters()))
 
 
+def test_micro_batches_are_cut_in_length_order(policy):
+    """Each forward pass pads to its longest sequence: micro-batches of similar lengths waste the least."""
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer, n=24, seed=3)
+    lengths = sorted((rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list())
+    shapes = []
+    trained = copy.deepcopy(model)
+    trained.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                      with_kwargs=True)
+    train_on_batch(trained, rows, TrainConfig(micro_batch_size=6))
+    assert [rows for rows, _ in shapes] == [6, 6, 6, 6]
+    assert [width for _, width in shapes] == [max(lengths[i:i + 6]) for i in range(0, 24, 6)]   # the least padding
+
+
 def test_a_step_makes_positive_advantage_responses_likelier(policy):
     model, tokenizer = policy
     rows = synthetic_rows(model, tokenizer, n=8, seed=1)

@@ -82,7 +82,11 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
     rows = rows.filter(pl.col("weight") > 0)             # masked responses (weight 0) are not in the batch at all
     order = list(range(rows.height))
     random.Random(config.seed + step).shuffle(order)
-    mini_batches = [order[i::config.mini_batches] for i in range(config.mini_batches) if order[i::config.mini_batches]]
+    lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
+    # each mini-batch's micro-batches cut from its rows in length order: a micro-batch is padded to its longest
+    # sequence, and the gradient, a sum over the mini-batch, does not depend on the order (~12 % of the step)
+    mini_batches = [sorted(order[i::config.mini_batches], key=lambda index: lengths[index])
+                    for i in range(config.mini_batches) if order[i::config.mini_batches]]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
 

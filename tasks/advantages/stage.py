@@ -189,12 +189,18 @@ def write(lake: Lake, run: Run, iteration: int, results: dict[str, pl.DataFrame]
     return batch_id
 
 
+def latest_dbb_iteration(lake: Lake, before_iteration: int) -> int | None:
+    """The last iteration before `before_iteration` with a DBB state: each iteration stores the whole state, so
+    only that one is read (reading every earlier state grew with the run)."""
+    earlier = lake.read("dbb_state", filter=pc.field("iteration") < before_iteration, columns=["iteration"])
+    return None if earlier.is_empty() else int(earlier["iteration"].max())
+
+
 def latest_dbb_state(lake: Lake, before_iteration: int) -> pl.DataFrame | None:
-    states = lake.read("dbb_state", filter=pc.field("iteration") < before_iteration)
-    if states.is_empty():
+    last = latest_dbb_iteration(lake, before_iteration)
+    if last is None:
         return None
-    last = states["iteration"].max()
-    return states.filter(pl.col("iteration") == last).select("problem_id", "dbb_alpha", "dbb_beta")
+    return lake.read("dbb_state", filter=pc.field("iteration") == last, columns=["problem_id", "dbb_alpha", "dbb_beta"])
 
 
 def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, config: AdvantageConfig,
