@@ -5,8 +5,9 @@ retried by Prefect after a delay; anything else (a bad config, a refused request
 once. Tasks that hold an accelerator carry the `gpu` tag while a `gpu` concurrency limit exists
 (`prefect concurrency-limit create gpu 1`), which then serialises them across every flow run and
 worker: a scheduling aid. Without one they run untagged, because a tagged task run asks the server
-for slots (a write) every 5 s, and on a busy 2-core host that request sometimes waits 2 s. Correctness does not rest on it: flows that write iterations or train hold the
-lake's own `loop` lease (`writes_iterations`), which a second writer cannot take.
+for slots (a write) every 5 s, and on a busy 2-core host that request sometimes waits 2 s.
+Correctness does not rest on it: flows that write iterations or train hold the lake's own `loop`
+lease (`writes_iterations`), which a second writer cannot take.
 """
 
 from __future__ import annotations

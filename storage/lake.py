@@ -588,7 +588,9 @@ class Lake:
             return True
 
         written = _retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
-        self._on_snapshot("runs", _compacted_runs)
+        kept = _SNAPSHOTS.get(self._snapshot_key("runs"))     # counted on the snapshot as it is: no log lookups
+        if kept is not None and len(kept.table.file_uris()) >= RUNS_COMPACT_FILES:
+            self._on_snapshot("runs", _compacted_runs)
         return written
 
     def runs_version(self) -> int | None:
