@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import queue
 import re
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import polars as pl
@@ -26,6 +31,45 @@ def solve_rate_table(lake: Lake, iteration: int) -> list[dict[str, Any]]:
     by = joined.group_by("level", "source").agg(groups=pl.len(), solve_rate=pl.col("solve_rate").mean().round(3),
                                                 kept=pl.col("kept").sum())
     return by.sort("level", "source").to_dicts()
+
+
+class Publisher:
+    """Runs artifact work (reads of the lake, then Prefect API calls of about 20 ms each against a local server)
+    on a thread of its own, in the order asked: the loop need not wait on the UI. The thread runs in the
+    caller's context, so each artifact belongs to the caller's flow run. Closing waits for what is queued; a
+    failed call is logged, never raised: an artifact must not fail the run it reports on."""
+
+    def __init__(self) -> None:
+        self._calls: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._work,),
+                                        name="rlvr-artifacts", daemon=True)
+        self._thread.start()
+
+    def __call__(self, make: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._calls.put((make, args, kwargs))
+
+    def _work(self) -> None:
+        while (call := self._calls.get()) is not None:
+            make, args, kwargs = call
+            try:
+                make(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001
+                logging.getLogger("rlvr.artifacts").warning("artifact %s not published: %s",
+                                                            kwargs.get("key", make.__name__), error)
+
+    def close(self, timeout: float = 120.0) -> None:
+        self._calls.put(None)
+        self._thread.join(timeout)
+
+
+@contextmanager
+def publishing() -> Iterator[Publisher]:
+    """A Publisher for the length of the block, closed (its queue drained) when the block ends."""
+    publisher = Publisher()
+    try:
+        yield publisher
+    finally:
+        publisher.close()
 
 
 def publish_iteration(lake: Lake, row: dict[str, Any]) -> None:

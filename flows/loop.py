@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from typing import Any
+from uuid import UUID
 
 import polars as pl
 import pyarrow.compute as pc
@@ -18,7 +19,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from flows.artifacts import publish_iteration
+from flows.artifacts import Publisher, publish_iteration, publishing
 from flows.curation import curate_bank
 from flows.evaluation import evaluate_model
 from flows.policies import stage_task, writes_iterations
@@ -100,6 +101,14 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)
     progress = create_progress_artifact(0.0, key="rl-loop-progress", description=f"{total} iterations to run")
+    with publishing() as publish:                      # the artifacts are made beside the loop, not in its way
+        return _iterations(lake, settings, iteration_config, total, progress, publish)
+
+
+def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int, progress: UUID,
+                publish: Publisher) -> list[dict[str, Any]]:
+    """The next `total` iterations, each recorded in `iteration_metrics` and published as artifacts."""
+    lake_uri = lake.uri
     rows = []
     for _ in track(range(total), "RL loop"):
         iteration, already_trained = resume_point(lake)
@@ -119,7 +128,7 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
         with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
             row = iteration_row(lake, iteration, evaluation)
             lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
-        publish_iteration(lake, row)
+        publish(publish_iteration, lake, row)           # its reads and API calls beside the next iteration
         if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
             with lake.run("rl-loop", "curriculum", settings.curriculum.model_dump(mode="json"), iteration=iteration,
                           prefect_flow_run_id=flow_run.id) as run:
@@ -136,5 +145,5 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
                 for source, old, new, reason in moves.select("source", "old_step", "new_step", "reason").rows():
                     print(f"gym curriculum: {source} step {old}→{new} ({reason})")
         rows.append(row)
-        update_progress_artifact(progress, 100 * len(rows) / total)
+        publish(update_progress_artifact, progress, 100 * len(rows) / total)
     return rows

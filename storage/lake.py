@@ -36,10 +36,11 @@ import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from storage import faults, leases, presence
+from storage import faults, leases, presence, runs_table
 from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-exported: callers catch them here)
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
+from storage.runs_table import sql_literal
 from storage.schemas import TABLES, TableSpec
 
 RowData = pl.DataFrame | pa.Table | Iterable[pa.RecordBatch]
@@ -114,6 +115,9 @@ def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") 
 
 
 def _not_completed(runs: DeltaTable) -> frozenset[str]:
+    known = runs_table.not_completed(runs)
+    if known is not None:
+        return known
     rows = QueryBuilder().register("runs", runs).execute("select run_id from runs where status <> 'completed'").read_all()
     return frozenset(rows["run_id"].to_pylist())
 
@@ -329,8 +333,7 @@ class Lake:
         never completed. Returns the new version."""
         leases.check(self.location)
         table = self.table(name)
-        predicate = "run_id IN (" + ", ".join(_sql_literal(run_id) for run_id in run_ids) + ")"
-        metrics = table.delete(predicate, commit_properties=CommitProperties(
+        metrics = table.delete(runs_table.run_ids_predicate(run_ids), commit_properties=CommitProperties(
             custom_metadata={"run_id": run.run_id, "stage": run.stage}))
         version = self._committed_version(name, run.run_id)
         run.record_write(name, version, -int(metrics.get("num_deleted_rows", 0)))
@@ -576,9 +579,10 @@ class Lake:
             # the run's row replaced in one commit that lands right on this snapshot (or is retried on a fresh
             # one), so the status read here still holds when it lands. Not a MERGE: delta-rs writes the file a
             # MERGE rewrites with string_view columns, which a filtered read of a compacted file cannot compare
-            predicate = f"run_id = {_sql_literal(row['run_id'])}"
+            predicate = f"run_id = {sql_literal(row['run_id'])}"
             if only_if_running:
-                status = QueryBuilder().register("runs", table).execute(
+                status = runs_table.status_of(table, row["run_id"])
+                status = status if status is not None else QueryBuilder().register("runs", table).execute(
                     f"select status from runs where {predicate}").read_all()["status"].to_pylist()
                 if status != ["running"]:
                     return False
@@ -589,8 +593,8 @@ class Lake:
 
         written = _retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
         kept = _SNAPSHOTS.get(self._snapshot_key("runs"))     # counted on the snapshot as it is: no log lookups
-        if kept is not None and len(kept.table.file_uris()) >= RUNS_COMPACT_FILES:
-            self._on_snapshot("runs", _compacted_runs)
+        if kept is not None and len(kept.table.file_uris()) >= runs_table.COMPACT_FILES:
+            self._on_snapshot("runs", runs_table.compact)
         return written
 
     def runs_version(self) -> int | None:
@@ -634,26 +638,6 @@ class Lake:
         return max(before)
 
 
-RUNS_COMPACT_FILES = 48      # `runs` grows by a file per row written; past this many it is rewritten as one
-
-
-def _compacted_runs(table: DeltaTable | None) -> None:
-    """Rewrite `runs` as one file once it holds RUNS_COMPACT_FILES: every write, read and snapshot of it costs
-    in proportion to its files (about 1 ms each), and a loop adds five an iteration. The rewrite holds
-    exactly the rows of the snapshot and lands right on it or not at all: a commit by any other writer in
-    between refuses it, and it is tried again at a later write; so does every update of a run's row. It is a
-    data-changing overwrite, not delta-rs's `optimize.compact`: delta-rs 1.6 let a concurrent MERGE commit over
-    a compaction that removed the file it read (a run's row then appeared twice)."""
-    if table is None or len(table.file_uris()) < RUNS_COMPACT_FILES:
-        return
-    rows = table.to_pyarrow_table()
-    try:
-        write_deltalake(table, rows, mode="overwrite", commit_properties=CommitProperties(
-            custom_metadata={"stage": "compact-runs"}, max_commit_retries=0))
-    except CommitFailedError:
-        pass
-
-
 def _retry_on_conflict(commit, what: str, attempts: int = 30):
     """Delta's optimistic concurrency: a commit that lost a race is retried on a fresh snapshot."""
     for attempt in range(attempts):
@@ -677,17 +661,9 @@ def _key_expression(key: dict[str, Any]) -> pc.Expression:
     return expression
 
 
-def _sql_literal(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise LakeError(f"unsupported key value {value!r}")
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return repr(value)
-
-
 def _key_predicate(key: dict[str, Any]) -> str:
     """The SQL predicate of a replaced slice: every key column equal to its value."""
-    return " AND ".join(f"{column} = {_sql_literal(value)}" for column, value in key.items())
+    return " AND ".join(f"{column} = {sql_literal(value)}" for column, value in key.items())
 
 
 def _as_batches(rows: RowData) -> Iterable[pa.RecordBatch]:

@@ -136,14 +136,14 @@ def test_concurrent_writers_all_commit_and_close_their_runs(lake_uri, lake, comp
     """Five processes race to write their slices and run rows; with `runs` compacted at every write too
     (a rewrite racing the others' updates), each run keeps exactly one row and ends completed."""
     if compact_at:
-        monkeypatch.setattr("storage.lake.RUNS_COMPACT_FILES", compact_at)
+        monkeypatch.setattr("storage.runs_table.COMPACT_FILES", compact_at)
     script = textwrap.dedent(f"""
         import sys
         import polars as pl
         import storage.lake
         from storage.lake import Lake
         if {compact_at!r}:
-            storage.lake.RUNS_COMPACT_FILES = {compact_at!r}
+            storage.runs_table.COMPACT_FILES = {compact_at!r}
         version = int(sys.argv[1])
         lake = Lake.open({lake_uri!r})
         rows = pl.DataFrame({{"bank_version": [version] * 3, "source": ["s"] * 3, "source_uri": ["f"] * 3, "reason": ["r"] * 3}})
@@ -217,34 +217,34 @@ def test_a_table_read_after_each_write_holds_what_a_fresh_open_reads_in_the_same
 
 
 def test_runs_are_compacted_into_one_file_without_losing_or_repeating_a_row(lake, monkeypatch):
-    """`runs` grows by a file per run; past RUNS_COMPACT_FILES it is rewritten as one file with the same rows.
+    """`runs` grows by a file per row written; COMPACT_FILES small files are rewritten as one with the same rows.
     A rewrite planned on a stale snapshot is refused, and delta-rs refuses an update read before a rewrite
     (the lake then retries it on a fresh snapshot): no run row is lost or doubled."""
     from deltalake import CommitProperties, DeltaTable, write_deltalake
     from deltalake.exceptions import CommitFailedError
 
-    from storage import lake as lake_module
+    from storage import runs_table as runs_module
 
     def runs_table() -> DeltaTable:
         return DeltaTable(lake.location.table_uri("runs"), storage_options=lake.location.storage_options())
 
-    monkeypatch.setattr(lake_module, "RUNS_COMPACT_FILES", 3)
+    monkeypatch.setattr(runs_module, "COMPACT_FILES", 3)
     runs = [write(lake, version, ["s"]) for version in range(3)]     # the third run's start row makes 3 files
     assert len(runs_table().file_uris()) == 1
     assert any(info.get("stage") == "compact-runs" for info in runs_table().history())
     assert sorted(lake.read("runs")["run_id"]) == sorted(run.run_id for run in runs)
     assert set(lake.read("runs")["status"]) == {"completed"}
 
-    monkeypatch.setattr(lake_module, "RUNS_COMPACT_FILES", 1)
+    monkeypatch.setattr(runs_module, "COMPACT_FILES", 1)
     stale = runs_table()
     runs.append(write(lake, 3, ["s"]))                # commits after `stale` was read (and compacts again)
     version = runs_table().version()
-    lake_module._compacted_runs(stale)                # a rewrite of what `stale` holds: refused
+    runs_module.compact(stale)                        # a rewrite of what `stale` holds: refused
     assert runs_table().version() == version
     assert sorted(lake.read("runs")["run_id"]) == sorted(run.run_id for run in runs)
 
     stale = runs_table()
-    lake_module._compacted_runs(runs_table())         # a rewrite lands after `stale` was read
+    runs_module.compact(runs_table())                 # a rewrite lands after `stale` was read
     update = pa.Table.from_pylist([runs[0].row("failed")], schema=pa.schema(stale.schema().to_arrow()))
     with pytest.raises(CommitFailedError):            # a run row's update, as the lake makes it, on `stale`
         write_deltalake(stale, update, mode="overwrite", predicate=f"run_id = '{runs[0].run_id}'",
@@ -253,3 +253,69 @@ def test_runs_are_compacted_into_one_file_without_losing_or_repeating_a_row(lake
     assert lake.read("runs").height == 4 and set(lake.read("runs")["status"]) == {"completed"}
     first = lake.read("runs", filter=pc.field("run_id") == runs[1].run_id)   # a filtered read of the compacted file
     assert first.height == 1 and first["bank_version"][0] == 1
+
+
+def test_a_runs_file_that_holds_enough_rows_is_no_longer_rewritten(lake, monkeypatch):
+    """A compaction rewrites only small files of finished runs: once a file holds SETTLED_ROWS rows it stays as
+    it is (a rewrite costs at most that many rows however long the lake has lived), and a running run's file
+    is left to its end (else the end would rewrite the bigger file). No row is lost or repeated."""
+    from storage import runs_table as runs_module
+
+    monkeypatch.setattr(runs_module, "COMPACT_FILES", 3)
+    monkeypatch.setattr(runs_module, "SETTLED_ROWS", 4)
+
+    def files() -> dict[str, int]:
+        actions = pa.table(lake.table("runs").get_add_actions(flatten=True))
+        return dict(zip(actions["path"].to_pylist(), actions["num_records"].to_pylist()))
+
+    runs = [write(lake, version, ["s"]) for version in range(5)]
+    settled = {path for path, rows in files().items() if rows >= 4}
+    assert settled                                  # five runs' small files were rewritten into one
+    runs += [write(lake, version, ["s"]) for version in range(5, 14)]
+    assert settled <= set(files()), "a file that held SETTLED_ROWS rows was rewritten"
+    assert len(runs_module.small_files(lake.table("runs"))) < 3
+    stored = lake.read("runs")
+    assert sorted(stored["run_id"]) == sorted(run.run_id for run in runs) and set(stored["status"]) == {"completed"}
+    assert any(info.get("stage") == "compact-runs" for info in lake.table("runs").history())
+
+
+def test_run_statuses_read_off_the_files_agree_with_the_table(lake, monkeypatch):
+    """Before each update of a run's row the lake checks its status, and every read hides the runs not
+    completed; both are read off the files' statistics (a run's row written as a file of its own, a compacted
+    file of completed runs) and the kept contents of the other files, not by a query. They agree with a query
+    of the table throughout: running, failed, rolled-back and completed runs, compacted or not."""
+    from deltalake import QueryBuilder
+
+    from storage import runs_table as runs_module
+    from storage.runs import utc_now
+
+    monkeypatch.setattr(runs_module, "COMPACT_FILES", 3)
+    read_files = []
+    monkeypatch.setattr(runs_module, "_read_statuses", lambda table, paths, read=runs_module._read_statuses:
+                        read_files.extend(paths) or read(table, paths))
+
+    def check() -> None:
+        table = lake.table("runs")
+        stored = QueryBuilder().register("runs", table).execute("select run_id, status from runs").read_all()
+        rows = dict(zip(stored["run_id"].to_pylist(), stored["status"].to_pylist()))
+        assert runs_module.not_completed(table) == {run_id for run_id, status in rows.items() if status != "completed"}
+        for run_id, status in rows.items():
+            assert runs_module.status_of(table, run_id) == [status], run_id
+        assert runs_module.status_of(table, "20000101T000000-00000000") == []
+
+    started = utc_now()
+    for version in range(4):
+        write(lake, version, ["s"], iteration=1)
+        check()
+    with lake.run("test-flow", "test-stage", {}, bank_version=9):     # in progress: its own file says `running`
+        check()
+    with pytest.raises(RuntimeError):
+        with lake.run("test-flow", "test-stage", {}, bank_version=10):
+            raise RuntimeError("a stage failed")
+    check()
+    assert lake.mark_runs(1, {"test-stage"}, since=started, status="rolled_back")   # rows in a compacted file
+    check()
+    for version in range(11, 15):
+        write(lake, version, ["s"])
+        check()
+    assert read_files                                 # some answers came from a compacted file's contents

@@ -5,6 +5,7 @@ test_faults.py)."""
 import json
 
 import polars as pl
+import pyarrow.compute as pc
 import pytest
 
 from test_iteration import CONFIG
@@ -117,6 +118,8 @@ def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    from storage.lake import Lake
+
     rl_loop, _, _ = flows
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
@@ -125,10 +128,13 @@ def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api
             "rl-iteration-staleness"]
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
+    loop_run = Lake.open(lake_uri).read("runs", filter=pc.field("stage") == "record")["prefect_flow_run_id"][-1]
     by_key = {}
-    for artifact in artifacts:
-        by_key.setdefault(artifact.key, []).append(artifact)
-    assert len(by_key["rl-iteration-summary"]) >= 2 and len(by_key["rl-iteration-solve-rates"]) >= 2
+    for artifact in artifacts:                       # made on a thread beside the loop, each in the loop's flow run
+        if str(artifact.flow_run_id) == loop_run:
+            by_key.setdefault(artifact.key, []).append(artifact)
+    assert set(by_key) == set(keys)
+    assert len(by_key["rl-iteration-summary"]) == 2 and len(by_key["rl-iteration-solve-rates"]) >= 2
     summaries = [a.data for a in by_key["rl-iteration-summary"]]
     assert any("# Iteration 2" in text and "held-out sampled solve rate:" in text for text in summaries)
     assert max(float(a.data) for a in by_key["rl-loop-progress"]) == 100.0

@@ -341,6 +341,34 @@ def test_verification_fans_out_over_a_dask_cluster_and_agrees_with_one_task(loop
     assert "task_runner" not in recorded_config(lake, 2)["verify"]     # re-runs do not replay the cluster
 
 
+def test_artifacts_are_made_beside_the_caller_in_order_and_a_failed_one_stops_nothing(caplog):
+    """The loop hands its artifacts to a Publisher and moves on: the calls run on another thread, in the order
+    given; one that fails is logged and the rest still run; leaving the block waits for every queued call."""
+    import threading
+
+    from flows.artifacts import publishing
+
+    made, release = [], threading.Event()
+
+    def make(key: str, wait: bool = False) -> None:
+        if wait:
+            assert release.wait(30)
+        made.append((key, threading.current_thread().name))
+
+    def broken(key: str) -> None:
+        raise ConnectionError("the API is restarting")
+
+    with publishing() as publish:
+        publish(make, key="first", wait=True)        # blocks the publisher's thread, not the caller
+        publish(broken, key="second")
+        publish(make, key="third")
+        assert made == []                            # the caller is already past all three
+        release.set()
+    assert [key for key, _ in made] == ["first", "third"]
+    assert {thread for _, thread in made} == {"rlvr-artifacts"}
+    assert "artifact second not published: the API is restarting" in caplog.text
+
+
 def test_a_failing_progress_report_never_fails_the_stage(prefect_api, monkeypatch):
     from prefect import flow
 
