@@ -86,48 +86,33 @@ def _read_statuses(table: DeltaTable, paths: list[str]) -> list[dict[str, str]] 
     return None if any(statuses is None for statuses in found) else found
 
 
-def status_of(table: DeltaTable, run_id: str) -> list[str] | None:
-    """The statuses of the run's rows (one, for a run that exists): off the statistics of the files that can
-    hold it, and the kept contents of those that hold several runs; None when the files cannot tell."""
-    files = _files(table)
-    if files is None:
-        return None
-    statuses, several = [], []
-    for file in files:
-        if file[2] is not None and file[3] is not None and not file[2] <= run_id <= file[3]:
-            continue
-        one = _one_run(file)
-        if one is None:
-            several.append(file[0])
-        elif one[0] == run_id:
-            statuses.append(one[1])
-    contents = _read_statuses(table, several)
+def _held(table: DeltaTable, files: list[tuple]) -> list[dict[str, str]] | None:
+    """{run id: status} of each of these files: off its statistics for a file of one run, else its kept
+    contents; None when the files cannot tell."""
+    ones = [_one_run(file) for file in files]
+    contents = _read_statuses(table, [file[0] for file, one in zip(files, ones) if one is None])
     if contents is None:
         return None
-    return statuses + [held[run_id] for held in contents if run_id in held]
+    read = iter(contents)
+    return [{one[0]: one[1]} if one is not None else next(read) for one in ones]
+
+
+def status_of(table: DeltaTable, run_id: str) -> list[str] | None:
+    """The statuses of the run's rows (one, for a run that exists), from the files that can hold it; None
+    when the files cannot tell."""
+    files = _files(table)
+    held = None if files is None else _held(table, [file for file in files if file[2] is None or file[3] is None
+                                                    or file[2] <= run_id <= file[3]])
+    return None if held is None else [runs[run_id] for runs in held if run_id in runs]
 
 
 def not_completed(table: DeltaTable) -> frozenset[str] | None:
-    """Every run whose status is not `completed`: off the files' statistics (a file of completed runs only
-    says so; a file of one run tells its status) and the kept contents of the others; None when the files
-    cannot tell."""
+    """Every run whose status is not `completed`, from the files that do not say they hold completed runs
+    only; None when the files cannot tell."""
     files = _files(table)
-    if files is None:
-        return None
-    found, several = set(), []
-    for file in files:
-        if file[4] == file[5] == "completed":
-            continue
-        one = _one_run(file)
-        if one is None:
-            several.append(file[0])
-        else:
-            found.add(one[0])
-    contents = _read_statuses(table, several)
-    if contents is None:
-        return None
-    return frozenset(found.union(*({run_id for run_id, status in held.items() if status != "completed"}
-                                   for held in contents)))
+    held = None if files is None else _held(table, [file for file in files if not file[4] == file[5] == "completed"])
+    return None if held is None else frozenset(run_id for runs in held for run_id, status in runs.items()
+                                               if status != "completed")
 
 
 def small_files(table: DeltaTable) -> list[str]:
