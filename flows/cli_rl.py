@@ -17,7 +17,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(analyze_app, name="analyze")
 
 ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
-RUN_SECTIONS = ITERATION_SECTIONS + ("warmup", "train", "evaluation", "curriculum", "loop")
+RUN_SECTIONS = ITERATION_SECTIONS + ("warmup", "train", "publish", "evaluation", "curriculum", "loop")
 ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
                                                       "verify / advantages sections")]
 
@@ -227,19 +227,57 @@ def policy_serve(
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     device: Annotated[str, typer.Option(help="torch device")] = "cpu",
     fail_first: Annotated[int, typer.Option(help="answer 503 to this many first requests (testing retries)")] = 0,
+    on_demand: Annotated[bool, typer.Option(help="load any registered version the first time a request names it; "
+                                            "--no-on-demand serves, as vLLM does, only --preload and what "
+                                            "POST /v1/load_lora_adapter loaded")] = True,
+    preload: Annotated[Optional[list[int]], typer.Option(help="model versions served from the start")] = None,
     lake: LakeOption = None,
 ) -> None:
     """An OpenAI-compatible completions server over the lake's model versions (served as v0, v1, ...)."""
-    from tasks.rollout.server import PolicyServer, lake_loader
+    from tasks.rollout.server import PolicyServer, folder_loader, lake_loader, lake_versions
 
-    server = PolicyServer((host, port), lake_loader(lake, device), fail_first=fail_first)
-    console.print(f"serving the model versions of {lake or 'the lake'} on http://{host}:{server.server_port}/v1")
+    try:
+        server = PolicyServer((host, port), lake_loader(lake, device), fail_first=fail_first, on_demand=on_demand,
+                              load_path=folder_loader(device), preload=tuple(preload or ()),
+                              list_versions=lake_versions(lake))
+    except (ValueError, OSError) as error:
+        fail(str(error))
+    served = "every registered model version" if on_demand else \
+        f"model version(s) {', '.join(map(str, preload or [])) or 'none'} and what is loaded into it"
+    console.print(f"serving {served} of {lake or 'the lake'} on http://{host}:{server.server_port}/v1")
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+
+
+@policy_app.command("publish")
+def policy_publish(
+    version: Annotated[int, typer.Argument(help="the model version to load into the servers")],
+    config: Annotated[Path, typer.Option(help="run config whose rollout.openai lists the servers (and publish: "
+                                         "max_loras, path_map, ...)")],
+    lake: LakeOption = None,
+) -> None:
+    """Load a model version into every rollout server (vLLM's load_lora_adapter) and confirm GET /v1/models
+    lists it; older versions past publish.max_loras are unloaded. Recorded in `publications`."""
+    settings = run_config(config)
+    if settings.rollout.backend != "openai":
+        fail(f"{config}: rollout.backend is {settings.rollout.backend!r}; publishing is for the openai backend", 2)
+    _prefect_defaults()
+    from flows.publishing import publish_policy
+    from tasks.rollout.openai_backend import BackendUnavailable
+
+    try:
+        rows = publish_policy(version, settings.rollout.model_dump(mode="json"),
+                              settings.publish.model_copy(update={"enabled": True}).model_dump(mode="json"), lake)
+    except (BackendUnavailable, ValueError) as error:
+        fail(str(error))
+    import polars as pl
+
+    console.print(frame_table(pl.DataFrame(rows).select("endpoint", "served_name", "action", "unloaded"),
+                              title=f"model version {version} published"))
 
 
 @app.command()

@@ -39,12 +39,13 @@ write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=STO
 @writes_iterations
 def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = None, lake_uri: str | None = None,
                  model_version: int | None = None, force: bool = True,
-                 training_version: int | None = None) -> dict[str, Any]:
+                 training_version: int | None = None, advantages: bool = True) -> dict[str, Any]:
     """Sample, score and filter one iteration's groups; write rollouts, rewards, groups, advantages, batch.
 
     Freshness is measured against `training_version` (default: the latest version, which an older
     `model_version` then lags). Without `force`, an iteration already sampled by the same version, bank,
-    config and code is skipped."""
+    config and code is skipped. Without `advantages`, it stops after the rewards (the overlapped loop's
+    trainer computes them against the version it trains)."""
     settings = IterationConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
     iteration = iteration if iteration is not None else next_iteration(lake)
@@ -67,7 +68,8 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
     if sampled.failure is not None:                    # written first: what was sampled and scored is kept
         raise sampled.failure
-    summary = compute_advantages.fn(iteration, settings.model_dump(mode="json"), lake_uri, training_version)
+    summary = compute_advantages.fn(iteration, settings.model_dump(mode="json"), lake_uri, training_version) \
+        if advantages else {"iteration": iteration, "model_version": version}
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 

@@ -3,22 +3,29 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from tasks.curation.config import Strict
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
+from tasks.rollout.publish import PublishConfig
 from tasks.rollout.stage import IterationConfig
 from trainers.grpo import TrainConfig
 from trainers.warmup import WarmupConfig
 
 
 class LoopConfig(Strict):
-    """How many iterations, and how often to evaluate."""
+    """How many iterations, how often to evaluate, and whether sampling overlaps training."""
 
     iterations: int = Field(0, ge=0, description="iterations the run should reach; a run resumes after the last "
                             "recorded one (--iterations overrides)")
     evaluate_every: int = Field(1, ge=0, description="evaluate the trained version every this many iterations; 0 = never")
+    mode: Literal["sync", "async"] = Field("sync", description="sync: sample, then train, one iteration after "
+                                           "another; async: sample the next iterations while one trains")
+    max_staleness: int = Field(2, ge=0, description="async: how many versions a batch's sampling version may lag "
+                               "the version that trains on it (the sampler waits rather than exceed it)")
 
 
 class RunConfig(IterationConfig):
@@ -26,9 +33,18 @@ class RunConfig(IterationConfig):
 
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig, description="how trained versions reach the "
+                                   "openai backend's servers")
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
+
+    @model_validator(mode="after")
+    def _staleness_fits(self) -> "RunConfig":
+        if self.loop.mode == "async" and self.loop.max_staleness > self.advantages.max_stale_versions:
+            raise ValueError(f"loop.max_staleness {self.loop.max_staleness} exceeds advantages.max_stale_versions "
+                             f"{self.advantages.max_stale_versions}: the overlapped loop would drop its own batches")
+        return self
 
 
 class EvaluationRunConfig(IterationConfig):

@@ -18,9 +18,10 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from storage import objects, presence
 from storage.errors import LeaseHeld, LeaseLost
@@ -55,6 +56,10 @@ class Grant:
     count: int = 1
     lost: bool = False
     taken_from: dict[str, Any] | None = field(default=None)
+    helpers: set[int] = field(default_factory=set)     # other threads of the holder's own work (`helping`)
+
+    def held_by(self, thread: int) -> bool:
+        return thread == self.thread or thread in self.helpers
 
 
 _HELD: dict[tuple[int, str, str], Grant] = {}
@@ -105,7 +110,7 @@ def acquire(location: LakeLocation, name: str, wait: bool | float = False, poll:
     thread = threading.get_ident()
     with _LOCK:
         held = _HELD.get(key)
-        if held is not None and held.thread == thread:
+        if held is not None and held.held_by(thread):
             held.count += 1
             return held
     deadline = None if wait is True else time.monotonic() + (0 if wait is False else float(wait))
@@ -142,7 +147,7 @@ def release(location: LakeLocation, name: str) -> None:
     key = (os.getpid(), location.uri, name)
     with _LOCK:
         grant = _HELD.get(key)
-        if grant is None or grant.thread != threading.get_ident():
+        if grant is None or not grant.held_by(threading.get_ident()):
             return
         grant.count -= 1
         if grant.count:
@@ -151,6 +156,24 @@ def release(location: LakeLocation, name: str) -> None:
     if not grant.lost:
         objects.put(location, ("leases", name, _epoch_name(grant.epoch, "released")), {"at": time.time()})
     presence.presence(location).remove_lease(name)
+
+
+@contextmanager
+def helping(location: LakeLocation, name: str, owner: int) -> Iterator[None]:
+    """This thread works for the thread `owner`, which holds the lease: within it, the lease is this thread's
+    too (the overlapped loop's trainer beside its sampler). Refused when `owner` does not hold it."""
+    key = (os.getpid(), location.uri, name)
+    me = threading.get_ident()
+    with _LOCK:
+        grant = _HELD.get(key)
+        if grant is None or grant.thread != owner:
+            raise LeaseHeld(f"the lake's {name} lease is not held by the thread this one helps")
+        grant.helpers.add(me)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            grant.helpers.discard(me)
 
 
 def check(location: LakeLocation) -> None:

@@ -400,3 +400,21 @@ GYM_CURRICULUM = register(TableSpec(
         _field("run_id", pa.string(), False),
     ]),
 ))
+
+PUBLICATIONS = register(TableSpec(
+    name="publications",
+    partition_by=(),
+    description="Each time a model version was published to an inference server: loaded, already served or "
+                "failed (with why), and which older versions the server unloaded. Appended, one commit a publish.",
+    schema=pa.schema([
+        _field("model_version", pa.int64(), False),
+        _field("served_name", pa.string(), False, "the name the server serves it by (what rollout requests)"),
+        _field("endpoint", pa.string(), False, "the server's base URL"),
+        _field("path", pa.string(), False, "the folder the server was told to load (after path_map)"),
+        _field("action", pa.string(), False, "loaded, already_served or failed"),
+        _field("error", pa.string(), True, "why it failed: the server's answer or the connection error"),
+        _field("unloaded", pa.list_(pa.string()), True, "older versions the server unloaded (max_loras)"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+))

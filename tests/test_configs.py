@@ -17,11 +17,12 @@ from trainers.warmup import WarmupConfig
 from tasks.curriculum.stage import CurriculumConfig
 
 from tasks.rewards.compose import RewardConfig
+from tasks.rollout.publish import PublishConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
             "loop": LoopConfig, "warmup": WarmupConfig,
-            "curriculum": CurriculumConfig}
+            "curriculum": CurriculumConfig, "publish": PublishConfig}
 WHOLE_FILE_CONFIGS = {"deployments.yaml"}              # not run configs: validated by test_deployments_config_loads
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in WHOLE_FILE_CONFIGS)
 

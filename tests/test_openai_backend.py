@@ -66,8 +66,10 @@ def test_the_model_version_is_chosen_per_request(server):
     policy = client(server)
     v0, v1 = (policy.generate(["1+1="], 4, SAMPLER, seed=3, model_version=v)[0] for v in (0, 1))
     assert [s.token_ids for s in v0] != [s.token_ids for s in v1]
-    with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400.*not registered"):
+    with pytest.raises(BackendUnavailable, match="no endpoint serves model 'v9'"):     # its /v1/models lists v0, v1
         policy.generate(["1+1="], 2, SAMPLER, seed=3, model_version=9)
+    with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400.*not registered"):    # asked all the same
+        client(server, confirm_served=False).generate(["1+1="], 2, SAMPLER, seed=3, model_version=9)
 
 
 def test_a_dead_endpoint_is_skipped_for_a_live_one(server):
@@ -106,9 +108,9 @@ def test_a_server_that_goes_down_and_comes_back_loses_no_request(served_lake):
 
 
 class Scripted:
-    """A real HTTP server on loopback answering /v1/completions from a script: (status, body) per request."""
+    """A real HTTP server on loopback answering POSTs from a script: (status, body) per request."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, models: list[str] | None = None):
         import json
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -118,6 +120,13 @@ class Scripted:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):                     # /v1/models lists `models`; without them, no such route
+                data = json.dumps({"data": [{"id": name} for name in models or []]}).encode()
+                self.send_response(200 if models is not None else 404)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

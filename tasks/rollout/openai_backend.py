@@ -6,7 +6,10 @@ concurrently over several endpoints (data parallelism); a failed request (connec
 timeout, 429 or 5xx) is retried with exponential backoff and jitter on the next endpoint, so one
 server going down slows the stage instead of failing it; a refused request (other 4xx) fails at
 once and cancels the rest. The model version picks the served model per request: a LoRA adapter
-or checkpoint name, from the registry's `served_name` or else `model_name`.
+or checkpoint name, from the registry's `served_name` or else `model_name`. Before each round the
+endpoints are asked what they serve (`GET /v1/models`): one that answers without listing the
+version is out of rotation for the round (it never loaded it, or lost it in a restart), one that
+does not answer stays in (the retries handle it), and if none lists it the round is refused.
 
 vLLM must run with `--logprobs-mode processed_logprobs`: its default returns log-probs of the raw
 logits, before temperature, top-k and top-p, which are not the behaviour log-probs whenever the
@@ -43,6 +46,8 @@ class OpenAIBackendConfig(Strict):
     backoff_seconds: float = Field(0.5, gt=0, description="first retry delay; doubles each retry (with jitter)")
     max_backoff_seconds: float = Field(20.0, gt=0, description="cap of one retry delay")
     timeout_seconds: float = Field(600.0, gt=0, description="read timeout of one request (a whole group)")
+    confirm_served: bool = Field(True, description="sample only from endpoints whose GET /v1/models lists the "
+                                 "version (a version is published before anything samples from it)")
 
 
 class BackendUnavailable(RuntimeError):
@@ -77,10 +82,11 @@ class OpenAIPolicy:
     def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]:
         model = self.served_names.get(model_version) or self.config.model_name.format(model_version=model_version)
+        endpoints = self.rotation(model) if self.config.confirm_served else self.config.endpoints
         cancelled = threading.Event()                  # a refused request stops the others' retries
         with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
             futures = [pool.submit(self._group, index, prompt, n, sampler, derive_seed(seed, index) % 2**31, model,
-                                   cancelled) for index, prompt in enumerate(prompts)]
+                                   cancelled, endpoints) for index, prompt in enumerate(prompts)]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in done if f.exception() is not None]
             if failed:
@@ -89,13 +95,27 @@ class OpenAIPolicy:
                 raise failed[0].exception()
             return [future.result() for future in futures]
 
+    def rotation(self, model: str) -> list[str]:
+        """The endpoints to sample `model` from: all but those that answer `GET /v1/models` without it."""
+        listed, silent, refusing = [], [], []
+        for endpoint in self.config.endpoints:
+            try:
+                served = served_models(self._client, endpoint)
+            except (httpx.HTTPError, ValueError):
+                silent.append(endpoint)                # down or restarting: the request retries find out
+                continue
+            (listed if model in served else refusing).append(endpoint)
+        if not listed and not silent:
+            raise RequestRefused(f"no endpoint serves model {model!r} (GET /v1/models of {', '.join(refusing)} does "
+                                 "not list it): publish the version first (`rlvr policy publish`)")
+        return listed + silent
+
     def _group(self, index: int, prompt: str, n: int, sampler: SamplerConfig, seed: int, model: str,
-               cancelled: threading.Event) -> list[Sample]:
+               cancelled: threading.Event, endpoints: list[str]) -> list[Sample]:
         body = {"model": model, "prompt": prompt, "n": n, "max_tokens": sampler.max_new_tokens,
                 "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1,
                 "seed": seed, "stop": sampler.stop or None, "logprobs": 0,
                 "return_tokens_as_token_ids": True, "return_token_ids": True}
-        endpoints = self.config.endpoints
         errors: list[str] = []
         for attempt in range(self.config.max_retries + 1):
             endpoint = endpoints[(index + attempt) % len(endpoints)].rstrip("/")
@@ -118,6 +138,13 @@ class OpenAIPolicy:
                     raise BackendUnavailable("cancelled: another request of the round failed")
         raise BackendUnavailable(f"{self.config.max_retries + 1} attempts over {len(endpoints)} endpoint(s) failed "
                                  f"for model {model!r}; last errors: " + " | ".join(errors[-3:]))
+
+
+def served_models(client: httpx.Client, endpoint: str) -> list[str]:
+    """The model names an endpoint lists in `GET /v1/models`."""
+    response = client.get(f"{endpoint.rstrip('/')}/v1/models")
+    response.raise_for_status()
+    return [str(entry.get("id")) for entry in response.json().get("data") or []]
 
 
 def parse_choices(payload: dict, n: int, endpoint: str) -> list[Sample]:

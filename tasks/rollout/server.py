@@ -2,9 +2,15 @@
 
 It speaks the part of vLLM's `/v1/completions` protocol the `openai` backend uses (n samples,
 `logprobs`, `return_tokens_as_token_ids`, `return_token_ids`, `seed`, `stop`, `top_k`), and serves
-every registered model version of a lake under the name `v{N}`, the way vLLM serves one LoRA
-adapter or checkpoint per version. It exists so that the `openai` backend is tested over real
-HTTP on a machine without a GPU, and so that CPU users can share one policy between processes.
+model versions under the names `v{N}`, the way vLLM serves one LoRA adapter or checkpoint per
+version. It exists so that the `openai` backend and the publish stage are tested over real HTTP on a
+machine without a GPU, and so that CPU users can share one policy between processes.
+
+Two ways to know a version. `on_demand` (the default): any registered version of the lake is
+loaded the first time a request names it. Without it the server behaves as vLLM does: it serves
+what it was started with (`preload`) and what `POST /v1/load_lora_adapter` loaded (a LoRA adapter
+or a full checkpoint folder, by path), forgets what `POST /v1/unload_lora_adapter` names, lists
+exactly those in `GET /v1/models`, and answers 404 for any other model name.
 `fail_first` makes it answer 503 to its first requests, to exercise clients' retries.
 """
 
@@ -17,24 +23,61 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from tasks.rollout.sampling import SamplerConfig
 
 
+class NotServed(LookupError):
+    """A model name this server does not serve (vLLM answers 404)."""
+
+
 class PolicyServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], load_version, fail_first: int = 0):
+    def __init__(self, address: tuple[str, int], load_version, fail_first: int = 0, on_demand: bool = True,
+                 load_path=None, preload: tuple[int, ...] = (), list_versions=None):
         super().__init__(address, CompletionsHandler)
-        self.load_version = load_version          # int -> HFPolicy
-        self.policies: dict[int, object] = {}
-        self.lock = threading.Lock()              # one generation at a time: the model is not thread-safe
+        self.load_version = load_version          # int -> policy: a registered version of the lake
+        self.list_versions = list_versions        # () -> versions on_demand can serve, for GET /v1/models
+        self.load_path = load_path                # (name, folder) -> policy: what load_lora_adapter loads
+        self.on_demand = on_demand
+        self.policies: dict[str, object] = {}     # served name -> policy
+        self.roots: dict[str, str] = {}           # served name -> where it was loaded from
+        self.lock = threading.Lock()              # one generation or load at a time: the model is not thread-safe
         self.fail_first = fail_first
         self.requests_seen = 0
+        for version in preload:
+            self.policies[f"v{version}"] = load_version(version)
+            self.roots[f"v{version}"] = f"model version {version}"
 
     def policy(self, name: str):
+        if name in self.policies:
+            return self.policies[name]
+        if not self.on_demand:
+            raise NotServed(f"The model `{name}` does not exist (served: {', '.join(sorted(self.policies)) or 'none'}; "
+                            "load it with POST /v1/load_lora_adapter)")
         if not (name.startswith("v") and name[1:].isdigit()):
             raise LookupError(f"model {name!r} is not served here: names are v0, v1, ...")
-        version = int(name[1:])
-        if version not in self.policies:
-            self.policies[version] = self.load_version(version)
-        return self.policies[version]
+        self.policies[name] = self.load_version(int(name[1:]))
+        self.roots[name] = f"model version {name[1:]}"
+        return self.policies[name]
+
+    def load(self, name: str, path: str) -> str:
+        """vLLM's load_lora_adapter: serve the folder at `path` under `name` (a name is loaded once)."""
+        if not name or not path:
+            raise ValueError("both lora_name and lora_path are required")
+        if name in self.policies:
+            raise ValueError(f"The lora adapter '{name}' has already been loaded.")
+        if self.load_path is None:
+            raise ValueError("this server cannot load adapters")
+        try:
+            self.policies[name] = self.load_path(name, path)
+        except Exception as error:                    # whatever the folder holds, the server stays up
+            raise ValueError(f"cannot load '{name}' from {path}: {type(error).__name__}: {error}") from error
+        self.roots[name] = path
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def unload(self, name: str) -> str:
+        if name not in self.policies:
+            raise NotServed(f"The lora adapter '{name}' cannot be found.")
+        del self.policies[name], self.roots[name]
+        return f"Success: LoRA adapter '{name}' removed successfully."
 
 
 class CompletionsHandler(BaseHTTPRequestHandler):
@@ -48,12 +91,21 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         if self.path == "/health":
             return self._reply(200, {"status": "ok"})
         if self.path == "/v1/models":
-            return self._reply(200, {"object": "list", "data": [{"id": f"v{v}", "object": "model"}
-                                                                 for v in sorted(self.server.policies)]})
+            with self.server.lock:
+                served = dict(self.server.roots)
+            if self.server.on_demand and self.server.list_versions is not None:
+                served = {f"v{v}": f"model version {v}" for v in self.server.list_versions()} | served
+            served = sorted(served.items())
+            return self._reply(200, {"object": "list", "data": [{"id": name, "object": "model", "root": root}
+                                                                 for name, root in served]})
         self._reply(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self):
-        if self.path != "/v1/completions":
+        routes = {"/v1/completions": self._complete,
+                  "/v1/load_lora_adapter": lambda body: self.server.load(str(body.get("lora_name") or ""),
+                                                                         str(body.get("lora_path") or "")),
+                  "/v1/unload_lora_adapter": lambda body: self.server.unload(str(body.get("lora_name") or ""))}
+        if self.path not in routes:
             return self._reply(404, {"error": {"message": f"no route {self.path}"}})
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         with self.server.lock:
@@ -61,9 +113,11 @@ class CompletionsHandler(BaseHTTPRequestHandler):
             if self.server.requests_seen <= self.server.fail_first:
                 return self._reply(503, {"error": {"message": "warming up (injected failure)"}})
             try:
-                self._reply(200, self._complete(body))
-            except (LookupError, ValueError) as error:
-                self._reply(400, {"error": {"message": str(error)}})
+                self._reply(200, routes[self.path](body))
+            except NotServed as error:
+                self._reply(404, {"error": {"message": str(error), "type": "NotFoundError", "code": 404}})
+            except (LookupError, ValueError, OSError) as error:   # OSError: a folder that cannot be read
+                self._reply(400, {"error": {"message": str(error), "type": "BadRequestError", "code": 400}})
 
     def _complete(self, body: dict) -> dict:
         policy = self.server.policy(str(body.get("model", "")))
@@ -87,10 +141,11 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         return {"id": f"cmpl-{self.server.requests_seen}", "object": "text_completion", "model": body["model"],
                 "choices": choices, "usage": {"completion_tokens": usage}}
 
-    def _reply(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
+    def _reply(self, status: int, payload: dict | str) -> None:
+        plain = isinstance(payload, str)                    # vLLM answers adapter loads in plain text
+        data = payload.encode() if plain else json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if plain else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -99,14 +154,30 @@ class CompletionsHandler(BaseHTTPRequestHandler):
 def lake_loader(lake_uri: str | None, device: str = "cpu", batch_size: int = 64):
     """Load model version N of a lake's registry as an HFPolicy."""
     from storage.lake import Lake
-    from tasks.rollout.hf import HFPolicy
     from storage.registry import version_row
-    from trainers.registry import load_policy
 
     lake = Lake.open(lake_uri)
+    load = folder_loader(device, batch_size)
+    return lambda version: load(f"v{version}", version_row(lake, version)["checkpoint_uri"])
 
-    def load(version: int) -> HFPolicy:
-        model, tokenizer = load_policy(version_row(lake, version)["checkpoint_uri"], device)
+
+def lake_versions(lake_uri: str | None):
+    """The lake's registered version numbers, read at each call (what an on-demand server can serve)."""
+    from storage.lake import Lake
+
+    lake = Lake.open(lake_uri)
+    return lambda: lake.read("model_versions", columns=["model_version"])["model_version"].sort().to_list()
+
+
+def folder_loader(device: str = "cpu", batch_size: int = 64):
+    """Load a checkpoint or LoRA adapter folder (what `load_lora_adapter` names) as an HFPolicy; a name
+    `vN` is model version N, any other name version -1."""
+    from tasks.rollout.hf import HFPolicy
+    from trainers.registry import load_policy
+
+    def load(name: str, path: str) -> HFPolicy:
+        model, tokenizer = load_policy(path, device)
+        version = int(name[1:]) if name[:1] == "v" and name[1:].isdigit() else -1
         return HFPolicy(model, tokenizer, version, batch_size)
 
     return load

@@ -1,0 +1,100 @@
+"""The steps of one loop iteration that the sync and the overlapped loop share: which level mix to
+sample with, and what follows a training step (evaluation, the `iteration_metrics` row, the
+curriculum and the iteration's artifacts)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import polars as pl
+import pyarrow.compute as pc
+from prefect.runtime import flow_run
+
+from flows.artifacts import Publisher, publish_iteration
+from flows.curation import curate_bank
+from flows.evaluation import evaluate_model
+from flows.run_config import EvaluationRunConfig, RunConfig
+from storage.lake import Lake
+from storage.registry import BRANCH
+from tasks.advantages.dynamic_sampling import sampling_metrics
+from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
+from tasks.evaluation import overall_solve_rate
+
+
+def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:
+    """The iteration's metrics, read back from its tables (so a resumed iteration is recorded the same way)."""
+    this = pc.field("iteration") == iteration
+    groups = lake.read("groups", filter=this)
+    levels = lake.read("problems", filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()),
+                       columns=["problem_id", "level"]).unique("problem_id")
+    by_level = groups.join(levels, on="problem_id").group_by("level").agg(pl.col("solve_rate").mean()).sort("level")
+    staleness = lake.read("advantages", filter=this, columns=["staleness"])["staleness"]
+    rollouts = lake.read("rollouts", filter=this, columns=["model_version", "round"])
+    rewards = lake.read("rewards", filter=this, columns=["reward"])["reward"]
+    trained = lake.read("model_versions", filter=this & (pc.field("kind") != BRANCH),
+                        columns=["model_version", "metrics"]).sort("model_version")
+    training = json.loads(trained["metrics"][-1]) if trained.height else {}
+    sampling = sampling_metrics(groups) if groups.height else {}
+    return {
+        "iteration": iteration, "model_version": int(rollouts["model_version"].min()) if rollouts.height else -1,
+        "trained_version": int(trained["model_version"][-1]) if trained.height else None,
+        "rounds": int(rollouts["round"].max()) if rollouts.height else None, "groups": groups.height,
+        "groups_kept": int(groups["kept"].sum()), "filtered_share": sampling.get("filtered_share"),
+        "learning_zone_share": sampling.get("learning_zone_share"),
+        "mean_reward": float(rewards.mean()) if rewards.len() else None,
+        "solve_rate_by_level": json.dumps({str(level): round(rate, 4) for level, rate in by_level.rows()}),
+        "mean_staleness": float(staleness.mean()) if staleness.len() else None,
+        "loss": training.get("loss"), "clip_fraction": training.get("clip_fraction"), "entropy": training.get("entropy"),
+        "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
+        "created_at": datetime.now(timezone.utc)}
+
+
+def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:
+    """Held-out solve rate of `version` (the evaluation flow), read back as its `evaluations` rows."""
+    evaluate_model(version, settings.model_dump(mode="json", include=set(EvaluationRunConfig.model_fields)), lake.uri,
+                   iteration)
+    return lake.read("evaluations", filter=pc.field("model_version") == version)
+
+
+def sampling_config(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any]) -> dict[str, Any]:
+    """The iteration sections to sample the next iteration with: the latest rebalanced level mix, if any."""
+    if not settings.curriculum.enabled:
+        return iteration_config
+    mix = {**iteration_config["rollout"]["mix"], "level_weights": current_level_weights(
+        lake, settings.rollout.mix.level_weights)}
+    return {**iteration_config, "rollout": {**iteration_config["rollout"], "mix": mix}}
+
+
+def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: int,
+                     artifacts: Publisher) -> dict[str, Any]:
+    """After `version` trained on `iteration`: evaluate it when due, record the iteration's row, publish its
+    artifacts beside the loop, and rebalance the curriculum when due. Returns the row."""
+    every = settings.loop.evaluate_every
+    evaluation = evaluate_and_record(lake, settings, version, iteration) if every and iteration % every == 0 else None
+    with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
+        row = iteration_row(lake, iteration, evaluation)
+        lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
+    artifacts(publish_iteration, lake, row)           # its reads and API calls beside the next iteration
+    if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
+        rebalance(lake, settings, iteration)
+    return row
+
+
+def rebalance(lake: Lake, settings: RunConfig, iteration: int) -> None:
+    """The curriculum's decisions after `iteration`: the level mix, and reasoning-gym sources' difficulty."""
+    with lake.run("rl-loop", "curriculum", settings.curriculum.model_dump(mode="json"), iteration=iteration,
+                  prefect_flow_run_id=flow_run.id) as run:
+        changes = rebalanced(lake, iteration, settings.curriculum, settings.rollout.mix.level_weights)
+        lake.replace("curriculum", changes, {"iteration": iteration}, run)
+    print("curriculum: " + ", ".join(f"level {level} {old:.0%}→{new:.0%} ({reason})" for level, old, new, reason
+                                     in changes.select("level", "old_weight", "new_weight", "reason").rows()))
+    if settings.curriculum.gym_difficulty:          # reasoning-gym sources move their difficulty step
+        with lake.run("rl-loop", "gym-curriculum", settings.curriculum.model_dump(mode="json"),
+                      iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
+            moves = moved_gym_difficulty(lake, iteration, settings.curriculum,
+                                         lambda curation: curate_bank(curation, lake.uri))
+            lake.replace("gym_curriculum", moves, {"iteration": iteration}, run)
+        for source, old, new, reason in moves.select("source", "old_step", "new_step", "reason").rows():
+            print(f"gym curriculum: {source} step {old}→{new} ({reason})")
