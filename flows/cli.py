@@ -531,6 +531,21 @@ def bench_peer(
     run_benchmark(str(config), steps, seed, eval_every, work)
 
 
+@bench_app.command("async")
+def bench_async(
+    config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
+    iterations: Annotated[int, typer.Option(min=1, help="iterations each mode runs")] = 10,
+    max_staleness: Annotated[int, typer.Option(min=0, help="async: versions a batch may lag its trainer")] = 1,
+    batch_size: Annotated[int, typer.Option(min=1, help="the server's sequences generated together")] = 128,
+    work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake (reused)")] = None,
+) -> None:
+    """The same iterations sync and async against a separate `rlvr policy serve`: wall times, accuracy, staleness."""
+    _prefect_defaults()
+    from bench.overlap import run_benchmark
+
+    run_benchmark(str(config), iterations, max_staleness, work, batch_size)
+
+
 @bench_app.command("orchestration")
 def bench_orchestration(
     repeats: Annotated[int, typer.Option(min=1, help="runs of each read-only command (median)")] = 3,

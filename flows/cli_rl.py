@@ -231,14 +231,16 @@ def policy_serve(
                                             "--no-on-demand serves, as vLLM does, only --preload and what "
                                             "POST /v1/load_lora_adapter loaded")] = True,
     preload: Annotated[Optional[list[int]], typer.Option(help="model versions served from the start")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="sequences generated together")] = 64,
     lake: LakeOption = None,
 ) -> None:
     """An OpenAI-compatible completions server over the lake's model versions (served as v0, v1, ...)."""
     from tasks.rollout.server import PolicyServer, folder_loader, lake_loader, lake_versions
 
     try:
-        server = PolicyServer((host, port), lake_loader(lake, device), fail_first=fail_first, on_demand=on_demand,
-                              load_path=folder_loader(device), preload=tuple(preload or ()),
+        server = PolicyServer((host, port), lake_loader(lake, device, batch_size), fail_first=fail_first,
+                              on_demand=on_demand, load_path=folder_loader(device, batch_size),
+                              preload=tuple(preload or ()),
                               list_versions=lake_versions(lake))
     except (ValueError, OSError) as error:
         fail(str(error))

@@ -62,6 +62,18 @@ def test_groups_carry_token_ids_and_logprobs_exactly_as_the_hf_backend_samples_t
         assert got.prompt_token_ids == tokenizer("7*8 =").input_ids and got.backend == f"openai:{server}"
 
 
+def test_several_prompts_per_request_come_back_as_their_groups_in_order(served_lake, server):
+    prompts = ["What is 2+3?\nAnswer:", "7*8 =", "1+1="]
+    remote = client(server, prompts_per_request=2).generate(prompts, 3, SAMPLER, seed=7, model_version=0)
+    model, tokenizer = load_policy(served_lake.read("model_versions").sort("model_version")["checkpoint_uri"][0])
+    local = HFPolicy(model, tokenizer, 0)
+    expected = (local.generate(prompts[:2], 3, SAMPLER, derive_seed(7, 0) % 2**31, 0)    # one request, two groups
+                + local.generate(prompts[2:], 3, SAMPLER, derive_seed(7, 2) % 2**31, 0))
+    assert [len(group) for group in remote] == [3, 3, 3]
+    assert [[s.token_ids for s in group] for group in remote] == [[s.token_ids for s in group] for group in expected]
+    assert [group[0].prompt_token_ids for group in remote] == [tokenizer(p).input_ids for p in prompts]
+
+
 def test_the_model_version_is_chosen_per_request(server):
     policy = client(server)
     v0, v1 = (policy.generate(["1+1="], 4, SAMPLER, seed=3, model_version=v)[0] for v in (0, 1))

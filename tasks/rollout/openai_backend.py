@@ -1,7 +1,7 @@
 """The `openai` backend: groups sampled from OpenAI-compatible completions servers (vLLM first).
 
-One request per prompt asks for `n` samples with the sampled tokens' ids and log-probs
-(`logprobs: 0` plus vLLM's `return_tokens_as_token_ids` / `return_token_ids`). Requests run
+One request per prompt (or per `prompts_per_request` prompts) asks for `n` samples of each, with the
+sampled tokens' ids and log-probs (`logprobs: 0` plus vLLM's `return_tokens_as_token_ids` / `return_token_ids`). Requests run
 concurrently over several endpoints (data parallelism); a failed request (connection refused,
 timeout, 429 or 5xx) is retried with exponential backoff and jitter on the next endpoint, so one
 server going down slows the stage instead of failing it; a refused request (other 4xx) fails at
@@ -46,6 +46,9 @@ class OpenAIBackendConfig(Strict):
     backoff_seconds: float = Field(0.5, gt=0, description="first retry delay; doubles each retry (with jitter)")
     max_backoff_seconds: float = Field(20.0, gt=0, description="cap of one retry delay")
     timeout_seconds: float = Field(600.0, gt=0, description="read timeout of one request (a whole group)")
+    prompts_per_request: int = Field(1, ge=1, description="prompts sent in one request (n samples each): 1 for "
+                                     "vLLM, which batches across requests itself; more for a server that batches "
+                                     "only within one, such as `rlvr policy serve`")
     confirm_served: bool = Field(True, description="sample only from endpoints whose GET /v1/models lists the "
                                  "version (a version is published before anything samples from it)")
 
@@ -84,16 +87,18 @@ class OpenAIPolicy:
         model = self.served_names.get(model_version) or self.config.model_name.format(model_version=model_version)
         endpoints = self.rotation(model) if self.config.confirm_served else self.config.endpoints
         cancelled = threading.Event()                  # a refused request stops the others' retries
+        size = self.config.prompts_per_request
         with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
-            futures = [pool.submit(self._group, index, prompt, n, sampler, derive_seed(seed, index) % 2**31, model,
-                                   cancelled, endpoints) for index, prompt in enumerate(prompts)]
+            futures = [pool.submit(self._groups, start, prompts[start:start + size], n, sampler,
+                                   derive_seed(seed, start) % 2**31, model, cancelled, endpoints)
+                       for start in range(0, len(prompts), size)]
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in done if f.exception() is not None]
             if failed:
                 cancelled.set()
                 pool.shutdown(cancel_futures=True)
                 raise failed[0].exception()
-            return [future.result() for future in futures]
+            return [group for future in futures for group in future.result()]
 
     def rotation(self, model: str) -> list[str]:
         """The endpoints to sample `model` from: all but those that answer `GET /v1/models` without it."""
@@ -110,9 +115,11 @@ class OpenAIPolicy:
                                  "not list it): publish the version first (`rlvr policy publish`)")
         return listed + silent
 
-    def _group(self, index: int, prompt: str, n: int, sampler: SamplerConfig, seed: int, model: str,
-               cancelled: threading.Event, endpoints: list[str]) -> list[Sample]:
-        body = {"model": model, "prompt": prompt, "n": n, "max_tokens": sampler.max_new_tokens,
+    def _groups(self, index: int, prompts: list[str], n: int, sampler: SamplerConfig, seed: int, model: str,
+                cancelled: threading.Event, endpoints: list[str]) -> list[list[Sample]]:
+        """The groups of consecutive prompts from one request (vLLM orders the choices prompt by prompt)."""
+        body = {"model": model, "prompt": prompts[0] if len(prompts) == 1 else prompts, "n": n,
+                "max_tokens": sampler.max_new_tokens,
                 "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1,
                 "seed": seed, "stop": sampler.stop or None, "logprobs": 0,
                 "return_tokens_as_token_ids": True, "return_token_ids": True}
@@ -122,7 +129,8 @@ class OpenAIPolicy:
             try:
                 response = self._client.post(f"{endpoint}/v1/completions", json=body)
                 if response.status_code == 200:
-                    return parse_choices(response.json(), n, endpoint)
+                    samples = parse_choices(response.json(), n * len(prompts), endpoint)
+                    return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
             except httpx.UnsupportedProtocol as error:
                 raise RequestRefused(f"endpoint {endpoint!r}: {error} (endpoints look like http://host:8000)")
             except (httpx.TransportError, BadResponse, ValueError) as error:   # ValueError: a body that is not JSON
