@@ -8,6 +8,8 @@ another band) over the rollouts and rewards already stored.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prefect import flow, task
@@ -16,6 +18,7 @@ from prefect.runtime import flow_run
 
 from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
+from flows.verification import dask_runner, score_on_cluster
 from flows.stage_plans import (advantages_key, latest_bank_version, rollout_key, train_key, trained_version,
                                verify_key)
 from storage.lake import Lake
@@ -55,8 +58,9 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
     if skipped:
         return skipped
     key = {"iteration": iteration}
-    with lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
-        sampled = sample_task(lake, settings, iteration, version)
+    with lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run, \
+            scoring(settings) as score:
+        sampled = sample_task(lake, settings, iteration, version, score)
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
             lake.clear(table, key, run)
@@ -72,6 +76,17 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         if advantages else {"iteration": iteration, "model_version": version}
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
+
+
+@contextlib.contextmanager
+def scoring(settings: IterationConfig) -> Iterator[Callable | None]:
+    """How the rollout stage scores its rounds: with `verify.task_runner: dask`, in chunks on one Dask
+    cluster for the whole iteration (the path `rlvr verify` takes); else None, the stage's own pool."""
+    if settings.verify.task_runner != "dask":
+        yield None
+        return
+    with dask_runner(settings.verify) as runner:
+        yield lambda frame: score_on_cluster(runner.client, frame, settings.verify, settings.reward)
 
 
 @flow(name="compute-advantages", log_prints=True)

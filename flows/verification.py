@@ -24,18 +24,33 @@ correct_task = task(with_noise_correction, name="noise-correction", cache_policy
 write_task = stage_task(write_rewards, "write-rewards", retry_delays=STORAGE_RETRY_DELAYS)
 
 
+def chunks_of(frame: pl.DataFrame, verify: VerifyConfig) -> list[pl.DataFrame]:
+    return [frame.slice(start, verify.chunk_size) for start in range(0, frame.height, verify.chunk_size)]
+
+
 def score_in_chunks(frame: pl.DataFrame, verify: VerifyConfig, reward: RewardConfig) -> pl.DataFrame:
     """Score the rollouts as one task, or in chunks of `chunk_size`: one after another here, or all at once
     on a Dask cluster (each chunk a task run, scored by a worker's own verifier processes)."""
     if not verify.chunk_size or frame.height <= verify.chunk_size:
         return score_task(frame, verify, reward)
-    chunks = [frame.slice(start, verify.chunk_size) for start in range(0, frame.height, verify.chunk_size)]
     if verify.task_runner == "local":
-        return pl.concat([score_task(chunk, verify, reward) for chunk in chunks], how="diagonal_relaxed")
+        return pl.concat([score_task(chunk, verify, reward) for chunk in chunks_of(frame, verify)],
+                         how="diagonal_relaxed")
     with dask_runner(verify) as runner:
         futures = [runner.submit(score_task, parameters={"frame": chunk, "config": verify, "reward": reward})
-                   for chunk in chunks]
+                   for chunk in chunks_of(frame, verify)]
         return pl.concat([future.result() for future in futures], how="diagonal_relaxed")
+
+
+def score_on_cluster(client, frame: pl.DataFrame, verify: VerifyConfig, reward: RewardConfig) -> pl.DataFrame:
+    """The loop's rounds, scored in chunks on the Dask cluster of an entered `dask_runner` (its client): plain
+    Dask tasks, since they are submitted from inside the rollout task run, whose context cannot travel."""
+    chunks = chunks_of(frame, verify) if verify.chunk_size else [frame]
+    futures = client.map(score_with_components, chunks, config=verify, reward=reward, pure=False)
+    scored = client.gather(futures)
+    workers = {address for addresses in client.who_has(futures).values() for address in addresses}
+    print(f"scored {frame.height} rollouts in {len(chunks)} chunk(s) on {len(workers)} Dask worker(s)")
+    return pl.concat(scored, how="diagonal_relaxed")
 
 
 def dask_runner(verify: VerifyConfig):

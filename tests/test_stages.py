@@ -341,6 +341,29 @@ def test_verification_fans_out_over_a_dask_cluster_and_agrees_with_one_task(loop
     assert "task_runner" not in recorded_config(lake, 2)["verify"]     # re-runs do not replay the cluster
 
 
+def test_the_loop_scores_its_rounds_on_a_dask_cluster(looped, cli, tmp_path):
+    """`rlvr run` with `verify.task_runner: dask`: each round's rollouts are scored in chunks on one local
+    cluster for the iteration (two worker processes with their own verifier processes), and the rewards equal
+    those of the same iteration scored in the loop's own process."""
+    import yaml
+
+    from storage.lake import Lake
+    from test_loop import BANK, RUN
+
+    config = tmp_path / "dask.yaml"
+    config.write_text(yaml.safe_dump({"bank": BANK, **RUN, "verify": {**RUN["verify"], "workers": 1, "chunk_size": 5,
+                                                                      "task_runner": "dask", "dask_workers": 2}}))
+    lake_uri = str(tmp_path / "lake")
+    result = cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fanned, local = Lake.open(lake_uri), Lake.open(looped)
+    assert rewards_of(fanned, 1).select("rollout_id", "reward", "correct").equals(
+        rewards_of(local, 1).select("rollout_id", "reward", "correct"))
+    rounds = fanned.read("rollouts", filter=pc.field("iteration") == 1).group_by("round").len().sort("round")
+    for count in rounds["len"]:
+        assert f"scored {count} rollouts in {-(-count // 5)} chunk(s) on 2 Dask worker(s)" in result.stdout
+
+
 def test_artifacts_are_made_beside_the_caller_in_order_and_a_failed_one_stops_nothing(caplog):
     """The loop hands its artifacts to a Publisher and moves on: the calls run on another thread, in the order
     given; one that fails is logged and the rest still run; leaving the block waits for every queued call."""

@@ -9,7 +9,9 @@ Ids sort in draw order: group `i00003-r02-g000007` is the 8th group of round 2 o
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
@@ -32,7 +34,6 @@ from tasks.rollout.sampling import Policy, Sample, SamplerConfig
 from tasks.rewards.compose import RewardConfig
 from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
                                 with_composition, with_noise_correction)
-from tasks.verifiers.engine import VerifierPool
 from trainers.registry import BasePolicyConfig
 
 
@@ -94,7 +95,7 @@ class GroupSampler:
     config: IterationConfig
     policy: Policy
     tokenizer: object | None
-    pool: VerifierPool
+    score: Callable[[pl.DataFrame], pl.DataFrame]    # rollouts with their problems -> reward rows
     bank: pl.DataFrame
     iteration: int
     model_version: int
@@ -123,7 +124,7 @@ class GroupSampler:
                             model_version=self.model_version, sampler=sampler, seed=seed)
         to_score = rows.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
             problems.select(PROBLEM_FIELDS), on="problem_id", how="left")
-        rewards = score_with_components(to_score, self.config.verify, self.config.reward, self.pool)
+        rewards = self.score(to_score)
         self.rollouts.append(rows)
         self.rewards.append(rewards)
         self.scored.append(to_score)
@@ -176,19 +177,22 @@ class SampledIteration:
     failure: Exception | None        # a shortfall the config says must fail, or a backend error mid-way
 
 
-def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int) -> SampledIteration:
+def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int,
+                     score: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> SampledIteration:
     """Rounds of draw → sample → score until the batch is full or the round bound is hit.
 
-    A failure after the first round (a shortfall the config says must fail, an inference server
-    that stays down) is returned, not raised, so that the rollouts and rewards already paid for
-    are written before the iteration fails.
+    Each round is scored by `score` (the flow's fan-out over a Dask cluster), else by this process's
+    verifier pool. A failure after the first round (a shortfall the config says must fail, an
+    inference server that stays down) is returned, not raised, so that the rollouts and rewards
+    already paid for are written before the iteration fails.
     """
     policy, tokenizer = open_policy(lake, config.rollout, model_version)
     bank = training_bank(lake, config.rollout.mix)
     rounds, short_by, failure = 0, 0, None
     try:
-        with verifier_pool(config.verify) as pool:
-            sampler = GroupSampler(config, policy, tokenizer, pool, bank, iteration, model_version)
+        with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
+            score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
+            sampler = GroupSampler(config, policy, tokenizer, score, bank, iteration, model_version)
             try:
                 filled = fill_batch(sampler.draw, config.dynamic_sampling)
                 rounds, short_by = filled.rounds, filled.short_by
