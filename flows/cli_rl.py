@@ -286,6 +286,8 @@ def policy_publish(
 def train(
     iteration: Annotated[int, typer.Option(help="the iteration whose batch to train on")],
     config: Annotated[Optional[Path], typer.Option(help="run config (YAML) with a `train:` section")] = None,
+    processes: Annotated[Optional[int], typer.Option(min=1, help="data-parallel training processes (gloo on "
+                                                     "CPU, NCCL on GPUs) [default: the config's, else 1]")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
 ) -> None:
@@ -297,6 +299,8 @@ def train(
         settings = load_yaml_config(config, TrainConfig, section="train") if config else TrainConfig()
     except ValueError as error:
         fail(str(error), 2)
+    if processes is not None:
+        settings = settings.model_copy(update={"processes": processes})
     with loop_writer(lake, wait):
         _prefect_defaults()
         from flows.iteration import train_policy
@@ -311,7 +315,7 @@ def train(
     import polars as pl
 
     shown = {k: result[k] for k in ("model_version", "batch_id", "loss", "clip_fraction", "kl", "entropy",
-                                    "grad_norm", "tokens", "optimizer_steps", "global_step")}
+                                    "grad_norm", "tokens", "optimizer_steps", "global_step", "processes")}
     console.print(frame_table(pl.DataFrame({"": list(shown), "value": [str(round(v, 5)) if isinstance(v, float) else
                                                                          str(v) for v in shown.values()]}),
                               title=f"iteration {iteration}: trained"))

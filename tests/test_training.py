@@ -2,6 +2,7 @@
 the optimizer state carried across versions, and version N+1 registered with its lineage."""
 
 import copy
+import re
 
 import polars as pl
 import pytest
@@ -133,9 +134,10 @@ def test_command_line_train_and_model_version_lineage(cli, tmp_path):
     rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
     config = tmp_path / "train.yaml"
     config.write_text("train:\n  micro_batch_size: 4\n  loss_type: grpo\n")
-    trained = cli("train", "--iteration", "1", "--config", str(config), "--lake", lake_uri)
+    trained = cli("train", "--iteration", "1", "--config", str(config), "--processes", "2", "--lake", lake_uri)
     assert trained.returncode == 0, trained.stderr
     assert "iteration 1: trained" in trained.stdout
+    assert re.search(r"processes\s+│\s+2\b", trained.stdout), trained.stdout      # data parallel, from the flag
     lineage = cli("lineage", "model-version", "1", "--lake", lake_uri)
     assert lineage.returncode == 0, lineage.stderr
     assert "version 1 (rl, parent 0, iteration 1)" in lineage.stdout and "12 rollouts of 3 problems" in lineage.stdout
@@ -183,3 +185,33 @@ def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, t
     v2_uri = version_row(lake, 2)["checkpoint_uri"]
     assert adapter_base(v2_uri) == base_uri and second["global_step"] == first["global_step"] + 1
     assert set(lake.read("rollouts").filter(pl.col("iteration") == 2)["model_version"]) == {1}
+
+
+def test_two_data_parallel_processes_train_as_one(prefect_api, tmp_path):
+    """`train.processes: 2` (gloo on CPU): each process trains half of the batch and the gradients are summed,
+    so the loss, gradient norm and trained weights equal one process's on the same batch, and one checkpoint
+    is written (by this process, from process 0's weights)."""
+    from flows.iteration import rl_iteration, train_policy
+    from storage.lake import Lake
+    from storage.registry import version_row
+    from test_iteration import CONFIG, curated
+    from trainers.registry import load_policy
+
+    lake_uri = str(tmp_path / "lake")
+    curated(lake_uri)
+    rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
+    one = train_policy(1, {"micro_batch_size": 5}, lake_uri)
+    two = train_policy(1, {"micro_batch_size": 5, "processes": 2}, lake_uri, parent=0)   # the same step, a branch
+    assert (one["model_version"], two["model_version"]) == (1, 2) and two["sequences"] == one["sequences"] == 12
+    assert (one["processes"], two["processes"]) == (1, 2) and two["torch_threads"] == 1   # a core each
+    assert two["loss"] == pytest.approx(one["loss"], abs=1e-6) and two["tokens"] == one["tokens"]
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert two["clip_fraction"] == pytest.approx(one["clip_fraction"], abs=1e-6)
+    lake = Lake.open(lake_uri)
+    trained = [load_policy(version_row(lake, version)["checkpoint_uri"])[0] for version in (1, 2)]
+    for a, b in zip(*(model.parameters() for model in trained)):
+        assert torch.allclose(a, b, atol=1e-6)
+    base = load_policy(version_row(lake, 0)["checkpoint_uri"])[0]
+    assert any(not torch.equal(a, b) for a, b in zip(trained[1].parameters(), base.parameters()))
+    folders = sorted(p.rsplit("/", 1)[1] for p in lake.location.filesystem.ls(lake.location.path("models")))
+    assert folders == ["v00000", "v00001", "v00002"]

@@ -56,6 +56,8 @@ class TrainConfig(Strict):
     device: str = Field("cpu", description="cpu, or cuda on a GPU machine")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter (peft) instead of the full model")
     seed: int = Field(0, description="seed of the mini-batch shuffle")
+    processes: int = Field(1, ge=1, description="data-parallel processes (torch.distributed through accelerate: "
+                           "gloo on CPU, NCCL on GPUs); each takes a share of every mini-batch, gradients are summed")
 
 
 def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_state: dict | None = None,
@@ -70,6 +72,7 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
 
     # ---- setup: the optimizer continues from the parent version's state ----
     accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
+    rank, world = accelerator.process_index, accelerator.num_processes     # data parallel: trainers/parallel.py
     trainable = [p for p in model.parameters() if p.requires_grad]      # all of them, or a LoRA adapter's
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     if optimizer_state:
@@ -77,7 +80,10 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
         for group in optimizer.param_groups:             # the config decides, not the first run's saved settings
             group["weight_decay"] = config.weight_decay
     step = optimizer_state["step"] if optimizer_state else 0
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if world == 1:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:                                                # no DDP wrapper: shares may take unequal micro-batch counts
+        model = model.to(accelerator.device)
     model.train()
     rows = rows.filter(pl.col("weight") > 0)             # masked responses (weight 0) are not in the batch at all
     order = list(range(rows.height))
@@ -95,10 +101,11 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, (step + 1) / max(config.warmup_steps, 1))
         mini = rows[indices]
-        tokens = int(mini["response_token_ids"].list.len().sum())
+        tokens = int(mini["response_token_ids"].list.len().sum())     # normalisers count the whole mini-batch
+        mine = mini[rank::world]                                        # this process's share, lengths interleaved
         optimizer.zero_grad()
-        for start in range(0, mini.height, config.micro_batch_size):
-            micro = mini[start:start + config.micro_batch_size]
+        for start in range(0, mine.height, config.micro_batch_size):
+            micro = mine[start:start + config.micro_batch_size]
             prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
             with accelerator.autocast():
                 logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
@@ -122,6 +129,8 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
             totals["clip_fraction"] += out.clip_fraction * micro_tokens
             totals["kl"] += out.kl * micro_tokens
             totals["entropy"] += float(entropy.sum())
+        if world > 1:                                    # the shares' gradients add up to the mini-batch's
+            summed(accelerator, trainable)
         grad_norm = accelerator.clip_grad_norm_(trainable, config.max_grad_norm)
         optimizer.step()
         step += 1
@@ -129,13 +138,33 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
         totals["tokens"] += tokens
 
     model.eval()
+    if world > 1:                                        # the shares' sums, over every process
+        shared = ["loss", "clip_fraction", "kl", "entropy"]
+        values = torch.tensor([totals[name] for name in shared], dtype=torch.float64, device=accelerator.device)
+        totals.update(zip(shared, accelerator.reduce(values, reduction="sum").tolist()))
     steps, tokens = len(mini_batches), max(totals["tokens"], 1)
     metrics = {"loss": totals["loss"] / steps, "clip_fraction": totals["clip_fraction"] / tokens,
                "kl": totals["kl"] / tokens, "entropy": totals["entropy"] / tokens,
                "grad_norm": totals["grad_norm"] / steps, "tokens": totals["tokens"], "optimizer_steps": steps,
                "sequences": rows.height, "learning_rate": optimizer.param_groups[0]["lr"], "global_step": step,
-               "torch_threads": torch.get_num_threads()}     # bit-reproducible only at the same count
+               "torch_threads": torch.get_num_threads(),     # bit-reproducible only at the same count
+               "processes": world}
     return metrics, {"optimizer": optimizer.state_dict(), "step": step}
+
+
+def summed(accelerator, parameters: list) -> None:
+    """Sum the parameters' gradients over the processes in place (one flat all-reduce; a process whose share
+    was empty adds zeros)."""
+    import torch
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    for parameter in parameters:
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    grads = [parameter.grad for parameter in parameters]
+    flat = accelerator.reduce(_flatten_dense_tensors(grads), reduction="sum")
+    for grad, total in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(total)
 
 
 def _padded(rows: list[list[float]], width: int, device):

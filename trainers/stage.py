@@ -48,15 +48,20 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
     parent_row = version_row(lake, parent)
     parent_uri = parent_row["checkpoint_uri"]
     model, tokenizer, adapter_of = trainable_policy(parent_uri, config)
-    reference = None
-    if config.beta:
-        reference, _ = load_policy(version_row(lake, config.reference_version)["checkpoint_uri"], config.device)
+    reference_uri = version_row(lake, config.reference_version)["checkpoint_uri"] if config.beta else None
     if config.max_completion_length is None and rows["max_new_tokens"].max() is not None:
         # dr_grpo's constant is the generation limit, the same for every batch
         config = config.model_copy(update={"max_completion_length": int(rows["max_new_tokens"].max())})
     same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
-    metrics, state = train_on_batch(model, rows, config, load_training_state(parent_uri) if same_kind else None,
-                                    reference)
+    optimizer_state = load_training_state(parent_uri) if same_kind else None
+    if config.processes > 1:                           # data parallel: the processes train, this one saves
+        from trainers.parallel import train_in_processes
+
+        weights, metrics, state = train_in_processes(parent_uri, rows, config, optimizer_state, reference_uri)
+        model.load_state_dict(weights)
+    else:
+        reference = load_policy(reference_uri, config.device)[0] if reference_uri else None
+        metrics, state = train_on_batch(model, rows, config, optimizer_state, reference)
     version = next_version_number(lake)
     uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
     faults.point("checkpoint-saved:train")
