@@ -8,6 +8,8 @@ in each of the loop's workers: `loop.mode: sync`, then `async` (`loop.max_stalen
 same iterations, evaluated once at the end. Printed: the wall time of each (evaluation excluded),
 the ratio async / sync (target ≤ 0.7), the final held-out solve rate of each (async not worse by
 more than 3 points) and async's staleness histogram (rollouts by staleness, from `advantages`).
+`--off-policy-weight none` drops the truncated importance weight's forward pass (see
+`advantages.off_policy_weight`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.compute as pc
 
-from bench.peer import copy_of, started_once, warmed_lake
+from bench.peer import copy_of, started_once, warmed_once
 from storage.lake import Lake
 
 TARGET_RATIO = 0.7
@@ -55,7 +57,8 @@ def serve(lake_uri: str, version: int, batch_size: int) -> tuple[subprocess.Pope
     raise RuntimeError(f"rlvr policy serve did not answer at {url} within 120 s")
 
 
-def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, batch_size: int) -> dict:
+def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, batch_size: int,
+             off_policy_weight: str = "truncated") -> dict:
     """The loop in `mode` from the warm version, in a copy of `base`, against its own server."""
     from flows.loop import rl_loop
 
@@ -69,6 +72,7 @@ def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, 
         settings.rollout.openai.endpoints = [url]
         settings.rollout.openai.prompts_per_request = 1024     # one request a round: the server batches within it
         settings.loop.mode, settings.loop.max_staleness = mode, max_staleness
+        settings.advantages.off_policy_weight = off_policy_weight   # only async has off-policy rollouts
         settings.loop.evaluate_every = iterations              # once, at the end
         started = time.perf_counter()
         rl_loop(settings.model_dump(mode="json"), iterations, lake_uri)
@@ -86,31 +90,23 @@ def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, 
 
 
 def run_benchmark(config_path: str, iterations: int, max_staleness: int, work: str | None = None,
-                  batch_size: int = 128) -> dict:
+                  batch_size: int = 128, off_policy_weight: str = "truncated") -> dict:
     from rich.console import Console
 
     from flows.cli_rl import run_config
 
     console = Console()
     config = run_config(config_path)
-    folder = work or tempfile.mkdtemp(prefix="rlvr-bench-async-")
-    base = str(Path(folder) / "warmed")
-    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0) \
-        if (Path(base) / "iteration_metrics").exists() else None
-    if warmed is None or warmed.is_empty():
-        console.print(f"warming up once in {base} …")
-        import shutil
-
-        shutil.rmtree(base, ignore_errors=True)
-        warmed_lake(config_path, base)
+    base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-async-"), console)
     started_once()
     os.environ["RLVR_TORCH_THREADS"] = "1"                  # one thread per torch worker, the server's included
-    results = {mode: one_mode(config, base, mode, iterations, max_staleness, batch_size) for mode in ("sync", "async")}
+    results = {mode: one_mode(config, base, mode, iterations, max_staleness, batch_size, off_policy_weight)
+               for mode in ("sync", "async")}
     sync, overlapped = results["sync"], results["async"]
     ratio = overlapped["rl_seconds"] / sync["rl_seconds"]
     behind = 100 * (sync["final_solve_rate"] - overlapped["final_solve_rate"])
-    console.print(f"{iterations} iterations, policy served by `rlvr policy serve`, 1 torch thread per process "
-                  f"(evaluation excluded): sync {sync['rl_seconds']:.1f} s, async {overlapped['rl_seconds']:.1f} s "
+    console.print(f"{iterations} iterations, policy served by `rlvr policy serve`, 1 torch thread per process, "
+                  f"max_staleness {max_staleness}, off-policy weight {off_policy_weight} (evaluation excluded): sync {sync['rl_seconds']:.1f} s, async {overlapped['rl_seconds']:.1f} s "
                   f"— ×{ratio:.2f} (target ≤ {TARGET_RATIO})")
     console.print(f"held-out solve rate after iteration {iterations}: sync {sync['final_solve_rate']:.1%}, async "
                   f"{overlapped['final_solve_rate']:.1%} ({behind:+.1f} points behind; target ≤ {MAX_POINTS_BEHIND})")

@@ -46,6 +46,18 @@ def warmed_lake(config: str, folder: str) -> str:
     return folder
 
 
+def warmed_once(config_path: str, folder: str, console) -> str:
+    """`folder`/warmed: the warmed lake, made unless a finished one is there (an interrupted one is redone)."""
+    base = str(Path(folder) / "warmed")
+    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0) \
+        if (Path(base) / "iteration_metrics").exists() else None
+    if warmed is None or warmed.is_empty():
+        shutil.rmtree(base, ignore_errors=True)
+        console.print(f"warming up once in {base} …")
+        warmed_lake(config_path, base)
+    return base
+
+
 def copy_of(base: str, prefix: str) -> str:
     """A fresh copy of the warmed lake (its checkpoints stay where they are: the copy's registry points at them)."""
     lake_uri = tempfile.mkdtemp(prefix=prefix)
@@ -171,15 +183,8 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
 
     console = Console()
     config = run_config(config_path)
-    folder = work or tempfile.mkdtemp(prefix="rlvr-bench-peer-")
-    base = str(Path(folder) / "warmed")
-    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0) \
-        if (Path(base) / "iteration_metrics").exists() else None
-    if warmed is None or warmed.is_empty():              # none yet, or a warm-up that was interrupted
-        shutil.rmtree(base, ignore_errors=True)
-        console.print(f"warming up once in {base} …")
-        warmed_lake(config_path, base)
-        warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
+    base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-peer-"), console)
+    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
     start = float(warmed["eval_solve_rate"][0])
     started_once()
     results = {"ours": [], "trl": []}

@@ -184,6 +184,16 @@ def test_sampling_an_older_version_measures_staleness_against_the_latest(rl_iter
     assert result["model_version"] == 1 and set(lake.read("rollouts")["model_version"]) == {0}
     advantages = lake.read("advantages")
     assert set(advantages["freshness"]) == {"acceptable"} and set(advantages["staleness"]) == {1}
+    assert advantages["importance_weight"].n_unique() > 1                  # truncated weights, per rollout
+
+    from flows.iteration import compute_advantages
+    from tasks.advantages.stage import AdvantageConfig, off_policy_logprob_sums, scored_rollouts
+
+    unweighted = AdvantageConfig(off_policy_weight="none")   # weight 1, and no model loaded for it
+    assert off_policy_logprob_sums(lake, 1, scored_rollouts(lake, 1, None), unweighted, 1) is None
+    compute_advantages(1, {**CONFIG, "advantages": unweighted.model_dump()}, lake_uri)
+    again = lake.read("advantages")
+    assert set(again["freshness"]) == {"acceptable"} and set(again["importance_weight"]) == {1.0}
 
 
 def test_an_inference_server_failing_mid_iteration_keeps_the_rounds_already_sampled(rl_iteration, tmp_path):

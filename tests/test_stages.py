@@ -341,15 +341,19 @@ def test_verification_fans_out_over_a_dask_cluster_and_agrees_with_one_task(loop
     assert "task_runner" not in recorded_config(lake, 2)["verify"]     # re-runs do not replay the cluster
 
 
-def test_the_loop_scores_its_rounds_on_a_dask_cluster(looped, cli, tmp_path):
+def test_the_loop_scores_its_rounds_on_a_dask_cluster(cli, tmp_path):
     """`rlvr run` with `verify.task_runner: dask`: each round's rollouts are scored in chunks on one local
     cluster for the iteration (two worker processes with their own verifier processes), and the rewards equal
     those of the same iteration scored in the loop's own process."""
     import yaml
 
+    from flows.loop import rl_loop
     from storage.lake import Lake
-    from test_loop import BANK, RUN
+    from test_loop import BANK, RUN, curated_with_eval
 
+    looped = str(tmp_path / "local")                       # the same iteration, scored in the loop's own process
+    curated_with_eval(looped)
+    rl_loop(RUN, iterations=1, lake_uri=looped)
     config = tmp_path / "dask.yaml"
     config.write_text(yaml.safe_dump({"bank": BANK, **RUN, "verify": {**RUN["verify"], "workers": 1, "chunk_size": 5,
                                                                       "task_runner": "dask", "dask_workers": 2}}))

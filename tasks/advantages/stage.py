@@ -40,6 +40,11 @@ class AdvantageConfig(Strict):
     max_stale_versions: int = Field(3, ge=0, description="rollouts older than this many versions are dropped")
     importance_cap: float = Field(2.0, gt=0, description="truncation of the importance weight "
                                   "π_current(y) / π_behaviour(y) given to acceptable off-policy rollouts")
+    off_policy_weight: Literal["truncated", "none"] = Field("truncated", description="acceptable (off-policy) "
+                                                            "rollouts: truncated: the weight above, from one forward "
+                                                            "pass of the current policy; none: weight 1, the loss's "
+                                                            "clipped ratio to the stored behaviour log-probs the only "
+                                                            "correction (PPO with the behaviour policy as π_old)")
     dbb_discount: float = Field(0.9, gt=0, le=1, description="gamma of the Beta-Bernoulli state")
 
 
@@ -124,7 +129,7 @@ def compute(scored: pl.DataFrame, config: AdvantageConfig, sampling: DynamicSamp
     if config.estimator == "dbb":
         shaped = with_dbb_state(shaped, state)
     scored_rows = advantages(with_group_columns(shaped), config.estimator)
-    scored_rows = with_importance_weights(scored_rows, logprob_sums, config.importance_cap)
+    scored_rows = with_importance_weights(scored_rows, logprob_sums, config.importance_cap, config.off_policy_weight)
     if config.estimator == "dbb" and tuple(sampling.band) == DEFAULT_BAND:    # unless the user's band says otherwise
         statistics = keep_nonzero_advantages(statistics, scored_rows)
     groups = mark_surplus(statistics, sampling.groups_per_batch)
@@ -156,10 +161,12 @@ def keep_nonzero_advantages(groups: pl.DataFrame, rows: pl.DataFrame) -> pl.Data
                                ).drop("signal").select(groups.columns)
 
 
-def with_importance_weights(rows: pl.DataFrame, logprob_sums: pl.DataFrame | None, cap: float) -> pl.DataFrame:
-    """`importance_weight`: 1 for fresh rows; truncated exp(log π_current − log π_behaviour) for acceptable ones."""
+def with_importance_weights(rows: pl.DataFrame, logprob_sums: pl.DataFrame | None, cap: float,
+                            weighting: str = "truncated") -> pl.DataFrame:
+    """`importance_weight`: 1 for fresh rows; truncated exp(log π_current − log π_behaviour) for acceptable ones
+    (1 too when `weighting` is none)."""
     acceptable = rows.filter(pl.col("freshness") == "acceptable")["rollout_id"]
-    if acceptable.is_empty():
+    if acceptable.is_empty() or weighting == "none":
         return rows.with_columns(importance_weight=pl.lit(1.0))
     if logprob_sums is None or not acceptable.is_in(logprob_sums["rollout_id"]).all():
         raise ValueError(f"{acceptable.len()} off-policy rollouts need the current policy's log-probs for their "
@@ -207,11 +214,11 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
                             current_version: int, device: str = "cpu", batch_size: int = 32) -> pl.DataFrame | None:
     """Current-policy and behaviour log-prob sums of the iteration's acceptable (off-policy) rollouts.
 
-    None when every rollout is fresh or stale: then no model is loaded.
+    None when every rollout is fresh or stale, or with `off_policy_weight: none`: then no model is loaded.
     """
     lag = current_version - scored["model_version"]
     ids = scored.filter((lag > 0) & (lag <= config.max_stale_versions))["rollout_id"].to_list()
-    if not ids:
+    if not ids or config.off_policy_weight == "none":
         return None
     import json
 
