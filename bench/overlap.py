@@ -8,9 +8,13 @@ in each of the loop's workers: `loop.mode: sync`, then `async` (`loop.max_stalen
 same iterations, evaluated once at the end. Printed: the wall time of each (evaluation excluded),
 the ratio async / sync (target ≤ 0.7), the final held-out solve rate of each (async not worse by
 more than 3 points) and async's staleness histogram (rollouts by staleness, from `advantages`).
-`--off-policy-weight none` drops the truncated importance weight's forward pass (see
-`advantages.off_policy_weight`).
+`--correction` picks how async corrects for its off-policy rollouts: `truncated` (the sequence weight
+of `advantages.off_policy_weight`, one forward pass), `none` (the clipped ratio to the behaviour
+log-probs only) or `decoupled` (`train.off_policy_loss: decoupled`, per-token weights from the
+training step's own forward pass).
 """
+
+CORRECTIONS = {"truncated": ("truncated", "behaviour"), "none": ("none", "behaviour"), "decoupled": ("none", "decoupled")}
 
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ def serve(lake_uri: str, version: int, batch_size: int) -> tuple[subprocess.Pope
 
 
 def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, batch_size: int,
-             off_policy_weight: str = "truncated") -> dict:
+             correction: str = "truncated") -> dict:
     """The loop in `mode` from the warm version, in a copy of `base`, against its own server."""
     from flows.loop import rl_loop
 
@@ -72,7 +76,8 @@ def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, 
         settings.rollout.openai.endpoints = [url]
         settings.rollout.openai.prompts_per_request = 1024     # one request a round: the server batches within it
         settings.loop.mode, settings.loop.max_staleness = mode, max_staleness
-        settings.advantages.off_policy_weight = off_policy_weight   # only async has off-policy rollouts
+        # only async has off-policy rollouts; sync's are fresh, and every correction leaves them as they are
+        settings.advantages.off_policy_weight, settings.train.off_policy_loss = CORRECTIONS[correction]
         settings.loop.evaluate_every = iterations              # once, at the end
         started = time.perf_counter()
         rl_loop(settings.model_dump(mode="json"), iterations, lake_uri)
@@ -90,7 +95,7 @@ def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, 
 
 
 def run_benchmark(config_path: str, iterations: int, max_staleness: int, work: str | None = None,
-                  batch_size: int = 128, off_policy_weight: str = "truncated") -> dict:
+                  batch_size: int = 128, correction: str = "truncated") -> dict:
     from rich.console import Console
 
     from flows.cli_rl import run_config
@@ -100,13 +105,13 @@ def run_benchmark(config_path: str, iterations: int, max_staleness: int, work: s
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-async-"), console)
     started_once()
     os.environ["RLVR_TORCH_THREADS"] = "1"                  # one thread per torch worker, the server's included
-    results = {mode: one_mode(config, base, mode, iterations, max_staleness, batch_size, off_policy_weight)
+    results = {mode: one_mode(config, base, mode, iterations, max_staleness, batch_size, correction)
                for mode in ("sync", "async")}
     sync, overlapped = results["sync"], results["async"]
     ratio = overlapped["rl_seconds"] / sync["rl_seconds"]
     behind = 100 * (sync["final_solve_rate"] - overlapped["final_solve_rate"])
     console.print(f"{iterations} iterations, policy served by `rlvr policy serve`, 1 torch thread per process, "
-                  f"max_staleness {max_staleness}, off-policy weight {off_policy_weight} (evaluation excluded): sync {sync['rl_seconds']:.1f} s, async {overlapped['rl_seconds']:.1f} s "
+                  f"max_staleness {max_staleness}, correction {correction} (evaluation excluded): sync {sync['rl_seconds']:.1f} s, async {overlapped['rl_seconds']:.1f} s "
                   f"— ×{ratio:.2f} (target ≤ {TARGET_RATIO})")
     console.print(f"held-out solve rate after iteration {iterations}: sync {sync['final_solve_rate']:.1%}, async "
                   f"{overlapped['final_solve_rate']:.1%} ({behind:+.1f} points behind; target ≤ {MAX_POINTS_BEHIND})")

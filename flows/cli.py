@@ -537,16 +537,17 @@ def bench_async(
     iterations: Annotated[int, typer.Option(min=1, help="iterations each mode runs")] = 10,
     max_staleness: Annotated[int, typer.Option(min=0, help="async: versions a batch may lag its trainer")] = 1,
     batch_size: Annotated[int, typer.Option(min=1, help="the server's sequences generated together")] = 128,
-    off_policy_weight: Annotated[str, typer.Option(help="advantages.off_policy_weight: truncated or none")] = "truncated",
+    correction: Annotated[str, typer.Option(help="async's off-policy correction: truncated (sequence weight), "
+                                            "none, or decoupled (per-token, in the training step)")] = "truncated",
     work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake (reused)")] = None,
 ) -> None:
     """The same iterations sync and async against a separate `rlvr policy serve`: wall times, accuracy, staleness."""
-    if off_policy_weight not in ("truncated", "none"):
-        fail(f"--off-policy-weight {off_policy_weight!r}: truncated or none", 2)
+    if correction not in ("truncated", "none", "decoupled"):
+        fail(f"--correction {correction!r}: truncated, none or decoupled", 2)
     _prefect_defaults()
     from bench.overlap import run_benchmark
 
-    run_benchmark(str(config), iterations, max_staleness, work, batch_size, off_policy_weight)
+    run_benchmark(str(config), iterations, max_staleness, work, batch_size, correction)
 
 
 @bench_app.command("orchestration")

@@ -44,6 +44,9 @@ class RunConfig(IterationConfig):
         if self.loop.mode == "async" and self.loop.max_staleness > self.advantages.max_stale_versions:
             raise ValueError(f"loop.max_staleness {self.loop.max_staleness} exceeds advantages.max_stale_versions "
                              f"{self.advantages.max_stale_versions}: the overlapped loop would drop its own batches")
+        if self.train.off_policy_loss == "decoupled" and self.advantages.off_policy_weight == "truncated":
+            raise ValueError("train.off_policy_loss decoupled weights every off-policy token already: set "
+                             "advantages.off_policy_weight: none (else the correction is applied twice)")
         return self
 
 

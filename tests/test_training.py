@@ -215,3 +215,28 @@ def test_two_data_parallel_processes_train_as_one(prefect_api, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(trained[1].parameters(), base.parameters()))
     folders = sorted(p.rsplit("/", 1)[1] for p in lake.location.filesystem.ls(lake.location.path("models")))
     assert folders == ["v00000", "v00001", "v00002"]
+
+
+def test_the_decoupled_loss_weights_each_off_policy_token_from_the_same_forward_pass(policy):
+    """`off_policy_loss: decoupled`: the ratio is taken to the policy at the step's start, and each token is
+    weighted by min(π_start / π_behaviour, cap). On-policy rows train exactly as the behaviour loss trains them;
+    rows whose behaviour log-probs lie 5 nats below the policy's get the cap (2) on every token: twice the loss."""
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer)
+    behaviour, decoupled = copy.deepcopy(model), copy.deepcopy(model)
+    plain, _ = train_on_batch(behaviour, rows, TrainConfig(micro_batch_size=5))
+    same, _ = train_on_batch(decoupled, rows, TrainConfig(micro_batch_size=5, off_policy_loss="decoupled"))
+    assert same["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    for a, b in zip(behaviour.parameters(), decoupled.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    older = rows.with_columns(behaviour_logprobs=rows["behaviour_logprobs"].list.eval(pl.element() - 5.0))
+    capped, _ = train_on_batch(copy.deepcopy(model), older, TrainConfig(micro_batch_size=5, off_policy_loss="decoupled"))
+    assert capped["loss"] == pytest.approx(2 * plain["loss"], rel=1e-5) and capped["clip_fraction"] == 0.0
+
+
+def test_a_decoupled_loss_with_the_sequence_weight_too_is_refused():
+    from flows.run_config import RunConfig
+
+    with pytest.raises(ValueError, match="set advantages.off_policy_weight: none"):
+        RunConfig.model_validate({"train": {"off_policy_loss": "decoupled"}})
+    RunConfig.model_validate({"train": {"off_policy_loss": "decoupled"}, "advantages": {"off_policy_weight": "none"}})

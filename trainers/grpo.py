@@ -56,6 +56,13 @@ class TrainConfig(Strict):
     device: str = Field("cpu", description="cpu, or cuda on a GPU machine")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter (peft) instead of the full model")
     seed: int = Field(0, description="seed of the mini-batch shuffle")
+    off_policy_loss: Literal["behaviour", "decoupled"] = Field("behaviour", description="behaviour: the ratio "
+                                                                "to the stored behaviour log-probs is clipped (PPO "
+                                                                "with π_old = π_behaviour); decoupled (AReaL): the "
+                                                                "ratio to the policy at the step's start is clipped "
+                                                                "and each token weighted by its truncated "
+                                                                "π_start / π_behaviour, from the same forward pass")
+    importance_cap: float = Field(2.0, gt=0, description="decoupled: truncation of the per-token weight")
     processes: int = Field(1, ge=1, description="data-parallel processes (torch.distributed through accelerate: "
                            "gloo on CPU, NCCL on GPUs); each takes a share of every mini-batch, gradients are summed")
 
@@ -112,6 +119,11 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
                                                             with_entropy=True)           # [B, T] each
             device = logprobs.device
             behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
+            token_weights = None
+            if config.off_policy_loss == "decoupled":    # the policy before this step is the proximal one
+                proximal = logprobs.detach()
+                token_weights = torch.clamp(torch.exp(proximal - behaviour), max=config.importance_cap) * mask
+                behaviour = proximal
             ref_logprobs = None
             if config.beta and reference is not None:
                 with torch.no_grad():
@@ -121,7 +133,8 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
                               mask, loss_type=config.loss_type, epsilon_low=config.epsilon_low,
                               epsilon_high=config.epsilon_high, ref_logprobs=ref_logprobs, beta=config.beta,
                               weights=torch.tensor(micro["weight"].to_list(), device=device),
-                              max_completion_length=longest, token_normaliser=float(max(tokens, 1)))
+                              max_completion_length=longest, token_normaliser=float(max(tokens, 1)),
+                              token_weights=token_weights)
             loss = out.loss if config.loss_type == "dapo" else out.loss * share
             accelerator.backward(loss)
             micro_tokens = float(mask.sum())

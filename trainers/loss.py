@@ -31,7 +31,8 @@ class LossOutput:
 def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, *, loss_type: str = "dapo", epsilon_low: float = 0.2, epsilon_high: float = 0.28,
                 weights: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None, beta: float = 0.0,
-                max_completion_length: int | None = None, token_normaliser: float | None = None) -> LossOutput:
+                max_completion_length: int | None = None, token_normaliser: float | None = None,
+                token_weights: torch.Tensor | None = None) -> LossOutput:
     """The clipped surrogate loss.
 
     Args:
@@ -46,6 +47,8 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
         max_completion_length: dr_grpo's constant; default T.
         token_normaliser: dapo's Σ tokens when a batch is split for gradient accumulation (the
             whole batch's count, so that micro-batches add up to the full-batch loss); default Σ mask.
+        token_weights: per-token weights, [B, T] (the decoupled objective's truncated
+            π_proximal / π_behaviour); default none.
     Returns:
         LossOutput with the scalar loss and detached statistics.
     """
@@ -60,6 +63,8 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
     per_token = -torch.min(ratio * advantage, clipped * advantage)                     # [B, T]
     if weights is not None:
         per_token = per_token * weights[:, None]
+    if token_weights is not None:
+        per_token = per_token * token_weights
     kl = torch.zeros_like(per_token)
     if beta and ref_logprobs is not None:
         delta = ref_logprobs - logprobs
