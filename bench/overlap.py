@@ -14,7 +14,6 @@ log-probs only) or `decoupled` (`train.off_policy_loss: decoupled`, per-token we
 training step's own forward pass).
 """
 
-CORRECTIONS = {"truncated": ("truncated", "behaviour"), "none": ("none", "behaviour"), "decoupled": ("none", "decoupled")}
 
 from __future__ import annotations
 
@@ -34,6 +33,8 @@ from bench.peer import copy_of, started_once, warmed_once
 from storage.lake import Lake
 
 TARGET_RATIO = 0.7
+CORRECTIONS = {"truncated": ("truncated", "behaviour"), "none": ("none", "behaviour"),   # advantages, train
+               "decoupled": ("none", "decoupled")}
 MAX_POINTS_BEHIND = 3.0
 
 
