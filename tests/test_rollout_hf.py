@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tasks.rollout.hf import HFPolicy, sequence_logprobs
+from tasks.rollout.hf import HFPolicy, _cut, sequence_logprobs
 from tasks.rollout.sampling import SamplerConfig, sampling_logprobs, self_certainty
 from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
@@ -119,7 +119,7 @@ def test_a_multibyte_stop_string_is_found_across_its_byte_tokens(uniform_model, 
     assert len(smiles) == 8          # the whole string; one byte short; its last byte replaced
     assert policy._hit_stop_string(rows, lengths, alive, ["🙂🙂"]).tolist() == [True, False, False]
     assert policy._hit_stop_string(rows, lengths, torch.tensor([False, True, True]), ["🙂🙂"]).tolist() == [False] * 3
-    assert policy._text([7, 8] + smiles + [9], ["🙂🙂"]) == tokenizer.decode([7, 8])
+    assert _cut(tokenizer.decode([7, 8] + smiles + [9], skip_special_tokens=True), ["🙂🙂"]) == tokenizer.decode([7, 8])
 
 
 def test_seeded_generation_is_reproducible(model, tokenizer):

@@ -99,13 +99,12 @@ class HFPolicy:
         kept = lengths.tolist()                            # one transfer for the whole batch, not one per token
         token_rows, logprob_rows = tokens[:, :used].tolist(), logprobs[:, :used].tolist()
         ended, certainties = stopped.tolist(), certainty.tolist()
-        samples = []
-        for row in range(batch):
-            ids = token_rows[row][:kept[row]]
-            samples.append(Sample(text=self._text(ids, sampler.stop), token_ids=ids, logprobs=logprob_rows[row][:kept[row]],
-                                  finish_reason="stop" if ended[row] else "length",
-                                  self_certainty=certainties[row] / max(kept[row], 1), backend=self.backend))
-        return samples
+        ids = [token_rows[row][:kept[row]] for row in range(batch)]
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)      # one call for the batch, not one a row
+        return [Sample(text=_cut(text, sampler.stop), token_ids=ids[row], logprobs=logprob_rows[row][:kept[row]],
+                       finish_reason="stop" if ended[row] else "length",
+                       self_certainty=certainties[row] / max(kept[row], 1), backend=self.backend)
+                for row, text in enumerate(texts)]
 
     def _hit_stop_string(self, tokens, lengths, alive, stop: list[str]):
         """Rows (among the `alive` ones) whose text now ends in a stop string: only the last few tokens of
@@ -121,10 +120,12 @@ class HFPolicy:
             hits[row] = any(s in text for s in stop)
         return hits
 
-    def _text(self, token_ids: list[int], stop: list[str]) -> str:
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-        cut = min((text.find(s) for s in stop if s in text), default=-1)
-        return text[:cut] if cut >= 0 else text
+
+
+def _cut(text: str, stop: list[str]) -> str:
+    """The text before its first stop string."""
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text
 
 
 def stop_token_ids(model, tokenizer) -> set[int]:
