@@ -8,6 +8,7 @@ import threading
 import httpx
 import pyarrow.compute as pc
 import pytest
+import yaml
 
 from conftest import BIN, free_port, register_random_version, wait_for
 from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
@@ -117,7 +118,7 @@ def test_only_the_newest_versions_stay_loaded_and_the_base_never_goes(versions_l
     assert version_of("v0-base", "v{model_version}") is None
 
 
-def test_the_loop_publishes_every_version_before_sampling_it(prefect_api, tmp_path):
+def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
     """`rlvr run` on the openai backend against `rlvr policy serve --no-on-demand` (a separate process that
     knows only v0 at start, as a vLLM server started on the base model does): every trained version is
     loaded, confirmed and recorded before the iteration and evaluation that sample it."""
@@ -141,15 +142,21 @@ def test_the_loop_publishes_every_version_before_sampling_it(prefect_api, tmp_pa
         rows = rl_loop(remote, lake_uri=lake_uri)
         assert [(r["iteration"], r["model_version"], r["trained_version"]) for r in rows] == [(1, 0, 1), (2, 1, 2)]
         assert listed(endpoint) == ["v0", "v1", "v2"]
+        config = tmp_path / "remote.yaml"                    # by hand: v2 is served already, v1 goes (max_loras 1)
+        config.write_text(yaml.safe_dump({"rollout": remote["rollout"], "publish": {"max_loras": 1}}))
+        by_hand = cli("policy", "publish", "2", "--config", str(config), "--lake", lake_uri)
+        assert by_hand.returncode == 0, by_hand.stderr[-2000:]
+        assert "already_served" in by_hand.stdout and "v1" in by_hand.stdout and listed(endpoint) == ["v0", "v2"]
     finally:
         server.terminate()
         server.wait(10)
     publications = lake.read("publications").sort("created_at")
     assert publications.select("model_version", "action").rows() == [(0, "already_served"), (1, "loaded"),
-                                                                      (2, "loaded")]
-    assert set(publications["endpoint"]) == {endpoint} and publications["error"].null_count() == 3
+                                                                      (2, "loaded"), (2, "already_served")]
+    assert set(publications["endpoint"]) == {endpoint} and publications["error"].null_count() == 4
+    assert publications["unloaded"].to_list()[-1] == ["v1"]
     runs = lake.read("runs", filter=pc.field("stage") == "publish")
-    assert runs.height == 3 and set(runs["status"]) == {"completed"}
+    assert runs.height == 4 and set(runs["status"]) == {"completed"}
     rollouts = lake.read("rollouts", columns=["iteration", "model_version", "backend", "created_at"])
     assert set(rollouts["backend"]) == {f"openai:{endpoint}"}
     for version in (1, 2):                                          # confirmed before anything sampled it
