@@ -22,14 +22,15 @@ from tasks.rollout.publish import PublishConfig, publish, require_confirmed
 from tasks.rollout.stage import RolloutConfig
 
 
-def served_name(lake: Lake, rollout: RolloutConfig, version: int) -> str:
-    return version_row(lake, version)["served_name"] or rollout.openai.model_name.format(model_version=version)
+def served_name(row: dict[str, Any], rollout: RolloutConfig) -> str:
+    """The name a registry row's version is served by: its own `served_name`, else the backend's template."""
+    return row["served_name"] or rollout.openai.model_name.format(model_version=row["model_version"])
 
 
 def base_names(lake: Lake, rollout: RolloutConfig) -> set[str]:
     """Served names a server was started with (base models): never unloaded."""
     bases = lake.read("model_versions", filter=pc.field("kind") == "base", columns=["model_version", "served_name"])
-    return {name or rollout.openai.model_name.format(model_version=version) for version, name in bases.rows()}
+    return {served_name(row, rollout) for row in bases.iter_rows(named=True)}
 
 
 def publish_version(lake: Lake, rollout: RolloutConfig, config: PublishConfig, version: int,
@@ -37,11 +38,12 @@ def publish_version(lake: Lake, rollout: RolloutConfig, config: PublishConfig, v
     """Publish `version` to every endpoint of `rollout.openai`; None when there is nothing to publish to."""
     if rollout.backend != "openai" or not config.enabled:
         return None
-    name = served_name(lake, rollout, version)
+    row = version_row(lake, version)
+    name = served_name(row, rollout)
     endpoints = rollout.openai.endpoints
     parameters = {"model_version": version, "served_name": name, "endpoints": endpoints, **config.model_dump()}
     with lake.run(flow, "publish", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
-        results = publish(endpoints, name, version_row(lake, version)["checkpoint_uri"], config,
+        results = publish(endpoints, name, row["checkpoint_uri"], config,
                           rollout.openai.model_name, base_names(lake, rollout), os.environ.get(rollout.openai.api_key_env))
         rows = [{"model_version": version, "served_name": r.served_name, "endpoint": r.endpoint,
                  "path": r.path, "action": r.action, "error": r.error, "unloaded": r.unloaded,

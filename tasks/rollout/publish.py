@@ -76,17 +76,18 @@ def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, templa
     unload the oldest versions past `max_loras` (never `protected` names nor the one just published)."""
     base = endpoint.rstrip("/")
     try:
-        action = "already_served"
-        if name not in served_models(client, endpoint):
+        action, served = "already_served", served_models(client, endpoint)
+        if name not in served:
             response = client.post(f"{base}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
             if response.status_code != 200 and "already been loaded" not in response.text:
                 return Publication(endpoint, name, path, "failed", f"HTTP {response.status_code}: {response.text[:300]}")
-            if name not in served_models(client, endpoint):
+            served = served_models(client, endpoint)       # the confirmation, and what is resident now
+            if name not in served:
                 return Publication(endpoint, name, path, "failed", "the load was answered but GET /v1/models does not "
                                    f"list {name!r}")
             action = "loaded"
-        versions = sorted((version, served) for served in served_models(client, endpoint)
-                          if served not in protected | {name} and (version := version_of(served, template)) is not None)
+        versions = sorted((version, other) for other in served
+                          if other not in protected | {name} and (version := version_of(other, template)) is not None)
         unloaded = []
         for _, old in versions[:max(0, len(versions) + 1 - max_loras)]:   # + 1: the version just published
             if client.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": old}).status_code == 200:
