@@ -16,14 +16,15 @@ from pydantic import Field, field_validator
 
 from tasks.curation.config import Strict, read_yaml
 
-FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report", "audit"]
+FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report", "audit", "sampler", "trainer"]
 
 
 class DeploymentSpec(Strict):
     """One deployment: a flow, when it runs, and what it is given beyond the run config."""
 
     name: str = Field(description="deployment name, shown in the UI as <flow name>/<name>")
-    flow: FlowKey = Field(description="curate, loop, iteration, evaluate, rescore, report or audit")
+    flow: FlowKey = Field(description="curate, loop, iteration, evaluate, rescore, report, audit, or the async "
+                          "loop's sampler and trainer (started by the loop with loop.roles: deployments)")
     cron: str | None = Field(None, description="cron schedule (in `timezone`); none: run from the UI or API only")
     parameters: dict[str, Any] = Field(default_factory=dict, description="flow parameters over the ones built "
                                        "from the run config (e.g. iterations: 100, force: true)")
@@ -82,8 +83,8 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
         built.update(config=sections(tuple(EvaluationRunConfig.model_fields)), force=False)   # skipped while in place
     elif spec.flow == "rescore":
         built.update(config={"verify": {}}, iterations=[])   # each iteration keeps its own recorded settings
-    elif spec.flow == "audit":
-        pass                                                 # its labelled sample (audit_file) is the spec's parameter
+    elif spec.flow in ("audit", "sampler", "trainer"):
+        pass             # audit: its labelled sample is the spec's parameter; the roles get theirs from the loop
     else:
         built["out_dir"] = serve.report_dir
     return {**built, **spec.parameters}
@@ -109,6 +110,9 @@ def flow_of(key: str):
     if key == "audit":
         from flows.verification import audit_verifier
         return audit_verifier
+    if key in ("sampler", "trainer"):
+        from flows.async_workers import policy_trainer, rollout_producer
+        return rollout_producer if key == "sampler" else policy_trainer
     from flows.report import report
     return report
 

@@ -26,6 +26,14 @@ class LoopConfig(Strict):
                                            "another; async: sample the next iterations while one trains")
     max_staleness: int = Field(2, ge=0, description="async: how many versions a batch's sampling version may lag "
                                "the version that trains on it (the sampler waits rather than exceed it)")
+    roles: Literal["threads", "deployments"] = Field("threads", description="async: threads runs the sampler and "
+                                                     "the trainer inside the loop's flow run; deployments runs each "
+                                                     "as a flow run of its deployment, on the workers that take them")
+    sampler_deployment: str = Field("rollout-producer/async", description="roles deployments: the sampler's "
+                                    "deployment (<flow name>/<deployment name>)")
+    trainer_deployment: str = Field("policy-trainer/async", description="roles deployments: the trainer's deployment")
+    worker_timeout: float = Field(600.0, gt=0, description="roles deployments: seconds a role's flow run may wait "
+                                  "for a worker to start it before the loop gives up (and says to start one)")
 
 
 class RunConfig(IterationConfig):

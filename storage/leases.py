@@ -57,6 +57,7 @@ class Grant:
     lost: bool = False
     taken_from: dict[str, Any] | None = field(default=None)
     helpers: set[int] = field(default_factory=set)     # other threads of the holder's own work (`helping`)
+    joined: bool = False                               # another process holds this epoch; this one works for it
 
     def held_by(self, thread: int) -> bool:
         return thread == self.thread or thread in self.helpers
@@ -79,24 +80,11 @@ def holder(location: LakeLocation, name: str) -> Holder | None:
     top = epochs[-1]
     record = objects.get(location, ("leases", name, _epoch_name(top))) or {}
     released = _epoch_name(top, "released") in listed
-    owner = _owner_record(location, record)
-    return Holder(top, record, released, not released and owner is not None and presence.alive(owner))
-
-
-def _owner_record(location: LakeLocation, record: dict[str, Any]) -> dict[str, Any] | None:
-    """The holder's process record (fresher than the epoch's own copy), else the epoch's copy on this machine."""
-    if not record:
-        return None
-    current = objects.get(location, ("processes", f"{record.get('process_id')}.json"))
-    if current is not None:
-        return current
-    me = presence.this_process()
-    same_machine = record.get("host") == me.host and record.get("boot_id") == me.boot_id
-    return record if same_machine else None        # gone elsewhere: it left (or was reaped)
+    return Holder(top, record, released, not released and presence.still_alive(location, record))
 
 
 def describe_holder(location: LakeLocation, name: str, found: Holder) -> str:
-    record = _owner_record(location, found.record) or found.record
+    record = presence.current_record(location, found.record) or found.record
     runs = record.get("runs") or []
     since = datetime.fromtimestamp(float(found.record.get("since", 0)), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     run = f", run {runs[-1]}" if runs else ""
@@ -153,6 +141,9 @@ def release(location: LakeLocation, name: str) -> None:
         if grant.count:
             return
         del _HELD[key]
+    if grant.joined:                                   # not ours to release: the holder does
+        presence.presence(location).remove_lease(f"{name}:joined")
+        return
     if not grant.lost:
         objects.put(location, ("leases", name, _epoch_name(grant.epoch, "released")), {"at": time.time()})
     presence.presence(location).remove_lease(name)
@@ -176,6 +167,36 @@ def helping(location: LakeLocation, name: str, owner: int) -> Iterator[None]:
             grant.helpers.discard(me)
 
 
+@contextmanager
+def joining(location: LakeLocation, name: str, epoch: int) -> Iterator[Grant]:
+    """This process works for the process that holds epoch `epoch` of the lease: a flow run the holder started
+    on a worker (the overlapped loop's producer and trainer, `flows/async_workers.py`). Within it the lease is
+    this thread's; refused unless that epoch is the newest and its holder alive, and lost (the lake refuses
+    this process's writes) once the holder releases it, dies, or is taken over."""
+    found = holder(location, name)
+    if found is None or found.epoch != epoch or found.free:
+        now = "was never taken" if found is None else (
+            f"is at epoch {found.epoch}" if found.epoch != epoch else "was released or its holder died")
+        raise LeaseHeld(f"this flow run works under epoch {epoch} of the lake's {name} lease, which {now}: "
+                        "it is started by the run that holds the lease, not on its own")
+    key = (os.getpid(), location.uri, name)
+    grant = Grant(name, epoch, threading.get_ident(), joined=True)
+    with _LOCK:
+        if key in _HELD:
+            raise LeaseHeld(f"this process (pid {os.getpid()}) already holds the lake's {name} lease")
+        _HELD[key] = grant
+    mine = presence.presence(location)
+    mine.add_lease(f"{name}:joined", epoch)             # its record (and heartbeat) tells others it is alive
+    _watch(location, mine)
+    try:
+        yield grant
+    finally:
+        with _LOCK:
+            if _HELD.get(key) is grant:
+                del _HELD[key]
+        mine.remove_lease(f"{name}:joined")
+
+
 def check(location: LakeLocation) -> None:
     """Refuse to write when a lease this process holds on the lake was taken over."""
     with _LOCK:
@@ -186,6 +207,15 @@ def check(location: LakeLocation) -> None:
         who = describe_holder(location, lost[0].name, found) if found else f"the {lost[0].name} lease is gone"
         raise LeaseLost(f"this process lost the {lost[0].name} lease (epoch {lost[0].epoch}) while it ran: {who}; "
                         "its writes are refused")
+
+
+def epoch_held(location: LakeLocation, name: str) -> int:
+    """The epoch of the lease this process holds (or joined); refused when it holds none."""
+    with _LOCK:
+        grant = _HELD.get((os.getpid(), location.uri, name))
+    if grant is None:
+        raise LeaseHeld(f"this process does not hold the lake's {name} lease")
+    return grant.epoch
 
 
 def held_here(location: LakeLocation, name: str) -> bool:
@@ -201,7 +231,7 @@ def _watch(location: LakeLocation, mine: presence.Presence) -> None:
             grants = [g for (pid, uri, _), g in _HELD.items() if pid == os.getpid() and uri == location.uri]
         for grant in grants:
             found = holder(location, grant.name)
-            if found is not None and found.epoch != grant.epoch:
+            if found is not None and (found.epoch != grant.epoch or (grant.joined and found.free)):
                 grant.lost = True
 
     if not any(getattr(hook, "__name__", "") == "still_ours" for hook in mine.hooks):

@@ -107,6 +107,24 @@ def alive(record: dict[str, Any], now: float | None = None) -> bool:
     return (time.time() if now is None else now) - heartbeat < lease_timeout()
 
 
+def current_record(location: LakeLocation, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The process's own record (fresher than a copy kept elsewhere, e.g. in a lease epoch), else the copy when
+    the process ran on this machine; None when it ran elsewhere and its record is gone (it left, or was reaped)."""
+    if not record:
+        return None
+    current = objects.get(location, ("processes", f"{record.get('process_id')}.json"))
+    if current is not None:
+        return current
+    me = this_process()
+    return record if record.get("host") == me.host and record.get("boot_id") == me.boot_id else None
+
+
+def still_alive(location: LakeLocation, record: dict[str, Any]) -> bool:
+    """Is the process a (possibly stale) copy of its record describes still running?"""
+    current = current_record(location, record)
+    return current is not None and alive(current)
+
+
 def describe(record: dict[str, Any]) -> str:
     """`host pid 123 (rlvr run --config ...)` for messages."""
     command = f" ({record['command']})" if record.get("command") else ""

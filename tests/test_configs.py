@@ -32,7 +32,8 @@ def test_deployments_config_loads():
 
     serve, run_config = load_serve_config(ROOT / "configs" / "deployments.yaml")
     assert run_config and {d.flow for d in serve.deployments} == {"curate", "loop", "iteration", "evaluate",
-                                                                   "rescore", "report", "audit"}
+                                                                   "rescore", "report", "audit", "sampler",
+                                                                   "trainer"}
     parameters = {spec.flow: flow_parameters(spec, serve, run_config) for spec in serve.deployments}
     assert all("lake_uri" in built for built in parameters.values())
     assert parameters["evaluate"]["force"] is False                  # hourly, skipped while the evaluation stands

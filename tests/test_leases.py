@@ -163,3 +163,57 @@ def test_a_run_marked_abandoned_cannot_complete(lake):
             lake._write_run_row({**row, "status": "abandoned"})
     assert lake.read("runs", columns=["status"])["status"].to_list() == ["abandoned"]
     assert run.run_id not in lake.read("runs").filter(pl.col("status") == "completed")["run_id"].to_list()
+
+
+def test_a_worker_joins_the_holders_epoch_and_stops_writing_when_the_holder_dies(lake, lake_uri, monkeypatch):
+    """`leases.joining`: the overlapped loop's roles on workers work under the epoch of the run that started them."""
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "3")        # a beat every 0.5 s
+    process, _ = hold_in_another_process(lake_uri)
+    try:
+        epoch = leases.holder(lake.location, LOOP).epoch
+        with pytest.raises(LeaseHeld, match=f"works under epoch {epoch + 1} of the lake's loop lease, which is at "
+                                            f"epoch {epoch}"):
+            with leases.joining(lake.location, LOOP, epoch + 1):
+                pass
+        with leases.joining(lake.location, LOOP, epoch) as grant:
+            with lake.lease(LOOP):                       # the flows it runs re-enter the joined lease
+                leases.check(lake.location)              # what every lake write asks first: allowed
+            process.kill()
+            process.wait()
+            deadline = time.monotonic() + 10
+            while not grant.lost and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert grant.lost
+            with pytest.raises(LeaseLost, match="lost the loop lease"):
+                leases.check(lake.location)              # its writes are refused from now on
+        assert leases.holder(lake.location, LOOP).epoch == epoch     # joining never takes or releases an epoch
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_role_waiting_on_the_other_stops_when_it_failed_or_died(lake):
+    """flows/handoff.py: neither role of the overlapped loop waits forever."""
+    from flows.handoff import Handoff, Plan, RoleFailed
+
+    plan = Plan(handoff="h1", first=1, total=2, start=0, already_trained=None, lease_epoch=1)
+    sampler, trainer = Handoff(lake, plan, "sampler"), Handoff(lake, plan, "trainer")
+    sampler.join()
+    trainer.join()
+    sampler.sampled(1)
+    trainer.wait_sampled(1)                              # handed over: returns at once
+    assert sampler.wait_published(0) == 0               # the run's first version needs no hand-over
+    trainer.published(1)
+    assert sampler.wait_published(1) == 1
+    trainer.failed(ValueError("out of memory"))
+    with pytest.raises(RoleFailed, match=r"the trainer stopped \(ValueError: out of memory\); the sampler waited "
+                                         "for version 2"):
+        sampler.wait_published(2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    record = {**presence.this_process().as_record(), "pid": dead.pid, "started": "1"}
+    objects.put(lake.location, ("handoff", "h1", "sampler.json"), record)
+    with pytest.raises(RoleFailed, match="the sampler's process .* died; the trainer waited for iteration 2's rollouts"):
+        trainer.wait_sampled(2)
+    sampler.close()
+    assert objects.names(lake.location, ("handoff",)) == []
