@@ -117,12 +117,18 @@ def flow_of(key: str):
     return report
 
 
+WORKER_ONLY = ("sampler", "trainer")     # the overlapped loop's roles run on a work pool's workers, never in `serve`
+
+
 def runner_deployments(serve: ServeConfig, run_config: dict[str, Any]) -> list:
-    """Prefect RunnerDeployments with their schedules, ready for `prefect.serve`."""
+    """Prefect RunnerDeployments with their schedules, ready for `prefect.serve` (all but the loop's roles:
+    served, a role's deployment would be claimed both by `serve` and by the workers `prefect deploy` gave it)."""
     from prefect.client.schemas.schedules import CronSchedule
 
     deployments = []
     for spec in serve.deployments:
+        if spec.flow in WORKER_ONLY:
+            continue
         flow = flow_of(spec.flow)
         schedules = [CronSchedule(cron=spec.cron, timezone=serve.timezone)] if spec.cron else None
         deployments.append(flow.to_deployment(

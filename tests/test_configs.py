@@ -39,6 +39,10 @@ def test_deployments_config_loads():
     assert parameters["evaluate"]["force"] is False                  # hourly, skipped while the evaluation stands
     assert parameters["rescore"]["config"] == {"verify": {}}         # iterations keep their recorded settings
     assert parameters["audit"]["audit_file"] == "audits/math.jsonl"
+    from flows.deployments import runner_deployments
+
+    served = {d.flow_name for d in runner_deployments(serve, run_config)}
+    assert "rl-loop" in served and not served & {"rollout-producer", "policy-trainer"}   # the roles: workers only
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))

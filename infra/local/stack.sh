@@ -5,7 +5,9 @@
 # here by infra/local/postgres.sh on :$PG_PORT, default 5433) instead of SQLite: what a team runs.
 #
 #   infra/local/stack.sh start     # then: source infra/local/env.sh
-#   PREFECT_DB=postgres WORKERS=2 infra/local/stack.sh start    # the overlapped loop's two roles on two workers
+#   PREFECT_DB=postgres WORKERS=2 RLVR_TORCH_THREADS=1 infra/local/stack.sh start
+#       # Prefect on PostgreSQL, two workers, the overlapped loop's two roles deployed to them
+#       # (then: rlvr run --config configs/async-workers.yaml)
 #   infra/local/stack.sh status
 #   infra/local/stack.sh stop      # serve and the workers first, then the server (Prefect's advice)
 #
@@ -71,6 +73,11 @@ case ${1:-start} in
     "$BIN/python" -c "from storage.location import s3_filesystem; fs = s3_filesystem(); \
 fs.exists('rlvr-lake') or fs.mkdir('rlvr-lake')"
     "$BIN/prefect" work-pool inspect rlvr > /dev/null 2>&1 || "$BIN/prefect" work-pool create rlvr --type process
+    if (( WORKERS >= 2 )); then       # the overlapped loop's two roles, for loop.roles: deployments
+      RLVR_HOME=$ROOT "$BIN/prefect" --no-prompt deploy --name rollout-producer/async --name policy-trainer/async \
+        > "$STACK_DIR/deploy.log" 2>&1 || { tail -n 20 "$STACK_DIR/deploy.log" >&2; exit 1; }
+      echo "deployments rollout-producer/async, policy-trainer/async: on the rlvr pool"
+    fi
     for n in $(seq "$WORKERS"); do     # --limit 1: each worker runs one flow run at a time
       start_one "worker-$n" "$BIN/prefect" worker start --pool rlvr --name "rlvr-worker-$n" --limit 1
     done
