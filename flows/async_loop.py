@@ -6,8 +6,9 @@ Two roles, handing off through the lake (`flows/handoff.py`):
   that its rollouts would lag the version that trains on them by more than `loop.max_staleness`; the
   iteration's rollouts and rewards are committed before it is handed over;
 - the trainer takes the iterations in order: advantages against the version it trains (staleness and
-  freshness classes, truncated importance weights from the stored behaviour log-probs), the training
-  step, publishing the new version, then evaluation and the record.
+  freshness classes, truncated importance weights from the stored behaviour log-probs) and the training
+  step; publishing the new version, handing it to the sampler, evaluation and the record follow in a
+  thread beside the next step (`Beside`), one version after another, so they are off the trainer's path.
 
 `loop.roles: threads` runs both in the loop's flow run (the sampler in the calling thread: in-process
 scoring wants the main thread; the trainer beside it under the sampler's lease); `deployments` runs
@@ -26,6 +27,7 @@ import contextvars
 import os
 import threading
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 from uuid import UUID
 
@@ -111,32 +113,83 @@ def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
 
 def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan,
                artifacts: Publisher, recorded: Callable[[dict[str, Any]], None]) -> None:
-    """Take the sampled iterations in order: train each, publish the version, evaluate and record it."""
+    """Take the sampled iterations in order and train each; what follows a step (publishing the version, handing
+    it to the sampler, evaluating and recording it) runs beside the next step, one version after another."""
     handoff = Handoff(lake, plan, "trainer")
     handoff.join()
+
+    def after_training(iteration: int, trained: int, publish: bool) -> None:
+        if publish:
+            publish_version(lake, settings.rollout, settings.publish, trained, "rl-loop", iteration)
+        handoff.published(trained)
+        recorded(finish_iteration(lake, settings, iteration, trained, artifacts))
+
+    later = Beside(lake, after_training, handoff)
     try:
         for offset in range(plan.total):
             iteration = plan.first + offset
             handoff.wait_sampled(iteration)
+            later.raise_failure()
             if offset == 0 and plan.already_trained is not None:
-                trained = plan.already_trained
-                print(f"iteration {iteration} already trained version {trained}: evaluating and recording it")
+                print(f"iteration {iteration} already trained version {plan.already_trained}: evaluating and "
+                      "recording it")              # the loop published it as it started
+                later.submit(iteration, plan.already_trained, False)
             else:
-                trained = train_one(lake, settings, iteration_config, iteration)
-            handoff.published(trained)
-            recorded(finish_iteration(lake, settings, iteration, trained, artifacts))
+                later.submit(iteration, train_one(lake, settings, iteration_config, iteration), True)
+        later.finish()
     except BaseException as error:
-        handoff.failed(error)
-        raise
+        failure = later.finish(raising=False) or error  # a failed publish says more than the wait it caused
+        handoff.failed(failure)
+        if failure is error:
+            raise
+        raise failure from None
+
+
+class Beside:
+    """One thread that runs `work` for each submitted item in order, beside the thread that submits them, under
+    the same loop lease and Prefect context. Its first failure is handed over (`failed`), so the sampler stops
+    rather than waits for a version that will not come, and raised in the submitting thread."""
+
+    def __init__(self, lake: Lake, work: Callable[..., None], handoff: Handoff):
+        self.work, self.handoff, self.location = work, handoff, lake.location
+        self.owner = leases.holding_thread(lake.location, leases.LOOP)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="rlvr-after-training")
+        self.futures: list[Future] = []
+
+    def submit(self, *args: Any) -> None:
+        self.futures.append(self.executor.submit(contextvars.copy_context().run, self._run, *args))
+
+    def _run(self, *args: Any) -> None:
+        if self.failure() is not None:                # after a failure, nothing more: the run stops
+            return
+        with leases.helping(self.location, leases.LOOP, self.owner):
+            try:
+                self.work(*args)
+            except BaseException as error:
+                self.handoff.failed(error)
+                raise
+
+    def failure(self) -> BaseException | None:
+        return next((f.exception() for f in self.futures if f.done() and f.exception() is not None), None)
+
+    def raise_failure(self) -> None:
+        if (failure := self.failure()) is not None:
+            raise failure
+
+    def finish(self, raising: bool = True) -> BaseException | None:
+        """Wait for every submitted item; raise (or return) the first failure."""
+        self.executor.shutdown(wait=True)
+        failure = self.failure()
+        if failure is not None and raising:
+            raise failure
+        return failure
 
 
 def train_one(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], iteration: int) -> int:
-    """Advantages of a sampled iteration against the version about to train on it, the step, the publish."""
+    """Advantages of a sampled iteration against the version about to train on it, then the training step."""
     parent = latest_version(lake)
     compute_advantages.fn(iteration, iteration_config, lake.uri, parent)
-    version = train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake.uri, parent)["model_version"]
-    publish_version(lake, settings.rollout, settings.publish, version, "rl-loop", iteration)
-    return version
+    return train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake.uri, parent)["model_version"]
 
 
 @contextlib.contextmanager

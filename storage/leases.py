@@ -218,6 +218,15 @@ def epoch_held(location: LakeLocation, name: str) -> int:
     return grant.epoch
 
 
+def holding_thread(location: LakeLocation, name: str) -> int:
+    """The thread that holds the lease this thread holds or helps with: the one a new helper thread helps."""
+    with _LOCK:
+        grant = _HELD.get((os.getpid(), location.uri, name))
+    if grant is None or not grant.held_by(threading.get_ident()):
+        raise LeaseHeld(f"this thread does not hold the lake's {name} lease")
+    return grant.thread
+
+
 def held_here(location: LakeLocation, name: str) -> bool:
     with _LOCK:
         grant = _HELD.get((os.getpid(), location.uri, name))

@@ -217,3 +217,39 @@ def test_a_role_waiting_on_the_other_stops_when_it_failed_or_died(lake):
         trainer.wait_sampled(2)
     sampler.close()
     assert objects.names(lake.location, ("handoff",)) == []
+
+
+def test_what_follows_a_training_step_runs_beside_the_next_in_order_and_its_failure_stops_both_roles(lake):
+    """flows/async_loop.Beside: publishing and recording run in a thread of their own, one version after another,
+    under the trainer's lease; a failed publish is handed over (the sampler stops rather than waits for the
+    version) and raised in the trainer, and nothing after it runs."""
+    from flows.async_loop import Beside
+    from flows.handoff import Handoff, Plan, RoleFailed
+
+    plan = Plan(handoff="h2", first=1, total=3, start=0, already_trained=None, lease_epoch=1)
+    sampler, trainer = Handoff(lake, plan, "sampler"), Handoff(lake, plan, "trainer")
+    done, release_first = [], threading.Event()
+
+    def after_training(version: int) -> None:
+        if version == 1:
+            release_first.wait(10)                       # the trainer goes on while version 1 is still publishing
+        leases.check(lake.location)                      # what a lake write asks first: the lease is this thread's too
+        if version == 2:
+            raise ConnectionError("no endpoint confirmed version 2")
+        done.append((version, threading.current_thread().name))
+
+    with lake.lease(LOOP):
+        later = Beside(lake, after_training, trainer)
+        for version in (1, 2, 3):
+            later.submit(version)
+        assert done == []                                # submitting never waits for the work
+        release_first.set()
+        with pytest.raises(ConnectionError, match="no endpoint confirmed version 2"):
+            later.finish()
+    assert [version for version, _ in done] == [1]       # in order; version 3 was never published after the failure
+    assert done[0][1].startswith("rlvr-after-training")
+    with pytest.raises(RoleFailed, match=r"the trainer stopped \(ConnectionError: no endpoint confirmed version 2\)"):
+        sampler.wait_published(2)
+    with pytest.raises(LeaseHeld, match="does not hold the lake's loop lease"):
+        Beside(lake, after_training, trainer)            # a helper thread needs a lease holder to help
+    sampler.close()

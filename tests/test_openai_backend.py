@@ -200,3 +200,24 @@ def test_the_registry_served_name_is_what_is_requested():
         assert [r["model"] for r in server.requests] == ["qwen-sft-step-900", "v4"]
     finally:
         server.close()
+
+
+def test_self_certainty_of_served_samples_is_recomputed_from_the_local_copy_as_the_hf_backend_records_it(
+        served_lake, server):
+    """INTUITOR's reward on the openai backend: the server reports no distributions, so the local copy of the
+    version computes each response's self-certainty, equal to what the hf backend accumulates while sampling."""
+    from tasks.rollout.certainty import WithSelfCertainty
+    from trainers.logprobs import response_self_certainty
+
+    model, tokenizer = load_policy(served_lake.read("model_versions").sort("model_version")["checkpoint_uri"][0])
+    remote = client(server).generate(["7*8 ="], 4, SAMPLER, seed=7, model_version=0)
+    assert all(sample.self_certainty is None for sample in remote[0])       # nothing from the server
+    filled = WithSelfCertainty(client(server), model, tokenizer, batch_size=3)
+    remote = filled.generate(["7*8 ="], 4, SAMPLER, seed=7, model_version=0)[0]
+    local = HFPolicy(model, tokenizer, 0).generate(["7*8 ="], 4, SAMPLER, derive_seed(7, 0) % 2**31, 0)[0]
+    assert filled.filled == 4
+    for got, expected in zip(remote, local):
+        assert got.token_ids == expected.token_ids
+        assert got.self_certainty == pytest.approx(expected.self_certainty, abs=1e-4) and got.self_certainty > 0
+    again = response_self_certainty(model, [s.prompt_token_ids for s in remote], [s.token_ids for s in remote])
+    assert again == pytest.approx([s.self_certainty for s in remote], abs=1e-6)

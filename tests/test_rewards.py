@@ -46,6 +46,15 @@ def test_a_default_mapping_and_a_domain_mapping():
     assert compose(ROWS, config)["composed_reward"].to_list() == [2.0, 0.0, 0.0, 2.0]   # code 0.5 → 0
 
 
+def test_the_self_certainty_kind_is_that_component_alone_in_place_of_the_verifier():
+    intuitor = RewardConfig(kind="self_certainty")
+    assert compose(ROWS, intuitor)["composed_reward"].to_list() == [0.2, 0.0, 0.1, 0.4]   # no value: 0, as any
+    assert RewardConfig.model_validate(intuitor.model_dump()) == intuitor                 # a stored config reloads
+    assert RewardConfig(kind="verifiable").is_default() and not intuitor.is_default()
+    with pytest.raises(ValueError, match="reward.kind self_certainty is the self_certainty component alone"):
+        RewardConfig(kind="self_certainty", components={"verifier": {"weight": 1}})
+
+
 def test_bad_configs_are_refused_and_the_danger_zone_warned_once():
     with pytest.raises(ValueError, match="unknown reward component 'bleu'"):
         RewardConfig(components={"bleu": {"weight": 1}})

@@ -20,7 +20,7 @@ The default, `{verifier: {weight: 1}}`, is the verifier's reward unchanged. Pure
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 from pydantic import Field, field_validator, model_validator
@@ -47,15 +47,34 @@ class RewardComponent(Strict):
                                              "qa) or `default`: the values its 0 and 1 map to")
 
 
+KINDS = {"verifiable": "verifier", "self_certainty": "self_certainty"}   # kind -> its single component
+
+
 class RewardConfig(Strict):
     """How the reward training sees is composed from the stored reward signals."""
 
+    kind: Literal["composed", "verifiable", "self_certainty"] = Field(
+        "composed", description="verifiable: the verifier's reward alone; self_certainty: INTUITOR's self-certainty "
+        "alone, in place of the verifier's; composed: the weighted sum of `components`")
     components: dict[str, RewardComponent] = Field(
         default_factory=lambda: {"verifier": RewardComponent()},
         description="named components and their weights: verifier, corrected, format, process, self_certainty, "
                     "length, or verifier:NAME for another verifier's reward")
     free_tokens: int = Field(0, ge=0, description="length: tokens that cost nothing")
     scale_tokens: int = Field(1000, gt=0, description="length: tokens past free_tokens per unit of the component")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind(cls, data: Any) -> Any:
+        """`kind: verifiable | self_certainty` is shorthand for that component alone, weight 1."""
+        if isinstance(data, dict) and data.get("kind") in KINDS:
+            alone = {KINDS[data["kind"]]: RewardComponent()}
+            given = data.get("components")
+            if given is not None and {k: RewardComponent.model_validate(v) for k, v in given.items()} != alone:
+                raise ValueError(f"reward.kind {data['kind']} is the {KINDS[data['kind']]} component alone: give "
+                                 "reward.components with kind composed (the default), not both")
+            data = {**data, "components": alone}
+        return data
 
     @field_validator("components")
     @classmethod
@@ -80,7 +99,8 @@ class RewardConfig(Strict):
         return self
 
     def is_default(self) -> bool:
-        return self == RewardConfig()
+        """The verifier's reward unchanged (`kind: verifiable` included)."""
+        return self.model_copy(update={"kind": "composed"}) == RewardConfig()
 
     def other_verifiers(self) -> list[str]:
         """Verifiers whose rewards the components read beside the rollout's own (`verifier:NAME`)."""

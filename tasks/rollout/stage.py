@@ -51,6 +51,9 @@ class RolloutConfig(Strict):
     batch_size: int = Field(128, ge=1, description="hf backend: sequences generated together (on 2 CPU cores the "
                             "tiny model samples fastest at about 128)")
     openai: OpenAIBackendConfig = Field(default_factory=OpenAIBackendConfig, description="openai backend: servers")
+    self_certainty: bool | None = Field(None, description="openai backend: compute each rollout's self-certainty "
+                                        "from a forward pass of the local copy of the version (null: only when "
+                                        "the reward composes it); the hf backend always records it")
     base_policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="what model version 0 is")
 
 
@@ -168,6 +171,23 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
     return OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served), tokenizer
 
 
+def needs_self_certainty(config: IterationConfig) -> bool:
+    """A backend that does not report self-certainty must compute it: asked for, or the reward composes it."""
+    wanted = config.rollout.self_certainty
+    return config.rollout.backend != "hf" and (wanted or (wanted is None and "self_certainty" in
+                                                          config.reward.components))
+
+
+def with_self_certainty(lake: Lake, policy: Policy, config: RolloutConfig, model_version: int) -> Policy:
+    """`policy`, its samples' self-certainty filled from the local copy of `model_version` (tasks/rollout/certainty.py)."""
+    from storage.registry import version_row
+    from tasks.rollout.certainty import WithSelfCertainty
+    from trainers.registry import load_policy
+
+    model, tokenizer = load_policy(version_row(lake, model_version)["checkpoint_uri"], config.device)
+    return WithSelfCertainty(policy, model, tokenizer, config.batch_size)
+
+
 @dataclass
 class SampledIteration:
     rollouts: pl.DataFrame
@@ -187,6 +207,8 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     already paid for are written before the iteration fails.
     """
     policy, tokenizer = open_policy(lake, config.rollout, model_version)
+    if needs_self_certainty(config):
+        policy = with_self_certainty(lake, policy, config.rollout, model_version)
     bank = training_bank(lake, config.rollout.mix)
     rounds, short_by, failure = 0, 0, None
     try:
