@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -61,6 +62,9 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
     with lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run, \
             scoring(settings) as score:
         sampled = sample_task(lake, settings, iteration, version, score)
+        if sampled.proposals is not None:              # self-play: its tasks enter the bank before anything uses them
+            bank_proposed(lake, sampled.new_problems, iteration)
+            lake.replace("proposals", sampled.proposals, key, run)
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
             lake.clear(table, key, run)
@@ -76,6 +80,25 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         if advantages else {"iteration": iteration, "model_version": version}
     return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
+
+
+def bank_proposed(lake: Lake, problems, iteration: int) -> int | None:
+    """Self-play's new problems (proposer prompts, valid tasks) as a bank version of their own: a curate run
+    under the `bank` lease, as any curation, so bank versions stay one per completed curation."""
+    from storage.leases import BANK
+    from tasks.curation.stage import next_bank_version
+
+    if problems.is_empty():
+        return None
+    with contextlib.ExitStack() as critical:           # the lease is left only after the run completed
+        with lake.run("rl-iteration", "curate", {"self_play_iteration": iteration}, iteration=iteration,
+                      prefect_flow_run_id=flow_run.id) as run:
+            critical.enter_context(lake.lease(BANK, wait=True))
+            run.bank_version = version = next_bank_version(lake)
+            lake.replace("problems", problems.with_columns(bank_version=pl.lit(version, pl.Int64)),
+                         {"bank_version": version}, run)
+    print(f"iteration {iteration}: {problems.height} self-play problems added as bank version {version}")
+    return version
 
 
 @contextlib.contextmanager

@@ -418,3 +418,34 @@ PUBLICATIONS = register(TableSpec(
         _field("created_at", pa.timestamp("us", tz="UTC"), False),
     ]),
 ))
+
+PROPOSALS = register(TableSpec(
+    name="proposals",
+    partition_by=("iteration",),
+    unique=("proposal_id",),
+    description="Every task a model proposed (self-play, tasks/selfplay): who proposed it, what the executor "
+                "said of it, the problem a valid one became, and the solver's solve rate once solved.",
+    schema=pa.schema([
+        _field("proposal_id", pa.string(), False, "the proposer rollout's id with a p- prefix"),
+        _field("iteration", pa.int64(), False),
+        _field("role", pa.string(), False, "proposer (Absolute Zero) or challenger (SPICE)"),
+        _field("task_type", pa.string(), False, "deduction, abduction or induction"),
+        _field("model_version", pa.int64(), False, "the proposer's model version"),
+        _field("rollout_id", pa.string(), False, "the proposer rollout that wrote it"),
+        _field("document_id", pa.string(), True, "the source document of a grounded task (SPICE)"),
+        _field("span", pa.string(), True, "the document span the task cites (SPICE)"),
+        _field("verdict", pa.string(), False, "valid or invalid"),
+        _field("reason", pa.string(), True, "why invalid: unparseable, does_not_run, not_deterministic, "
+               "forbidden_import, too_slow, output_too_large, not_a_literal, duplicate"),
+        _field("detail", pa.string(), True, "the executor's message"),
+        _field("task_key", pa.string(), True, "hash of the program's syntax tree and inputs: equal for duplicates"),
+        _field("program", pa.string(), True),
+        _field("inputs", pa.string(), True, "JSON: each call's argument tuple"),
+        _field("outputs", pa.string(), True, "JSON: each call's output, from the sandbox"),
+        _field("problem_id", pa.string(), True, "the problem a valid proposal became"),
+        _field("solve_rate", pa.float64(), True, "the solver's solve rate on it this iteration"),
+        _field("reward", pa.float64(), True, "the proposer's reward: learnability, or the invalid reward"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+))

@@ -4,7 +4,8 @@ Math (the `mix`): level 1 2-4 arithmetic steps, level 2 4-8 steps with algebra, 
 competition style, level 4 a few hard counting and number-theory problems. Other verifiable domains,
 by name only (`gen:sat:N`, or `sat_level3` for one level): `sat` (CNF satisfiability with a proof,
 verifier `sat`), `tictactoe` and `connect4` (a move that keeps the best result, verifier `game`),
-`translation` (English → French against a rule-built reference, verifier `translation`). Every
+`translation` (English → French against a rule-built reference, verifier `translation`), and
+self-play's warm-up examples (`selfplay_solver`, `selfplay_proposer`, `tasks/generators/programs.py`). Every
 problem is reproducible from (generator, seed) alone, and records both.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from functools import partial
 
-from tasks.generators import algebra, arithmetic, competition, games, logic, translation
+from tasks.generators import algebra, arithmetic, competition, games, logic, programs, translation
 from tasks.generators.base import Generated, derive_seed
 
 
@@ -59,6 +60,10 @@ GENERATORS: dict[str, Generator] = {
         Generator("lcm_pairs", 4, competition.lcm_pairs),
         Generator("bounded_compositions", 4, competition.bounded_compositions),
         *[g for name, (make, domain, verifier) in OTHER_DOMAINS.items() for g in _levels(name, make, domain, verifier)],
+        Generator("selfplay_solver", 1, programs.solver_example, False, "code", "selfplay"),
+        Generator("selfplay_solver_eval", 1, programs.solver_example_eval, False, "code", "selfplay"),
+        Generator("selfplay_proposer", 1, programs.proposer_example, False, "code", "proposal"),
+        Generator("selfplay_proposer_eval", 1, programs.proposer_example_eval, False, "code", "proposal"),
     ]
 }
 

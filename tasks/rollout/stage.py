@@ -32,6 +32,7 @@ from tasks.rollout.openai_backend import OpenAIBackendConfig
 from tasks.rollout.prompts import PromptConfig, format_prompt
 from tasks.rollout.sampling import Policy, Sample, SamplerConfig
 from tasks.rewards.compose import RewardConfig
+from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay
 from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
                                 with_composition, with_noise_correction)
 from trainers.registry import BasePolicyConfig
@@ -66,6 +67,8 @@ class IterationConfig(Strict):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="how the reward training sees is "
                                  "composed (tasks/rewards/compose.py)")
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig, description="self-play: the policy proposes "
+                                     "the tasks it solves (tasks/selfplay)")
 
 
 def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[Sample]], *, iteration: int,
@@ -195,6 +198,8 @@ class SampledIteration:
     rounds: int
     short_by: int
     failure: Exception | None        # a shortfall the config says must fail, or a backend error mid-way
+    proposals: pl.DataFrame | None = None      # self-play: every proposal, with its verdict and reward
+    new_problems: pl.DataFrame | None = None   # self-play: proposer prompts and valid tasks not yet in the bank
 
 
 def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int,
@@ -209,6 +214,8 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     policy, tokenizer = open_policy(lake, config.rollout, model_version)
     if needs_self_certainty(config):
         policy = with_self_certainty(lake, policy, config.rollout, model_version)
+    if config.selfplay.enabled:
+        return _selfplay_iteration(lake, config, iteration, model_version, policy, tokenizer, score)
     bank = training_bank(lake, config.rollout.mix)
     rounds, short_by, failure = 0, 0, None
     try:
@@ -233,6 +240,22 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
         rewards = with_noise_correction(lake, rewards)
     rewards = with_composition(rewards, pl.concat(sampler.scored), config.reward, config.verify.verifier)
     return SampledIteration(pl.concat(sampler.rollouts), rewards, rounds, short_by, failure)
+
+
+def _selfplay_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int, policy: Policy,
+                        tokenizer, score: Callable[[pl.DataFrame], pl.DataFrame] | None) -> SampledIteration:
+    """Proposer and solver rounds of a self-play iteration (tasks/selfplay/stage.py); the problems it adds are
+    those the bank lacks (a re-run proposes the same tasks again)."""
+    try:
+        with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
+            score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
+            sampled = sample_selfplay(lake, config, iteration, model_version, policy, tokenizer, score)
+    finally:
+        getattr(policy, "close", lambda: None)()
+    known = lake.read("problems", columns=["problem_id"])["problem_id"]
+    return SampledIteration(sampled.rollouts, sampled.rewards, rounds=2, short_by=0, failure=None,
+                            proposals=sampled.proposals,
+                            new_problems=sampled.new_problems.filter(~pl.col("problem_id").is_in(known.to_list())))
 
 
 def next_iteration(lake: Lake) -> int:

@@ -350,8 +350,7 @@ class _Watch:
         tick = POLL_SECONDS if self.measure else 0.05
         while True:
             if finished():
-                self._drain()
-                return "ok"
+                return "ok" if self._drain() else "output_limit"
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
@@ -374,11 +373,14 @@ class _Watch:
         self.buffers[fd] += chunk
         return len(self.buffers[fd]) <= self.limit
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
+        """Keep what the run wrote and was not read yet when it finished (a quick run's whole output, often);
+        False when that takes it past the limit."""
         for fd in list(self.open):
-            while _readable(fd):
-                if not os.read(fd, 65536):
-                    break
+            while fd in self.open and _readable(fd):
+                if not self._read(fd):
+                    return False
+        return True
 
     def text(self, fd: int) -> str:
         os.close(fd)

@@ -1,0 +1,207 @@
+"""One self-play iteration's sampling (Absolute Zero): the policy proposes code tasks, the executor
+validates them, the same policy solves the valid ones, and each proposal is rewarded by how learnable
+its task proved. The rest of the iteration (advantages, the training step) is the loop's own.
+
+1. Proposer prompts: per task type, `proposer_groups` prompts, each showing `references` earlier valid
+   tasks of that type (drawn from the lake's proposals; a generated task before there are any), each
+   sampled `proposer_group_size` times: one GRPO group per prompt, so the proposer's advantages are
+   normalised per role and task type.
+2. Every proposal is parsed and run in the sandbox (`executor.validate_all`, twice, on two servers);
+   earlier valid tasks count for duplicates. One `proposals` row per proposer rollout.
+3. Valid tasks become problems (source `self-play`, source_uri `proposal:<id>`, verifier `selfplay`),
+   and are solved with the rollout config's group size, together with earlier tasks up to
+   `solver_tasks`; the solver's rollouts are scored like any others.
+4. A proposer rollout's reward: learnability (1 − solve rate, when strictly between 0 and 1) for a valid
+   task, `invalid_reward` for one that broke a rule, `format_error_reward` for one that does not parse.
+
+Returns the rollouts and rewards of both roles, with the proposals and the new problems to write.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Literal
+
+import polars as pl
+from pydantic import Field
+
+from storage.lake import Lake
+from tasks.curation.config import Strict
+from tasks.curation.load import CANDIDATE_SCHEMA
+from tasks.curation.records import problem_id
+from tasks.generators.base import derive_seed
+from tasks.generators.programs import draw_task
+from tasks.rollout.prompts import format_prompt
+from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
+                                       proposer_prompt, solver_prompt)
+from tasks.selfplay.executor import validate_all
+from tasks.verification import PROBLEM_FIELDS, own_rewards
+
+SOURCE, PROPOSER_SOURCE = "self-play", "self-play:proposer"
+LEVELS = {"deduction": 1, "abduction": 2, "induction": 3}     # how hard each kind of reasoning is, roughly
+
+
+class SelfPlayConfig(Strict):
+    """Absolute Zero-style code self-play: the policy proposes tasks and solves them in the same loop."""
+
+    enabled: bool = Field(False, description="sample each iteration by self-play instead of from the bank's mix")
+    task_types: list[Literal["deduction", "abduction", "induction"]] = Field(
+        default_factory=lambda: list(TASK_TYPES), description="the kinds of task proposed")
+    proposer_groups: int = Field(2, ge=1, description="proposer prompts per task type an iteration")
+    proposer_group_size: int = Field(8, ge=2, description="proposals sampled per proposer prompt (the proposer's G)")
+    references: int = Field(1, ge=0, description="earlier valid tasks shown in each proposer prompt")
+    solver_tasks: int = Field(16, ge=1, description="tasks solved an iteration at least: this iteration's valid "
+                              "proposals, then earlier ones")
+    proposal_tokens: int = Field(160, ge=16, description="response cap of a proposal, in tokens")
+    format_error_reward: float = Field(-1.0, description="a proposal that does not parse")
+    invalid_reward: float = Field(-0.5, description="a proposal that parses but breaks another rule")
+    seed: int = Field(0, description="seed of the reference draws")
+
+
+@dataclass
+class SelfPlaySample:
+    rollouts: pl.DataFrame
+    rewards: pl.DataFrame
+    proposals: pl.DataFrame
+    new_problems: pl.DataFrame        # proposer prompts and valid tasks, as bank rows (without bank_version)
+
+
+def earlier_tasks(lake: Lake, before: int) -> pl.DataFrame:
+    """Valid proposals of earlier iterations with their tasks: the reference buffer and the duplicates' keys."""
+    proposals = lake.read("proposals", columns=["iteration", "task_type", "task_key", "problem_id", "verdict"])
+    valid = proposals.filter((pl.col("iteration") < before) & (pl.col("verdict") == "valid"))
+    if valid.is_empty():
+        return valid.with_columns(answer=pl.lit(None, pl.String))
+    problems = lake.read("problems", columns=["problem_id", "answer"]).unique("problem_id")
+    return valid.join(problems, on="problem_id", how="inner").sort("iteration", "problem_id")
+
+
+def problem_rows(rows: list[dict]) -> pl.DataFrame:
+    """Problems in the curation's candidate schema (the bank's write path)."""
+    filled = [{name: row.get(name) for name in CANDIDATE_SCHEMA} for row in rows]
+    return pl.DataFrame(filled, schema=CANDIDATE_SCHEMA).drop("similarity_checks")
+
+
+def selfplay_problem(prompt: str, answer: str, verifier: str, source: str, uri: str, level: int,
+                     params: dict, metadata: dict) -> dict:
+    return {"problem_id": problem_id("train", "code", prompt, answer, None), "source": source,
+            "source_kind": "selfplay", "source_uri": uri, "split": "train", "domain": "code", "level": level,
+            "prompt": prompt, "answer": answer, "verifier": verifier, "params": json.dumps(params, sort_keys=True),
+            "metadata": json.dumps(metadata, sort_keys=True)}
+
+
+def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, policy, tokenizer,
+                    score: Callable[[pl.DataFrame], pl.DataFrame]) -> SelfPlaySample:
+    """Propose, validate, solve and reward one iteration (`config`: the iteration's IterationConfig)."""
+    from tasks.rollout.stage import rollout_rows
+
+    selfplay, rollout = config.selfplay, config.rollout
+    rules = ProposalRules()
+    history = earlier_tasks(lake, iteration)
+    seen = set(history["task_key"].to_list())
+    rng = random.Random(derive_seed(selfplay.seed, iteration, "references"))
+
+    # 1. the proposer's prompts and proposals
+    proposer_problems = []
+    for task_type in selfplay.task_types:
+        buffer = [CodeTask.from_json(text) for text in history.filter(pl.col("task_type") == task_type)["answer"]]
+        for _ in range(selfplay.proposer_groups):
+            references = (rng.sample(buffer, min(selfplay.references, len(buffer))) if buffer else
+                          [draw_task(rng, False, task_type) for _ in range(selfplay.references)])
+            text = proposer_prompt(task_type, references)
+            proposer_problems.append(selfplay_problem(text, task_type, "learnability", PROPOSER_SOURCE,
+                                                      f"proposer:{task_type}", LEVELS[task_type],
+                                                      {"task_type": task_type}, {}))
+    proposers = problem_rows(proposer_problems).unique("problem_id", keep="first", maintain_order=True)
+    proposer_sampler = rollout.sampler.model_copy(update={"max_new_tokens": selfplay.proposal_tokens})
+    prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in proposers["prompt"]]
+    seed = derive_seed(rollout.seed, iteration, "propose")
+    groups = policy.generate(prompts, selfplay.proposer_group_size, proposer_sampler, seed, model_version)
+    proposed = rollout_rows(proposers, prompts, groups, iteration=iteration, round_=1, model_version=model_version,
+                            sampler={"role": "proposer", **proposer_sampler.model_dump()}, seed=seed)
+
+    # 2. validation in the sandbox
+    types = dict(zip(proposers["problem_id"], proposers["answer"]))
+    parsed = [parse_proposal(text, types[pid], rules) for text, pid in zip(proposed["response"], proposed["problem_id"])]
+    validated = validate_all(parsed, seen, rules)
+
+    # 3. valid tasks become problems; the solver solves them and earlier ones
+    now = datetime.now(timezone.utc)
+    proposal_rows, task_problems = [], []
+    for rollout_row, result in zip(proposed.iter_rows(named=True), validated):
+        proposal_id = f"p-{rollout_row['rollout_id']}"
+        task = result.task
+        problem = None
+        if task is not None:
+            problem = selfplay_problem(solver_prompt(task), task.to_json(), "selfplay", SOURCE, f"proposal:{proposal_id}",
+                                       LEVELS[task.task_type], {"task_type": task.task_type},
+                                       {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
+                                        "proposer_model_version": model_version})
+            task_problems.append(problem)
+        proposal_rows.append({
+            "proposal_id": proposal_id, "iteration": iteration, "role": "proposer",
+            "task_type": types[rollout_row["problem_id"]], "model_version": model_version,
+            "rollout_id": rollout_row["rollout_id"], "document_id": None, "span": None,
+            "verdict": "valid" if task is not None else "invalid",
+            "reason": result.rejection.reason if result.rejection else None,
+            "detail": result.rejection.detail if result.rejection else None, "task_key": result.key or None,
+            "program": task.program if task else None, "inputs": json.dumps(list(task.inputs)) if task else None,
+            "outputs": json.dumps(list(task.outputs)) if task else None,
+            "problem_id": problem["problem_id"] if problem else None, "created_at": now})
+    new_tasks = problem_rows(task_problems) if task_problems else problem_rows([])
+    fill = max(0, selfplay.solver_tasks - new_tasks.height)
+    older = history.sample(min(fill, history.height), seed=derive_seed(selfplay.seed, iteration, "older") % 2**32) \
+        if fill and history.height else history.head(0)
+    solve = pl.concat([new_tasks.select(PROBLEM_FIELDS, "level"),
+                       lake.read("problems", columns=[*PROBLEM_FIELDS, "level"]).filter(
+                           pl.col("problem_id").is_in(older["problem_id"].to_list())).unique("problem_id")],
+                      how="vertical_relaxed")
+    solver_rollouts, solver_rewards = _solve(solve, config, iteration, model_version, policy, tokenizer, score)
+
+    # 4. the proposer's rewards from the solver's solve rates
+    rate_of = {} if solver_rollouts.is_empty() else dict(
+        own_rewards(solver_rewards, solve_frame(solver_rollouts, solve)).group_by("problem_id")
+        .agg(pl.col("correct").fill_null(False).cast(pl.Float64).mean()).iter_rows())
+    for row in proposal_rows:
+        row["solve_rate"] = rate_of.get(row["problem_id"]) if row["problem_id"] else None
+        row["reward"] = (learnability(row["solve_rate"]) if row["verdict"] == "valid" else
+                         selfplay.format_error_reward if row["reason"] == "unparseable" else selfplay.invalid_reward)
+    proposals = pl.DataFrame(proposal_rows, schema_overrides={name: pl.String for name in (
+        "document_id", "span", "reason", "detail", "task_key", "program", "inputs", "outputs", "problem_id")} |
+        {"solve_rate": pl.Float64, "reward": pl.Float64})
+    proposer_rewards = proposals.select(
+        "iteration", "rollout_id", problem_id=pl.col("rollout_id").replace_strict(
+            dict(zip(proposed["rollout_id"], proposed["problem_id"]))),
+        verifier=pl.lit("learnability"), verifier_version=pl.lit("1.0"), reward="reward",
+        correct=pl.col("reward") > 0, details=pl.struct(
+            "verdict", "reason", "solve_rate", "task_type").struct.json_encode())
+    solved = [solver_rollouts] if not solver_rollouts.is_empty() else []
+    return SelfPlaySample(pl.concat([proposed, *solved], how="vertical_relaxed"),
+                          pl.concat([proposer_rewards, *(solver_rewards for _ in solved)], how="diagonal_relaxed"),
+                          proposals, pl.concat([proposers, new_tasks], how="vertical_relaxed").unique(
+                              "problem_id", keep="first", maintain_order=True))
+
+
+def solve_frame(rollouts: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
+    """Solver rollouts with their problems: what the verifiers score."""
+    return rollouts.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
+        problems.select(PROBLEM_FIELDS).unique("problem_id"), on="problem_id", how="left")
+
+
+def _solve(problems: pl.DataFrame, config, iteration: int, model_version: int, policy, tokenizer,
+           score: Callable[[pl.DataFrame], pl.DataFrame]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    from tasks.rollout.stage import rollout_rows
+
+    rollout = config.rollout
+    prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in problems["prompt"]]
+    seed = derive_seed(rollout.seed, iteration, "solve")
+    if not prompts:
+        return pl.DataFrame(), pl.DataFrame()
+    groups = policy.generate(prompts, rollout.group_size, rollout.sampler, seed, model_version)
+    rows = rollout_rows(problems, prompts, groups, iteration=iteration, round_=2, model_version=model_version,
+                        sampler={"role": "solver", **rollout.sampler.model_dump()}, seed=seed)
+    return rows, score(solve_frame(rows, problems))
