@@ -16,8 +16,7 @@ analyze_app = typer.Typer(help="Analyses of stored iterations.", no_args_is_help
 app.add_typer(policy_app, name="policy")
 app.add_typer(analyze_app, name="analyze")
 
-ITERATION_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages")
-RUN_SECTIONS = ITERATION_SECTIONS + ("warmup", "train", "publish", "evaluation", "curriculum", "loop")
+NOT_RUN_SECTIONS = ("bank",)          # a run config's sections that are not RunConfig's (the curation's)
 ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
                                                       "verify / advantages sections")]
 
@@ -29,7 +28,8 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
     from tasks.rollout.stage import IterationConfig
 
     try:
-        settings = load_yaml_config(path, IterationConfig, ITERATION_SECTIONS) if path else IterationConfig()
+        settings = load_yaml_config(path, IterationConfig, tuple(IterationConfig.model_fields)) if path else \
+            IterationConfig()
     except ValueError as error:
         fail(str(error), 2)
     for dotted, value in (overrides or {}).items():
@@ -47,10 +47,14 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
 def run_config(path: Path):
     """Every stage section of a run config except the bank (the curation flow's), validated."""
     from flows.run_config import RunConfig
-    from tasks.curation.config import load_yaml_config
+    from tasks.curation.config import load_yaml_config, read_yaml
 
     try:
-        return load_yaml_config(path, RunConfig, RUN_SECTIONS)
+        unknown = sorted(set(read_yaml(Path(path))) - set(RunConfig.model_fields) - set(NOT_RUN_SECTIONS))
+        if unknown:                                   # a misspelt section must not be ignored
+            raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}; a run config has "
+                             f"{', '.join(sorted([*RunConfig.model_fields, *NOT_RUN_SECTIONS]))}")
+        return load_yaml_config(path, RunConfig, tuple(RunConfig.model_fields))
     except ValueError as error:
         fail(str(error), 2)
 
@@ -63,10 +67,11 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     from flows.loop import rl_loop
     from tasks.advantages.dynamic_sampling import BatchShortfall
     from tasks.rollout.openai_backend import BackendUnavailable
+    from tasks.selfplay.health import CollapseDetected
 
     try:
         rows = rl_loop(settings.model_dump(mode="json"), iterations, lake)
-    except (BatchShortfall, BackendUnavailable, ValueError, FileNotFoundError) as error:
+    except (BatchShortfall, BackendUnavailable, CollapseDetected, ValueError, FileNotFoundError) as error:
         fail(str(error))
     if not rows:
         console.print(f"nothing to do: the lake already holds {iterations} iteration(s) (raise --iterations to go on)")

@@ -79,7 +79,20 @@ def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: i
     artifacts(publish_iteration, lake, row)           # its reads and API calls beside the next iteration
     if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
         rebalance(lake, settings, iteration)
+    if settings.selfplay.enabled:
+        check_collapse(lake, settings, iteration, row["eval_solve_rate"])
     return row
+
+
+def check_collapse(lake: Lake, settings: RunConfig, iteration: int, eval_solve_rate: float | None) -> None:
+    """Self-play's tripwire (tasks/selfplay/health.py), after the iteration is recorded: the loop stops with
+    what fired; a later `rlvr run` (with the tripwire raised or off) resumes at the next iteration."""
+    from tasks.selfplay.health import CollapseDetected, proposal_health, tripped
+
+    fired = tripped(proposal_health(lake.read("proposals")), eval_solve_rate, iteration, settings.selfplay.tripwire)
+    if fired:
+        raise CollapseDetected(f"self-play stopped after iteration {iteration}: " + "; ".join(fired) +
+                               " (see `rlvr sql \"select * from proposal_health\"`)")
 
 
 def rebalance(lake: Lake, settings: RunConfig, iteration: int) -> None:

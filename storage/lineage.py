@@ -24,6 +24,8 @@ def problem_lineage(lake: Lake, problem_id: str) -> dict[str, Any] | None:
                                                          "bank_version", "prompt", "answer")}
         lineage["origin"] = _origin(row)
         lineage["run"] = run_record(lake, row["run_id"])
+        if row["source_kind"] == "selfplay" and row["source_uri"].startswith("proposal:"):
+            lineage["proposal"] = proposal_lineage(lake, row["source_uri"].split(":", 1)[1])
     lineage["dropped"] = [
         {key: row[key] for key in ("bank_version", "reason", "duplicate_of", "similarity", "source",
                                    "source_uri", "source_line", "run_id")}
@@ -41,7 +43,27 @@ def run_record(lake: Lake, run_id: str) -> dict[str, Any] | None:
     return row
 
 
+def proposal_lineage(lake: Lake, proposal_id: str) -> dict[str, Any] | None:
+    """A self-play task's origin: the proposal, the proposer rollout that wrote it and the version that sampled
+    it, with the document and span it cites (a grounded task)."""
+    proposals = lake.read("proposals", filter=pc.field("proposal_id") == proposal_id)
+    if proposals.is_empty():
+        return None
+    row = proposals.row(0, named=True)
+    rollouts = lake.read("rollouts", filter=pc.field("rollout_id") == row["rollout_id"],
+                         columns=["rollout_id", "model_version", "prompt", "response", "run_id"])
+    versions = lake.read("model_versions", filter=pc.field("model_version") == row["model_version"],
+                         columns=["model_version", "kind", "parent_version", "iteration", "run_id"])
+    return {"proposal": {key: row[key] for key in ("proposal_id", "iteration", "role", "task_type", "model_version",
+                                                   "rollout_id", "document_id", "span", "verdict", "solve_rate",
+                                                   "reward", "run_id")},
+            "rollout": rollouts.row(0, named=True) if rollouts.height else None,
+            "model_version": versions.row(0, named=True) if versions.height else None}
+
+
 def _origin(row: dict[str, Any]) -> dict[str, Any]:
+    if row["source_kind"] == "selfplay":
+        return {"kind": "self-play", "uri": row["source_uri"], "parameters": json.loads(row["params"] or "{}")}
     if row["source_line"] is not None:
         return {"kind": "file", "layout": row["source_kind"], "file": row["source_uri"], "line": row["source_line"]}
     return {"kind": "generator", "generator": row["source_uri"], "family": row["source_kind"],

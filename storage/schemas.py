@@ -439,6 +439,8 @@ PROPOSALS = register(TableSpec(
                "forbidden_import, too_slow, output_too_large, not_a_literal, duplicate"),
         _field("detail", pa.string(), True, "the executor's message"),
         _field("task_key", pa.string(), True, "hash of the program's syntax tree and inputs: equal for duplicates"),
+        _field("shape_key", pa.string(), True, "hash of the syntax tree with constants abstracted: equal for "
+               "near-duplicates"),
         _field("program", pa.string(), True),
         _field("inputs", pa.string(), True, "JSON: each call's argument tuple"),
         _field("outputs", pa.string(), True, "JSON: each call's output, from the sandbox"),

@@ -63,6 +63,26 @@ VIEWS = [
              and (a.verifier, a.verifier_version) < (b.verifier, b.verifier_version)
         group by all order by 1, 2, 4""",
          "how often two verifiers (or versions) judge the same rollouts differently"),
+    View("proposal_health", ("proposals",), """
+        with ordered as (
+            select *, task_key is not null and row_number() over (partition by task_key order by iteration,
+                       proposal_id) = 1 as new_task,
+                   verdict = 'valid' and row_number() over (partition by shape_key order by iteration,
+                       proposal_id) > 1 as repeated_shape
+            from proposals)
+        select iteration, count(*) as proposals, sum((verdict = 'valid')::int) as valid,
+               avg((verdict = 'valid')::double) as valid_rate,
+               sum(new_task::int) / nullif(sum((task_key is not null)::int), 0) as distinct_rate,
+               sum(repeated_shape::int) / nullif(sum((verdict = 'valid')::int), 0) as near_duplicate_rate,
+               avg(solve_rate) filter (where verdict = 'valid') as mean_solve_rate,
+               stddev_samp(solve_rate) filter (where verdict = 'valid') as solve_rate_std
+        from ordered group by 1 order by 1""",
+         "self-play collapse monitoring per iteration: valid-proposal, distinct-task and near-duplicate rates, "
+         "the solver's solve rate on the proposals and its spread (tasks/selfplay/health.py)"),
+    View("proposal_rejections", ("proposals",), """
+        select iteration, task_type, coalesce(reason, 'valid') as outcome, count(*) as proposals
+        from proposals group by all order by 1, 2, 4 desc""",
+         "self-play proposals per iteration, task type and validity rule broken"),
     View("reward_hacking_signals", ("rollouts", "rewards", "iteration_metrics"), """
         with per_iteration as (
             select r.iteration, avg(w.reward) as train_reward, avg(r.n_tokens) as mean_tokens,

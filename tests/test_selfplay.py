@@ -1,6 +1,8 @@
 """Absolute Zero-style self-play: every validity rule of a proposal on a hand-written one, the solver's
 answers judged by execution for each task type, hostile answers, and the learnability reward by hand."""
 
+from datetime import datetime, timezone
+
 import pytest
 
 from tasks.sandbox.client import Sandbox
@@ -160,3 +162,59 @@ def test_every_warm_up_template_agrees_with_the_sandbox_and_its_worked_examples_
         assert solver.verify({"answer": example.answer}, example.solution).reward == 1.0
         made = proposer_example(rng)
         assert proposer.verify({"answer": made.answer}, made.solution).correct is True
+
+
+def proposal_row(iteration: int, index: int, verdict: str, task_key: str | None, shape: str | None,
+                 solve_rate: float | None = None, reason: str | None = None) -> dict:
+    return {"proposal_id": f"p-{iteration}-{index:02d}", "iteration": iteration, "verdict": verdict,
+            "task_key": task_key, "shape_key": shape, "solve_rate": solve_rate, "reason": reason}
+
+
+HISTORY = [  # iteration 1: three valid tasks of two shapes, one unparseable; iteration 2: a repeat and a new task
+    proposal_row(1, 0, "valid", "t1", "s1", 0.5), proposal_row(1, 1, "valid", "t2", "s1", 0.25),
+    proposal_row(1, 2, "valid", "t3", "s2", 1.0), proposal_row(1, 3, "invalid", None, None, reason="unparseable"),
+    proposal_row(2, 0, "invalid", "t1", None, reason="duplicate"), proposal_row(2, 1, "valid", "t4", "s2", 0.75),
+    proposal_row(2, 2, "invalid", None, None, reason="unparseable"),
+    proposal_row(2, 3, "invalid", None, None, reason="unparseable")]
+
+
+def test_collapse_metrics_by_hand_and_the_sql_view_agrees(tmp_path):
+    import polars as pl
+
+    from storage.catalog import open_catalog
+    from storage.lake import Lake
+    from tasks.selfplay.health import proposal_health
+
+    health = proposal_health(pl.DataFrame(HISTORY))
+    first, second = health.rows(named=True)
+    assert (first["valid_rate"], first["distinct_rate"], first["near_duplicate_rate"]) == (0.75, 1.0, pytest.approx(1 / 3))
+    assert first["mean_solve_rate"] == pytest.approx(7 / 12)
+    assert (second["valid_rate"], second["distinct_rate"], second["near_duplicate_rate"]) == (0.25, 0.5, 1.0)
+    lake = Lake.open(str(tmp_path / "lake"))
+    full = [{**row, "role": "proposer", "task_type": "deduction", "model_version": 1, "rollout_id": row["proposal_id"],
+             "created_at": datetime.now(timezone.utc)} for row in HISTORY]
+    for iteration in (1, 2):
+        with lake.run("test", "rollout", {}, iteration=iteration) as run:
+            lake.replace("proposals", pl.DataFrame([r for r in full if r["iteration"] == iteration]),
+                         {"iteration": iteration}, run)
+    sql = open_catalog(lake).sql("select * from proposal_health").pl()
+    for column in ("valid_rate", "distinct_rate", "near_duplicate_rate", "mean_solve_rate", "solve_rate_std"):
+        assert sql[column].to_list() == pytest.approx(health[column].to_list()), column
+    rejections = open_catalog(lake).sql("select * from proposal_rejections where iteration = 2").pl()
+    assert dict(zip(rejections["outcome"], rejections["proposals"])) == {"unparseable": 2, "duplicate": 1, "valid": 1}
+
+
+def test_the_tripwire_names_what_fired():
+    import polars as pl
+
+    from tasks.selfplay.health import TripwireConfig, proposal_health, tripped
+
+    health = proposal_health(pl.DataFrame(HISTORY))
+    wire = TripwireConfig(after=2, min_valid_rate=0.5, max_near_duplicate_rate=0.9, min_eval_solve_rate=0.3)
+    assert tripped(health, 0.1, 1, wire) == []                                      # before `after`
+    assert tripped(health, 0.4, 2, wire) == [
+        "valid-proposal rate 25.0% below selfplay.tripwire.min_valid_rate 50%",
+        "near-duplicate rate 100.0% above selfplay.tripwire.max_near_duplicate_rate 90%"]
+    assert tripped(health, 0.1, 2, TripwireConfig(min_eval_solve_rate=0.3)) == [
+        "held-out solve rate 10.0% below selfplay.tripwire.min_eval_solve_rate 30%"]
+    assert tripped(health, None, 2, TripwireConfig()) == []                         # every check off by default

@@ -28,6 +28,8 @@ def view(lake, name: str) -> pl.DataFrame:
 
 def test_every_view_answers(looped_lake):
     for spec in VIEWS:
+        if "proposals" in spec.needs:                           # self-play's views: tests/test_selfplay.py
+            continue
         assert not view(looped_lake, spec.name).is_empty(), spec.name
 
 

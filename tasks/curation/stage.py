@@ -19,6 +19,7 @@ from tasks.curation.gym import check_dataset
 from tasks.curation.mix import sample_mix
 from tasks.generators import families
 from tasks.curation.readers import probe
+from tasks.curation.validate import EXECUTOR_VERIFIERS
 
 
 def next_bank_version(lake: Lake) -> int:
@@ -124,7 +125,8 @@ def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> 
     from tasks.verifiers.code import extract_program
 
     problems = loaded.problems
-    runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null())
+    runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null()
+                               & ~pl.col("verifier").is_in(list(EXECUTOR_VERIFIERS)))   # self-play: no tests
     if not validation.run_code_solutions or runnable.is_empty():
         return loaded
     failing: dict[str, str] = {}

@@ -20,6 +20,22 @@ NON_ANSWERS = {"n/a", "na", "none", "null", "nan", "todo", "tbd", "unknown", "se
 
 
 ANSWER_FREE_VERIFIERS = {"judge"}
+EXECUTOR_VERIFIERS = {"selfplay", "proposal", "learnability"}      # code checked by running a task, not tests
+
+
+def executor_task_issue(problem: dict[str, Any]) -> tuple[str, str] | None:
+    """A self-play problem: a solver's task (its CodeTask JSON parses) or a proposer's prompt (a task type)."""
+    from tasks.selfplay.code_tasks import TASK_TYPES, CodeTask
+
+    answer = problem.get("answer") or ""
+    if problem["verifier"] == "selfplay":
+        try:
+            CodeTask.from_json(answer)
+        except (ValueError, KeyError, TypeError) as error:
+            return "answer", f"not a self-play task: {error}"[:300]
+    elif answer not in TASK_TYPES:
+        return "answer", f"a proposer's answer names its task type ({', '.join(TASK_TYPES)}), not {answer[:40]!r}"
+    return None
 
 
 def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_answers: bool) -> tuple[str | None, str] | None:
@@ -32,6 +48,8 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
     if not 1 <= problem["level"] <= 4:
         return "level", f"level {problem['level']} is not 1-4"
     domain = problem["domain"]
+    if problem.get("verifier") in EXECUTOR_VERIFIERS:              # self-play: a task, not tests
+        return executor_task_issue(problem)
     if domain == "code":
         return code_issue(prompt, problem.get("solution"), problem.get("tests"), problem.get("entry_point"))
     answer = problem.get("answer")

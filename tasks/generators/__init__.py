@@ -64,6 +64,7 @@ GENERATORS: dict[str, Generator] = {
         Generator("selfplay_solver_eval", 1, programs.solver_example_eval, False, "code", "selfplay"),
         Generator("selfplay_proposer", 1, programs.proposer_example, False, "code", "proposal"),
         Generator("selfplay_proposer_eval", 1, programs.proposer_example_eval, False, "code", "proposal"),
+        Generator("selfplay_proposer_bare", 1, programs.proposer_example_bare, False, "code", "proposal"),
     ]
 }
 

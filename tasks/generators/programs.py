@@ -8,7 +8,8 @@ agrees). Three families, one problem per (template, arguments, task type) draw:
 - `selfplay_solver` / `selfplay_solver_eval`: a solver's task (verifier `selfplay`), the answer block as
   its worked solution; the eval family draws other arguments (one draw in four is held out);
 - `selfplay_proposer` / `selfplay_proposer_eval`: a proposer's prompt (verifier `proposal`: valid or
-  not), a proposal of that task type as its worked solution.
+  not), a proposal of that task type as its worked solution; `selfplay_proposer_bare` the same without
+  references (the prompts of `selfplay.references: 0`, one per task type).
 """
 
 from __future__ import annotations
@@ -93,14 +94,20 @@ def solver_example(rng: random.Random, heldout: bool = False) -> Generated:
     return Generated(solver_prompt(task), task.to_json(), answer, [], {"task_type": task.task_type})
 
 
-def proposer_example(rng: random.Random, heldout: bool = False) -> Generated:
-    """A proposer's prompt (with one reference task) and a proposal of the same type."""
+def proposer_example(rng: random.Random, heldout: bool = False, references: int = 1) -> Generated:
+    """A proposer's prompt (with `references` reference tasks) and a proposal of the same type."""
     from tasks.selfplay.code_tasks import proposal_text, proposer_prompt
 
     task_type = rng.choice(TASK_TYPES)
-    reference, proposal = draw_task(rng, heldout, task_type), draw_task(rng, heldout, task_type)
-    return Generated(proposer_prompt(task_type, [reference]), task_type, proposal_text(proposal), [],
-                     {"task_type": task_type})
+    shown = [draw_task(rng, heldout, task_type) for _ in range(references)]
+    proposal = draw_task(rng, heldout, task_type)
+    return Generated(proposer_prompt(task_type, shown), task_type, proposal_text(proposal), [],
+                     {"task_type": task_type, "references": references})
+
+
+def proposer_example_bare(rng: random.Random) -> Generated:
+    """A proposer's prompt without references (`selfplay.references: 0`): one prompt per task type."""
+    return proposer_example(rng, references=0)
 
 
 def solver_example_eval(rng: random.Random) -> Generated:

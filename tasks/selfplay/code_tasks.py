@@ -164,6 +164,18 @@ def task_key(proposal: Proposal) -> str:
     return hashlib.sha256(json.dumps([proposal.task_type, tree, list(proposal.inputs)]).encode()).hexdigest()[:24]
 
 
+class _Abstracted(ast.NodeTransformer):
+    def visit_Constant(self, node: ast.Constant) -> ast.AST:
+        return ast.Constant(type(node.value).__name__)
+
+
+def shape_key(program: str) -> str:
+    """What near-duplicates share: the program's syntax tree with every constant replaced by its type, so
+    `return a * b + 3` and `return a * b + 7` are one shape (collapse monitoring, not a validity rule)."""
+    tree = _Abstracted().visit(ast.parse(program))
+    return hashlib.sha256(ast.dump(tree, annotate_fields=False).encode()).hexdigest()[:24]
+
+
 def execution_script(program: str, inputs: tuple[str, ...], marker: str) -> str:
     """The script the sandbox runs: the program, then each call, its output's repr printed after `marker`
     (a line the program cannot know in advance), one JSON list for all calls."""

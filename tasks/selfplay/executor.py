@@ -38,8 +38,9 @@ def run_calls(sandbox: Sandbox, program: str, inputs: tuple[str, ...], rules: Pr
     result: SandboxResult = sandbox.run_script(execution_script(program, inputs, marker), limits)
     if result.status != "ok":
         return Rejection(SANDBOX_STATUS_REASONS.get(result.status, "does_not_run"), f"sandbox: {result.status}")
-    if result.exit_code not in (0, None):
-        return Rejection("does_not_run", result.output.strip()[-300:] or f"exit code {result.exit_code}")
+    if result.exit_code not in (0, None):         # the error's own line, not the harness's frames above it
+        last = result.output.strip().splitlines()[-1:] or [f"exit code {result.exit_code}"]
+        return Rejection("does_not_run", last[0][-300:])
     return outputs_of(result.output, marker, len(inputs), rules.max_output_chars)
 
 

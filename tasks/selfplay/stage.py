@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from typing import Literal
 
 import polars as pl
+import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.lake import Lake
@@ -37,8 +38,9 @@ from tasks.generators.base import derive_seed
 from tasks.generators.programs import draw_task
 from tasks.rollout.prompts import format_prompt
 from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
-                                       proposer_prompt, solver_prompt)
+                                       proposer_prompt, shape_key, solver_prompt)
 from tasks.selfplay.executor import validate_all
+from tasks.selfplay.health import TripwireConfig
 from tasks.verification import PROBLEM_FIELDS, own_rewards
 
 SOURCE, PROPOSER_SOURCE = "self-play", "self-play:proposer"
@@ -60,6 +62,8 @@ class SelfPlayConfig(Strict):
     format_error_reward: float = Field(-1.0, description="a proposal that does not parse")
     invalid_reward: float = Field(-0.5, description="a proposal that parses but breaks another rule")
     seed: int = Field(0, description="seed of the reference draws")
+    tripwire: TripwireConfig = Field(default_factory=TripwireConfig, description="collapse checks that stop the "
+                                     "loop (tasks/selfplay/health.py)")
 
 
 @dataclass
@@ -149,6 +153,7 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
             "verdict": "valid" if task is not None else "invalid",
             "reason": result.rejection.reason if result.rejection else None,
             "detail": result.rejection.detail if result.rejection else None, "task_key": result.key or None,
+            "shape_key": shape_key(task.program) if task else None,
             "program": task.program if task else None, "inputs": json.dumps(list(task.inputs)) if task else None,
             "outputs": json.dumps(list(task.outputs)) if task else None,
             "problem_id": problem["problem_id"] if problem else None, "created_at": now})
@@ -156,10 +161,11 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
     fill = max(0, selfplay.solver_tasks - new_tasks.height)
     older = history.sample(min(fill, history.height), seed=derive_seed(selfplay.seed, iteration, "older") % 2**32) \
         if fill and history.height else history.head(0)
-    solve = pl.concat([new_tasks.select(PROBLEM_FIELDS, "level"),
-                       lake.read("problems", columns=[*PROBLEM_FIELDS, "level"]).filter(
-                           pl.col("problem_id").is_in(older["problem_id"].to_list())).unique("problem_id")],
-                      how="vertical_relaxed")
+    solve = new_tasks.select(*PROBLEM_FIELDS, "level")
+    if older.height:
+        earlier = lake.read("problems", filter=pc.field("problem_id").isin(older["problem_id"].to_list()),
+                            columns=[*PROBLEM_FIELDS, "level"]).unique("problem_id")
+        solve = pl.concat([solve, earlier.select(solve.columns)], how="vertical_relaxed")
     solver_rollouts, solver_rewards = _solve(solve, config, iteration, model_version, policy, tokenizer, score)
 
     # 4. the proposer's rewards from the solver's solve rates
@@ -171,7 +177,7 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         row["reward"] = (learnability(row["solve_rate"]) if row["verdict"] == "valid" else
                          selfplay.format_error_reward if row["reason"] == "unparseable" else selfplay.invalid_reward)
     proposals = pl.DataFrame(proposal_rows, schema_overrides={name: pl.String for name in (
-        "document_id", "span", "reason", "detail", "task_key", "program", "inputs", "outputs", "problem_id")} |
+        "document_id", "span", "reason", "detail", "task_key", "shape_key", "program", "inputs", "outputs", "problem_id")} |
         {"solve_rate": pl.Float64, "reward": pl.Float64})
     proposer_rewards = proposals.select(
         "iteration", "rollout_id", problem_id=pl.col("rollout_id").replace_strict(
