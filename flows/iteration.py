@@ -63,7 +63,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
             scoring(settings) as score:
         sampled = sample_task(lake, settings, iteration, version, score)
         if sampled.proposals is not None:              # self-play: its tasks enter the bank before anything uses them
-            bank_proposed(lake, sampled.new_problems, iteration)
+            bank_added(lake, sampled.new_problems, iteration, "self-play problems")
             lake.replace("proposals", sampled.proposals, key, run)
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
@@ -72,6 +72,8 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward), iteration, True)
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
+    if settings.selfverify.enabled:                   # RISE: the next rounds draw tasks made of these rollouts
+        bank_added(lake, self_verification_tasks(lake, settings, sampled), iteration, "verification tasks")
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
     if sampled.failure is not None:                    # written first: what was sampled and scored is kept
@@ -82,23 +84,44 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 
 
-def bank_proposed(lake: Lake, problems, iteration: int) -> int | None:
-    """Self-play's new problems (proposer prompts, valid tasks) as a bank version of their own: a curate run
-    under the `bank` lease, as any curation, so bank versions stay one per completed curation."""
+def bank_added(lake: Lake, problems, iteration: int, what: str) -> int | None:
+    """Problems an iteration made (self-play's proposer prompts and valid tasks, self-verification tasks) as a
+    bank version of their own: a curate run under the `bank` lease, as any curation, so bank versions stay
+    one per completed curation. Problems the bank holds already (a re-run makes the same) are left out."""
     from storage.leases import BANK
     from tasks.curation.stage import next_bank_version
 
+    known = lake.read("problems", columns=["problem_id"])["problem_id"].to_list()
+    problems = problems.filter(~pl.col("problem_id").is_in(known))
     if problems.is_empty():
         return None
     with contextlib.ExitStack() as critical:           # the lease is left only after the run completed
-        with lake.run("rl-iteration", "curate", {"self_play_iteration": iteration}, iteration=iteration,
+        with lake.run("rl-iteration", "curate", {"added_by_iteration": iteration, "what": what}, iteration=iteration,
                       prefect_flow_run_id=flow_run.id) as run:
             critical.enter_context(lake.lease(BANK, wait=True))
             run.bank_version = version = next_bank_version(lake)
             lake.replace("problems", problems.with_columns(bank_version=pl.lit(version, pl.Int64)),
                          {"bank_version": version}, run)
-    print(f"iteration {iteration}: {problems.height} self-play problems added as bank version {version}")
+    print(f"iteration {iteration}: {problems.height} {what} added as bank version {version}")
     return version
+
+
+def self_verification_tasks(lake: Lake, settings: IterationConfig, sampled) -> pl.DataFrame:
+    """Verification tasks (tasks/selfplay/self_verify.py) from an iteration's rollouts and their own verdicts."""
+    import pyarrow.compute as pc
+
+    from tasks.selfplay.self_verify import verification_problems
+    from tasks.selfplay.stage import problem_rows
+    from tasks.verification import own_rewards
+
+    rollouts = sampled.rollouts.select("rollout_id", "iteration", "problem_id", "response")
+    problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
+                         columns=["problem_id", "domain", "prompt", "steps", "source", "verifier"]).unique("problem_id")
+    frame = rollouts.join(problems, on="problem_id", how="inner")
+    verdicts = own_rewards(sampled.rewards, frame, settings.verify.verifier).select("rollout_id", "correct")
+    iteration = int(rollouts["iteration"][0])
+    return problem_rows(verification_problems(frame.join(verdicts, on="rollout_id"), settings.selfverify,
+                                              iteration)).unique("problem_id", keep="first", maintain_order=True)
 
 
 @contextlib.contextmanager

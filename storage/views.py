@@ -83,6 +83,17 @@ VIEWS = [
         select iteration, task_type, coalesce(reason, 'valid') as outcome, count(*) as proposals
         from proposals group by all order by 1, 2, 4 desc""",
          "self-play proposals per iteration, task type and validity rule broken"),
+    View("self_verification", ("rewards", "problems"), """
+        select r.iteration,
+               count(*) filter (where p.source = 'self-verify') as verification_rollouts,
+               avg(r.correct::int) filter (where p.source = 'self-verify') as verification_accuracy,
+               avg((r.reward = 1)::int) filter (where p.source = 'self-verify') as full_credit_share,
+               avg(r.correct::int) filter (where p.source <> 'self-verify') as solve_rate
+        from rewards r join (select distinct problem_id, source, verifier from problems) p
+             on r.problem_id = p.problem_id and r.verifier = p.verifier
+        group by 1 order by 1""",
+         "RISE: per iteration, the accuracy of the policy's verdicts on verification tasks (full credit: the "
+         "first wrong step too) beside its solve rate on the other problems"),
     View("reward_hacking_signals", ("rollouts", "rewards", "iteration_metrics"), """
         with per_iteration as (
             select r.iteration, avg(w.reward) as train_reward, avg(r.n_tokens) as mean_tokens,

@@ -18,11 +18,12 @@ from tasks.curriculum.stage import CurriculumConfig
 
 from tasks.rewards.compose import RewardConfig
 from tasks.rollout.publish import PublishConfig
+from tasks.selfplay.stage import SelfPlayConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
             "loop": LoopConfig, "warmup": WarmupConfig,
-            "curriculum": CurriculumConfig, "publish": PublishConfig}
+            "curriculum": CurriculumConfig, "publish": PublishConfig, "selfplay": SelfPlayConfig}
 WHOLE_FILE_CONFIGS = {"deployments.yaml"}              # not run configs: validated by test_deployments_config_loads
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in WHOLE_FILE_CONFIGS)
 
@@ -49,6 +50,9 @@ def test_deployments_config_loads():
 def test_config_loads(path):
     import yaml
 
+    from flows.run_config import RunConfig
+
+    assert set(RunConfig.model_fields) <= set(SECTIONS), "a run config section this test does not check"
     data = yaml.safe_load(path.read_text())
     assert set(data) <= set(SECTIONS) | {"base"}, f"unknown sections {set(data) - set(SECTIONS)}"
     for section, model in SECTIONS.items():
@@ -107,3 +111,20 @@ def test_a_variant_merges_over_its_base(tmp_path):
     (tmp_path / "base.yaml").write_text("base: variant.yaml\n")
     with pytest.raises(ValueError, match="makes a cycle"):
         load_yaml_config(tmp_path / "variant.yaml", TrainConfig, section="train")
+
+
+def test_rlvr_run_reads_every_section_and_refuses_an_unknown_one(tmp_path):
+    """`rlvr run --config`: the reward and self-play sections reach the loop (they were once dropped unseen),
+    and a misspelt section is an error naming the file and the section, not silently ignored."""
+    from flows.cli_rl import run_config
+
+    assert run_config(ROOT / "configs" / "intuitor.yaml").reward.kind == "self_certainty"
+    assert run_config(ROOT / "configs" / "self-play.yaml").selfplay.enabled
+    assert "format" in run_config(ROOT / "configs" / "judge-mix.yaml").reward.components
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("base: " + str(ROOT / "configs" / "demo.yaml") + "\nrewards: {kind: self_certainty}\n")
+    import typer
+
+    with pytest.raises(typer.Exit) as stopped:
+        run_config(typo)
+    assert stopped.value.exit_code == 2

@@ -18,6 +18,7 @@ def score(gold: str, response: str) -> float:
     (r"so the result is \boxed{42}.", ("42", "boxed")),
     (r"first \boxed{1} then \boxed{\frac{1}{2}}", (r"\frac{1}{2}", "boxed")),
     ("She makes 9 * 2 = 18 dollars.\n#### 18", ("18", "hash")),
+    ("2*9 = 18\n18+80 = 98\n##### 98", ("98", "hash")),     # five hashes (INTUITOR's drift): still the answer line
     ("Adding up, the answer is 7.", ("7", "answer_is")),
     ("Final answer: 12", ("12", "answer_is")),
     ("no conclusion here", (None, None)),

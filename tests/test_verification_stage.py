@@ -44,7 +44,7 @@ def test_rewards_for_an_iteration(verify_iteration, lake, lake_uri):
     rewards = lake.read("rewards").sort("rollout_id")
     assert rewards.height == rollouts.height
     assert rewards.group_by("verifier").agg(pl.col("reward").sum()).sort("verifier").rows() == [("code", 1.0), ("math", 4.0)]
-    assert dict(rewards.select("verifier", "verifier_version").unique().rows()) == {"math": "2.1", "code": "1.1"}
+    assert dict(rewards.select("verifier", "verifier_version").unique().rows()) == {"math": "2.2", "code": "1.1"}
     assert set(rewards["run_id"]) == {result["run_id"]}
     assert json.loads(rewards.filter(pl.col("verifier") == "code")["details"][0])["tests_total"] == 1
     runs = lake.read("runs").filter(pl.col("stage") == "verify")
@@ -65,7 +65,7 @@ def test_rescoring_replaces_its_own_rows_and_keeps_other_verifiers(verify_iterat
     assert lake.read("runs").filter(pl.col("stage") == "verify").height == 3
 
 
-def record_audit(lake, rho0: float, rho1: float, verifier: str = "math", version: str = "2.1") -> None:
+def record_audit(lake, rho0: float, rho1: float, verifier: str = "math", version: str = "2.2") -> None:
     from tasks.verification import record_noise
     from tasks.verifiers.noise import NoiseEstimate
 

@@ -38,7 +38,7 @@ def test_every_domain_and_bad_lines(tmp_path):
         (1, 1.0, True, "math"), ("two", 0.0, False, "math"), (4, 1.0, True, "code"), (5, 1.0, True, "qa"),
         (7, 1.0, True, "gym")]
     assert out[5]["id"] == 10 and out[5]["reward"] < 1.0 and out[5]["correct"] is False   # the dataset's own partial score
-    assert {o["verifier"]: o["verifier_version"] for o in out} == {"math": "2.1", "code": "1.1", "qa": "1.0", "gym": "1.0"}
+    assert {o["verifier"]: o["verifier_version"] for o in out} == {"math": "2.2", "code": "1.1", "qa": "1.0", "gym": "1.0"}
     assert out[2]["details"]["tests_passed"] == 2 and out[0]["details"]["format_reward"] == 1.0
     assert "line 3: invalid JSON" in result.stderr
     assert "line 6: domain: 'chemistry' is not one of" in result.stderr

@@ -89,3 +89,23 @@ def word_problem(rng: random.Random) -> Generated:
     solution = "\n".join(f"<<{s}>>" for s in steps) + f"\n#### {have}"
     return Generated(" ".join(sentences + [question]), str(have), solution, steps,
                      {"n_steps": len(steps), "name": name, "item": item})
+
+
+def two_step_verify(rng: random.Random) -> Generated:
+    """A worked `a*b+c` solution to judge (RISE's warm-up): right, or wrong at its first or second step;
+    the worked solution is the judgement, `correct` or `wrong at step N` (verifier `self_verify`)."""
+    from tasks.selfplay.self_verify import verification_answer, verification_prompt
+
+    problem = two_step(rng)
+    a, b, c = problem.params["a"], problem.params["b"], problem.params["c"]
+    product, total = a * b, a * b + c
+    wrong_step = rng.choice([None, None, 1, 2])
+    if wrong_step == 1:
+        product += rng.choice([-2, -1, 1, 2])
+        total = product + c
+    elif wrong_step == 2:
+        total += rng.choice([-2, -1, 1, 2])
+    solution = f"{a}*{b} = {product}\n{product}+{c} = {total}\n#### {total}"
+    judgement = "correct" if wrong_step is None else f"wrong at step {wrong_step}"
+    answer = verification_answer(wrong_step is None, solution, problem.steps)
+    return Generated(verification_prompt(problem.prompt, solution), answer, judgement, [], problem.params)

@@ -32,6 +32,7 @@ from tasks.rollout.openai_backend import OpenAIBackendConfig
 from tasks.rollout.prompts import PromptConfig, format_prompt
 from tasks.rollout.sampling import Policy, Sample, SamplerConfig
 from tasks.rewards.compose import RewardConfig
+from tasks.selfplay.self_verify import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig
 from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay
 from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
                                 with_composition, with_noise_correction)
@@ -69,6 +70,8 @@ class IterationConfig(Strict):
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig, description="self-play: the policy proposes "
                                      "the tasks it solves (tasks/selfplay)")
+    selfverify: SelfVerifyConfig = Field(default_factory=SelfVerifyConfig, description="RISE: verification tasks "
+                                         "made of the lake's own rollouts, mixed in (tasks/selfplay/self_verify.py)")
 
 
 def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[Sample]], *, iteration: int,
@@ -118,8 +121,7 @@ class GroupSampler:
         if n == 0:
             return pl.DataFrame(schema={"group_id": pl.String, "problem_id": pl.String, "reward": pl.Float64,
                                         "correct": pl.Boolean})
-        problems = sample_mix(available, n, derive_seed(rollout.seed, self.iteration, round_, "draw"),
-                              rollout.mix.level_weights, rollout.mix.domain_weights)
+        problems = self._drawn(available, n, derive_seed(rollout.seed, self.iteration, round_, "draw"))
         self.drawn.update(problems["problem_id"].to_list())
         prompts = [format_prompt(text, rollout.prompt, self.tokenizer) for text in problems["prompt"]]
         seed = derive_seed(rollout.seed, self.iteration, round_, "sample")
@@ -139,12 +141,27 @@ class GroupSampler:
             own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
 
 
+    def _drawn(self, available: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
+        """`n` problems by the training mix; with self-verification, `selfverify.ratio` of them are verification
+        tasks (as many as the bank holds), the rest the mix's."""
+        mix, verify = self.config.rollout.mix, self.config.selfverify
+        is_task = pl.col("source") == SELF_VERIFY_SOURCE
+        tasks = available.filter(is_task) if verify.enabled else available.clear()
+        others = available.filter(~is_task)
+        n_tasks = min(tasks.height, round(n * verify.ratio)) if verify.enabled else 0
+        n_others = min(others.height, n - n_tasks)
+        parts = [sample_mix(others, n_others, seed, mix.level_weights, mix.domain_weights)] if n_others else []
+        if n_tasks:
+            parts.append(tasks.sort("problem_id").sample(n_tasks, seed=derive_seed(seed, "self-verify") % 2**32))
+        return pl.concat(parts) if parts else available.clear()
+
+
 def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
     # a reasoning-gym source the curriculum moved is drawn at its current step only
     problems = at_current_difficulty(lake, bank_problems(lake, mix.bank_version, mix.split))
     if problems.is_empty():
         raise ValueError(f"the bank at {lake.uri} holds no {mix.split} problems: run `rlvr curate` first")
-    return problems.select(*PROBLEM_FIELDS, "level")
+    return problems.select(*PROBLEM_FIELDS, "level", "source")
 
 
 def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[Policy, object | None]:
@@ -244,18 +261,15 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
 
 def _selfplay_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int, policy: Policy,
                         tokenizer, score: Callable[[pl.DataFrame], pl.DataFrame] | None) -> SampledIteration:
-    """Proposer and solver rounds of a self-play iteration (tasks/selfplay/stage.py); the problems it adds are
-    those the bank lacks (a re-run proposes the same tasks again)."""
+    """Proposer and solver rounds of a self-play iteration (tasks/selfplay/stage.py)."""
     try:
         with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
             score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
             sampled = sample_selfplay(lake, config, iteration, model_version, policy, tokenizer, score)
     finally:
         getattr(policy, "close", lambda: None)()
-    known = lake.read("problems", columns=["problem_id"])["problem_id"]
     return SampledIteration(sampled.rollouts, sampled.rewards, rounds=2, short_by=0, failure=None,
-                            proposals=sampled.proposals,
-                            new_problems=sampled.new_problems.filter(~pl.col("problem_id").is_in(known.to_list())))
+                            proposals=sampled.proposals, new_problems=sampled.new_problems)
 
 
 def next_iteration(lake: Lake) -> int:

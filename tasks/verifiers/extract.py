@@ -3,7 +3,7 @@
 Extractors, in the order a grader uses them (the first that finds an answer gives it; its last one
 counts), each linear in the response:
 - `boxed`: an outermost `\\boxed{}` / `\\fbox{}`;
-- `hash`: a GSM8K `#### N` line;
+- `hash`: a GSM8K `#### N` line (four hashes or more);
 - `answer_is`: "the final answer is X", "the answer is X", "Final Answer: X", "**Answer:** X",
   "Answer: X", "Answer \\[X\\]" — the answer span only: up to the sentence's end, the contents of its
   `$…$`, without "I hope it is correct" or chat tokens, and a sentence reduced to its value ("The
@@ -26,7 +26,7 @@ STATEMENTS = ("boxed", "hash", "answer_is")          # explicit final-answer sta
 FALLBACKS = ("math", "number")
 FALLBACK_WINDOW = 4000                                  # characters at the end of a response the fallbacks read
 
-HASH_LINE = re.compile(r"^[ \t]*####[ \t]*(.+?)[ \t]*$", re.MULTILINE)
+HASH_LINE = re.compile(r"^[ \t]*#{4,}[ \t]*(.+?)[ \t]*$", re.MULTILINE)      # `#####` too: more hashes, same line
 _ANSWER_LEAD = re.compile(
     r"\*\*\s*(?:final\s+)?answer\s*:?\s*\*\*\s*:?"                         # **Answer:** / **Final Answer**:
     r"|(?:the\s+)?final\s+answer\s*(?:is\s*:?|:|=)"                        # the final answer is / Final Answer:

@@ -58,7 +58,7 @@ class MathVerifier:
     precision: int = PRECISION                      # decimals a decimal answer must agree to
     decimal_comma: bool = True                      # `1,22` is 1.22 where the comma cannot group thousands
     name: str = "math"
-    version: str = "2.1"
+    version: str = "2.2"                            # 2.2: `##### N` is a hash line too
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         raw_gold = str(problem.get("answer") or "").strip()

@@ -90,3 +90,22 @@ class LearnabilityVerifier:
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         raise VerifierUnavailable("proposer rollouts are scored by the self-play stage (the learnability of each "
                                   "task from the solver's solve rate): re-run the iteration, not its verification")
+
+
+@register("self_verify")
+@dataclass
+class SelfVerifyVerifier:
+    """A policy's judgement of a solution (RISE): against the verdict, and the first wrong step where known
+    (tasks/selfplay/self_verify.py)."""
+
+    name: str = "self_verify"
+    version: str = "1.0"
+
+    def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
+        from tasks.selfplay.self_verify import judgement_reward
+
+        try:
+            reward, correct, details = judgement_reward(response, problem.get("answer") or "")
+        except (ValueError, KeyError, TypeError):
+            return Verdict(0.0, None, {"reason": "the problem holds no verification answer"})
+        return Verdict(reward, correct, details)

@@ -1,0 +1,105 @@
+"""RISE-style self-verification tasks, built from the lake's own rollouts: "here is a problem and a
+solution; is it correct, and if not, which step is the first wrong one?" Pure: rows in, problems out.
+
+The answer is the verifier's verdict on that rollout (answer level) and, where the problem carries
+`steps` (GSM8K-style `a*b=c` ground truth), the first of them the solution does not reach with a
+true equality (process level). The `self_verify` verifier scores a policy's judgement against it:
+1 for the right verdict (and the right step, where there is one), 0.5 for the right verdict with the
+wrong or no step, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import polars as pl
+from pydantic import Field
+
+from tasks.curation.config import Strict
+from tasks.curation.records import problem_id
+from tasks.generators.base import derive_seed
+from tasks.verifiers.process import _number, stated_equalities
+
+SOURCE = "self-verify"
+
+JUDGEMENT = re.compile(r"\b(correct|wrong)\b(?:\s+at\s+step\s+(\d+))?", re.IGNORECASE)
+
+
+def first_wrong_step(response: str, steps: list[str] | None) -> int | None:
+    """1-based index of the first gold step whose result no true equality of the response produces, or None
+    (no steps, or every step reached)."""
+    results = [_number(step.rsplit("=", 1)[1]) for step in steps or [] if "=" in step]
+    produced = {stated for _, stated, true in stated_equalities(response)
+                if abs(stated - true) <= 1e-6 * max(1.0, abs(true)) + 1e-9}
+    for index, result in enumerate(results, start=1):
+        if result is None or result not in produced:
+            return index
+    return None
+
+
+def verification_prompt(problem: str, response: str) -> str:
+    return (f"Problem: {problem}\nSolution:\n{response.strip()}\nIs the solution correct? Answer `correct`, or "
+            "`wrong at step N` for its first wrong step.\n")
+
+
+def verification_answer(correct: bool, response: str, steps: list[str] | None) -> str:
+    """The task's answer: the verdict, and the first wrong step of a wrong solution where steps are known."""
+    step = None if correct else first_wrong_step(response, steps)
+    return json.dumps({"correct": bool(correct), "wrong_step": step}, sort_keys=True)
+
+
+def judged(response: str) -> tuple[bool | None, int | None]:
+    """(verdict, step) of a verification response: its last `correct` / `wrong [at step N]`, or (None, None)."""
+    found = JUDGEMENT.findall(response)
+    if not found:
+        return None, None
+    verdict, step = found[-1]
+    return verdict.lower() == "correct", int(step) if step else None
+
+
+def judgement_reward(response: str, answer: str) -> tuple[float, bool | None, dict]:
+    truth = json.loads(answer)
+    verdict, step = judged(response)
+    if verdict is None:
+        return 0.0, False, {"reason": "no verdict"}
+    if verdict != truth["correct"]:
+        return 0.0, False, {"reason": "wrong verdict", "verdict": verdict}
+    if verdict or truth["wrong_step"] is None or step == truth["wrong_step"]:
+        return 1.0, True, {"reason": None, "verdict": verdict, "step": step}
+    return 0.5, True, {"reason": "wrong step", "verdict": verdict, "step": step, "wrong_step": truth["wrong_step"]}
+
+
+class SelfVerifyConfig(Strict):
+    """RISE: the policy also learns to verify solutions, from tasks made of its own rollouts."""
+
+    enabled: bool = Field(False, description="build verification tasks from each iteration's rollouts and mix them in")
+    tasks_per_iteration: int = Field(32, ge=1, description="verification tasks made from an iteration's rollouts "
+                                     "(half from correct, half from wrong ones where it has both)")
+    ratio: float = Field(0.25, ge=0, lt=1, description="share of the groups drawn each round that are "
+                         "verification tasks (once the bank holds any)")
+    seed: int = Field(0, description="seed of the rollouts picked")
+
+
+def verification_problems(scored: pl.DataFrame, config: SelfVerifyConfig, iteration: int) -> list[dict]:
+    """Problem rows (the bank's candidate fields) for `config.tasks_per_iteration` of an iteration's scored
+    rollouts: `scored` holds rollout_id, problem prompt, steps, response and correct (the rollout's own
+    verifier's verdict); rollouts of verification tasks are not verified again."""
+    usable = scored.filter(pl.col("correct").is_not_null() & (pl.col("source") != SOURCE))
+    half = config.tasks_per_iteration // 2
+    seed = derive_seed(config.seed, iteration, "self-verify") % 2**32
+    right, wrong = usable.filter(pl.col("correct")), usable.filter(~pl.col("correct"))
+    take_wrong = min(wrong.height, max(half, config.tasks_per_iteration - right.height))
+    picked = pl.concat([wrong.sample(take_wrong, seed=seed),
+                        right.sample(min(right.height, config.tasks_per_iteration - take_wrong), seed=seed)])
+    rows = []
+    for row in picked.sort("rollout_id").iter_rows(named=True):
+        steps = list(row["steps"]) if row["steps"] is not None else None
+        prompt = verification_prompt(row["prompt"], row["response"])
+        answer = verification_answer(row["correct"], row["response"], steps)
+        rows.append({"problem_id": problem_id("train", "qa", prompt, answer, None), "source": SOURCE,
+                     "source_kind": "selfverify", "source_uri": f"rollout:{row['rollout_id']}", "split": "train",
+                     "domain": "qa", "level": 1, "prompt": prompt, "answer": answer, "verifier": "self_verify",
+                     "params": json.dumps({"iteration": iteration}),
+                     "metadata": json.dumps({"rollout_id": row["rollout_id"], "problem_id": row["problem_id"]})})
+    return rows

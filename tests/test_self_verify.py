@@ -1,0 +1,86 @@
+"""RISE-style self-verification: tasks made of the lake's own rollouts, judged at answer and step level, mixed
+into later rounds at the configured ratio, and reported per iteration beside the solve rate."""
+
+import json
+
+import polars as pl
+import pytest
+
+from tasks.selfplay.self_verify import (SelfVerifyConfig, first_wrong_step, judgement_reward, verification_answer,
+                                        verification_problems)
+
+STEPS = ["12*7=84", "84+61=145"]
+
+
+@pytest.mark.parametrize("response, step", [
+    ("12*7 = 84\n84+61 = 145\n#### 145", None),          # every step reached
+    ("12*7 = 83\n83+61 = 144\n#### 144", 1),             # a false first step
+    ("12*7 = 84\n84+61 = 146\n#### 146", 2),             # a false second step
+    ("#### 145", 1),                                     # no steps shown at all
+])
+def test_the_first_wrong_step_by_hand(response, step):
+    assert first_wrong_step(response, STEPS) == step
+
+
+@pytest.mark.parametrize("response, truth, reward", [
+    ("correct", (True, None), 1.0),
+    ("wrong at step 2", (True, None), 0.0),
+    ("wrong at step 1", (False, 1), 1.0),
+    ("It is wrong at step 2.", (False, 1), 0.5),         # the verdict right, the step not
+    ("wrong", (False, 1), 0.5),
+    ("wrong", (False, None), 1.0),                       # no step ground truth: the verdict is all there is
+    ("correct", (False, 2), 0.0),
+    ("I am not sure", (True, None), 0.0),
+])
+def test_judgement_rewards_by_hand(response, truth, reward):
+    answer = json.dumps({"correct": truth[0], "wrong_step": truth[1]})
+    assert judgement_reward(response, answer)[0] == reward
+
+
+def test_tasks_are_balanced_between_right_and_wrong_rollouts_and_never_made_of_verifications():
+    scored = pl.DataFrame({
+        "rollout_id": [f"r{i}" for i in range(10)], "problem_id": ["p"] * 10, "prompt": ["What is 12*7+61?"] * 10,
+        "steps": [STEPS] * 10, "source": ["two_step"] * 8 + ["self-verify"] * 2,
+        "response": [f"{word} 12*7 = 84\n84+61 = 145\n#### 145" for word in ("So", "Then", "Now")] +
+                    [f"12*7 = 8{i}\n#### 1" for i in range(5)] +
+                    ["correct", "correct"],
+        "correct": [True] * 3 + [False] * 5 + [True, False]})
+    rows = verification_problems(scored, SelfVerifyConfig(tasks_per_iteration=4), iteration=1)
+    assert {row["answer"] for row in rows} == {verification_answer(True, "", STEPS),
+                                               verification_answer(False, "#### 1", STEPS)}
+    answers = [json.loads(row["answer"]) for row in rows]
+    assert sorted(a["correct"] for a in answers) == [False, False, True, True]
+    assert all(a["wrong_step"] == 1 for a in answers if not a["correct"])
+    assert all(row["source_uri"] in {f"rollout:r{i}" for i in range(8)} for row in rows)   # not r8, r9
+    assert len({row["problem_id"] for row in rows}) == 4
+
+
+def test_the_loop_makes_tasks_of_its_rollouts_and_draws_them_at_the_ratio(prefect_api, tmp_path):
+    from flows.curation import curate_bank
+    from flows.loop import rl_loop
+    from storage.catalog import open_catalog
+    from storage.lake import Lake
+    from test_iteration import SMALL_POLICY
+
+    lake_uri = str(tmp_path / "lake")
+    curate_bank({"sources": [{"kind": "generator", "generator": "two_step", "count": 80, "seed": 0}]}, lake_uri)
+    config = {"rollout": {"group_size": 4, "sampler": {"max_new_tokens": 16}, "base_policy": SMALL_POLICY,
+                          "mix": {"level_weights": {1: 1.0}}},
+              "dynamic_sampling": {"groups_per_batch": 8, "max_rounds": 1, "oversample": 1.0,
+                                   "band": [-0.1, 1.1]},
+              "verify": {"workers": 0}, "train": {"micro_batch_size": 8},
+              "selfverify": {"enabled": True, "tasks_per_iteration": 6, "ratio": 0.25},
+              "evaluation": {"max_problems": 10, "split": "train", "sampler": {"max_new_tokens": 8}},
+              "loop": {"iterations": 2, "evaluate_every": 2}}
+    rl_loop(config, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    tasks = lake.read("problems").filter(pl.col("source") == "self-verify")
+    assert tasks.height == 12 and set(tasks["verifier"]) == {"self_verify"}     # 6 from each iteration
+    made_from = {uri.split(":", 1)[1] for uri in tasks["source_uri"]}
+    assert made_from <= set(lake.read("rollouts")["rollout_id"])
+    drawn = lake.read("rollouts").join(lake.read("problems").select("problem_id", "source"), on="problem_id")
+    per_iteration = drawn.group_by("iteration").agg(verifying=(pl.col("source") == "self-verify").sum() // 4)
+    assert dict(per_iteration.iter_rows()) == {1: 0, 2: 2}                       # 8 groups × 0.25, once tasks exist
+    report = open_catalog(lake).sql("select * from self_verification order by iteration").pl()
+    assert report["verification_rollouts"].to_list() == [0, 8]
+    assert report["solve_rate"].is_not_null().all() and report["verification_accuracy"][1] is not None
