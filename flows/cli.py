@@ -163,6 +163,8 @@ def run(
                                                                   "the config's loop.iterations]")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
+    documents: Annotated[Optional[Path], typer.Option(help="SPICE: a corpus (JSONL or text) self-play's challenger "
+                                                           "reads (sets selfplay.documents)")] = None,
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
     from storage.lake import Lake
@@ -177,6 +179,14 @@ def run(
     except ValueError as error:
         fail(str(error), 2)
     settings = run_config(config)
+    if documents is not None:
+        from tasks.selfplay.documents import read_documents
+
+        try:
+            read_documents(documents)                 # a bad corpus fails here, naming its file and line
+        except ValueError as error:
+            fail(str(error), 2)
+        settings.selfplay.documents = str(documents.resolve())
     opened = Lake.open(lake)
     with loop_writer(lake, wait):
         previous = identical_curation(opened, curation)

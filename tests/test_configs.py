@@ -18,12 +18,14 @@ from tasks.curriculum.stage import CurriculumConfig
 
 from tasks.rewards.compose import RewardConfig
 from tasks.rollout.publish import PublishConfig
+from tasks.selfplay.self_verify import SelfVerifyConfig
 from tasks.selfplay.stage import SelfPlayConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
             "loop": LoopConfig, "warmup": WarmupConfig,
-            "curriculum": CurriculumConfig, "publish": PublishConfig, "selfplay": SelfPlayConfig}
+            "curriculum": CurriculumConfig, "publish": PublishConfig, "selfplay": SelfPlayConfig,
+            "selfverify": SelfVerifyConfig}
 WHOLE_FILE_CONFIGS = {"deployments.yaml"}              # not run configs: validated by test_deployments_config_loads
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in WHOLE_FILE_CONFIGS)
 

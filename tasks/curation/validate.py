@@ -33,7 +33,7 @@ def executor_task_issue(problem: dict[str, Any]) -> tuple[str, str] | None:
             CodeTask.from_json(answer)
         except (ValueError, KeyError, TypeError) as error:
             return "answer", f"not a self-play task: {error}"[:300]
-    elif answer not in TASK_TYPES:
+    elif answer not in (*TASK_TYPES, "grounded"):
         return "answer", f"a proposer's answer names its task type ({', '.join(TASK_TYPES)}), not {answer[:40]!r}"
     return None
 

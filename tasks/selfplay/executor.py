@@ -27,7 +27,7 @@ SANDBOX_STATUS_REASONS = {"timeout": "too_slow", "cpu_limit": "too_slow", "outpu
 @dataclass(frozen=True)
 class Validated:
     key: str                                 # task_key: what a later duplicate shares
-    task: CodeTask | None                    # None when rejected
+    task: object | None                      # a CodeTask (a documents.Challenge for SPICE); None when rejected
     rejection: Rejection | None
 
 

@@ -39,12 +39,15 @@ from tasks.generators.programs import draw_task
 from tasks.rollout.prompts import format_prompt
 from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
                                        proposer_prompt, shape_key, solver_prompt)
-from tasks.selfplay.executor import validate_all
+from tasks.selfplay.code_tasks import Rejection
+from tasks.selfplay.documents import Challenge, Document, challenger_prompt, parse_challenge, peaked, read_documents
+from tasks.selfplay.executor import Validated, validate_all
 from tasks.selfplay.health import TripwireConfig
 from tasks.verification import PROBLEM_FIELDS, own_rewards
 
 SOURCE, PROPOSER_SOURCE = "self-play", "self-play:proposer"
-LEVELS = {"deduction": 1, "abduction": 2, "induction": 3}     # how hard each kind of reasoning is, roughly
+GROUNDED = "grounded"                                          # SPICE's document-grounded questions
+LEVELS = {"deduction": 1, "abduction": 2, "induction": 3, GROUNDED: 2}   # how hard each kind is, roughly
 
 
 class SelfPlayConfig(Strict):
@@ -61,7 +64,10 @@ class SelfPlayConfig(Strict):
     proposal_tokens: int = Field(160, ge=16, description="response cap of a proposal, in tokens")
     format_error_reward: float = Field(-1.0, description="a proposal that does not parse")
     invalid_reward: float = Field(-0.5, description="a proposal that parses but breaks another rule")
-    seed: int = Field(0, description="seed of the reference draws")
+    documents: str | None = Field(None, description="SPICE: a corpus (JSONL or text) a challenger reads to write "
+                                  "document-grounded questions (`rlvr run --documents PATH`)")
+    challenger_groups: int = Field(2, ge=1, description="documents a challenger reads an iteration (one group each)")
+    seed: int = Field(0, description="seed of the reference and document draws")
     tripwire: TripwireConfig = Field(default_factory=TripwireConfig, description="collapse checks that stop the "
                                      "loop (tasks/selfplay/health.py)")
 
@@ -91,9 +97,9 @@ def problem_rows(rows: list[dict]) -> pl.DataFrame:
 
 
 def selfplay_problem(prompt: str, answer: str, verifier: str, source: str, uri: str, level: int,
-                     params: dict, metadata: dict) -> dict:
-    return {"problem_id": problem_id("train", "code", prompt, answer, None), "source": source,
-            "source_kind": "selfplay", "source_uri": uri, "split": "train", "domain": "code", "level": level,
+                     params: dict, metadata: dict, domain: str = "code") -> dict:
+    return {"problem_id": problem_id("train", domain, prompt, answer, None), "source": source,
+            "source_kind": "selfplay", "source_uri": uri, "split": "train", "domain": domain, "level": level,
             "prompt": prompt, "answer": answer, "verifier": verifier, "params": json.dumps(params, sort_keys=True),
             "metadata": json.dumps(metadata, sort_keys=True)}
 
@@ -120,6 +126,15 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
             proposer_problems.append(selfplay_problem(text, task_type, "learnability", PROPOSER_SOURCE,
                                                       f"proposer:{task_type}", LEVELS[task_type],
                                                       {"task_type": task_type}, {}))
+    documents = {}
+    if selfplay.documents:                            # SPICE: a challenger reads a document per group
+        corpus = read_documents(selfplay.documents)
+        for document in rng.sample(corpus, min(selfplay.challenger_groups, len(corpus))):
+            documents[document.document_id] = document
+            proposer_problems.append(selfplay_problem(
+                challenger_prompt(document), GROUNDED, "learnability", PROPOSER_SOURCE,
+                f"challenger:{document.document_id}", LEVELS[GROUNDED],
+                {"task_type": GROUNDED, "document_id": document.document_id}, {}, domain="qa"))
     proposers = problem_rows(proposer_problems).unique("problem_id", keep="first", maintain_order=True)
     proposer_sampler = rollout.sampler.model_copy(update={"max_new_tokens": selfplay.proposal_tokens})
     prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in proposers["prompt"]]
@@ -130,8 +145,14 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
 
     # 2. validation in the sandbox
     types = dict(zip(proposers["problem_id"], proposers["answer"]))
-    parsed = [parse_proposal(text, types[pid], rules) for text, pid in zip(proposed["response"], proposed["problem_id"])]
-    validated = validate_all(parsed, seen, rules)
+    read_from = {pid: json.loads(params).get("document_id") for pid, params in zip(proposers["problem_id"],
+                                                                                    proposers["params"])}
+    is_code = [types[pid] != GROUNDED for pid in proposed["problem_id"]]
+    parsed = [parse_proposal(text, types[pid], rules) for text, pid, code in
+              zip(proposed["response"], proposed["problem_id"], is_code) if code]
+    checked = iter(validate_all(parsed, seen, rules))
+    validated = [next(checked) if code else grounded(text, documents[read_from[pid]], seen)
+                 for text, pid, code in zip(proposed["response"], proposed["problem_id"], is_code)]
 
     # 3. valid tasks become problems; the solver solves them and earlier ones
     now = datetime.now(timezone.utc)
@@ -140,22 +161,32 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         proposal_id = f"p-{rollout_row['rollout_id']}"
         task = result.task
         problem = None
-        if task is not None:
+        if isinstance(task, Challenge):
+            problem = selfplay_problem(task.question, task.answer, "qa", SOURCE, f"proposal:{proposal_id}",
+                                       LEVELS[GROUNDED], {"task_type": GROUNDED},
+                                       {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
+                                        "proposer_model_version": model_version,
+                                        "document_id": read_from[rollout_row["problem_id"]]}, domain="qa")
+            task_problems.append(problem)
+        elif task is not None:
             problem = selfplay_problem(solver_prompt(task), task.to_json(), "selfplay", SOURCE, f"proposal:{proposal_id}",
                                        LEVELS[task.task_type], {"task_type": task.task_type},
                                        {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
                                         "proposer_model_version": model_version})
             task_problems.append(problem)
+        code = not isinstance(task, Challenge) and types[rollout_row["problem_id"]] != GROUNDED
         proposal_rows.append({
-            "proposal_id": proposal_id, "iteration": iteration, "role": "proposer",
+            "proposal_id": proposal_id, "iteration": iteration, "role": "proposer" if code else "challenger",
             "task_type": types[rollout_row["problem_id"]], "model_version": model_version,
-            "rollout_id": rollout_row["rollout_id"], "document_id": None, "span": None,
+            "rollout_id": rollout_row["rollout_id"], "document_id": read_from[rollout_row["problem_id"]],
+            "span": task.span if isinstance(task, Challenge) else None,
             "verdict": "valid" if task is not None else "invalid",
             "reason": result.rejection.reason if result.rejection else None,
             "detail": result.rejection.detail if result.rejection else None, "task_key": result.key or None,
-            "shape_key": shape_key(task.program) if task else None,
-            "program": task.program if task else None, "inputs": json.dumps(list(task.inputs)) if task else None,
-            "outputs": json.dumps(list(task.outputs)) if task else None,
+            "shape_key": shape_key(task.program) if code and task else None,
+            "program": task.program if code and task else None,
+            "inputs": json.dumps(list(task.inputs)) if code and task else None,
+            "outputs": json.dumps(list(task.outputs)) if code and task else None,
             "problem_id": problem["problem_id"] if problem else None, "created_at": now})
     new_tasks = problem_rows(task_problems) if task_problems else problem_rows([])
     fill = max(0, selfplay.solver_tasks - new_tasks.height)
@@ -174,7 +205,8 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         .agg(pl.col("correct").fill_null(False).cast(pl.Float64).mean()).iter_rows())
     for row in proposal_rows:
         row["solve_rate"] = rate_of.get(row["problem_id"]) if row["problem_id"] else None
-        row["reward"] = (learnability(row["solve_rate"]) if row["verdict"] == "valid" else
+        valid_reward = peaked if row["role"] == "challenger" else learnability
+        row["reward"] = (valid_reward(row["solve_rate"]) if row["verdict"] == "valid" else
                          selfplay.format_error_reward if row["reason"] == "unparseable" else selfplay.invalid_reward)
     proposals = pl.DataFrame(proposal_rows, schema_overrides={name: pl.String for name in (
         "document_id", "span", "reason", "detail", "task_key", "shape_key", "program", "inputs", "outputs", "problem_id")} |
@@ -190,6 +222,19 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
                           pl.concat([proposer_rewards, *(solver_rewards for _ in solved)], how="diagonal_relaxed"),
                           proposals, pl.concat([proposers, new_tasks], how="vertical_relaxed").unique(
                               "problem_id", keep="first", maintain_order=True))
+
+
+def grounded(text: str, document: Document, seen: set[str]) -> Validated:
+    """A challenger's response checked against its document (tasks/selfplay/documents.py); a question asked
+    of the same document before is a duplicate."""
+    challenge = parse_challenge(text, document)
+    if isinstance(challenge, Rejection):
+        return Validated("", None, challenge)
+    if challenge.key in seen:
+        return Validated(challenge.key, None, Rejection("duplicate", "the same question of this document was asked "
+                                                                     "before"))
+    seen.add(challenge.key)
+    return Validated(challenge.key, challenge, None)
 
 
 def solve_frame(rollouts: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
