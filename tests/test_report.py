@@ -13,6 +13,9 @@ from conftest import run_cli
 from tasks.report import data
 from tasks.report.plots import PLOTS
 
+SELF_PLAY = {"self_play_health"}                    # drawn on self-play lakes: tests/test_selfplay_loop.py
+LOOP_PLOTS = [plot for plot in PLOTS if plot.name not in SELF_PLAY]
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -45,15 +48,15 @@ def test_the_flow_writes_an_html_report_that_embeds_every_plot(looped_lake, tmp_
 
     result = report(str(tmp_path / "out"), looped_lake.uri)
     html = (tmp_path / "out" / "report.html").read_text()
-    assert result["html"] == str(tmp_path / "out" / "report.html") and result["skipped"] == {}
-    for plot in PLOTS:
+    assert result["html"] == str(tmp_path / "out" / "report.html") and set(result["skipped"]) == SELF_PLAY
+    for plot in LOOP_PLOTS:
         content = (tmp_path / "out" / f"{plot.name}.png").read_bytes()
         width, height = png_size(content)
         assert 400 <= width <= 2000 and 300 <= height <= 1500, plot.name
         assert f'id="{plot.name}"' in html and plot.title in html
         assert base64.b64encode(content).decode() in html, f"{plot.name}.png is not embedded"
     assert png_size((tmp_path / "out" / "overview.png").read_bytes())[0] > 1000
-    assert "latest held-out solve rate" in html and "Skipped" not in html
+    assert "latest held-out solve rate" in html and "Skipped: no self-play proposals" in html
     runs = looped_lake.read("runs").filter(pl.col("flow") == "report")
     assert runs.select("stage", "status").rows() == [("report", "completed")]
     with get_client(sync_client=True) as client:
@@ -100,9 +103,9 @@ def test_a_lake_without_evaluations_still_reports_and_says_why_a_plot_is_missing
     (out / "eval_solve_rate_by_level.png").write_bytes(b"from an earlier report")
     lake = Lake.open(str(copy))
     result = write_report(build_report(lake, lake.runs_version()), out)
-    assert sorted(result["skipped"]) == ["eval_pass_at_k", "eval_solve_rate_by_level"]
+    assert sorted(result["skipped"]) == ["eval_pass_at_k", "eval_solve_rate_by_level", *SELF_PLAY]
     assert not (out / "eval_solve_rate_by_level.png").exists()
-    assert set(result["plots"]) == {plot.name for plot in PLOTS} - {"eval_solve_rate_by_level", "eval_pass_at_k"}
+    assert set(result["plots"]) == {plot.name for plot in LOOP_PLOTS} - {"eval_solve_rate_by_level", "eval_pass_at_k"}
     html = (out / "report.html").read_text()
     assert "Skipped: no evaluations yet" in html and "Held-out solve rate per level" in html
 
@@ -120,7 +123,7 @@ def test_rlvr_report_in_a_fresh_process(looped_lake, tmp_path):
     result = run_cli("report", "--out", str(out), "--lake", looped_lake.uri)
     assert result.returncode == 0, result.stderr
     assert str(out / "report.html") in result.stdout and str(out / "filter_rates.png") in result.stdout
-    assert all(png_size((out / f"{plot.name}.png").read_bytes()) for plot in PLOTS)
+    assert all(png_size((out / f"{plot.name}.png").read_bytes()) for plot in LOOP_PLOTS)
 
 
 def test_an_empty_lake_is_a_one_line_error(tmp_path):

@@ -119,3 +119,14 @@ def test_lineage_walks_from_a_proposed_problem_to_its_proposer(played):
     assert f"iteration {proposal['iteration']}, rollout {proposal['rollout_id']}" in text
     version = lake.read("model_versions").filter(pl.col("model_version") == proposal["model_version"])
     assert version.height == 1                                    # the proposer version is registered
+
+
+def test_the_report_plots_self_play_health(played, tmp_path):
+    from storage.lake import Lake
+    from tasks.report.stage import build_report, write_report
+
+    _, lake_uri, _ = played
+    lake = Lake.open(lake_uri)
+    result = write_report(build_report(lake, lake.runs_version()), tmp_path / "report")
+    assert "self_play_health" in result["plots"] and "self_play_health" not in result["skipped"]
+    assert (tmp_path / "report" / "self_play_health.png").stat().st_size > 5000

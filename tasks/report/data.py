@@ -91,6 +91,7 @@ def gather(con: duckdb.DuckDBPyConnection, distribution_iterations: int = 3) -> 
         "response_lengths": response_lengths(con, picked),
         "learning_zone_share": view(con, "learning_zone_share"),
         "filter_stats": view(con, "filter_stats"),
+        "proposal_health": view(con, "proposal_health"),
     }
 
 

@@ -154,6 +154,21 @@ def draw_pass_at_k(ax: Axes, frame: pl.DataFrame) -> None:
     ax.legend(fontsize=8)
 
 
+def draw_self_play_health(ax: Axes, frame: pl.DataFrame) -> None:
+    """Self-play's collapse signals per iteration: how valid, new and varied the proposals are, how hard."""
+    ordered = frame.sort("iteration")
+    iterations = ordered["iteration"].to_numpy()
+    for column, label, colour in (("valid_rate", "valid proposals", "#2ca02c"),
+                                  ("distinct_rate", "new tasks", "#1f77b4"),
+                                  ("near_duplicate_rate", "near-duplicates", "#d62728"),
+                                  ("mean_solve_rate", "solver solve rate", "#9467bd")):
+        ax.plot(iterations, ordered[column].cast(pl.Float64).to_numpy(), marker="o", label=label, color=colour)
+    ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _percent_axis(ax, "share of proposals")
+    ax.legend(fontsize=8)
+
+
 PLOTS = [
     Plot("eval_solve_rate_by_level", "Held-out solve rate per level",
          "Sampled solve rate of each evaluated model version on the pinned held-out problems, per level "
@@ -183,6 +198,11 @@ PLOTS = [
          "What dynamic sampling did with each iteration's groups: kept, or filtered as all wrong, all correct, "
          "outside the band, or surplus (view filter_stats).", "filter_stats", draw_filter_rates,
          "no groups yet (run the advantage stage: `rlvr advantages`)"),
+    Plot("self_play_health", "Self-play health",
+         "Per iteration: the share of proposals that are valid, that propose a task never proposed before, valid "
+         "tasks that repeat an earlier one's shape, and the solver's mean solve rate on them (view "
+         "proposal_health).", "proposal_health", draw_self_play_health,
+         "no self-play proposals (selfplay.enabled)"),
 ]
 
 
