@@ -43,12 +43,14 @@ from flows.run_config import RunConfig
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
+from trainers.registry import import_model_code
 from trainers.threads import cores_given, use_given_cores
 
 
 def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int,
                           progress: UUID, artifacts: Publisher) -> list[dict[str, Any]]:
     """The next `total` iterations, sampling ahead of training by at most `loop.max_staleness` versions."""
+    import_model_code()                                # before any second thread loads a policy
     first, already_trained = resume_point(lake)
     plan = Plan(handoff=uuid.uuid4().hex, first=first, total=total, start=latest_version(lake),
                 already_trained=already_trained, lease_epoch=leases.epoch_held(lake.location, leases.LOOP))
@@ -124,6 +126,7 @@ def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any]
         handoff.published(trained)
         recorded(finish_iteration(lake, settings, iteration, trained, artifacts))
 
+    import_model_code()                                # the thread beside this one loads policies too
     later = Beside(lake, after_training, handoff)
     try:
         for offset in range(plan.total):

@@ -129,6 +129,14 @@ def adapter_base(uri: str) -> str | None:
         return json.load(handle)["base_checkpoint"]
 
 
+def import_model_code() -> None:
+    """Import transformers' model and tokenizer classes now, in this thread, before other threads load
+    policies: its lazy module is not safe to import from two threads at once (the overlapped loop's
+    trainer once failed with `cannot import name 'AutoModelForCausalLM' from 'transformers'`)."""
+    from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,  # noqa: F401
+                              Qwen2Config, Qwen2ForCausalLM)
+
+
 def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
     """(model, tokenizer) from a checkpoint URI, in eval mode.
 
