@@ -64,12 +64,15 @@ def start(deployment: str, parameters: dict[str, Any]) -> UUID:
                            "(prefect.yaml) registers it") from None
 
 
+OTHER_ROLE_GRACE = 30.0      # seconds a role that stopped for the other's sake waits for that one's own state
+
+
 def watch(lake: Lake, plan: Plan, roles: dict[str, str], runs: dict[str, UUID], worker_timeout: float,
           progress: UUID) -> None:
     """Until both flow runs completed; the first that ends otherwise (or is never started) fails the loop."""
     from prefect.client.orchestration import get_client
 
-    started_at, done = time.monotonic(), 0
+    started_at, done, grace_until = time.monotonic(), 0, None
     with get_client(sync_client=True) as client:
         while True:
             states = {role: client.read_flow_run(run).state for role, run in runs.items()}
@@ -79,9 +82,17 @@ def watch(lake: Lake, plan: Plan, roles: dict[str, str], runs: dict[str, UUID], 
                      and not state.is_completed()]
             unstarted = [role for role, state in states.items() if state is None or state.is_scheduled()
                          or state.is_pending()]
+            waited_on = [role for role in ended if "RoleFailed" in (states[role].message or "")]
+            if ended and len(waited_on) == len(ended) and len(ended) < len(states):
+                # it stopped because the other role did: let the other's own end (a crash, say) arrive first
+                grace_until = grace_until or time.monotonic() + OTHER_ROLE_GRACE
+                if time.monotonic() < grace_until:
+                    time.sleep(1.0)
+                    continue
             if ended or (unstarted and time.monotonic() - started_at > worker_timeout):
                 cancel_unfinished(client, runs)
                 if ended:
+                    ended.sort(key=lambda role: "RoleFailed" in (states[role].message or ""))   # the cause first
                     state = states[ended[0]]
                     raise RuntimeError(f"the overlapped loop's {ended[0]} ({roles[ended[0]]}, flow run "
                                        f"{runs[ended[0]]}) ended {state.name}: {state.message}")
