@@ -73,6 +73,11 @@ def stated_equalities(response: str) -> list[tuple[str, float, float]]:
     return found
 
 
+def stated_is_true(stated: float, true: float) -> bool:
+    """A stated result counts as the equality's value: equal to float tolerance, or its value to 2 decimals."""
+    return abs(stated - true) <= 1e-6 * max(1.0, abs(true)) + 1e-9 or round(true, 2) == stated
+
+
 def _numbers(text: str) -> set[float]:
     return {n for n in (_number(m) for m in NUMBER.findall(text[-MAX_CHARS:])) if n is not None}
 
@@ -93,7 +98,7 @@ def process_score(response: str, gold_steps: list[str] | None, prompt: str | Non
         operands = _numbers(expression)
         if relevant and not operands & (relevant | produced):
             continue
-        correct = abs(stated - true) <= 1e-6 * max(1.0, abs(true)) + 1e-9 or round(true, 2) == stated
+        correct = stated_is_true(stated, true)
         counted.append(correct)
         if correct:
             produced.add(stated)
