@@ -313,7 +313,7 @@ def verify_file(
     workers: Annotated[int, typer.Option(min=0, help="worker processes (0: score in this process)")] = 2,
     verifier: Annotated[Optional[str], typer.Option(help="score every line with this verifier (e.g. process, random)")] = None,
     item_timeout: Annotated[float, typer.Option(min=1, help="seconds one item may take before its worker is killed")] = 30.0,
-    partial_credit: Annotated[str, typer.Option(help="code rewards: fraction, seed (all 1, some 0.5) or none")] = "fraction",
+    partial_credit: Annotated[str, typer.Option(help="code rewards: fraction, half (all 1, some 0.5) or all_pass (1 or 0)")] = "fraction",
     process_weight: Annotated[float, typer.Option(help="λ of the process verifier: (1-λ)·outcome + λ·process")] = 0.5,
     max_line_bytes: Annotated[int, typer.Option(min=1, help="longer lines are skipped unread")] = 16 * 1024 * 1024,
     max_response_chars: Annotated[int, typer.Option(min=1, help="longer responses score 0 (too long)")] = 200_000,
@@ -335,7 +335,7 @@ def verify_file(
     from tasks.verifiers.process import warn_low_process_weight
 
     warn_low_process_weight(process_weight)             # here, once: not in every worker
-    options = {"code": {"partial_credit": partial_credit}, "process": {"process_weight": process_weight}}
+    options = {"code": {"partial_credit": partial_credit}, "workspace": {"partial_credit": partial_credit}, "process": {"process_weight": process_weight}}
     pool = VerifierPool(workers=workers, item_timeout=item_timeout, options=options,
                         max_response_chars=max_response_chars)
     waiting: dict[int, dict] = {}
@@ -467,9 +467,17 @@ def bench_sandbox(
                                           "the verification pool instead")] = False,
     rows: Annotated[int, typer.Option(min=1, help="--hostile: rows to score")] = 10_000,
     hostile_share: Annotated[float, typer.Option(min=0, max=1, help="--hostile: share of hostile rows")] = 0.1,
+    files: Annotated[bool, typer.Option("--files", help="file-level unittest suites against bare python -m "
+                                        "unittest instead")] = False,
 ) -> None:
     """Sandboxed executions per second against bare subprocesses, on HumanEval's canonical solutions; with
-    --hostile, honest pass rate, hostile rewards, memory, descriptors and throughput under hostile load."""
+    --hostile, honest pass rate, hostile rewards, memory, descriptors and throughput under hostile load; with
+    --files, the shipped file-level suites' time against bare `python -m unittest`."""
+    if files:
+        from bench.sandbox_files import run_benchmark as files_benchmark
+
+        files_benchmark(workers, repeats)
+        return
     if hostile:
         from bench.sandbox_hostile import run_benchmark as hostile_benchmark
 

@@ -94,6 +94,25 @@ VIEWS = [
         group by 1 order by 1""",
          "RISE: per iteration, the accuracy of the policy's verdicts on verification tasks (full credit: the "
          "first wrong step too) beside its solve rate on the other problems"),
+    View("code_solve_rate_by_code_level", ("rewards", "problems"), """
+        select r.iteration, p.code_level, count(*) as rollouts, avg(r.correct::int) as solve_rate,
+               avg(r.reward) as mean_reward
+        from rewards r join (select distinct problem_id, verifier,
+                                    coalesce(json_extract_string(metadata, '$.code_level'), 'function') as code_level
+                             from problems where domain = 'code') p
+             on r.problem_id = p.problem_id and r.verifier = p.verifier
+        group by all order by 1, 2""",
+         "code rollouts' solve rate and mean reward per iteration and granularity (function, file, project)"),
+    View("failing_tests", ("rewards",), """
+        select problem_id, test.name as test, count(*) as runs, sum((not test.passed)::int) as failures,
+               avg((not test.passed)::int) as failure_rate, any_value(test.message) filter (where not test.passed)
+               as example_message
+        from (select problem_id, unnest(from_json(json_extract(details, '$.tests'),
+                                                  '[{"name": "VARCHAR", "passed": "BOOLEAN", "message": "VARCHAR"}]'))
+                     as test
+              from rewards where verifier = 'workspace')
+        group by all order by failures desc, 1, 2""",
+         "file- and project-level code: each test's failure count and rate over the scored rollouts"),
     View("reward_hacking_signals", ("rollouts", "rewards", "iteration_metrics"), """
         with per_iteration as (
             select r.iteration, avg(w.reward) as train_reward, avg(r.n_tokens) as mean_tokens,

@@ -12,13 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 FILE_KINDS = ("gsm8k", "math", "olympiad", "humaneval", "mapped")
 MAPPABLE_FIELDS = {"prompt", "answer", "solution", "tests", "entry_point"}
 PROCEDURAL_KINDS = ("generator", "gym")
-SourceKind = Literal["gsm8k", "math", "olympiad", "humaneval", "mapped", "generator", "gym"]
+SourceKind = Literal["gsm8k", "math", "olympiad", "humaneval", "mapped", "generator", "gym", "workspaces"]
 
 # Default difficulty per layout when a source says nothing: GSM8K is grade school, MATH spans 2-3
 # (split by prompt length within the source), olympiad problems are the hardest.
 DEFAULT_LEVELS: dict[str, int | tuple[int, int]] = {
     "gsm8k": 1, "math": (2, 3), "olympiad": 4, "humaneval": 2, "mapped": 2, "gym": 2,
 }
+CODE_LEVELS = ("function", "file", "project")     # the design's code granularities (metadata.code_level)
 # Quick-use aliases for `--source KIND:PATH`: the layout plus the level the issue's table gives them.
 KIND_ALIASES: dict[str, tuple[str, int | None]] = {"aime": ("math", 3), "amc": ("math", 3), "hmmt": ("math", 4),
                                                    "minerva": ("math", 3), "gen": ("generator", None)}
@@ -31,8 +32,11 @@ class Strict(BaseModel):
 class SourceConfig(Strict):
     """One problem source: a file in a known layout, a reasoning-gym dataset, or our generators."""
 
-    kind: SourceKind = Field(description="layout of a file (gsm8k, math, olympiad, humaneval, mapped) or generator / gym")
-    path: str | None = Field(None, description="JSONL or Parquet file (local or s3://) for file kinds")
+    kind: SourceKind = Field(description="layout of a file (gsm8k, math, olympiad, humaneval, mapped), generator / gym, "
+                             "or workspaces (file- and project-level code problems, YAML)")
+    path: str | None = Field(None, description="JSONL or Parquet file (local or s3://) for file kinds; workspaces: a "
+                             "folder of problem YAML files (default: the shipped ones)")
+    code_level: Literal["file", "project"] | None = Field(None, description="workspaces kind: only this level")
     name: str | None = Field(None, description="source name stored with each problem; derived from the path if unset")
     count: int | None = Field(None, ge=1, description="files: read at most this many rows; procedural: how many to make")
     split: Literal["train", "eval"] = Field("train", description="eval sets are kept out of training mixes and decontaminated against")
@@ -87,6 +91,8 @@ class SourceConfig(Strict):
             return f"gen:{self.generator}"
         if self.kind == "gym":
             return f"gym:{self.dataset}"
+        if self.kind == "workspaces" and not self.path:
+            return f"workspaces:{self.code_level or 'all'}"
         path = Path(self.path)
         return f"{path.parent.name}-{path.stem}" if path.parent.name else path.stem
 

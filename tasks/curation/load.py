@@ -13,6 +13,7 @@ from tasks.curation.config import DEFAULT_LEVELS, FILE_KINDS, SourceConfig, Vali
 from tasks.curation.gym import gym_domain, gym_entries
 from tasks.curation.readers import read_rows
 from tasks.curation.records import problem_id
+from tasks.curation.workspaces import workspace_drafts
 from tasks.curation.validate import problem_issue
 from tasks.generators import generate
 from tasks.progress import track
@@ -42,6 +43,9 @@ def load_source(source: SourceConfig, validation: ValidationConfig) -> LoadedSou
         drafts, quarantined = _file_drafts(source)
     elif source.kind == "generator":
         drafts, quarantined = _generator_drafts(source), []
+    elif source.kind == "workspaces":
+        drafts, bad = workspace_drafts(source, _base)
+        quarantined = [_quarantine_row(source, line, field, reason, raw) for line, field, reason, raw in bad]
     else:
         drafts, quarantined = _gym_drafts(source), []
     _assign_range_levels(drafts)

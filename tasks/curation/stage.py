@@ -18,6 +18,7 @@ from tasks.curation.load import LoadedSource, load_source
 from tasks.curation.gym import check_dataset
 from tasks.curation.mix import sample_mix
 from tasks.generators import families
+from tasks.progress import track
 from tasks.curation.readers import probe
 from tasks.curation.validate import EXECUTOR_VERIFIERS
 
@@ -123,6 +124,7 @@ def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> 
     """Move code problems whose reference solution fails its own tests (run in the sandbox) to quarantine."""
     from tasks.sandbox.client import Sandbox
     from tasks.verifiers.code import extract_program
+    from tasks.verifiers.workspace import WORKSPACE_LIMITS
 
     problems = loaded.problems
     runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null()
@@ -131,11 +133,16 @@ def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> 
         return loaded
     failing: dict[str, str] = {}
     with Sandbox() as sandbox:
-        for row in runnable.iter_rows(named=True):
-            program = extract_program(row["solution"], row["prompt"], row["entry_point"])
-            result = sandbox.run_tests(program, row["tests"], row["entry_point"], row["prompt"])
+        for row in track(list(runnable.iter_rows(named=True)), f"running {loaded.name}'s reference solutions"):
+            if row["verifier"] == "workspace":
+                spec = json.loads(row["tests"])
+                result = sandbox.run_suite({**spec.get("given", {}), **json.loads(row["solution"])}, spec["tests"],
+                                           limits=WORKSPACE_LIMITS)
+            else:
+                program = extract_program(row["solution"], row["prompt"], row["entry_point"])
+                result = sandbox.run_tests(program, row["tests"], row["entry_point"], row["prompt"])
             if not result.all_passed:
-                detail = "; ".join(result.failures[:1]) or result.status
+                detail = "; ".join([*([] if result.status == "ok" else [result.status]), *result.failures[:1]])
                 failing[row["problem_id"]] = (f"reference solution fails its own tests ({result.passed}/{result.total} "
                                               f"passed: {detail})")[:500]
     if not failing:

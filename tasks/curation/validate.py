@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import re
 from functools import lru_cache
@@ -50,6 +51,8 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
     domain = problem["domain"]
     if problem.get("verifier") in EXECUTOR_VERIFIERS:              # self-play: a task, not tests
         return executor_task_issue(problem)
+    if problem.get("verifier") == "workspace":
+        return workspace_issue(problem.get("tests"))
     if domain == "code":
         return code_issue(prompt, problem.get("solution"), problem.get("tests"), problem.get("entry_point"))
     answer = problem.get("answer")
@@ -59,6 +62,17 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
         return "answer", "missing answer"
     if domain == "math" and check_math_answers and not math_answer_parses(str(answer)):
         return "answer", "math answer cannot be parsed"
+    return None
+
+
+def workspace_issue(tests: str | None) -> tuple[str, str] | None:
+    """A file- or project-level problem's spec: JSON naming the files to write and the test modules."""
+    try:
+        spec = json.loads(tests or "")
+    except ValueError:
+        return "tests", "not a workspace spec (JSON)"
+    if not isinstance(spec, dict) or not spec.get("files") or not spec.get("tests"):
+        return "tests", "a workspace spec names the files to write and the test modules"
     return None
 
 

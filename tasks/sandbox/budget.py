@@ -171,3 +171,24 @@ def usage(pids: list[int]) -> tuple[int, float]:
         except (OSError, IndexError, ValueError):
             continue
     return resident, cpu
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every live process below it (children, theirs, ...), from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, frontier = [], [root]
+    while frontier:
+        pid = frontier.pop()
+        found.append(pid)
+        frontier.extend(children.get(pid, []))
+    return [pid for pid in found if os.path.exists(f"/proc/{pid}")]

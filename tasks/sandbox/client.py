@@ -55,6 +55,8 @@ class SandboxResult:
     seconds: float = 0.0
     health: dict = field(default_factory=dict)      # the server's own state after the run
     peak_mb: float | None = None      # the run's peak memory by the kernel's own count, where a cgroup bounds it
+    tests: list[dict] = field(default_factory=list)   # workspace runs: each test's name, passed, message
+    leftover_processes: int = 0       # workspace runs: processes the candidate left running when the tests ended
 
     @property
     def all_passed(self) -> bool:
@@ -173,6 +175,13 @@ class Sandbox:
         return self._run({"kind": "tests", "program": program, "tests": tests, "entry_point": entry_point,
                           "prompt": prompt, "stop_after_failure": stop_after_failure}, limits)
 
+    def run_suite(self, files: dict[str, str], tests: dict[str, str], only: list[str] | None = None,
+                  limits: SandboxLimits | None = None, stop_after_failure: bool = False) -> SandboxResult:
+        """Lay `files` out as the candidate's workspace and run the unittest modules `tests` (or those in
+        `only`) against it: the tests in one jailed process, the workspace in another (`remote.py`)."""
+        return self._run({"kind": "suite", "files": files, "tests": tests, "only": only,
+                          "stop_after_failure": stop_after_failure}, limits)
+
     def run_script(self, program: str, limits: SandboxLimits | None = None) -> SandboxResult:
         """Run a program as `__main__`; its exit code and output come back."""
         return self._run({"kind": "script", "program": program}, limits)
@@ -205,7 +214,7 @@ class Sandbox:
         the jailed modes orphans are adopted by the server, PID 1 of its namespace)."""
         if self._process is None:
             return []
-        return _descendants(self._process.pid)
+        return budget.descendants(self._process.pid)
 
     def _receive(self, deadline: float) -> dict | None:
         fd = self._process.stdout.fileno()
@@ -226,26 +235,6 @@ class Sandbox:
             process.wait(10)
             process.stdin.close()
             process.stdout.close()
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        found.append(pid)
-        frontier.extend(children.get(pid, []))
-    return [pid for pid in found if os.path.exists(f"/proc/{pid}")]
 
 
 def _die_with_parent() -> None:

@@ -31,7 +31,7 @@ import tempfile
 import time
 import traceback
 
-from tasks.sandbox import budget, harness, linux
+from tasks.sandbox import budget, harness, linux, remote, suite
 from tasks.sandbox.protocol import recv_json, recv_value, send_json
 
 JAIL = "/tmp/rlvr-jail"          # on a tmpfs mounted over /tmp in the server's own mount namespace
@@ -93,11 +93,12 @@ class Zygote:
                 return
             payload = _recv_exactly(connection, int.from_bytes(message, "big"))
             job = json.loads(payload)
-            if job["kind"] == "tests":
+            if job["kind"] in ("tests", "suite"):
                 request_fd, response_fd, out_fd = fds
                 keep = (request_fd, response_fd)
                 status_fd = None
-                body = lambda: harness.serve_candidate(job["program"], request_fd, response_fd)  # noqa: E731
+                serve = harness.serve_candidate if job["kind"] == "tests" else remote.serve_workspace
+                body = lambda: serve(job["program"], request_fd, response_fd)  # noqa: E731
             else:
                 out_fd, status_fd = fds
                 keep = (status_fd,)
@@ -107,7 +108,7 @@ class Zygote:
                 os.close(fd)
             connection.sendall(pid.to_bytes(8, "big"))
 
-    def _spawn_candidate(self, kind: str, program: str, limits: dict, fds: list[int]) -> int:
+    def _spawn_candidate(self, kind: str, program: str | dict, limits: dict, fds: list[int]) -> int:
         """Have the template fork the program's process; returns its pid (also its process group)."""
         payload = json.dumps({"kind": kind, "program": program, "limits": limits}).encode()
         socket.send_fds(self.template_socket, [len(payload).to_bytes(8, "big")], fds)
@@ -122,7 +123,7 @@ class Zygote:
             budget.set_limits(self.cgroups, limits["memory_mb"] * _MB, limits["processes"] + 2)
         kills_before = budget.oom_kills(self.cgroups) if self.cgroups else 0
         try:
-            if job["kind"] == "tests":
+            if job["kind"] in ("tests", "suite"):
                 result = self._run_tests(job, limits)
             else:
                 result = self._run_script(job, limits)
@@ -156,10 +157,17 @@ class Zygote:
         response_read, response_write = os.pipe()
         result_read, result_write = os.pipe()
         out_read, out_write = os.pipe()
-        candidate = self._spawn_candidate("tests", job["program"], limits, [request_read, response_write, out_write])
-        tester = self._fork_tester(limits, (request_write, response_read, result_write), lambda: harness.run_tests(
-            job.get("prompt", ""), job["tests"], job["entry_point"], request_write, response_read, result_write,
-            limits.get("test_seconds"), job.get("stop_after_failure", False)))
+        program = job["program"] if job["kind"] == "tests" else job["files"]
+        candidate = self._spawn_candidate(job["kind"], program, limits, [request_read, response_write, out_write])
+        if job["kind"] == "tests":
+            body = lambda: harness.run_tests(  # noqa: E731
+                job.get("prompt", ""), job["tests"], job["entry_point"], request_write, response_read, result_write,
+                limits.get("test_seconds"), job.get("stop_after_failure", False))
+        else:
+            body = lambda: suite.run_suite(  # noqa: E731
+                job["tests"], list(job["files"]), request_write, response_read, result_write,
+                limits.get("test_seconds"), job.get("stop_after_failure", False), job.get("only"))
+        tester = self._fork_tester(limits, (request_write, response_read, result_write), body)
         for fd in (request_read, request_write, response_read, response_write, result_write, out_write):
             os.close(fd)
         watch = _Watch(limits, self._run_usage((candidate,), spare=(tester,)))
@@ -171,14 +179,21 @@ class Zygote:
             os.close(result_read)
         results = report["results"]
         total = report["total"] or max(1, len(results))
-        passed = sum(1 for ok, _ in results.values() if ok)
-        failures = [message for ok, message in results.values() if not ok][:3]
+        passed = sum(1 for ok, *_ in results.values() if ok)
+        failures = [message for ok, message, *_ in results.values() if not ok][:3]
         if status == "ok" and len(results) < total:
             status = "incomplete"
+        own = 2 if self.jailed else 1          # the candidate's process (and, jailed, the waiter outside its namespace)
+        leftover = len(budget.descendants(candidate)) - own
         for pid in (candidate, tester):
             _kill_group(pid)
-        return {"status": status, "passed": passed, "total": total, "failures": failures,
-                "output": watch.text(out_read)}
+        outcome = {"status": status, "passed": passed, "total": total, "failures": failures,
+                   "output": watch.text(out_read)}
+        if job["kind"] == "suite":
+            outcome["tests"] = [{"name": name, "passed": ok, "message": message, "seconds": seconds}
+                                for _, (ok, message, name, seconds) in sorted(results.items())]
+            outcome["leftover_processes"] = max(0, leftover)
+        return outcome
 
     def _collect(self, result_fd: int, report: dict) -> bool:
         """Read what the test process reported; True once it is done (or gone)."""
@@ -190,7 +205,7 @@ class Zygote:
             if message[0] == "total":
                 report["total"] = message[1]
             elif message[0] == "result":
-                report["results"][message[1]] = (message[2], message[3])
+                report["results"][message[1]] = (message[2], message[3], *message[4:6])
             elif message[0] == "done":
                 return True
         return False

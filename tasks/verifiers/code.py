@@ -1,6 +1,7 @@
 """Code answers: the program runs in the sandbox against the problem's tests.
 
-Rewards: `fraction` (tests passed / tests), or `seed` (all pass 1, some pass 0.5, none 0).
+Rewards by `partial_credit` (tasks/verifiers/credit.py): `fraction` (tests passed / tests), `half` (all
+pass 1, some pass 0.5, none 0) or `all_pass` (1 or 0).
 The response may be a bare function or a markdown code block; a completion that only holds the
 function body is appended to the prompt, HumanEval style.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from tasks.sandbox.client import Sandbox
 from tasks.sandbox.limits import SandboxLimits
 from tasks.verifiers.base import Verdict, failed, register
+from tasks.verifiers.credit import credit, credit_rule
 
 CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
@@ -32,7 +34,7 @@ def extract_program(response: str, prompt: str, entry_point: str) -> str:
 @register("code")
 @dataclass
 class CodeVerifier:
-    partial_credit: str = "fraction"          # fraction | seed | none
+    partial_credit: str = "fraction"          # fraction | half | all_pass (credit.py)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     name: str = "code"
     version: str = "1.1"                      # 1.1: per-test deadlines, whole-run budgets, the candidate's own namespaces
@@ -40,8 +42,7 @@ class CodeVerifier:
     _sandbox: Sandbox | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.partial_credit not in ("fraction", "seed", "none"):
-            raise ValueError(f"partial_credit must be fraction, seed or none, not {self.partial_credit!r}")
+        self.partial_credit = credit_rule(self.partial_credit)
         if isinstance(self.limits, dict):
             self.limits = SandboxLimits(**self.limits)
 
@@ -58,7 +59,7 @@ class CodeVerifier:
         prompt = problem.get("prompt") or ""
         program = extract_program(response, prompt, entry_point)
         result = self.sandbox.run_tests(program, tests, entry_point, prompt,
-                                        stop_after_failure=self.partial_credit == "none")
+                                        stop_after_failure=self.partial_credit == "all_pass")
         details = {"tests_passed": result.passed, "tests_total": result.total, "status": result.status,
                    "failures": result.failures, "seconds": result.seconds, "isolation": self.sandbox.description}
         if result.status not in ("ok", "incomplete"):
@@ -68,15 +69,7 @@ class CodeVerifier:
                        {**details, "reason": None if all_passed else "tests failed"})
 
     def reward(self, passed: int, total: int) -> float:
-        if total == 0:
-            return 0.0
-        if passed == total:
-            return 1.0
-        if self.partial_credit == "fraction":
-            return passed / total
-        if self.partial_credit == "seed":
-            return 0.5 if passed > 0 else 0.0
-        return 0.0
+        return credit(passed, total, self.partial_credit)
 
     def close(self) -> None:
         if self._sandbox is not None:
