@@ -136,6 +136,11 @@ ROLLOUTS = TableSpec(
         _field("seed", pa.int64(), True, "seed of the generation call that produced the group"),
         _field("run_id", pa.string(), False),
         _field("created_at", pa.timestamp("us", tz="UTC"), True),
+        _field("loss_mask", pa.list_(pa.int8()), True, "episodes: 1 on the model's response tokens, 0 on the "
+               "tool's (never in the policy loss); null: every token is the model's"),
+        _field("turns", pa.string(), True, "episodes, JSON: each segment's role (model or tool), text and tokens"),
+        _field("tool_calls", pa.int32(), True, "episodes: tool calls made"),
+        _field("tool_errors", pa.int32(), True, "episodes: tool calls that failed (an exception, a time-out)"),
     ]),
 )
 

@@ -113,6 +113,17 @@ VIEWS = [
               from rewards where verifier = 'workspace')
         group by all order by failures desc, 1, 2""",
          "file- and project-level code: each test's failure count and rate over the scored rollouts"),
+    View("tool_use", ("rollouts", "rewards", "problems"), """
+        select r.iteration, count(*) as episodes, avg((r.tool_calls > 0)::int) as calling_share,
+               avg(r.tool_calls) as mean_tool_calls, sum(r.tool_errors) / nullif(sum(r.tool_calls), 0) as tool_error_rate,
+               avg(w.correct::int) filter (where r.tool_calls > 0) as solve_rate_with_calls,
+               avg(w.correct::int) filter (where r.tool_calls = 0) as solve_rate_without_calls
+        from rollouts r join rewards w on r.rollout_id = w.rollout_id and r.iteration = w.iteration
+             join (select distinct problem_id, verifier from problems) p
+             on w.problem_id = p.problem_id and w.verifier = p.verifier
+        where r.tool_calls is not null group by 1 order by 1""",
+         "multi-turn episodes per iteration: share with a tool call, calls, tool error rate, and solve rate with "
+         "and without a call"),
     View("reward_hacking_signals", ("rollouts", "rewards", "iteration_metrics"), """
         with per_iteration as (
             select r.iteration, avg(w.reward) as train_reward, avg(r.n_tokens) as mean_tokens,

@@ -108,7 +108,7 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, (step + 1) / max(config.warmup_steps, 1))
         mini = rows[indices]
-        tokens = int(mini["response_token_ids"].list.len().sum())     # normalisers count the whole mini-batch
+        tokens = policy_tokens(mini)                                    # normalisers count the whole mini-batch
         mine = mini[rank::world]                                        # this process's share, lengths interleaved
         optimizer.zero_grad()
         for start in range(0, mine.height, config.micro_batch_size):
@@ -118,6 +118,9 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
                 logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
                                                             with_entropy=True)           # [B, T] each
             device = logprobs.device
+            if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
+                mask = mask * loss_masks(micro, mask.shape[1], device)      # episodes: the tool's tokens are out
+                entropy = entropy * mask
             behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
             token_weights = None
             if config.off_policy_loss == "decoupled":    # the policy before this step is the proximal one
@@ -163,6 +166,25 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
                "torch_threads": torch.get_num_threads(),     # bit-reproducible only at the same count
                "processes": world}
     return metrics, {"optimizer": optimizer.state_dict(), "step": step}
+
+
+def policy_tokens(rows: pl.DataFrame) -> int:
+    """Response tokens the policy loss counts: all of them, but an episode's own only (its loss mask's ones)."""
+    lengths = rows["response_token_ids"].list.len()
+    if "loss_mask" not in rows.columns:
+        return int(lengths.sum())
+    return int(rows["loss_mask"].list.sum().fill_null(lengths.cast(pl.Int64)).sum())
+
+
+def loss_masks(rows: pl.DataFrame, width: int, device):
+    """[B, T] of each row's loss mask (ones where a row has none), right-padded with zeros."""
+    import torch
+
+    out = torch.zeros((rows.height, width), device=device)
+    for i, (mask, ids) in enumerate(zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())):
+        values = mask if mask is not None else [1] * len(ids)
+        out[i, :len(values)] = torch.tensor(values, dtype=out.dtype, device=device)
+    return out
 
 
 def summed(accelerator, parameters: list) -> None:

@@ -15,7 +15,7 @@ from trainers.grpo import TrainConfig, sampled_temperature, train_on_batch
 from trainers.registry import (adapter_base, load_policy, load_training_state, peft_warnings_quiet,
                                save_checkpoint)
 
-ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"]
+ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler", "loss_mask"]
 
 
 def training_rows(lake: Lake, iteration: int) -> tuple[pl.DataFrame, str | None]:
@@ -102,6 +102,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     `settings` is the run config (rollout prompt and mix, evaluation set, warm-up).
     """
     from tasks.evaluation import evaluation_problems
+    from tasks.rollout.episodes import EpisodePolicy, PythonTool
     from tasks.rollout.hf import HFPolicy
     from tasks.rollout.prompts import format_prompt
     from tasks.rollout.sampling import SamplerConfig
@@ -123,9 +124,13 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     held_out = evaluation_problems(lake, settings.evaluation).head(config.eval_problems)
     eval_prompts = [format_prompt(text, prompt, tokenizer) for text in held_out["prompt"]]
     sampler = SamplerConfig(max_new_tokens=config.max_new_tokens)
+    tools = settings.rollout.tools
+    tool = PythonTool(tools.seconds) if tools.enabled else None    # held-out episodes call tools as rollouts do
 
     def solve_rate(current) -> float:
         policy = HFPolicy(current, tokenizer, parent, settings.rollout.batch_size)
+        if tool is not None:
+            policy = EpisodePolicy(policy, tokenizer, tools, tool)
         samples = policy.generate(eval_prompts, 1, sampler, config.seed, parent)
         frame = held_out.select("problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier",
                                 "steps", "metadata", "params").with_columns(
@@ -139,8 +144,12 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
             print(f"warm-up step {step}: loss {loss:.3f}, held-out sampled solve rate {rate:.1%}")
 
     truth = settings.verify.model_copy(update={"verifier": None})   # the problems' own verifiers, as evaluation
-    with verifier_pool(truth) as pool:
-        metrics = warm_up(model, tokenizer, examples, config, solve_rate, report)
+    try:
+        with verifier_pool(truth) as pool:
+            metrics = warm_up(model, tokenizer, examples, config, solve_rate, report)
+    finally:
+        if tool is not None:
+            tool.close()
     if metrics["overshoot"]:
         print(f"warm-up overshot the band: {metrics['solve_rate']:.1%} > {config.band[1]:.0%} at the first measurement "
               f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band")

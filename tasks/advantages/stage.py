@@ -230,7 +230,8 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
     from trainers.registry import load_policy
 
     rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
-                     columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"])
+                     columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler",
+                              "loss_mask"])
     if rows["prompt_token_ids"].null_count():
         raise ValueError(f"iteration {iteration}: off-policy rollouts without prompt tokens cannot be re-weighted")
     model, _ = load_policy(version_row(lake, current_version)["checkpoint_uri"], device)
@@ -240,6 +241,8 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
             temperature = sampled_temperature(json.loads(chunk["sampler"][0] or "{}"))
             logprobs = sequence_logprobs(model, chunk["prompt_token_ids"].to_list(), chunk["response_token_ids"].to_list(),
                                          temperature)
-            sums += [float(lp.sum()) for lp in logprobs]
+            masks = chunk["loss_mask"].to_list() if "loss_mask" in chunk.columns else [None] * chunk.height
+            sums += [float(lp.sum()) if mask is None else float((lp * torch.tensor(mask[:len(lp)], dtype=lp.dtype)).sum())
+                     for lp, mask in zip(logprobs, masks)]            # an episode's tool tokens are not the policy's
     return rows.select("rollout_id", current_logprob_sum=pl.Series(sums),
                        behaviour_logprob_sum=pl.col("behaviour_logprobs").list.sum().cast(pl.Float64))

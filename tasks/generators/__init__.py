@@ -48,6 +48,8 @@ GENERATORS: dict[str, Generator] = {
         Generator("two_step", 1, arithmetic.two_step, in_mix=False),
         Generator("two_step_eval", 1, arithmetic.two_step_eval, in_mix=False),
         Generator("two_step_verify", 1, arithmetic.two_step_verify, False, "qa", "self_verify"),
+        Generator("two_step_tool", 1, arithmetic.two_step_tool, in_mix=False),
+        Generator("two_step_tool_eval", 1, arithmetic.two_step_tool_eval, in_mix=False),
         Generator("word_problem", 1, arithmetic.word_problem),
         Generator("linear_equation", 2, algebra.linear_equation),
         Generator("linear_system", 2, algebra.linear_system),

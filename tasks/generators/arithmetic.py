@@ -28,6 +28,28 @@ def two_step(rng: random.Random, heldout: bool = False) -> Generated:
     return Generated(f"What is {a}*{b}+{c}?", str(total), solution, steps, {"a": a, "b": b, "c": c})
 
 
+TOOL_HINT = "Run Python by writing <python>print(...)</python>; its output comes back in <output>."
+
+
+def two_step_tool(rng: random.Random, heldout: bool = False) -> Generated:
+    """`a*b+c` with two-digit factors, beyond the tiny model's recall: the worked solution calls Python for the
+    value and answers with its output (the tool-use drill, configs/tool-use.yaml). The output block in the
+    solution is what the warm-up shows; at rollout the sandbox's real output takes its place."""
+    while True:
+        a, b, c = rng.randint(13, 99), rng.randint(13, 99), rng.randint(1, 99)
+        if _two_step_heldout(a, b, c) == heldout:
+            break
+    product, total = a * b, a * b + c
+    solution = f"<python>print({a}*{b}+{c})</python>\n<output>\n{total}\n</output>\n#### {total}"
+    return Generated(f"What is {a}*{b}+{c}? {TOOL_HINT}", str(total), solution,
+                     [step(f"{a}*{b}", product), step(f"{product}+{c}", total)], {"a": a, "b": b, "c": c})
+
+
+def two_step_tool_eval(rng: random.Random) -> Generated:
+    """The held-out quarter of `two_step_tool`'s problems."""
+    return two_step_tool(rng, heldout=True)
+
+
 def two_step_eval(rng: random.Random) -> Generated:
     """The held-out quarter of `two_step`'s problems."""
     return two_step(rng, heldout=True)

@@ -23,13 +23,14 @@ class HFPolicy:
     batch_size: int = 64
     backend: str = field(default="hf")
 
-    def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
+    def generate(self, prompts: list[str] | list[list[int]], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]:
         if model_version != self.model_version:
             raise ValueError(f"the hf backend holds model version {self.model_version}, not {model_version}")
         import torch
 
-        encoded = [self.tokenizer(prompt, add_special_tokens=False).input_ids for prompt in prompts]
+        encoded = [list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt, add_special_tokens=False).input_ids
+                   for prompt in prompts]                # token ids continue an episode exactly (episodes.py)
         rows = [(i, encoded[i]) for i in range(len(prompts)) for _ in range(n)]
         generator = torch.Generator(device=self.model.device).manual_seed(seed % 2**63)
         samples: list[list[Sample]] = [[] for _ in prompts]

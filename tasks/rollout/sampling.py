@@ -38,12 +38,17 @@ class Sample:
     prompt_token_ids: list[int] | None = None
     self_certainty: float | None = None
     backend: str = ""
+    # a multi-turn episode (tasks/rollout/episodes.py): 0 on the tool's tokens, 1 on the model's
+    loss_mask: list[int] | None = None
+    turns: list[dict] | None = None    # each segment: role (model or tool), text, tokens; tool: error
+    tool_calls: int | None = None
+    tool_errors: int | None = None
 
 
 class Policy(Protocol):
-    """A sampler of groups: `n` responses for each prompt."""
+    """A sampler of groups: `n` responses for each prompt (a text, or token ids to continue exactly)."""
 
-    def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
+    def generate(self, prompts: list[str] | list[list[int]], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]: ...
 
 

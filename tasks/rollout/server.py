@@ -122,6 +122,8 @@ class CompletionsHandler(BaseHTTPRequestHandler):
     def _complete(self, body: dict) -> dict:
         policy = self.server.policy(str(body.get("model", "")))
         prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [body.get("prompt", "")]
+        if prompts and all(isinstance(t, int) for t in prompts):      # one prompt as token ids (vLLM accepts it too)
+            prompts = [prompts]
         stop = body.get("stop") or []
         sampler = SamplerConfig(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
                                 top_k=max(int(body.get("top_k", 0) or 0), 0), max_new_tokens=body.get("max_tokens", 16),

@@ -28,6 +28,7 @@ from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
 from tasks.generators.base import derive_seed
+from tasks.rollout.episodes import EpisodePolicy, ToolConfig
 from tasks.rollout.openai_backend import OpenAIBackendConfig
 from tasks.rollout.prompts import PromptConfig, format_prompt
 from tasks.rollout.sampling import Policy, Sample, SamplerConfig
@@ -57,6 +58,8 @@ class RolloutConfig(Strict):
                                         "from a forward pass of the local copy of the version (null: only when "
                                         "the reward composes it); the hf backend always records it")
     base_policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="what model version 0 is")
+    tools: ToolConfig = Field(default_factory=ToolConfig, description="multi-turn episodes with tool calls "
+                              "(tasks/rollout/episodes.py)")
 
 
 class IterationConfig(Strict):
@@ -87,14 +90,19 @@ def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[S
                 "group_id": group_id, "sample_idx": index, "round": round_, "model_version": model_version,
                 "prompt": prompt, "prompt_token_ids": sample.prompt_token_ids, "response": sample.text,
                 "response_token_ids": sample.token_ids, "behaviour_logprobs": sample.logprobs,
-                "n_tokens": len(sample.token_ids), "finish_reason": sample.finish_reason,
+                "finish_reason": sample.finish_reason,
                 "self_certainty": sample.self_certainty, "backend": sample.backend,
+                "n_tokens": sum(sample.loss_mask) if sample.loss_mask is not None else len(sample.token_ids),
+                "loss_mask": sample.loss_mask, "tool_calls": sample.tool_calls, "tool_errors": sample.tool_errors,
+                "turns": None if sample.turns is None else json.dumps(sample.turns, ensure_ascii=False),
                 "sampler": json.dumps(sampler, sort_keys=True), "seed": seed, "created_at": now})
     return pl.DataFrame(rows, schema_overrides={"self_certainty": pl.Float64, "round": pl.Int32,
                                                 "sample_idx": pl.Int32, "n_tokens": pl.Int32,
                                                 "prompt_token_ids": pl.List(pl.Int32),
                                                 "response_token_ids": pl.List(pl.Int32),
-                                                "behaviour_logprobs": pl.List(pl.Float32)})
+                                                "behaviour_logprobs": pl.List(pl.Float32),
+                                                "loss_mask": pl.List(pl.Int8), "tool_calls": pl.Int32,
+                                                "tool_errors": pl.Int32, "turns": pl.String})
 
 
 @dataclass
@@ -127,7 +135,8 @@ class GroupSampler:
         seed = derive_seed(rollout.seed, self.iteration, round_, "sample")
         groups = self.policy.generate(prompts, rollout.group_size, rollout.sampler, seed, self.model_version)
         sampler = {"backend": rollout.backend, "group_size": rollout.group_size, **rollout.sampler.model_dump(),
-                   "prompt": rollout.prompt.model_dump()}
+                   "prompt": rollout.prompt.model_dump(),
+                   **({"tools": rollout.tools.model_dump()} if rollout.tools.enabled else {})}
         rows = rollout_rows(problems, prompts, groups, iteration=self.iteration, round_=round_,
                             model_version=self.model_version, sampler=sampler, seed=seed)
         to_score = rows.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
@@ -175,20 +184,22 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
         from trainers.registry import load_policy
 
         model, tokenizer = load_policy(checkpoint, config.device)
-        return HFPolicy(model, tokenizer, model_version, config.batch_size), tokenizer
+        policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
+        return (EpisodePolicy(policy, tokenizer, config.tools) if config.tools.enabled else policy), tokenizer
     import os
 
     from tasks.rollout.openai_backend import OpenAIPolicy
 
     tokenizer = None
-    if config.prompt.template == "chat":
+    if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
         from transformers import AutoTokenizer
 
         from trainers.registry import local_checkpoint
 
         tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
     served = {model_version: row["served_name"]} if row["served_name"] else {}
-    return OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served), tokenizer
+    policy = OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served)
+    return (EpisodePolicy(policy, tokenizer, config.tools) if config.tools.enabled else policy), tokenizer
 
 
 def needs_self_certainty(config: IterationConfig) -> bool:

@@ -1,7 +1,7 @@
 """`rlvr verify-file`: scoring a JSONL file of responses without a lake.
 
 Each input line: `id`, `domain` (math, code, logic, qa), `response`; `ground_truth` for math and qa
-(and logic, where the dataset has a single answer); `tests` and `entry_point` for code; optional `prompt`, `metadata` (logic: the reasoning-gym
+(and logic, where the dataset has a single answer); `tests` and `entry_point` for code (`verifier: workspace`: `tests` holds the workspace spec, no entry point); optional `prompt`, `metadata` (logic: the reasoning-gym
 entry's metadata), `steps` (process rewards) and `verifier` (override the domain's default).
 
 A line that cannot be used — not UTF-8, not JSON, nested too deeply, too long, a field of the wrong
@@ -55,7 +55,7 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
     if domain in ("math", "qa") and record.get("ground_truth") in (None, ""):
         return BadLine(number, "ground_truth", f"required for {domain}")
     if domain == "code":
-        for field in ("tests", "entry_point"):
+        for field in ("tests",) if record.get("verifier") == "workspace" else ("tests", "entry_point"):
             if not isinstance(record.get(field), str) or not record[field].strip():
                 return BadLine(number, field, "required for code")
     if domain == "logic" and record.get("verifier") in (None, "gym") and not (
