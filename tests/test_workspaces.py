@@ -296,3 +296,37 @@ def test_sql_views_per_code_level_and_per_failing_test(verifier, tmp_path):
     failing = catalog.sql("select * from failing_tests where failures > 0").pl()
     assert failing.height >= 2 and (failing["runs"] == 2).all() and (failing["failure_rate"] == 0.5).all()
     assert failing["test"].str.contains("::").all()
+
+
+def test_curating_workspaces_decontaminates_against_a_code_eval_set(cli, tmp_path):
+    project = PROBLEMS["proj-markdown"]
+    eval_file = tmp_path / "heldout.jsonl"               # a HumanEval-layout evaluation set quoting one statement
+    eval_file.write_text(json.dumps({"task_id": "x/0", "prompt": f'def render(text):\n    """{project.prompt()}"""\n',
+                                     "canonical_solution": "    return text\n", "entry_point": "render",
+                                     "test": "def check(candidate):\n    assert candidate('a') == 'a'\n"}) + "\n")
+    config = tmp_path / "bank.yaml"
+    config.write_text(f"bank:\n  sources:\n    - {{kind: workspaces, code_level: project, name: projects}}\n"
+                      f"    - {{kind: humaneval, path: {eval_file}, name: heldout, split: eval}}\n")
+    lake = str(tmp_path / "lake")
+    result = cli("curate", "--config", str(config), "--lake", lake)
+    assert result.returncode == 0, result.stderr
+    dropped = cli("sql", "select reason, count(*) n from dropped_problems group by 1", "--lake", lake, "--format", "csv")
+    assert "contaminated,1" in dropped.stdout
+    levels = cli("sql", "select json_extract_string(metadata, '$.code_level') as code_level, count(*) n from problems "
+                 "where source = 'projects' group by 1", "--lake", lake, "--format", "csv")
+    assert "project,4" in levels.stdout
+
+
+def test_verify_file_scores_workspace_lines(tmp_path):
+    from conftest import run_cli
+
+    lines = [{"id": 1, "domain": "code", "verifier": "workspace", "tests": json.dumps(LRU.spec()),
+              "response": f"```python lru.py\n{LRU.reference['lru.py']}```"},
+             {"id": 2, "domain": "code", "verifier": "workspace", "tests": json.dumps(LRU.spec()),
+              "response": "```python lru.py\nclass LRUCache:\n    pass\n```"}]
+    source, scored = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run_cli("verify-file", str(source), str(scored), "--workers", "1", "--partial-credit", "half")
+    assert result.returncode == 0, result.stderr
+    rewards = [json.loads(line)["reward"] for line in scored.read_text().splitlines()]
+    assert rewards == [1.0, 0.0]

@@ -46,12 +46,14 @@ class SourceConfig(Strict):
     domain: Literal["math", "code", "logic", "qa"] | None = Field(None, description="override the domain the kind implies")
     verifier: str | None = Field(None, description="override the verifier the domain implies")
     columns: dict[str, str] = Field(default_factory=dict, description="mapped kind: problem field -> column (prompt, answer, solution, tests, entry_point)")
-    generator: str = Field("mix", description="generator kind: mix, level1..level4 or one family name")
+    generator: str = Field("mix", description="generator kind: mix, level1..level4 or one family name; workspaces "
+                           "kind: a workspace family (bounded_buffer) instead of the problem files")
     dataset: str | None = Field(None, description="gym kind: the reasoning-gym dataset name")
     params: dict[str, Any] = Field(default_factory=dict, description="gym kind: the dataset's difficulty parameters")
     seed: int = Field(0, description="seed of a procedural source; each problem records its own derived seed")
     similarity_checks: bool | None = Field(None, description="near-duplicate and n-gram contamination checks; default yes "
-                                           "for files, no for procedural sources, whose templated problems differ "
+                                           "for files and hand-written workspaces, no for procedural sources, whose "
+                                           "templated problems differ "
                                            "only in their numbers (exact duplicates are dropped either way)")
 
     @field_validator("level")
@@ -98,7 +100,9 @@ class SourceConfig(Strict):
 
     @property
     def wants_similarity_checks(self) -> bool:
-        return self.similarity_checks if self.similarity_checks is not None else self.kind in FILE_KINDS
+        if self.similarity_checks is not None:
+            return self.similarity_checks
+        return self.kind in FILE_KINDS or (self.kind == "workspaces" and self.generator == "mix")   # hand-written
 
     @property
     def procedural_count(self) -> int:

@@ -31,15 +31,14 @@ def extract_program(response: str, prompt: str, entry_point: str) -> str:
     return prompt + code
 
 
-@register("code")
 @dataclass
-class CodeVerifier:
+class SandboxedVerifier:
+    """What the test-running verifiers share: a partial-credit rule, limits, and a sandbox started on first use."""
+
     partial_credit: str = "fraction"          # fraction | half | all_pass (credit.py)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
-    name: str = "code"
-    version: str = "1.1"                      # 1.1: per-test deadlines, whole-run budgets, the candidate's own namespaces
-    runs_code = True                          # model-generated code: only in the sandbox (see engine._isolation_checked)
     _sandbox: Sandbox | None = field(default=None, repr=False)
+    runs_code = True                          # model-generated code: only in the sandbox (see engine._isolation_checked)
 
     def __post_init__(self) -> None:
         self.partial_credit = credit_rule(self.partial_credit)
@@ -51,6 +50,17 @@ class CodeVerifier:
         if self._sandbox is None:
             self._sandbox = Sandbox(limits=self.limits)
         return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+
+@register("code")
+@dataclass
+class CodeVerifier(SandboxedVerifier):
+    name: str = "code"
+    version: str = "1.1"                      # 1.1: per-test deadlines, whole-run budgets, the candidate's own namespaces
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         tests, entry_point = problem.get("tests"), problem.get("entry_point")
@@ -70,7 +80,3 @@ class CodeVerifier:
 
     def reward(self, passed: int, total: int) -> float:
         return credit(passed, total, self.partial_credit)
-
-    def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.sandbox.client import Sandbox, SandboxResult
 from tasks.sandbox.limits import SandboxLimits
 from tasks.verifiers.base import Verdict, failed, register
-from tasks.verifiers.credit import credit, credit_rule
+from tasks.verifiers.code import SandboxedVerifier
+from tasks.verifiers.credit import credit
 from tasks.workspaces.answer import extract_files
 
 PERF_TEST = "perf::budget"
@@ -28,29 +29,17 @@ WORKSPACE_LIMITS = SandboxLimits(test_seconds=5.0, wall_seconds=30.0, cpu_second
 
 @register("workspace")
 @dataclass
-class WorkspaceVerifier:
-    partial_credit: str = "fraction"          # fraction | half | all_pass (credit.py)
+class WorkspaceVerifier(SandboxedVerifier):
     limits: SandboxLimits = WORKSPACE_LIMITS
     name: str = "workspace"
     version: str = "1.0"
-    runs_code = True                          # model-generated code: only in the sandbox
-    _sandbox: Sandbox | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self.partial_credit = credit_rule(self.partial_credit)
-        if isinstance(self.limits, dict):
-            self.limits = SandboxLimits(**self.limits)
-
-    @property
-    def sandbox(self) -> Sandbox:
-        if self._sandbox is None:
-            self._sandbox = Sandbox(limits=self.limits)
-        return self._sandbox
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         try:
             spec = json.loads(problem.get("tests") or "")
         except (TypeError, ValueError):
+            spec = None
+        if not isinstance(spec, dict) or not spec.get("files") or not spec.get("tests"):
             return Verdict(0.0, None, {"reason": "problem has no workspace spec"})
         files, missing = extract_files(response, spec["files"])
         if missing:
@@ -99,9 +88,6 @@ class WorkspaceVerifier:
                 "message": "" if within else f"{seconds:.3f} s, over {perf['budget']:g} x the reference's "
                                              f"{reference_seconds:.3f} s"}
 
-    def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
 
 
 def _seconds(result: SandboxResult) -> float:
