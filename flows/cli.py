@@ -30,11 +30,32 @@ WaitOption = Annotated[bool, typer.Option("--wait", help="queue behind another w
                                           "refused (one process writes iterations at a time)")]
 
 
+def _flags_show_no_type() -> None:
+    """Typer 0.29's help prints `<bool>` after every flag, as if it took a value; a flag takes none."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    TyperOption.display_type_rich = lambda option, ctx: None if option.is_flag else shown(option, ctx)
+
+
+_flags_show_no_type()
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from importlib.metadata import version
+
+        console.print(f"rlvr {version('rlvr-platform')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main_options(
     insecure_sandbox: Annotated[bool, typer.Option(
         "--insecure-sandbox", help="run model-generated code with resource limits only where this host offers no "
         "isolation (no root, no user namespaces); recorded on every code reward")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print the version and exit")] = False,
 ) -> None:
     """RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO."""
     if insecure_sandbox:
@@ -303,7 +324,7 @@ def bank_sample(
         console.print(f"wrote {out}")
     else:
         console.print(frame_table(drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
-                                  title="first 10"))
+                                  title=f"first {min(10, drawn.height)}"))
 
 
 @app.command("verify-file")

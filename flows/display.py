@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from datetime import date, datetime
 from typing import Any
@@ -14,7 +15,10 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+# Piped output is not cut to Rich's fallback of 80 columns (a table would lose its last columns): 200 unless
+# COLUMNS says otherwise.
+PIPED_WIDTH = 200
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
 errors = Console(stderr=True)
 
 
@@ -106,7 +110,11 @@ def print_lineage(lineage: dict[str, Any]) -> None:
                           f"code {run['code_version']}, started {run['started_at']:%Y-%m-%d %H:%M:%S} UTC)")
         console.print(f"  prompt        {_cell(problem['prompt'], 200)}")
         console.print(f"  answer        {_cell(problem['answer'], 200)}")
+    lines: dict[str, int] = {}                 # a generated problem drawn twice is dropped twice, alike
     for drop in lineage["dropped"]:
         where = f"{drop['source_uri']} line {drop['source_line']}" if drop["source_line"] else drop["source_uri"]
-        console.print(f"  dropped       from bank version {drop['bank_version']} as {drop['reason']} of "
-                      f"{drop['duplicate_of']} ({where}, run {drop['run_id']})")
+        line = (f"  dropped       from bank version {drop['bank_version']} as {drop['reason']} of "
+                f"{drop['duplicate_of']} ({where}, run {drop['run_id']})")
+        lines[line] = lines.get(line, 0) + 1
+    for line, count in lines.items():
+        console.print(line + (f" ×{count}" if count > 1 else ""))

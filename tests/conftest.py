@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -24,6 +25,8 @@ _PREFECT_HOME = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-"))
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
 # Checkpoints downloaded from S3 lakes are cached here, not in the user's ~/.cache/rlvr.
 os.environ["RLVR_CACHE"] = tempfile.mkdtemp(prefix="rlvr-test-cache-")
+for _folder in (_PREFECT_HOME, os.environ["RLVR_CACHE"]):      # this process's own: removed when it ends
+    atexit.register(shutil.rmtree, _folder, True)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ.pop("PREFECT_API_URL", None)

@@ -159,6 +159,8 @@ def test_cli_quick_sources_without_a_prefect_server(files, tmp_path):
     assert sample.returncode == 0, sample.stderr
     drawn = pl.read_ndjson(tmp_path / "mix.jsonl")
     assert drawn.height == 10 and drawn["level"].unique().to_list() == [2]
+    shown = run_cli("bank", "sample", "--n", "5", "--levels", "0,100,0,0", "--lake", lake)
+    assert "first 5" in shown.stdout and "first 10" not in shown.stdout
     missing = run_cli("curate", "--source", f"gsm8k:{files['missing']}", "--lake", lake)
     assert missing.returncode == 1
     assert missing.stderr.strip().startswith("error: cannot read source file") and "Traceback" not in missing.stderr
@@ -235,3 +237,13 @@ def test_code_problems_whose_reference_fails_are_quarantined(curate, tmp_path, l
     quarantine = lake.read("quarantine")
     assert quarantine.select("source_line", "field").rows() == [(2, "canonical_solution")]
     assert "reference solution fails its own tests (0/1 passed" in quarantine["reason"][0]
+
+
+def test_lineage_prints_a_problem_dropped_twice_alike_once(capsys):
+    from flows import display
+
+    drop = {"bank_version": 2, "reason": "exact_duplicate", "duplicate_of": "abc", "similarity": 1.0,
+            "source": "gen:level1", "source_uri": "arith_chain", "source_line": None, "run_id": "r1"}
+    display.print_lineage({"problem_id": "xyz", "dropped": [drop, dict(drop)]})
+    printed = capsys.readouterr().out
+    assert printed.count("dropped       from bank version 2") == 1 and "×2" in printed

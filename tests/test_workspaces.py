@@ -117,6 +117,7 @@ class LRUCache:
     def __init__(self, capacity): pass
 """,
     "exits_zero_at_import": "import sys\nsys.exit(0)\n",
+    "loops_forever_at_import": "while True:\n    pass\n",
     "kills_itself_at_import": "import os\nos._exit(0)\n",
     "exits_zero_in_a_method": """
 import os

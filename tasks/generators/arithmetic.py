@@ -28,7 +28,8 @@ def two_step(rng: random.Random, heldout: bool = False) -> Generated:
     return Generated(f"What is {a}*{b}+{c}?", str(total), solution, steps, {"a": a, "b": b, "c": c})
 
 
-TOOL_HINT = "Run Python by writing <python>print(...)</python>; its output comes back in <output>."
+# No tool-call syntax in the prompt: a small model would copy its placeholder into the call instead of the sum.
+TOOL_HINT = "Python is available."
 
 
 def two_step_tool(rng: random.Random, heldout: bool = False) -> Generated:

@@ -51,10 +51,10 @@ def run_suite(tests: dict[str, str], workspace_files: list[str], request_fd: int
     sys.meta_path.insert(0, RemoteImporter(connection, roots))
     for name, source in tests.items():            # helpers the tests import from each other
         if name.endswith(".py") and name not in files:
-            _load(name, source)
+            _load(name, source, connection, test_seconds)
     index, stopped = 0, None
     for name in files:
-        module, error = _load(name, tests[name])
+        module, error = _load(name, tests[name], connection, test_seconds)
         for test_name in declared[name]:
             started = time.perf_counter()
             message = stopped or error or _run_one(module, test_name, connection, test_seconds)
@@ -72,14 +72,19 @@ def run_suite(tests: dict[str, str], workspace_files: list[str], request_fd: int
         time.sleep(60)  # once this process exits, the candidate's ends, and with it its PID namespace
 
 
-def _load(name: str, source: str) -> tuple[types.ModuleType | None, str | None]:
+def _load(name: str, source: str, connection: Connection, test_seconds: float | None
+          ) -> tuple[types.ModuleType | None, str | None]:
+    """A test module, executed (its imports of the candidate's modules within one test's deadline)."""
     module = types.ModuleType(module_name(name))
     module.__file__ = f"<tests>/{name}"
     sys.modules[module.__name__] = module
+    connection.deadline = None if test_seconds is None else time.monotonic() + test_seconds
     try:
         exec(compile(source, module.__file__, "exec"), module.__dict__)
     except BaseException as error:  # noqa: BLE001 - a test module that cannot load fails its tests
         return None, f"the tests could not load: {type(error).__name__}: {error}"[:300]
+    finally:
+        connection.deadline = None
     return module, None
 
 
