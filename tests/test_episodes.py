@@ -159,3 +159,29 @@ def test_a_tool_error_shows_the_programs_own_frames_and_its_end():
                                                     'in <module>\nZeroDivisionError: division by zero')
     assert shortened("x" * 50, 10, keep_end=True) == "…" + "x" * 10
     assert shortened("y" * 50, 10, keep_end=False) == "y" * 10 + "…"
+
+
+def test_sql_asks_tool_calls_errors_and_solve_rate(tokenizer, tool, tmp_path):
+    from storage.catalog import open_catalog
+    from storage.lake import Lake
+    from storage.runs import Run
+
+    policy = ScriptedPolicy(tokenizer)
+    groups = run_episodes(policy, tokenizer, tool, ["What is 12*7+5?"], 2, SamplerConfig(max_new_tokens=64), seed=0,
+                          model_version=0, tools=ToolConfig(enabled=True))
+    lake, run = Lake.open(str(tmp_path / "lake")), Run(flow="test", stage="test", parameters={})
+    rows = rollout_rows(pl.DataFrame({"problem_id": ["p"]}), ["What is 12*7+5?"], groups, iteration=1, round_=1,
+                        model_version=0, sampler={}, seed=0).with_columns(run_id=pl.lit(run.run_id))
+    lake.append("rollouts", rows, run)
+    lake.append("problems", pl.DataFrame({"problem_id": ["p"], "bank_version": [1], "source": ["s"],
+                                          "source_kind": ["generator"], "source_uri": ["g"], "split": ["train"],
+                                          "domain": ["math"], "level": [1], "prompt": ["What is 12*7+5?"],
+                                          "verifier": ["math"], "run_id": [run.run_id]},
+                                         schema_overrides={"level": pl.Int8}), run)
+    lake.append("rewards", pl.DataFrame({"iteration": [1, 1], "rollout_id": rows["rollout_id"].to_list(),
+                                         "problem_id": ["p", "p"], "verifier": ["math", "math"],
+                                         "verifier_version": ["2.2", "2.2"], "reward": [1.0, 0.0],
+                                         "correct": [True, False], "run_id": [run.run_id] * 2}), run)
+    [row] = open_catalog(lake).sql("select * from tool_use").pl().to_dicts()
+    assert row["episodes"] == 2 and row["calling_share"] == 1.0 and row["mean_tool_calls"] == 2.0
+    assert row["tool_error_rate"] == 0.5 and row["solve_rate_with_calls"] == 0.5

@@ -72,12 +72,18 @@ class WorkspaceVerifier(SandboxedVerifier):
 
     def _budget(self, spec: Mapping[str, Any], workspace: dict[str, str], perf: Mapping[str, Any],
                 details: dict[str, Any]) -> dict:
-        """The performance tests on the reference, then on the candidate, on the same sandbox server: the
-        candidate's time within `budget` times the reference's, and its performance tests passed."""
+        """The performance tests on the reference (the quicker of two runs), then on the candidate (again once if
+        it is over budget, the quicker counting), on the same sandbox server: the candidate's time within
+        `budget` times the reference's, and its performance tests passed."""
         reference = {**spec.get("given", {}), **(spec.get("reference") or {})}
-        baseline = self.sandbox.run_suite(reference, spec["tests"], only=perf["tests"])
+        runs = [self.sandbox.run_suite(reference, spec["tests"], only=perf["tests"]) for _ in range(2)]
+        baseline = min(runs, key=_seconds)                  # the quicker of two: load on the host only slows
         timed = self.sandbox.run_suite(workspace, spec["tests"], only=perf["tests"])
         reference_seconds, seconds = _seconds(baseline), _seconds(timed)
+        if timed.all_passed and seconds > perf["budget"] * max(reference_seconds, 0.005):
+            again = self.sandbox.run_suite(workspace, spec["tests"], only=perf["tests"])   # the benefit of the doubt
+            if again.all_passed and _seconds(again) < seconds:
+                timed, seconds = again, _seconds(again)
         details["perf"] = {"reference_seconds": reference_seconds, "seconds": seconds, "budget": perf["budget"]}
         if not baseline.all_passed:
             return {"name": PERF_TEST, "passed": False, "message": "the reference failed its performance tests"}
