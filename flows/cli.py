@@ -16,7 +16,7 @@ from rich.markup import escape
 from flows.display import console, errors, frame_table, print_lineage, write_result
 
 app = typer.Typer(help="RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False)
 lineage_app = typer.Typer(help="Where a row came from.", no_args_is_help=True)
 bank_app = typer.Typer(help="Inspect and sample the problem bank.", no_args_is_help=True)
 bench_app = typer.Typer(help="Benchmarks, measured as ratios on this machine.", no_args_is_help=True)

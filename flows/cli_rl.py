@@ -76,14 +76,38 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     if not rows:
         console.print(f"nothing to do: the lake already holds {iterations} iteration(s) (raise --iterations to go on)")
         return
+    from storage.lake import Lake
+
+    table = loop_table(rows, warmup_row(Lake.open(lake)))
+    console.print(frame_table(table, title="RL loop (SQL: select * from iteration_metrics)"))
+
+
+def warmup_row(lake) -> dict | None:
+    """Iteration 0 of `iteration_metrics`: the warm-up version and its held-out solve rate, where there is one."""
+    import pyarrow.compute as pc
+
+    if not lake.exists("iteration_metrics"):
+        return None
+    start = lake.read("iteration_metrics", filter=pc.field("iteration") == 0)
+    return None if start.is_empty() else start.row(0, named=True)
+
+
+def loop_table(rows: list[dict], warmup: dict | None = None):
+    """One row per iteration of this run, after the warm-up's row (iteration 0, its version the warm-up's)."""
+    import polars as pl
+
     numbers = ["learning_zone_share", "mean_reward", "loss", "eval_solve_rate", "mean_staleness"]
-    table = pl.DataFrame(rows).with_columns(pl.col(numbers).cast(pl.Float64)).select(
+    first = [] if warmup is None or any(row["iteration"] == 0 for row in rows) else [
+        {**warmup, "model_version": warmup.get("trained_version", warmup.get("model_version"))}]
+    frame = pl.DataFrame([{key: row.get(key) for key in ("iteration", "model_version", "groups_kept", *numbers,
+                                                          "solve_rate_by_level")} for row in [*first, *rows]],
+                         schema_overrides={name: pl.Float64 for name in numbers})
+    return frame.select(
         "iteration", version="model_version", kept="groups_kept",
         zone=pl.col("learning_zone_share").round(2), stale=pl.col("mean_staleness").round(1),
         reward=pl.col("mean_reward").round(3),
         loss=pl.col("loss").round(3), eval=pl.col("eval_solve_rate").round(3),
         by_level=pl.col("solve_rate_by_level").map_elements(_compact_levels, return_dtype=pl.String))
-    console.print(frame_table(table, title="RL loop (SQL: select * from iteration_metrics)"))
 
 
 def _compact_levels(text: str) -> str:

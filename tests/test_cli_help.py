@@ -12,6 +12,7 @@ def test_version_and_flags_without_a_type():
         assert "<bool>" not in shown.stdout, command
         assert "--help" in shown.stdout
     assert "<int range>" in run_cli("bank", "sample", "--help").stdout      # options that take values keep theirs
+    assert "--install-completion" in run_cli("--help").stdout                # shell completion
 
 
 def test_piped_tables_keep_every_column(tmp_path):

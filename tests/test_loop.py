@@ -98,6 +98,11 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
     assert rows[0]["model_version"] == 1                   # the first iteration samples from the warm-up version
     start = lake.read("iteration_metrics").filter(pl.col("iteration") == 0)
     assert start["trained_version"].to_list() == [1] and start["eval_solve_rate"].null_count() == 0
+    from flows.cli_rl import loop_table, warmup_row
+
+    table = loop_table(rows, warmup_row(lake))          # what `rlvr run` prints: the warm-up first
+    assert table["iteration"].to_list() == [0, 1] and table["version"].to_list() == [1, 1]
+    assert table["eval"][0] == round(start["eval_solve_rate"][0], 3)
     rl_loop(warm, iterations=2, lake_uri=lake_uri)           # a second run: no second warm-up
     kinds = lake.read("model_versions")["kind"].to_list()
     assert kinds.count("warmup") == 1 and kinds.count("rl") == 2
