@@ -1,0 +1,19 @@
+"""The generated reference pages (docs/cli.md, docs/config.md) match the code: a command, option or config
+field added without regenerating them (`python -m flows.reference`) fails here."""
+
+from flows.reference import DOCS, PAGES
+
+
+def test_generated_reference_pages_are_current():
+    stale = [name for name, build in PAGES.items()
+             if not (DOCS / name).exists() or (DOCS / name).read_text(encoding="utf-8") != build()]
+    assert not stale, f"regenerate {stale} with `python -m flows.reference`"
+
+
+def test_the_pages_cover_every_command_and_section():
+    cli, config = (DOCS / "cli.md").read_text(), (DOCS / "config.md").read_text()
+    for command in ("## `rlvr run`", "## `rlvr bench sandbox`", "## `rlvr lineage problem`", "## `rlvr verify-file`"):
+        assert command in cli
+    for section in ("## `rollout.tools`", "## `rollout.sampler`", "## `train`", "## `bank`", "## `bank.sources[]`", "## `loop`"):
+        assert section in config
+    assert "| `--files` | flag |" in cli and "| `max_tool_calls` | int | `2` |" in config
