@@ -178,13 +178,9 @@ def policy_tokens(rows: pl.DataFrame) -> int:
 
 def loss_masks(rows: pl.DataFrame, width: int, device):
     """[B, T] of each row's loss mask (ones where a row has none), right-padded with zeros."""
-    import torch
-
-    out = torch.zeros((rows.height, width), device=device)
-    for i, (mask, ids) in enumerate(zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())):
-        values = mask if mask is not None else [1] * len(ids)
-        out[i, :len(values)] = torch.tensor(values, dtype=out.dtype, device=device)
-    return out
+    masks = [mask if mask is not None else [1] * len(ids)
+             for mask, ids in zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())]
+    return _padded(masks, width, device)
 
 
 def summed(accelerator, parameters: list) -> None:

@@ -19,7 +19,6 @@ SourceKind = Literal["gsm8k", "math", "olympiad", "humaneval", "mapped", "genera
 DEFAULT_LEVELS: dict[str, int | tuple[int, int]] = {
     "gsm8k": 1, "math": (2, 3), "olympiad": 4, "humaneval": 2, "mapped": 2, "gym": 2,
 }
-CODE_LEVELS = ("function", "file", "project")     # the design's code granularities (metadata.code_level)
 # Quick-use aliases for `--source KIND:PATH`: the layout plus the level the issue's table gives them.
 KIND_ALIASES: dict[str, tuple[str, int | None]] = {"aime": ("math", 3), "amc": ("math", 3), "hmmt": ("math", 4),
                                                    "minerva": ("math", 3), "gen": ("generator", None)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import logging
 import re
 from functools import lru_cache
@@ -67,12 +66,10 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
 
 def workspace_issue(tests: str | None) -> tuple[str, str] | None:
     """A file- or project-level problem's spec: JSON naming the files to write and the test modules."""
-    try:
-        spec = json.loads(tests or "")
-    except ValueError:
-        return "tests", "not a workspace spec (JSON)"
-    if not isinstance(spec, dict) or not spec.get("files") or not spec.get("tests"):
-        return "tests", "a workspace spec names the files to write and the test modules"
+    from tasks.workspaces.problem import parse_spec
+
+    if parse_spec(tests) is None:
+        return "tests", "not a workspace spec (JSON naming the files to write and the test modules)"
     return None
 
 

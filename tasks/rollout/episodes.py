@@ -105,10 +105,6 @@ class Episode:
         self.tool_errors += int(result.error)
         self.pending_call = None
 
-    @property
-    def model_tokens(self) -> int:
-        return sum(self.loss_mask)
-
     def sample(self, tokenizer) -> Sample:
         return Sample(text=tokenizer.decode(self.token_ids, skip_special_tokens=True), token_ids=self.token_ids,
                       logprobs=self.logprobs, finish_reason=self.finish_reason, prompt_token_ids=self.prompt_ids,
@@ -150,8 +146,7 @@ def run_episodes(policy: Policy, tokenizer, tool, prompts: list[str], n: int, sa
         calling = [e for e in episodes if e.pending_call is not None and e.tool_calls < tools.max_tool_calls]
         for episode in calling:
             episode.add_tool(tool.run(episode.pending_call), tokenizer, tools)
-        going = [e for e in calling if e.model_tokens < tools.max_episode_tokens
-                 and len(e.token_ids) < tools.max_episode_tokens]
+        going = [e for e in calling if len(e.token_ids) < tools.max_episode_tokens]
         going_ids = {id(e) for e in going}
         for episode in calling:
             if id(episode) not in going_ids:              # the tool's output used up the budget

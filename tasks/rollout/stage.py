@@ -185,20 +185,20 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
 
         model, tokenizer = load_policy(checkpoint, config.device)
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
-        return (EpisodePolicy(policy, tokenizer, config.tools) if config.tools.enabled else policy), tokenizer
-    import os
+    else:
+        import os
 
-    from tasks.rollout.openai_backend import OpenAIPolicy
+        from tasks.rollout.openai_backend import OpenAIPolicy
 
-    tokenizer = None
-    if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
-        from transformers import AutoTokenizer
+        tokenizer = None
+        if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
+            from transformers import AutoTokenizer
 
-        from trainers.registry import local_checkpoint
+            from trainers.registry import local_checkpoint
 
-        tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
-    served = {model_version: row["served_name"]} if row["served_name"] else {}
-    policy = OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served)
+            tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
+        served = {model_version: row["served_name"]} if row["served_name"] else {}
+        policy = OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served)
     return (EpisodePolicy(policy, tokenizer, config.tools) if config.tools.enabled else policy), tokenizer
 
 

@@ -37,6 +37,8 @@ from tasks.sandbox.protocol import recv_bytes, send_bytes
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes)
 CONTAINERS = (list, tuple, dict, set, frozenset)
+TAGS = {list: "l", tuple: "t", set: "s", frozenset: "f"}      # sequences and sets in a tagged tree (dicts: "d")
+KINDS = {tag: kind for kind, tag in TAGS.items()}
 MAX_THREADS = 64
 
 
@@ -145,17 +147,16 @@ class Workspace:
     def _encode(self, value, depth: int = 0):
         """("v", plain) or ("h", handle, kind, name, methods[, builtin bases]) or tagged containers."""
         plain = _exact(value)
-        if plain is not _NOT_PLAIN and depth == 0 and is_plain(plain):
+        if plain is _NOT_PLAIN:
+            return self._handle(value)
+        kind = type(plain)
+        if kind in SCALARS or (depth == 0 and is_plain(plain)):
             return ("v", plain)
-        if plain is not _NOT_PLAIN and type(plain) in SCALARS:
-            return ("v", plain)
-        if plain is not _NOT_PLAIN and depth < 50:
-            kind = type(plain)
-            if kind is dict:
-                return ("d", [(self._encode(k, depth + 1), self._encode(v, depth + 1)) for k, v in plain.items()])
-            tag = {list: "l", tuple: "t", set: "s", frozenset: "f"}[kind]
-            return (tag, [self._encode(item, depth + 1) for item in plain])
-        return self._handle(value)
+        if depth >= 50:
+            return self._handle(value)
+        if kind is dict:
+            return ("d", [(self._encode(k, depth + 1), self._encode(v, depth + 1)) for k, v in plain.items()])
+        return (TAGS[kind], [self._encode(item, depth + 1) for item in plain])
 
     def _handle(self, value) -> tuple:
         with self.lock:
@@ -193,8 +194,7 @@ class Workspace:
             return self.objects[tree[1]]
         if tag == "d":
             return {self._decode(k): self._decode(v) for k, v in tree[1]}
-        items = [self._decode(item) for item in tree[1]]
-        return {"l": list, "t": tuple, "s": set, "f": frozenset}[tag](items)
+        return KINDS[tag](self._decode(item) for item in tree[1])
 
     def _raised(self, error: BaseException) -> tuple:
         message = _safe_str(error)
@@ -217,8 +217,8 @@ def _exact(value):
     kind = type(value)
     if kind in SCALARS or kind in CONTAINERS:
         return value
-    for base, convert in _EXACT.items():
-        if isinstance(value, base) and not isinstance(value, bool):
+    for base, convert in _EXACT.items():           # a subclass (bool, which has none, is in SCALARS)
+        if isinstance(value, base):
             try:
                 return convert(value)
             except Exception:  # noqa: BLE001
@@ -332,10 +332,7 @@ class Connection:
 
     def _exception(self, name: str, handle) -> type:
         if handle is None:
-            builtin = _BUILTINS.get(name)
-            if isinstance(builtin, type) and issubclass(builtin, Exception):
-                return builtin
-            return CandidateFailure
+            return _builtin_exception(name) or CandidateFailure
         value = self.decode(handle)
         return value if isinstance(value, type) and issubclass(value, Exception) else CandidateFailure
 
@@ -349,8 +346,8 @@ class Connection:
             return self._remote(tree)
         if tag == "d" and len(tree) == 2 and type(tree[1]) is list:
             return {self.decode(k): self.decode(v) for k, v in tree[1]}
-        if tag in ("l", "t", "s", "f") and len(tree) == 2 and type(tree[1]) is list:
-            return {"l": list, "t": tuple, "s": set, "f": frozenset}[tag](self.decode(item) for item in tree[1])
+        if tag in KINDS and len(tree) == 2 and type(tree[1]) is list:
+            return KINDS[tag](self.decode(item) for item in tree[1])
         raise CandidateFailure("malformed answer")
 
     def _remote(self, tree):
@@ -358,8 +355,8 @@ class Connection:
         if kind == "exception_class":
             known = self.exception_classes.get(handle)
             if known is None:
-                bases = tuple(b for b in (_BUILTINS.get(n) for n in (tree[5] if len(tree) > 5 else []))
-                              if isinstance(b, type) and issubclass(b, Exception))[:1] or (Exception,)
+                bases = tuple(filter(None, map(_builtin_exception, tree[5] if len(tree) > 5 else [])))[:1] or (
+                    Exception,)
                 known = type(name if name.isidentifier() else "CandidateError", bases, {"__module__": "candidate"})
                 self.exception_classes[handle] = known
             return known
@@ -374,12 +371,18 @@ class Connection:
             return ("v", value)
         if depth < 50 and kind is dict:
             return ("d", [(self.encode(k, depth + 1), self.encode(v, depth + 1)) for k, v in value.items()])
-        if depth < 50 and kind in CONTAINERS:
-            return ({list: "l", tuple: "t", set: "s", frozenset: "f"}[kind], [self.encode(i, depth + 1) for i in value])
+        if depth < 50 and kind in TAGS:
+            return (TAGS[kind], [self.encode(i, depth + 1) for i in value])
         raise TypeError(f"only plain data and the candidate's own objects can be passed to it, not {kind.__name__}")
 
 
 _BUILTINS = {name: value for name, value in vars(__import__("builtins")).items() if isinstance(value, type)}
+
+
+def _builtin_exception(name) -> type | None:
+    """The builtin `Exception` subclass of that name, or None."""
+    kind = _BUILTINS.get(name) if type(name) is str else None
+    return kind if kind is not None and issubclass(kind, Exception) else None
 
 
 class Remote:

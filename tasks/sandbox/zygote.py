@@ -183,16 +183,15 @@ class Zygote:
         failures = [message for ok, message, *_ in results.values() if not ok][:3]
         if status == "ok" and len(results) < total:
             status = "incomplete"
-        own = 2 if self.jailed else 1          # the candidate's process (and, jailed, the waiter outside its namespace)
-        leftover = len(budget.descendants(candidate)) - own
-        for pid in (candidate, tester):
-            _kill_group(pid)
-        outcome = {"status": status, "passed": passed, "total": total, "failures": failures,
-                   "output": watch.text(out_read)}
-        if job["kind"] == "suite":
+        outcome = {"status": status, "passed": passed, "total": total, "failures": failures}
+        if job["kind"] == "suite":             # counted before the kill: processes the candidate left running
+            own = 2 if self.jailed else 1      # its own process (and, jailed, the waiter outside its namespace)
+            outcome["leftover_processes"] = max(0, len(budget.descendants(candidate)) - own)
             outcome["tests"] = [{"name": name, "passed": ok, "message": message, "seconds": seconds}
                                 for _, (ok, message, name, seconds) in sorted(results.items())]
-            outcome["leftover_processes"] = max(0, leftover)
+        for pid in (candidate, tester):
+            _kill_group(pid)
+        outcome["output"] = watch.text(out_read)
         return outcome
 
     def _collect(self, result_fd: int, report: dict) -> bool:

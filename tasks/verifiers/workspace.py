@@ -10,7 +10,6 @@ A candidate that leaves processes running after the tests scores 0.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from tasks.verifiers.base import Verdict, failed, register
 from tasks.verifiers.code import SandboxedVerifier
 from tasks.verifiers.credit import credit
 from tasks.workspaces.answer import extract_files
+from tasks.workspaces.problem import parse_spec
 
 PERF_TEST = "perf::budget"
 # A suite constructs objects and runs thread tests through a process boundary: more time than a function's tests.
@@ -35,11 +35,8 @@ class WorkspaceVerifier(SandboxedVerifier):
     version: str = "1.0"
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        try:
-            spec = json.loads(problem.get("tests") or "")
-        except (TypeError, ValueError):
-            spec = None
-        if not isinstance(spec, dict) or not spec.get("files") or not spec.get("tests"):
+        spec = parse_spec(problem.get("tests"))
+        if spec is None:
             return Verdict(0.0, None, {"reason": "problem has no workspace spec"})
         files, missing = extract_files(response, spec["files"])
         if missing:

@@ -100,8 +100,9 @@ def load_problem(path: str | Path) -> WorkspaceProblem:
     if not isinstance(data, dict):
         raise ProblemError(path, "-", "not a mapping")
     known = {"id", "level", "difficulty", "topic", "statement", "files", "given", "reference", "wrong", "tests", "perf"}
-    for name in sorted(set(data) - known):
-        raise ProblemError(path, name, f"unknown field; known: {', '.join(sorted(known))}")
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ProblemError(path, unknown[0], f"unknown field; known: {', '.join(sorted(known))}")
     for name in ("id", "level", "difficulty", "topic", "statement", "files", "reference", "tests"):
         if data.get(name) in (None, "", [], {}):
             raise ProblemError(path, name, "missing")
@@ -159,8 +160,13 @@ def load_problems(level: str | None = None, folder: Path = PROBLEMS_DIR) -> list
     return problems
 
 
-def spec_from_json(text: str) -> dict[str, Any]:
-    return json.loads(text)
+def parse_spec(text: str | None) -> dict[str, Any] | None:
+    """A workspace spec from the bank's `tests` column, or None unless it is JSON naming files and tests."""
+    try:
+        spec = json.loads(text or "")
+    except (TypeError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) and spec.get("files") and spec.get("tests") else None
 
 
 def _safe_path(name: str) -> bool:
