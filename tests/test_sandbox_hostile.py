@@ -28,7 +28,7 @@ from bench.hostile_programs import HOSTILE, REPO, planted_files, score_all
 from tasks.sandbox import client
 from tasks.sandbox.client import Sandbox, SandboxUnavailable, isolation_mode
 from tasks.sandbox.limits import SandboxLimits
-from tasks.sandbox.zygote import UID_BASE
+from tasks.sandbox.zygote import UID_BASE, UID_SLOTS
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, processes=16,
                        output_bytes=200_000)
@@ -196,7 +196,12 @@ def test_the_sandbox_has_no_network_and_sees_no_other_process(mode):
     assert interfaces == "['lo']"
     assert processes == "['1']"                       # itself, PID 1 of its own namespace: not the test runner
     assert "home" not in root and "run" not in root and "etc" in root
-    assert identity == (f"{UID_BASE} None" if mode == "namespaces" else "0 None")
+    uid, secret = identity.split()
+    assert secret == "None"
+    if mode == "namespaces":                          # a user id of its own server, never root's
+        assert UID_BASE <= int(uid) < UID_BASE + 2 * UID_SLOTS and int(uid) % 2 == UID_BASE % 2
+    else:
+        assert uid == "0"
     assert int(capabilities, 16) == 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -331,3 +332,28 @@ def test_verify_file_scores_workspace_lines(tmp_path):
     assert result.returncode == 0, result.stderr
     rewards = [json.loads(line)["reward"] for line in scored.read_text().splitlines()]
     assert rewards == [1.0, 0.0]
+
+
+def test_process_a_answers_calls_itself_when_no_thread_can_start(monkeypatch):
+    """A's user id may hold its whole process limit (RLIMIT_NPROC counts threads, and another run under
+    that id can use it up): A then answers each call on its reading thread instead of dying."""
+    import threading
+
+    from tasks.sandbox import remote
+
+    to_a, from_b = os.pipe()
+    to_b, from_a = os.pipe()
+    connection = remote.Connection(from_b, to_b)          # B's reading thread starts before the limit bites
+    workspace = remote.Workspace(to_a, from_a)
+    serving = threading.Thread(target=workspace.serve, daemon=True)
+    serving.start()
+
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    connection.deadline = time.monotonic() + 20
+    json_module = connection.request("import", "json")
+    assert json_module.dumps([1, 2]) == "[1, 2]"
+    assert workspace.threads == 0                          # every call was answered by serve itself
+    os.close(from_b)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -32,6 +33,7 @@ from tasks.sandbox import budget
 from tasks.verifiers.base import VerifierUnavailable
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.protocol import recv_json, send_json
+from tasks.sandbox.zygote import UID_SLOTS
 
 NAMESPACE_COMMAND = ["unshare", "--net", "--pid", "--mount", "--fork", "--mount-proc", "--kill-child"]
 USERNS_COMMAND = ["unshare", "--user", "--map-root-user", *NAMESPACE_COMMAND[1:]]
@@ -109,8 +111,12 @@ class Sandbox:
         self.server_pid: int | None = None
         self.recycled = 0                 # servers replaced because they reported a limit (no run failed)
         self.crashes = 0                  # servers that hung or died during a run
-        self._cgroups = budget.create_cgroups(f"{os.getpid()}-{self.worker}-{next(_servers)}") \
-            if self.isolation == "namespaces" else None
+        name = f"{os.getpid()}-{self.worker}-{next(_servers)}"
+        self._cgroups = budget.create_cgroups(name) if self.isolation == "namespaces" else None
+        # Its runs' user ids, drawn per sandbox (not per worker index, which every suite on a host repeats):
+        # RLIMIT_NPROC counts a user id's processes and threads host-wide, so a fork bomb run under ids
+        # another suite's sandbox also used would starve that one.
+        self._uid_slot = zlib.crc32(name.encode()) % UID_SLOTS
 
     @property
     def budget(self) -> str:
@@ -124,8 +130,8 @@ class Sandbox:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        command = [*PREFIXES[self.isolation], sys.executable, "-s", "-m", "tasks.sandbox.zygote", str(self.worker),
-                   self.isolation, json.dumps(self._cgroups)]
+        command = [*PREFIXES[self.isolation], sys.executable, "-s", "-m", "tasks.sandbox.zygote",
+                   self.isolation, str(self._uid_slot), json.dumps(self._cgroups)]
         # the environment carries nothing of the orchestrator's; the working directory is /
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": _package_root()}
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",

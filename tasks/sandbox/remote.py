@@ -81,29 +81,44 @@ class Workspace:
             payload = recv_bytes(self.request_fd)
             if payload is None:
                 return
-            with self.lock:
-                if self.idle == 0 and self.threads < MAX_THREADS:
-                    self.threads += 1
+            if not self._dispatch(payload):
+                self._answer(payload)                  # no thread at all could start: answer it here
+
+    def _dispatch(self, payload: bytes) -> bool:
+        """Hand a call to an idle thread or a new one; False when there is none and none can start (the user
+        id's process limit counts threads, and other runs under that id may hold them all)."""
+        with self.lock:
+            if self.idle == 0 and self.threads < MAX_THREADS:
+                try:
                     threading.Thread(target=self._work, daemon=True).start()
-                else:
-                    self.idle -= 1
-            self.jobs.put(payload)
+                    self.threads += 1
+                except RuntimeError:                   # "can't start new thread"
+                    if self.threads == 0:
+                        return False
+                    self.idle -= 1                     # it waits for one of the threads there are
+            else:
+                self.idle -= 1
+        self.jobs.put(payload)
+        return True
 
     def _work(self) -> None:
         while True:
-            payload = self.jobs.get()
-            call_id, op, arguments = marshal.loads(payload)
-            try:
-                reply = ("ok", self._encode(self._perform(op, arguments)))
-            except BaseException as error:  # noqa: BLE001 - the candidate's exception is its answer
-                reply = self._raised(error)
-            try:
-                encoded = marshal.dumps((call_id, reply))
-            except (ValueError, TypeError, RecursionError):
-                encoded = marshal.dumps((call_id, ("fail", "the answer could not be encoded")))
+            self._answer(self.jobs.get())
             with self.lock:
-                send_bytes(self.response_fd, encoded)
                 self.idle += 1
+
+    def _answer(self, payload: bytes) -> None:
+        call_id, op, arguments = marshal.loads(payload)
+        try:
+            reply = ("ok", self._encode(self._perform(op, arguments)))
+        except BaseException as error:  # noqa: BLE001 - the candidate's exception is its answer
+            reply = self._raised(error)
+        try:
+            encoded = marshal.dumps((call_id, reply))
+        except (ValueError, TypeError, RecursionError):
+            encoded = marshal.dumps((call_id, ("fail", "the answer could not be encoded")))
+        with self.lock:
+            send_bytes(self.response_fd, encoded)
 
     def _perform(self, op: str, arguments: tuple):
         if op == "import":

@@ -42,6 +42,7 @@ JAIL_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/de
 PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib", "heapq",
              "bisect", "random", "statistics", "fractions", "decimal", "copy", "json", "operator")
 UID_BASE = 61000
+UID_SLOTS = 2000                 # servers of every process on the host draw their user ids by pid from these
 JAILED_MODES = ("namespaces", "userns")
 OWN_PROCESSES = 6                # the server's own processes a run's user id shares in userns mode
 POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them,
@@ -52,13 +53,13 @@ _MB = 1024 * 1024
 
 
 class Zygote:
-    def __init__(self, worker: int, mode: str, cgroups: dict | None = None):
+    def __init__(self, mode: str, uid_slot: int, cgroups: dict | None = None):
         self.mode = mode
         self.jailed = mode in JAILED_MODES
         self.own_uids = mode == "namespaces" or (mode == "rlimits" and os.geteuid() == 0)
         self.cgroups = cgroups
-        self.candidate_uid = UID_BASE + 2 * worker
-        self.tests_uid = UID_BASE + 2 * worker + 1
+        self.candidate_uid = UID_BASE + 2 * uid_slot          # the client draws the slot (see Sandbox.__init__)
+        self.tests_uid = self.candidate_uid + 1
         for module in PRELOADED:
             __import__(module)
         if self.jailed:
@@ -541,9 +542,9 @@ def _refuse_network(event: str, args: tuple) -> None:
 
 
 def main() -> None:
-    worker, mode = int(sys.argv[1]), sys.argv[2]
+    mode, uid_slot = sys.argv[1], int(sys.argv[2])
     cgroups = json.loads(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "null" else None
-    zygote = Zygote(worker, mode, cgroups)
+    zygote = Zygote(mode, uid_slot, cgroups)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)      # stray prints must not corrupt the protocol
