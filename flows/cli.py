@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from flows.display import console, errors, frame_table, print_lineage, write_result
+from flows.display import TableFormat, console, errors, print_lineage, show_table, use_format, write_result
 
 app = typer.Typer(help="RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -26,6 +26,9 @@ app.add_typer(bench_app, name="bench")
 
 LakeOption = Annotated[Optional[str], typer.Option("--lake", envvar="RLVR_LAKE",
                                                    help="lake location: a folder or s3://bucket/prefix [default: ./lake]")]
+FormatOption = Annotated[TableFormat, typer.Option(
+    "--format", help="table for people; csv or json (JSON lines) for programs: then stdout holds only the rows, "
+    "and notes go to stderr")]
 WaitOption = Annotated[bool, typer.Option("--wait", help="queue behind another writer of this lake instead of being "
                                           "refused (one process writes iterations at a time)")]
 
@@ -58,6 +61,7 @@ def main_options(
                                           help="print the version and exit")] = False,
 ) -> None:
     """RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO."""
+    use_format()                                   # tables for people unless the command says --format
     if insecure_sandbox:
         from tasks.sandbox.client import INSECURE_ENV, isolation_mode
 
@@ -135,8 +139,10 @@ def curate(
     bank_version: Annotated[Optional[int], typer.Option(help="re-curate this bank version, replacing it")] = None,
     force: Annotated[bool, typer.Option(help="re-curate a version even when later versions depend on it")] = False,
     lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Curate a new bank version from files and procedural sources."""
+    use_format(format)
     from tasks.curation.inputs import curation_config_from
 
     try:
@@ -168,8 +174,7 @@ def _curate(curation, lake: str | None, force: bool = False) -> None:
 def _print_curation(result: dict) -> None:
     import polars as pl
 
-    console.print(frame_table(pl.DataFrame(result["sources"]),
-                              title=f"bank version {result['bank_version']} (run {result['run_id']})"))
+    show_table(pl.DataFrame(result["sources"]), title=f"bank version {result['bank_version']} (run {result['run_id']})")
     totals = pl.DataFrame(result["sources"]).select(pl.exclude("source").sum()).row(0, named=True)
     console.print(f"kept {totals['kept']:,} of {totals['loaded']:,} rows: {totals['quarantined']:,} quarantined, "
                   f"{totals['exact_dup']:,} exact and {totals['near_dup']:,} near duplicates, "
@@ -186,8 +191,10 @@ def run(
     wait: WaitOption = False,
     documents: Annotated[Optional[Path], typer.Option(help="SPICE: a corpus (JSONL or text) self-play's challenger "
                                                            "reads (sets selfplay.documents)")] = None,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
+    use_format(format)
     from storage.lake import Lake
     from tasks.curation.config import CurationConfig, load_yaml_config
     from tasks.curation.stage import identical_curation
@@ -231,7 +238,7 @@ def run(
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="SQL over the lake's tables (problems, runs, ...)")],
-    format: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    format: FormatOption = TableFormat.table,
     as_of: Annotated[Optional[str], typer.Option("--as-of", help="lake version (integer) or ISO timestamp")] = None,
     lake: LakeOption = None,
 ) -> None:
@@ -241,8 +248,7 @@ def sql(
     from storage.catalog import open_lake_catalog
     from storage.lake import Lake, LakeError
 
-    if format not in ("table", "csv", "json"):
-        fail(f"--format must be table, csv or json, not {format!r}", 2)
+    use_format(format)
     try:
         catalog = open_lake_catalog(Lake.open(lake), as_of, query)
         for why in catalog.damaged.values():
@@ -273,8 +279,10 @@ def lineage_problem(problem_id: str, lake: LakeOption = None) -> None:
 def bank_stats_command(
     bank_version: Annotated[Optional[int], typer.Option(help="the bank as of this version; default latest")] = None,
     lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Counts by source, domain, level and split, and quarantine and drop reasons."""
+    use_format(format)
     from storage.lake import Lake
 
     _print_stats(Lake.open(lake), bank_version)
@@ -287,7 +295,7 @@ def _print_stats(lake, bank_version: int | None) -> None:
     if all(frame.is_empty() for frame in stats.values()):
         fail(f"the bank at {lake.uri} is empty: run `rlvr curate` first")
     for title, frame in stats.items():
-        console.print(frame_table(frame, title=title))
+        show_table(frame, title=title, part=title)
 
 
 @bank_app.command("sample")
@@ -300,8 +308,10 @@ def bank_sample(
     bank_version: Annotated[Optional[int], typer.Option(help="the bank as of this version")] = None,
     out: Annotated[Optional[Path], typer.Option(help="write the draw to a .jsonl or .parquet file")] = None,
     lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Draw a seeded training mix by level and domain."""
+    use_format(format)
     from storage.lake import Lake
     from tasks.curation.config import MixConfig
     from tasks.curation.stage import draw_training_mix
@@ -315,7 +325,7 @@ def bank_sample(
     except ValueError as error:
         fail(str(error).splitlines()[0] if "validation error" not in str(error) else str(error), 2)
     summary = drawn.group_by("level", "domain").len("drawn").sort("level", "domain")
-    console.print(frame_table(summary, title=f"{drawn.height} problems drawn (seed {seed})"))
+    show_table(summary, title=f"{drawn.height} problems drawn (seed {seed})", part="drawn")
     if out is not None:
         writers = {".parquet": drawn.write_parquet, ".jsonl": drawn.write_ndjson, ".csv": drawn.write_csv}
         if out.suffix not in writers:
@@ -323,8 +333,8 @@ def bank_sample(
         writers[out.suffix](out)
         console.print(f"wrote {out}")
     else:
-        console.print(frame_table(drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
-                                  title=f"first {min(10, drawn.height)}"))
+        show_table(drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
+                   title=f"first {min(10, drawn.height)}", part="first")
 
 
 @app.command("verify-file")
@@ -399,8 +409,10 @@ def verify(
     noise_correction: Annotated[bool, typer.Option(help="add corrected_reward from the verifier's audit")] = False,
     lake: LakeOption = None,
     wait: WaitOption = False,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Score an iteration's rollouts into the rewards table (replacing that verifier's previous scores)."""
+    use_format(format)
     import polars as pl
 
     from tasks.curation.config import load_yaml_config
@@ -416,7 +428,7 @@ def verify(
         from flows.verification import verify_iteration
 
         result = verify_iteration(iteration, settings.model_dump(mode="json"), lake)
-    console.print(frame_table(pl.DataFrame(result["verifiers"]), title=f"iteration {iteration} (run {result['run_id']})"))
+    show_table(pl.DataFrame(result["verifiers"]), title=f"iteration {iteration} (run {result['run_id']})")
 
 
 @app.command("audit-verifier")

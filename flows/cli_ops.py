@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from flows.cli import LakeOption, WaitOption, _prefect_defaults, app, fail, loop_writer
-from flows.display import console, frame_table
+from flows.cli import FormatOption, LakeOption, WaitOption, _prefect_defaults, app, fail, loop_writer
+from flows.display import TableFormat, console, show_table, use_format
 
 STAGE_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages", "train", "evaluation")
 
@@ -56,8 +56,10 @@ def stage(
                                                     "(sampling nothing)")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Re-run one stage of an iteration, replacing exactly its output; unchanged stages are skipped."""
+    use_format(format)
     try:
         iterations = parse_iterations(iteration)
         overrides = stage_overrides(config)
@@ -103,7 +105,7 @@ def _print_stages(summaries: list[dict]) -> None:
     rows = [{"iteration": s.get("iteration"), "stage": s["stage"],
              "outcome": "skipped" if s.get("skipped") else "ran", "run": s.get("run_id"),
              "output_of_run": s.get("same_as") or s.get("run_id"), "result": _result_of(s)} for s in summaries]
-    console.print(frame_table(pl.DataFrame(rows), title="stages (SQL: select * from runs order by started_at)"))
+    show_table(pl.DataFrame(rows), title="stages (SQL: select * from runs order by started_at)")
 
 
 def _result_of(summary: dict) -> str:
@@ -132,11 +134,13 @@ def evaluate(
     verifier: Annotated[Optional[str], typer.Option(help="re-score the version's stored held-out responses with "
                                                     "this verifier instead of sampling new ones")] = None,
     lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Held-out solve rate (pass@1) and pass@k of a model version per source and level (replaces that version's
     evaluation; every response is kept in eval_rollouts).
 
     Settings are the lake's last recorded ones, overridden by the sections of --config, then --k and --verifier."""
+    use_format(format)
     import polars as pl
 
     from flows.run_config import EvaluationRunConfig
@@ -176,8 +180,8 @@ def evaluate(
     table = table.rename({"solve_rate": "pass@1", "pass_at_k": f"pass@{result['k']}"}) if result["k"] > 1 else \
         table.drop("pass_at_k").rename({"solve_rate": "pass@1"})
     pass_k = f", pass@{result['k']} {result['pass_at_k']:.1%}" if result["k"] > 1 else ""
-    console.print(frame_table(table, title=f"model version {result['model_version']}: held-out pass@1 "
-                                           f"{result['solve_rate']:.1%}{pass_k} (SQL: select * from evaluations)"))
+    show_table(table, title=f"model version {result['model_version']}: held-out pass@1 "
+                            f"{result['solve_rate']:.1%}{pass_k} (SQL: select * from evaluations)")
 
 
 @app.command()
@@ -231,8 +235,10 @@ def doctor(
     repair: Annotated[bool, typer.Option("--repair", help="mark dead runs abandoned, delete rows of runs that never "
                                          "completed and unnamed checkpoint folders, take over dead leases, vacuum "
                                          "unreferenced files; never deletes committed data")] = False,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Check every table's log and files, runs, checkpoints and leases; say what each finding means."""
+    use_format(format)
     import polars as pl
 
     from storage.doctor import diagnose, healthy
@@ -243,9 +249,7 @@ def doctor(
     table = pl.DataFrame([{"severity": f.severity, "subject": f.subject, "finding": f.what, "meaning": f.meaning,
                            "repair": ("done: " if f.repaired else "") + (f.repair or "needs a human")
                            if f.severity != "info" or f.repair else ""} for f in findings])
-    rendered = frame_table(table, title=f"rlvr doctor: {escape(opened.uri)}", max_width=600)
-    rendered.show_lines = True
-    console.print(rendered)
+    show_table(table, title=f"rlvr doctor: {escape(opened.uri)}", max_width=600, show_lines=True)
     if healthy(findings):
         console.print("the lake is healthy" + (" (after the repairs above)" if any(f.repaired for f in findings) else ""))
         return

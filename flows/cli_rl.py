@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli import LakeOption, WaitOption, _prefect_defaults, app, fail, lineage_app, loop_writer
-from flows.display import console, frame_table, write_result
+from flows.cli import FormatOption, LakeOption, WaitOption, _prefect_defaults, app, fail, lineage_app, loop_writer
+from flows.display import TableFormat, console, frame_table, show_table, use_format, write_result
 
 policy_app = typer.Typer(help="The model registry and policy servers.", no_args_is_help=True)
 analyze_app = typer.Typer(help="Analyses of stored iterations.", no_args_is_help=True)
@@ -79,7 +79,7 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     from storage.lake import Lake
 
     table = loop_table(rows, warmup_row(Lake.open(lake)))
-    console.print(frame_table(table, title="RL loop (SQL: select * from iteration_metrics)"))
+    show_table(table, title="RL loop (SQL: select * from iteration_metrics)")
 
 
 def warmup_row(lake) -> dict | None:
@@ -126,8 +126,10 @@ def iterate(
     verifier: Annotated[Optional[str], typer.Option(help="score with this verifier (or reward control) instead")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """One RL iteration without training: rollout with dynamic sampling, verification, advantages, batch."""
+    use_format(format)
     settings = iteration_config(config, {"dynamic_sampling.groups_per_batch": groups, "rollout.group_size": group_size,
                                          "verify.verifier": verifier})
     with loop_writer(lake, wait):
@@ -151,8 +153,10 @@ def advantages(
     model_version: Annotated[Optional[int], typer.Option(help="current policy version, for staleness")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Re-run the advantage stage of an iteration: groups, advantages, batch and DBB state are replaced."""
+    use_format(format)
     settings = iteration_config(config, {"advantages.estimator": estimator})
     with loop_writer(lake, wait):
         _prefect_defaults()
@@ -181,10 +185,10 @@ def _print_iteration(result: dict) -> None:
         if result["short_by"]:
             rows.append(("batch short by", f"{result['short_by']} groups (round bound reached)"))
     table = pl.DataFrame({"": [k for k, _ in rows], "value": [str(v) for _, v in rows]})
-    console.print(frame_table(table, title=f"iteration {result['iteration']}"))
+    show_table(table, title=f"iteration {result['iteration']}", part="iteration")
     histogram = pl.DataFrame({"solve rate": list(result["solve_rate_histogram"]),
                               "groups": list(result["solve_rate_histogram"].values())})
-    console.print(frame_table(histogram, title="solve-rate histogram"))
+    show_table(histogram, title="solve-rate histogram", part="solve_rate_histogram")
 
 
 @analyze_app.command("sampling")
@@ -192,10 +196,11 @@ def analyze_sampling(
     iteration: Annotated[int, typer.Option(help="the iteration to analyse")],
     verifier: Annotated[Optional[str], typer.Option(help="whose rewards; default each problem's own verifier")] = None,
     limit: Annotated[int, typer.Option(help="problems shown in the table (all with --format csv/json)")] = 20,
-    format: Annotated[str, typer.Option("--format", help="table, csv or json (per-problem rows)")] = "table",
+    format: FormatOption = TableFormat.table,
     lake: LakeOption = None,
 ) -> None:
     """Per problem: solve rate of its G samples, correct vs incorrect (length, truncation, answer form), zone."""
+    use_format(format)
     import polars as pl
     import pyarrow.compute as pc
 
@@ -228,26 +233,28 @@ def analyze_sampling(
 
 
 @policy_app.command("init")
-def policy_init(config: ConfigOption = None, lake: LakeOption = None) -> None:
+def policy_init(config: ConfigOption = None, lake: LakeOption = None, format: FormatOption = TableFormat.table) -> None:
     """Register model version 0 (the embedded tiny model, or the checkpoint the config names)."""
+    use_format(format)
     from storage.lake import Lake
     from trainers.registry import ensure_base_policy
 
     settings = iteration_config(config)
     opened = Lake.open(lake)
     ensure_base_policy(opened, settings.rollout.base_policy)
-    policy_list(lake)
+    policy_list(lake, format)
 
 
 @policy_app.command("list")
-def policy_list(lake: LakeOption = None) -> None:
+def policy_list(lake: LakeOption = None, format: FormatOption = TableFormat.table) -> None:
     """The registered model versions."""
+    use_format(format)
     from storage.lake import Lake
     from storage.registry import versions
 
     table = versions(Lake.open(lake)).select("model_version", "parent_version", "kind", "checkpoint_uri", "iteration",
                                              "created_at")
-    console.print(frame_table(table, title="model versions"))
+    show_table(table, title="model versions")
 
 
 @policy_app.command("serve")
@@ -290,9 +297,11 @@ def policy_publish(
     config: Annotated[Path, typer.Option(help="run config whose rollout.openai lists the servers (and publish: "
                                          "max_loras, path_map, ...)")],
     lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """Load a model version into every rollout server (vLLM's load_lora_adapter) and confirm GET /v1/models
     lists it; older versions past publish.max_loras are unloaded. Recorded in `publications`."""
+    use_format(format)
     settings = run_config(config)
     if settings.rollout.backend != "openai":
         fail(f"{config}: rollout.backend is {settings.rollout.backend!r}; publishing is for the openai backend", 2)
@@ -307,8 +316,8 @@ def policy_publish(
         fail(str(error))
     import polars as pl
 
-    console.print(frame_table(pl.DataFrame(rows).select("endpoint", "served_name", "action", "unloaded"),
-                              title=f"model version {version} published"))
+    show_table(pl.DataFrame(rows).select("endpoint", "served_name", "action", "unloaded"),
+               title=f"model version {version} published")
 
 
 @app.command()
@@ -319,8 +328,10 @@ def train(
                                                      "CPU, NCCL on GPUs) [default: the config's, else 1]")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
+    format: FormatOption = TableFormat.table,
 ) -> None:
     """One GRPO / DAPO step on an iteration's batch: registers the next model version."""
+    use_format(format)
     from tasks.curation.config import load_yaml_config
     from trainers.grpo import TrainConfig
 
@@ -345,9 +356,8 @@ def train(
 
     shown = {k: result[k] for k in ("model_version", "batch_id", "loss", "clip_fraction", "kl", "entropy",
                                     "grad_norm", "tokens", "optimizer_steps", "global_step", "processes")}
-    console.print(frame_table(pl.DataFrame({"": list(shown), "value": [str(round(v, 5)) if isinstance(v, float) else
-                                                                         str(v) for v in shown.values()]}),
-                              title=f"iteration {iteration}: trained"))
+    show_table(pl.DataFrame({"": list(shown), "value": [str(round(v, 5)) if isinstance(v, float) else str(v)
+                                                        for v in shown.values()]}), title=f"iteration {iteration}: trained")
 
 
 @lineage_app.command("model-version")

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from datetime import date, datetime
+from enum import Enum
 from typing import Any
 
 import polars as pl
@@ -20,6 +21,45 @@ from rich.table import Table
 PIPED_WIDTH = 200
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH)
 errors = Console(stderr=True)
+
+
+class TableFormat(str, Enum):
+    """How a command prints its tables: for people, or CSV / JSON lines for programs."""
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+_output = {"format": TableFormat.table, "tables": 0}
+
+
+def use_format(fmt: TableFormat | str = TableFormat.table) -> None:
+    """Set how this command prints tables. With csv or json stdout carries only the tables' rows, and what
+    is said for people (titles, notes, progress) goes to stderr, so `rlvr … --format csv > out.csv` holds data."""
+    _output["format"], _output["tables"] = TableFormat(fmt), 0
+    console.stderr = _output["format"] is not TableFormat.table
+
+
+def show_table(frame: pl.DataFrame | pa.Table, title: str | None = None, part: str | None = None,
+               max_width: int = 80, show_lines: bool = False) -> None:
+    """Print a table in this command's format. `part` names it where a command prints several: in JSON each
+    row then carries `"table": part`, in CSV the table is headed by a `# part` line (tables apart by a blank line)."""
+    arrow = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
+    fmt = _output["format"]
+    if fmt is TableFormat.table:
+        table = frame_table(arrow, title, max_width)
+        table.show_lines = show_lines
+        console.print(table)
+        return
+    if title:
+        console.print(f"[dim]{title}[/dim]")              # to stderr: see use_format
+    if fmt is TableFormat.csv:
+        if _output["tables"]:
+            sys.stdout.write("\n")
+        if part:
+            sys.stdout.write(f"# {part}\n")
+    _output["tables"] += 1
+    write_rows(arrow, fmt.value, part)
 
 
 def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_width: int = 80) -> Table:
@@ -45,11 +85,17 @@ def _cell(value: Any, max_width: int) -> str:
 
 
 def write_result(arrow: pa.Table, fmt: str) -> None:
-    """Print a query result as a table, CSV or JSON lines (one object per row)."""
+    """Print a query result as a table (with its row count), CSV or JSON lines (one object per row)."""
     if fmt == "table":
         console.print(frame_table(arrow))
         console.print(f"[dim]{arrow.num_rows} row(s)[/dim]")
-    elif fmt == "csv":
+    else:
+        write_rows(arrow, fmt)
+
+
+def write_rows(arrow: pa.Table, fmt: str, part: str | None = None) -> None:
+    """CSV with a header line, or JSON lines (one object per row, led by `"table": part` where given)."""
+    if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(arrow.column_names)
@@ -57,8 +103,9 @@ def write_result(arrow: pa.Table, fmt: str) -> None:
             writer.writerow([_plain(v) for v in row.values()])
         sys.stdout.write(buffer.getvalue())
     else:
+        lead = {"table": part} if part else {}
         for row in arrow.to_pylist():
-            sys.stdout.write(json.dumps(row, default=_json_default, ensure_ascii=False) + "\n")
+            sys.stdout.write(json.dumps({**lead, **row}, default=_json_default, ensure_ascii=False) + "\n")
 
 
 def _plain(value: Any) -> Any:

@@ -54,43 +54,71 @@ def _option_row(param) -> str:
 
 def config_reference() -> str:
     """Markdown: each section of a run config (`rlvr run --config`), then the curation stage's `bank:`."""
-    from flows.run_config import RunConfig
-    from tasks.curation.config import CurationConfig
-
     lines = [HEADER, "# Run config reference\n",
              "Every section of a run config (`rlvr run --config FILE`) and of the curation stage's `bank:`, "
-             "with each field's type, default and description. Cross-field rules are the classes' validators; "
-             "a config that breaks one is refused with the file and field.\n"]
-    sections = [*((name, field.annotation) for name, field in RunConfig.model_fields.items()), ("bank", CurationConfig)]
-    for name, model in sections:
-        _model_section(lines, name, model, seen=set())
+             "with each field's type, default and description, and under each section the rules between its "
+             "fields (its validators' own words). A config that breaks a rule is refused, naming the file and "
+             "the field.\n"]
+    from flows.run_config import RunConfig
+
+    lines += ["## Rules across sections\n", *(f"- {rule}" for rule in validator_rules(RunConfig)), ""]
+    for path, model in config_sections():
+        _model_section(lines, path, model)
     return "\n".join(lines)
 
 
-def _model_section(lines: list[str], path: str, model: type[BaseModel], seen: set) -> None:
-    if model in seen:
-        return
-    seen.add(model)
+def config_sections() -> list[tuple[str, type[BaseModel]]]:
+    """(dotted path, class) of every section of a run config and of `bank:`, nested ones after their parent."""
+    from flows.run_config import RunConfig
+    from tasks.curation.config import CurationConfig
+
+    found: list[tuple[str, type[BaseModel]]] = []
+
+    def visit(path: str, model: type[BaseModel]) -> None:
+        root = path.split(".")[0]                 # a class shown once per top-level section (a cycle guard)
+        if any(model is seen and other.split(".")[0] == root for other, seen in found):
+            return
+        found.append((path, model))
+        for name, field in model.model_fields.items():
+            child = _section_of(field.annotation)
+            if child is not None:
+                visit(f"{path}.{name}" + ("[]" if get_origin(field.annotation) is list else ""), child)
+
+    for name, field in RunConfig.model_fields.items():
+        visit(name, field.annotation)
+    visit("bank", CurationConfig)
+    return found
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The config class a field holds, itself or as the items of a list (`bank.sources`)."""
+    item = (get_args(annotation) or (None,))[0] if get_origin(annotation) is list else annotation
+    return item if isinstance(item, type) and issubclass(item, BaseModel) else None
+
+
+def _model_section(lines: list[str], path: str, model: type[BaseModel]) -> None:
     lines.append(f"## `{path}`\n")
     if model.__doc__:
         lines.append(model.__doc__.strip().split("\n\n")[0].replace("\n", " ") + "\n")
     lines += ["| field | type | default | description |", "| --- | --- | --- | --- |"]
-    nested = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        item = (get_args(annotation) or (None,))[0] if get_origin(annotation) is list else None
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            nested.append((f"{path}.{name}", annotation))
+        if _section_of(field.annotation) is not None and get_origin(field.annotation) is not list:
             default = "(section)"
-        elif isinstance(item, type) and issubclass(item, BaseModel):        # a list of sections: bank.sources
-            nested.append((f"{path}.{name}[]", item))
-            default = "" if field.is_required() else f"`{_default(field)}`"
         else:
             default = "" if field.is_required() else f"`{_default(field)}`"
-        lines.append(f"| `{name}` | {_cell(_type_name(annotation))} | {_cell(default)} | {_cell(field.description or '')} |")
+        lines.append(f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(default)} | "
+                     f"{_cell(field.description or '')} |")
     lines.append("")
-    for child, annotation in nested:
-        _model_section(lines, child, annotation, seen)
+    rules = validator_rules(model)
+    if rules:
+        lines += ["Rules:", "", *(f"- {rule}" for rule in rules), ""]
+
+
+def validator_rules(model: type[BaseModel]) -> list[str]:
+    """What each of the class's own validators checks, in its docstring's words (None where it has none)."""
+    decorators = model.__pydantic_decorators__
+    validators = [*decorators.field_validators.values(), *decorators.model_validators.values()]
+    return [" ".join(doc.split()) if (doc := getattr(v.func, "__doc__", None)) else None for v in validators]
 
 
 def _default(field) -> Any:

@@ -49,6 +49,9 @@ class RunConfig(IterationConfig):
 
     @model_validator(mode="after")
     def _staleness_fits(self) -> "RunConfig":
+        """With `loop.mode: async`, `loop.max_staleness` ≤ `advantages.max_stale_versions` (else the overlapped loop
+        drops its own batches); `train.off_policy_loss: decoupled` needs `advantages.off_policy_weight: none` (else
+        the correction is applied twice)."""
         if self.loop.mode == "async" and self.loop.max_staleness > self.advantages.max_stale_versions:
             raise ValueError(f"loop.max_staleness {self.loop.max_staleness} exceeds advantages.max_stale_versions "
                              f"{self.advantages.max_stale_versions}: the overlapped loop would drop its own batches")

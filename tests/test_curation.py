@@ -1,6 +1,7 @@
 """The curation flow end to end on small files: quarantine, re-runs, versions, failures, lineage, Prefect."""
 
 import asyncio
+import csv
 import json
 
 import polars as pl
@@ -161,6 +162,19 @@ def test_cli_quick_sources_without_a_prefect_server(files, tmp_path):
     assert drawn.height == 10 and drawn["level"].unique().to_list() == [2]
     shown = run_cli("bank", "sample", "--n", "5", "--levels", "0,100,0,0", "--lake", lake)
     assert "first 5" in shown.stdout and "first 10" not in shown.stdout
+    # --format: stdout holds only rows (CSV blocks or JSON lines naming their table), notes go to stderr
+    as_json = run_cli("bank", "stats", "--format", "json", "--lake", lake)
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert as_json.returncode == 0 and rows and all("table" in row for row in rows)
+    assert "gen:level2" in {row["source"] for row in rows if row["table"] == "by source"}
+    assert {"by source", "by domain", "by level", "quarantine reasons"} <= {row["table"] for row in rows}
+    assert "by source" in as_json.stderr                    # the titles, for people
+    as_csv = run_cli("bank", "sample", "--n", "5", "--levels", "0,100,0,0", "--format", "csv", "--lake", lake)
+    blocks = as_csv.stdout.strip().split("\n\n")
+    assert [block.splitlines()[0] for block in blocks] == ["# drawn", "# first"]
+    drawn_rows = list(csv.DictReader(blocks[1].splitlines()[1:]))
+    assert len(drawn_rows) == 5 and {row["level"] for row in drawn_rows} == {"2"}
+    assert "first 5" in as_csv.stderr and "first 5" not in as_csv.stdout
     missing = run_cli("curate", "--source", f"gsm8k:{files['missing']}", "--lake", lake)
     assert missing.returncode == 1
     assert missing.stderr.strip().startswith("error: cannot read source file") and "Traceback" not in missing.stderr

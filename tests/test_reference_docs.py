@@ -17,3 +17,16 @@ def test_the_pages_cover_every_command_and_section():
     for section in ("## `rollout.tools`", "## `rollout.sampler`", "## `train`", "## `bank`", "## `bank.sources[]`", "## `loop`"):
         assert section in config
     assert "| `--files` | flag |" in cli and "| `max_tool_calls` | int | `2` |" in config
+
+
+def test_every_rule_between_fields_is_written_out():
+    """A validator added without a docstring would leave its rule out of the config reference."""
+    from flows.reference import config_sections, validator_rules
+    from flows.run_config import RunConfig
+
+    unwritten = [f"{path} ({model.__name__})" for path, model in [("(run)", RunConfig), *config_sections()]
+                 if None in validator_rules(model)]
+    assert not unwritten, f"validators without a docstring: {unwritten}"
+    config = (DOCS / "config.md").read_text()
+    assert "`loop.max_staleness` ≤ `advantages.max_stale_versions`" in config       # across sections
+    assert "a procedural source (generator, gym) takes one `level`" in config       # within bank.sources[]

@@ -160,3 +160,62 @@ def test_the_pass_at_k_plot_draws_the_evaluations_numbers(looped_lake):
     expected = sum(pass_at_k(n, c, 2) for n, c in per_problem.select("n", "c").rows()) / per_problem.height
     assert frame["pass_at_k"][-1] == pytest.approx(expected)
     assert frame["pass_at_1"][-1] == pytest.approx(float(responses["correct"].fill_null(False).mean()))
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Appended to a copy of the report: after load, what the browser itself made of every image and table.
+RENDER_CHECK = """<script>
+window.addEventListener("load", () => {
+  const images = [...document.images], tables = [...document.querySelectorAll("table")];
+  const result = {images: images.length, tables: tables.length,
+    broken: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt),
+    shown_small: images.filter(i => i.getBoundingClientRect().width < 200).map(i => i.alt),
+    empty_tables: tables.filter(t => t.rows.length < 1 || t.getBoundingClientRect().height < 10).length};
+  const out = document.createElement("pre");
+  out.id = "render-check";
+  out.textContent = JSON.stringify(result);
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def headless(*args: str, timeout: int = 120):
+    import subprocess
+
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--no-first-run", "--hide-scrollbars", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium (Debian's `chromium`; .ci/run installs it)")
+def test_the_report_renders_in_a_browser(looped_lake, tmp_path):
+    """The HTML report opened as a person would, in headless Chromium: every plot decodes and shows at
+    size, every table has rows, and a screenshot of the page is not blank (many colours, something drawn on most of its height)."""
+    import html
+    import json
+    import re
+
+    import numpy as np
+    from PIL import Image
+
+    from tasks.report.stage import build_report, write_report
+
+    write_report(build_report(looped_lake), tmp_path / "out")
+    checked = tmp_path / "checked.html"
+    checked.write_text((tmp_path / "out" / "report.html").read_text().replace("</body>", RENDER_CHECK + "</body>"))
+    dom = headless("--virtual-time-budget=10000", "--dump-dom", checked.as_uri())
+    found = re.search(r'<pre id="render-check">(.*?)</pre>', dom.stdout, re.S)
+    assert found, dom.stderr[-2000:]
+    result = json.loads(html.unescape(found.group(1)))
+    assert result["images"] == len(LOOP_PLOTS) and result["broken"] == [] and result["shown_small"] == []
+    assert result["tables"] >= 2 and result["empty_tables"] == 0
+
+    screenshot = tmp_path / "report.png"
+    shot = headless("--window-size=1280,2400", f"--screenshot={screenshot}", (tmp_path / "out" / "report.html").as_uri())
+    assert screenshot.exists(), shot.stderr[-2000:]
+    pixels = np.asarray(Image.open(screenshot).convert("RGB"))
+    assert pixels.shape[:2] == (2400, 1280)
+    colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
+    assert colours > 50, f"a near-blank page: {colours} colours"
+    drawn_rows = (pixels < 245).any(axis=2).any(axis=1).mean()        # text, tables and plots down the page
+    assert drawn_rows > 0.4, f"only {drawn_rows:.0%} of the page's pixel rows hold anything"

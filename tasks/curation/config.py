@@ -58,6 +58,7 @@ class SourceConfig(Strict):
     @field_validator("level")
     @classmethod
     def _level_range(cls, level):
+        """`level`: 1 to 4, or a range `[lo, hi]` within them."""
         values = level if isinstance(level, tuple) else (level,)
         if level is not None and not all(1 <= v <= 4 for v in values):
             raise ValueError("levels are 1 to 4")
@@ -66,6 +67,8 @@ class SourceConfig(Strict):
     @field_validator("columns")
     @classmethod
     def _mappable(cls, columns):
+        """`columns` maps only prompt, answer, solution, tests and entry_point (levels come from `level_field`,
+        domains from `domain`)."""
         unknown = set(columns) - MAPPABLE_FIELDS
         if unknown:
             raise ValueError(f"columns can map only {sorted(MAPPABLE_FIELDS)}, not {sorted(unknown)} "
@@ -74,6 +77,8 @@ class SourceConfig(Strict):
 
     @model_validator(mode="after")
     def _kind_fields(self):
+        """A file kind (gsm8k, math, olympiad, humaneval, mapped) needs `path`; `mapped` needs `columns.prompt`;
+        `gym` needs `dataset`; a procedural source (generator, gym) takes one `level`, not a range."""
         if self.kind in FILE_KINDS and not self.path:
             raise ValueError(f"a {self.kind} source needs a path")
         if self.kind == "mapped" and "prompt" not in self.columns:
@@ -155,6 +160,7 @@ class MixConfig(Strict):
     @field_validator("level_weights")
     @classmethod
     def _levels(cls, weights):
+        """`level_weights`: keys are levels 1-4, weights are ≥ 0 and sum to more than 0."""
         if not weights or any(level not in (1, 2, 3, 4) or w < 0 for level, w in weights.items()) or sum(weights.values()) <= 0:
             raise ValueError("level_weights maps levels 1-4 to non-negative weights with a positive sum")
         return weights

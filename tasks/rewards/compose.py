@@ -66,7 +66,8 @@ class RewardConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _kind(cls, data: Any) -> Any:
-        """`kind: verifiable | self_certainty` is shorthand for that component alone, weight 1."""
+        """`kind: verifiable | self_certainty` is shorthand for that component alone, weight 1; it cannot be given
+        with other `components`."""
         if isinstance(data, dict) and data.get("kind") in KINDS:
             alone = {KINDS[data["kind"]]: RewardComponent()}
             given = data.get("components")
@@ -79,6 +80,8 @@ class RewardConfig(Strict):
     @field_validator("components")
     @classmethod
     def _known(cls, components: dict[str, RewardComponent]) -> dict[str, RewardComponent]:
+        """`components`: at least one, each a built-in name (verifier, corrected, format, process,
+        self_certainty, length) or `verifier:NAME`."""
         for name in components:
             if name not in BUILT_IN and not (name.startswith("verifier:") and len(name) > len("verifier:")):
                 raise ValueError(f"unknown reward component {name!r}: use {', '.join(BUILT_IN)} or verifier:NAME")
@@ -88,7 +91,8 @@ class RewardConfig(Strict):
 
     @model_validator(mode="after")
     def _process_share(self) -> "RewardConfig":
-        """The seed's danger zone, raised once where the config is read (not in every worker)."""
+        """A warning, not a refusal: a `process` component whose weight is at most 10 % of the outcome-plus-process
+        weight (the seed's danger zone; raised once where the config is read, not in every worker)."""
         process = self.components.get("process")
         outcome = sum(abs(c.weight) for name, c in self.components.items() if name in ("verifier", "corrected"))
         if process is not None and process.weight > 0 and outcome > 0:
