@@ -174,7 +174,8 @@ def _curate(curation, lake: str | None, force: bool = False) -> None:
 def _print_curation(result: dict) -> None:
     import polars as pl
 
-    show_table(pl.DataFrame(result["sources"]), title=f"bank version {result['bank_version']} (run {result['run_id']})")
+    show_table(pl.DataFrame(result["sources"]), title=f"bank version {result['bank_version']} (run {result['run_id']})",
+               part="curation")                # `rlvr run` may print the loop's table after it
     totals = pl.DataFrame(result["sources"]).select(pl.exclude("source").sum()).row(0, named=True)
     console.print(f"kept {totals['kept']:,} of {totals['loaded']:,} rows: {totals['quarantined']:,} quarantined, "
                   f"{totals['exact_dup']:,} exact and {totals['near_dup']:,} near duplicates, "

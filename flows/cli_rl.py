@@ -79,7 +79,7 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     from storage.lake import Lake
 
     table = loop_table(rows, warmup_row(Lake.open(lake)))
-    show_table(table, title="RL loop (SQL: select * from iteration_metrics)")
+    show_table(table, title="RL loop (SQL: select * from iteration_metrics)", part="loop")
 
 
 def warmup_row(lake) -> dict | None:

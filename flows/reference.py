@@ -47,8 +47,11 @@ def _option_row(param) -> str:
     names = ", ".join(f"`{name}`" for name in [*param.opts, *getattr(param, "secondary_opts", [])])
     if param.param_type_name == "argument":
         names = f"`{param.display_name_raw}` (argument)"
-    kind = "flag" if getattr(param, "is_flag", False) else param.bare_type()
-    default = "" if param.default in (None, False, ()) or callable(param.default) else f"`{param.default}`"
+    descriptor = getattr(param, "type_descriptor", None)            # typer's own parameters describe their type
+    choices = [getattr(c, "value", c) for c in descriptor.choices or ()] if getattr(descriptor, "is_choice", False) else []
+    kind = "flag" if getattr(param, "is_flag", False) else " \\| ".join(map(str, choices)) if choices else param.bare_type()
+    value = getattr(param.default, "value", param.default)           # an Enum's default as the user types it
+    default = "" if value in (None, False, ()) or callable(value) else f"`{value}`"
     return f"| {names} | {kind} | {default} | {_cell(getattr(param, 'help', None) or '')} |"
 
 
@@ -58,7 +61,7 @@ def config_reference() -> str:
              "Every section of a run config (`rlvr run --config FILE`) and of the curation stage's `bank:`, "
              "with each field's type, default and description, and under each section the rules between its "
              "fields (its validators' own words). A config that breaks a rule is refused, naming the file and "
-             "the field.\n"]
+             "the field (a rule that says it warns only warns).\n"]
     from flows.run_config import RunConfig
 
     lines += ["## Rules across sections\n", *(f"- {rule}" for rule in validator_rules(RunConfig)), ""]

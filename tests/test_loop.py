@@ -75,8 +75,10 @@ def test_rlvr_run_curates_then_loops_and_prints_the_metrics(cli, tmp_path):
     assert "RL loop (SQL: select * from iteration_metrics)" in result.stdout and "kept 80 of 80 rows" in result.stdout
     done = cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
     assert done.returncode == 0 and "nothing to do: the lake already holds 1 iteration" in done.stdout
-    again = cli("run", "--config", str(config), "--iterations", "2", "--lake", lake_uri)
-    assert again.returncode == 0 and "skipping curation" in again.stdout
+    again = cli("run", "--config", str(config), "--iterations", "2", "--format", "json", "--lake", lake_uri)
+    assert again.returncode == 0 and "skipping curation" in again.stderr       # notes to stderr, rows to stdout
+    printed = [json.loads(line) for line in again.stdout.splitlines()]
+    assert {row["table"] for row in printed} == {"loop"} and [row["iteration"] for row in printed][-1] == 2
     rows = cli("sql", "select iteration, trained_version from iteration_metrics order by 1", "--format", "csv",
                    "--lake", lake_uri)
     assert rows.stdout.split() == ["iteration,trained_version", "1,1", "2,2"]

@@ -205,6 +205,29 @@ def test_the_sandbox_has_no_network_and_sees_no_other_process(mode):
     assert int(capabilities, 16) == 0
 
 
+def test_live_sandboxes_never_share_user_ids():
+    """Each live sandbox on the host holds its own pair of user ids (an flock per slot): a slot another
+    sandbox holds, in this process or any other, is passed over, and closing a sandbox frees its slot."""
+    start = UID_SLOTS - 1                                    # the last slot: the next claim wraps to 0
+    first, held = client.claim_uid_slot(start)
+    second, also_held = client.claim_uid_slot(first)
+    assert held is not None and also_held is not None and second != first
+    other = subprocess.run([sys.executable, "-c", f"from tasks.sandbox.client import claim_uid_slot; "
+                            f"print(claim_uid_slot({first})[0])"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert int(other.stdout) not in (first, second), other.stderr      # another process passes over both
+    os.close(held)
+    again, again_held = client.claim_uid_slot(first)
+    assert again == first                                            # free again
+    os.close(again_held)
+    os.close(also_held)
+    sandboxes = [Sandbox(isolation="rlimits", allow_insecure=True) for _ in range(3)]
+    try:
+        assert len({sandbox._uid_slot for sandbox in sandboxes}) == 3
+    finally:
+        for sandbox in sandboxes:
+            sandbox.close()
+
+
 @pytest.mark.skipif(not UNPRIVILEGED, reason="needs root (to drop to nobody), setpriv and user namespaces")
 def test_an_unprivileged_user_gets_userns_isolation():
     probe = run_unprivileged("-c", ["from tasks.sandbox.client import isolation_mode; print(isolation_mode())"], "")

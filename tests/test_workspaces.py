@@ -356,4 +356,14 @@ def test_process_a_answers_calls_itself_when_no_thread_can_start(monkeypatch):
     json_module = connection.request("import", "json")
     assert json_module.dumps([1, 2]) == "[1, 2]"
     assert workspace.threads == 0                          # every call was answered by serve itself
-    os.close(from_b)
+    monkeypatch.undo()
+    os.close(from_b)                                       # B hangs up: A's serve reads the end and returns
+    serving.join(10)
+    os.close(from_a)                                       # A's end closes: B's reader sees it and stops
+    for _ in range(100):
+        if connection.gone:
+            break
+        time.sleep(0.05)
+    assert not serving.is_alive() and connection.gone
+    os.close(to_a)
+    os.close(to_b)

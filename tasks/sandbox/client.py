@@ -15,6 +15,7 @@ isolation: refused unless `allow_insecure`, `--insecure-sandbox` or RLVR_INSECUR
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
@@ -97,6 +98,31 @@ def require_isolation(isolation: str | None = None, allow_insecure: bool | None 
     return isolation
 
 
+UID_LOCKS = "/tmp/rlvr-sandbox-uids"        # a lock file per user-id slot, shared by every process on the host
+
+
+def claim_uid_slot(start: int) -> tuple[int, int | None]:
+    """The first slot from `start` on that no other live sandbox holds, and the descriptor whose flock holds it
+    (released by closing it, or by the process's death). Where no lock can be taken: `start`, unheld."""
+    try:
+        os.makedirs(UID_LOCKS, exist_ok=True)
+        os.chmod(UID_LOCKS, 0o1777)                    # sandboxes of other users claim here too
+    except OSError:
+        pass
+    for offset in range(UID_SLOTS):
+        slot = (start + offset) % UID_SLOTS
+        try:
+            descriptor = os.open(os.path.join(UID_LOCKS, str(slot)), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, descriptor
+        except OSError:
+            os.close(descriptor)
+    return start, None
+
+
 class Sandbox:
     def __init__(self, worker: int = 0, limits: SandboxLimits | None = None, isolation: str | None = None,
                  allow_insecure: bool | None = None, health_limits: dict | None = None):
@@ -113,10 +139,10 @@ class Sandbox:
         self.crashes = 0                  # servers that hung or died during a run
         name = f"{os.getpid()}-{self.worker}-{next(_servers)}"
         self._cgroups = budget.create_cgroups(name) if self.isolation == "namespaces" else None
-        # Its runs' user ids, drawn per sandbox (not per worker index, which every suite on a host repeats):
-        # RLIMIT_NPROC counts a user id's processes and threads host-wide, so a fork bomb run under ids
-        # another suite's sandbox also used would starve that one.
-        self._uid_slot = zlib.crc32(name.encode()) % UID_SLOTS
+        # Its runs' user ids, one pair per live sandbox on the host (not per worker index, which every suite
+        # repeats): RLIMIT_NPROC counts a user id's processes and threads host-wide, so a fork bomb run under
+        # ids another sandbox also used would starve that one.
+        self._uid_slot, self._uid_lock = claim_uid_slot(zlib.crc32(name.encode()) % UID_SLOTS)
 
     @property
     def budget(self) -> str:
@@ -130,6 +156,8 @@ class Sandbox:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        if self._uid_lock is None:                          # closed before: claim a slot again
+            self._uid_slot, self._uid_lock = claim_uid_slot(self._uid_slot)
         command = [*PREFIXES[self.isolation], sys.executable, "-s", "-m", "tasks.sandbox.zygote",
                    self.isolation, str(self._uid_slot), json.dumps(self._cgroups)]
         # the environment carries nothing of the orchestrator's; the working directory is /
@@ -146,6 +174,9 @@ class Sandbox:
     def close(self) -> None:
         self._stop_server()
         budget.remove_cgroups(self._cgroups)
+        lock, self._uid_lock = self._uid_lock, None
+        if lock is not None:
+            os.close(lock)                                  # the slot is free again
 
     def _stop_server(self) -> None:
         process, self._process = self._process, None
@@ -160,7 +191,7 @@ class Sandbox:
         process.stdout.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_process", None) is not None or getattr(self, "_cgroups", None):
+        if any(getattr(self, name, None) is not None for name in ("_process", "_cgroups", "_uid_lock")):
             try:
                 self.close()
             except Exception:  # noqa: BLE001 - at interpreter exit anything may be half torn down

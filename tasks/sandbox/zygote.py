@@ -41,8 +41,10 @@ JAIL_READ_ONLY = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
 JAIL_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib", "heapq",
              "bisect", "random", "statistics", "fractions", "decimal", "copy", "json", "operator")
-UID_BASE = 61000
-UID_SLOTS = 2000                 # servers of every process on the host draw their user ids by pid from these
+# Runs' user ids: far above any a distribution allocates (Debian hands out 60000-64999 to packages, rootless
+# containers' subordinate ids usually start at 100000), below 2^31 for tools that read uids as signed.
+UID_BASE = 2_000_000_000
+UID_SLOTS = 2000                 # pairs of ids; each live sandbox on the host holds one (client.claim_uid_slot)
 JAILED_MODES = ("namespaces", "userns")
 OWN_PROCESSES = 6                # the server's own processes a run's user id shares in userns mode
 POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them,
