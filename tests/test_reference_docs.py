@@ -17,6 +17,9 @@ def test_the_pages_cover_every_command_and_section():
     for section in ("## `rollout.tools`", "## `rollout.sampler`", "## `train`", "## `bank`", "## `bank.sources[]`", "## `loop`"):
         assert section in config
     assert "| `--files` | flag |" in cli and "| `max_tool_calls` | int | `2` |" in config
+    assert "| `--format` | table \\| csv \\| json | `table` |" in cli                    # an Enum's choices, as typed
+    shipped = sorted(path.name for path in (DOCS.parent / "configs").glob("*.yaml"))
+    assert shipped and all(f"| `configs/{name}` |" in config for name in shipped)
 
 
 def test_every_rule_between_fields_is_written_out():
