@@ -261,7 +261,7 @@ def sql(
     except (LakeError, ValueError) as error:
         fail(str(error))
     if arrow is not None:
-        write_result(arrow, format)
+        write_result(arrow)
 
 
 @lineage_app.command("problem")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from flows.cli import FormatOption, LakeOption, WaitOption, _prefect_defaults, app, fail, lineage_app, loop_writer
-from flows.display import TableFormat, console, frame_table, show_table, use_format, write_result
+from flows.display import TableFormat, console, show_table, use_format
 
 policy_app = typer.Typer(help="The model registry and policy servers.", no_args_is_help=True)
 analyze_app = typer.Typer(help="Analyses of stored iterations.", no_args_is_help=True)
@@ -217,19 +217,19 @@ def analyze_sampling(
     problems = opened.read("problems", filter=pc.field("problem_id").isin(ids), columns=["problem_id", "level", "source"])
     scored = scored.join(problems.unique("problem_id"), on="problem_id", how="left")
     table = per_problem(scored)
-    if format != "table":
-        write_result(table.to_arrow(), format)
+    if format is not TableFormat.table:                     # every problem's row, for programs
+        show_table(table)
         return
     sides, zones = summary(scored, table)
     shown = table.head(limit).select(
         problem=pl.col("problem_id").str.slice(0, 10), level="level", solve="solve_rate", zone="zone",
         **{"tokens ✓": "mean_tokens_correct", "tokens ✗": "mean_tokens_incorrect", "trunc ✓": "truncated_correct",
            "trunc ✗": "truncated_incorrect", "form ✓": "form_correct", "form ✗": "form_incorrect"})
-    console.print(frame_table(shown.with_columns(pl.col(pl.Float64).round(2)),
-                              title=f"iteration {iteration}: {table.height} problems, "
-                                    f"{int(table['samples'].max())} samples each (first {min(limit, table.height)})"))
-    console.print(frame_table(sides.with_columns(pl.col(pl.Float64).round(3)), title="correct vs incorrect responses"))
-    console.print(frame_table(zones.with_columns(pl.col("share").round(3)), title="problems by zone"))
+    show_table(shown.with_columns(pl.col(pl.Float64).round(2)),
+               title=f"iteration {iteration}: {table.height} problems, "
+                     f"{int(table['samples'].max())} samples each (first {min(limit, table.height)})")
+    show_table(sides.with_columns(pl.col(pl.Float64).round(3)), title="correct vs incorrect responses")
+    show_table(zones.with_columns(pl.col("share").round(3)), title="problems by zone")
 
 
 @policy_app.command("init")

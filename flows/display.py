@@ -47,9 +47,7 @@ def show_table(frame: pl.DataFrame | pa.Table, title: str | None = None, part: s
     arrow = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
     fmt = _output["format"]
     if fmt is TableFormat.table:
-        table = frame_table(arrow, title, max_width)
-        table.show_lines = show_lines
-        console.print(table)
+        console.print(frame_table(arrow, title, max_width, show_lines))
         return
     if title:
         console.print(f"[dim]{title}[/dim]")              # to stderr: see use_format
@@ -59,13 +57,14 @@ def show_table(frame: pl.DataFrame | pa.Table, title: str | None = None, part: s
         if part:
             sys.stdout.write(f"# {part}\n")
     _output["tables"] += 1
-    write_rows(arrow, fmt.value, part)
+    _write_rows(arrow, fmt, part)
 
 
-def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_width: int = 80) -> Table:
+def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_width: int = 80,
+                show_lines: bool = False) -> Table:
     """A rich table of a frame; long cells are cut to `max_width` characters."""
     arrow = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
-    table = Table(title=title, title_justify="left", show_lines=False)
+    table = Table(title=title, title_justify="left", show_lines=show_lines)
     for field in arrow.schema:
         if pa.types.is_integer(field.type) or pa.types.is_floating(field.type):
             table.add_column(field.name, justify="right", min_width=min(len(field.name), 7))
@@ -84,18 +83,16 @@ def _cell(value: Any, max_width: int) -> str:
     return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
 
-def write_result(arrow: pa.Table, fmt: str) -> None:
-    """Print a query result as a table (with its row count), CSV or JSON lines (one object per row)."""
-    if fmt == "table":
-        console.print(frame_table(arrow))
+def write_result(arrow: pa.Table) -> None:
+    """A query result in this command's format; for people, with its row count."""
+    show_table(arrow)
+    if _output["format"] is TableFormat.table:
         console.print(f"[dim]{arrow.num_rows} row(s)[/dim]")
-    else:
-        write_rows(arrow, fmt)
 
 
-def write_rows(arrow: pa.Table, fmt: str, part: str | None = None) -> None:
+def _write_rows(arrow: pa.Table, fmt: TableFormat, part: str | None = None) -> None:
     """CSV with a header line, or JSON lines (one object per row, led by `"table": part` where given)."""
-    if fmt == "csv":
+    if fmt is TableFormat.csv:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(arrow.column_names)
