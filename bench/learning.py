@@ -60,7 +60,7 @@ def run_benchmark(config: str, lake_uri: str | None, iterations: int | None) -> 
 
     from rich.console import Console
 
-    from flows.cli_rl import run_config
+    from flows.run_config import load_run_config
     from flows.curation import curate_bank
     from flows.loop import rl_loop
     from tasks.curation.config import CurationConfig, load_yaml_config
@@ -69,7 +69,7 @@ def run_benchmark(config: str, lake_uri: str | None, iterations: int | None) -> 
     started = time.perf_counter()
     if iterations != 0:
         curate_bank(load_yaml_config(config, CurationConfig, section="bank").model_dump(mode="json"), lake_uri)
-        rl_loop(run_config(config).model_dump(mode="json"), iterations, lake_uri)
+        rl_loop(load_run_config(config).model_dump(mode="json"), iterations, lake_uri)
     wall = time.perf_counter() - started
     report = learning_report(Lake.open(lake_uri))
     console = Console()

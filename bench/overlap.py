@@ -99,10 +99,10 @@ def run_benchmark(config_path: str, iterations: int, max_staleness: int, work: s
                   batch_size: int = 128, correction: str = "truncated") -> dict:
     from rich.console import Console
 
-    from flows.cli_rl import run_config
+    from flows.run_config import load_run_config
 
     console = Console()
-    config = run_config(config_path)
+    config = load_run_config(config_path)
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-async-"), console)
     started_once()
     os.environ["RLVR_TORCH_THREADS"] = "1"                  # one thread per torch worker, the server's included

@@ -36,13 +36,13 @@ TARGET_RATIO = 1.5
 
 def warmed_lake(config: str, folder: str) -> str:
     """A lake with the bank, the warm-up version and its held-out evaluation (iteration 0)."""
-    from flows.cli_rl import run_config
+    from flows.run_config import load_run_config
     from flows.curation import curate_bank
     from flows.loop import rl_loop
     from tasks.curation.config import CurationConfig, load_yaml_config
 
     curate_bank(load_yaml_config(config, CurationConfig, section="bank").model_dump(mode="json"), folder)
-    rl_loop(run_config(config).model_dump(mode="json"), 0, folder)
+    rl_loop(load_run_config(config).model_dump(mode="json"), 0, folder)
     return folder
 
 
@@ -179,10 +179,10 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     from rich.console import Console
     from rich.table import Table
 
-    from flows.cli_rl import run_config
+    from flows.run_config import load_run_config
 
     console = Console()
-    config = run_config(config_path)
+    config = load_run_config(config_path)
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-peer-"), console)
     warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
     start = float(warmed["eval_solve_rate"][0])

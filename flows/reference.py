@@ -21,7 +21,7 @@ def cli_reference() -> str:
     """Markdown: each command (groups first-level, then their commands), its help, and a table of options."""
     import typer
 
-    from flows.cli import app
+    from flows.cli.main import app
 
     root = typer.main.get_command(app)
     lines = [HEADER, "# Command line reference\n"]

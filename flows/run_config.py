@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.curation.config import Strict
+from tasks.curation.config import Strict, load_yaml_config, read_yaml
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
 from tasks.rollout.publish import PublishConfig
@@ -65,3 +66,16 @@ class EvaluationRunConfig(IterationConfig):
     """The sections evaluation reads: the held-out draw, plus the rollout (policy, prompt) and verify sections."""
 
     evaluation: EvalConfig = Field(default_factory=EvalConfig, description="the held-out draw and its sampling")
+
+
+NOT_RUN_SECTIONS = ("bank",)          # a run config's sections that are not RunConfig's (the curation's)
+
+
+def load_run_config(path: Path | str) -> RunConfig:
+    """Every stage section of a run config except the bank (the curation flow's), validated; a misspelt section
+    is an error naming the file, not ignored. Raises ValueError."""
+    unknown = sorted(set(read_yaml(Path(path))) - set(RunConfig.model_fields) - set(NOT_RUN_SECTIONS))
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}; a run config has "
+                         f"{', '.join(sorted([*RunConfig.model_fields, *NOT_RUN_SECTIONS]))}")
+    return load_yaml_config(path, RunConfig, tuple(RunConfig.model_fields))

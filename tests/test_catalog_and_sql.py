@@ -81,7 +81,7 @@ def test_read_only_commands_do_not_import_prefect(local_lake_with_rows):
     code = (
         "import sys\n"
         "from typer.testing import CliRunner\n"
-        "from flows.cli import app\n"
+        "from flows.cli.main import app\n"
         f"lake = {local_lake_with_rows.uri!r}\n"
         "runner = CliRunner()\n"
         "assert runner.invoke(app, ['sql', 'select 1', '--lake', lake]).exit_code == 0\n"

@@ -118,7 +118,7 @@ def test_a_variant_merges_over_its_base(tmp_path):
 def test_rlvr_run_reads_every_section_and_refuses_an_unknown_one(tmp_path):
     """`rlvr run --config`: the reward and self-play sections reach the loop (they were once dropped unseen),
     and a misspelt section is an error naming the file and the section, not silently ignored."""
-    from flows.cli_rl import run_config
+    from flows.cli.common import run_config
 
     assert run_config(ROOT / "configs" / "intuitor.yaml").reward.kind == "self_certainty"
     assert run_config(ROOT / "configs" / "self-play.yaml").selfplay.enabled

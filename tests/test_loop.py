@@ -100,7 +100,7 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
     assert rows[0]["model_version"] == 1                   # the first iteration samples from the warm-up version
     start = lake.read("iteration_metrics").filter(pl.col("iteration") == 0)
     assert start["trained_version"].to_list() == [1] and start["eval_solve_rate"].null_count() == 0
-    from flows.cli_rl import loop_table, warmup_row
+    from flows.cli.runs import loop_table, warmup_row
 
     table = loop_table(rows, warmup_row(lake))          # what `rlvr run` prints: the warm-up first
     assert table["iteration"].to_list() == [0, 1] and table["version"].to_list() == [1, 1]

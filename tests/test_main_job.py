@@ -18,7 +18,7 @@ def test_run_without_iterations_curates_the_bank_and_prints_statistics(cli, tmp_
 
 
 def test_the_learning_config_is_the_demo_with_more_iterations():
-    from flows.cli_rl import run_config
+    from flows.cli.common import run_config
 
     demo, learn = (run_config(f"configs/{name}.yaml") for name in ("demo", "demo-learn"))
     assert demo.warmup.enabled and demo.loop.iterations == 10 and learn.loop.iterations == 50

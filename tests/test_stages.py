@@ -189,7 +189,7 @@ def test_rlvr_stage_prints_what_ran_and_what_was_skipped(looped, tmp_path, prefe
 
 
 def test_stage_chains_and_iteration_lists():
-    from flows.cli_ops import parse_iterations
+    from flows.cli.stages import parse_iterations
     from flows.stage_plans import stage_chain
 
     assert stage_chain("verify", False) == ["verify"]

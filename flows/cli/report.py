@@ -1,5 +1,4 @@
-"""`rlvr report`: an HTML report with plots, and the same plots as PNG files. Registered on the main app
-by `flows.cli`."""
+"""`rlvr report`: an HTML report with plots, and the same plots as PNG files."""
 
 from __future__ import annotations
 
@@ -9,8 +8,10 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from flows.cli import LakeOption, _prefect_defaults, app, fail
+from flows.cli.common import LakeOption, fail, prefect_defaults
 from flows.display import console
+
+app = typer.Typer()
 
 
 @app.command()
@@ -28,7 +29,7 @@ def report(
         require_rollouts(Lake.open(lake))      # before Prefect starts: an empty lake is one line, not a failed run
     except ValueError as error:
         fail(str(error))
-    _prefect_defaults()
+    prefect_defaults()
     from flows.report import report as report_flow
 
     try:

@@ -1,0 +1,204 @@
+"""`rlvr bench …`: the benchmarks' command group. It plugs into the command tree through the `rlvr.commands`
+entry point (pyproject.toml), so the command line's floor never imports the benchmarks; each command imports
+its benchmark only when it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.cli.common import fail, prefect_defaults
+
+app = typer.Typer(help="Benchmarks, measured as ratios on this machine.", no_args_is_help=True)
+
+
+def _check_run_config(path: Path) -> None:
+    """A run config a benchmark reads, validated before any work: an error names the file and field, exit 2."""
+    from flows.run_config import load_run_config
+
+    try:
+        load_run_config(path)
+    except ValueError as error:
+        fail(str(error), 2)
+
+
+@app.command("dedup")
+def bench_dedup(
+    sizes: Annotated[str, typer.Option(help="bank sizes to time, comma separated")] = "100000,200000",
+    repeats: Annotated[int, typer.Option(help="timed runs per size; the best is kept")] = 2,
+) -> None:
+    """Near-duplicate detection time as the bank grows: the ratio shows how it scales."""
+    from bench.dedup_scaling import run_benchmark
+
+    run_benchmark([int(s) for s in sizes.split(",")], repeats)
+
+
+@app.command("verify")
+def bench_verify(
+    limit: Annotated[int, typer.Option(help="gold answers per mix (numeric: MATH-500 then GSM8K test, two responses "
+                                       "each; symbolic: MATH-500's non-numeric golds, 16 responses each)")] = 2000,
+    workers: Annotated[int, typer.Option(min=1, help="our verifier's worker processes")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="back-to-back measurements; the median is reported")] = 3,
+    mix: Annotated[str, typer.Option(help="numeric, symbolic or both (comma separated)")] = "numeric,symbolic",
+) -> None:
+    """Math verification throughput and accuracy against math-verify called directly, on two mixes."""
+    from bench.verify_throughput import run_benchmark
+
+    mixes = tuple(m for m in mix.split(",") if m)
+    if not set(mixes) <= {"numeric", "symbolic"}:
+        fail(f"--mix takes numeric and symbolic, not {mix!r}", 2)
+    run_benchmark(limit, workers, repeats, mixes)
+
+
+@app.command("advantages")
+def bench_advantages(
+    groups: Annotated[int, typer.Option(min=1, help="groups of rollouts")] = 625_000,
+    group_size: Annotated[int, typer.Option(min=2, help="rollouts per group")] = 16,
+) -> None:
+    """Advantages plus filtering against per-group Python and a bare Polars group-by."""
+    from bench.advantages_scale import run_benchmark
+
+    run_benchmark(groups, group_size)
+
+
+@app.command("sandbox")
+def bench_sandbox(
+    workers: Annotated[int, typer.Option(min=1, help="concurrent runs on both sides")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="passes over the 164 problems")] = 1,
+    hostile: Annotated[bool, typer.Option("--hostile", help="score a mix of honest and hostile programs through "
+                                          "the verification pool instead")] = False,
+    rows: Annotated[int, typer.Option(min=1, help="--hostile: rows to score")] = 10_000,
+    hostile_share: Annotated[float, typer.Option(min=0, max=1, help="--hostile: share of hostile rows")] = 0.1,
+    files: Annotated[bool, typer.Option("--files", help="file-level unittest suites against bare python -m "
+                                        "unittest instead")] = False,
+) -> None:
+    """Sandboxed executions per second against bare subprocesses, on HumanEval's canonical solutions; with
+    --hostile, honest pass rate, hostile rewards, memory, descriptors and throughput under hostile load; with
+    --files, the shipped file-level suites' time against bare `python -m unittest`."""
+    if files:
+        from bench.sandbox_files import run_benchmark as files_benchmark
+
+        files_benchmark(workers, repeats)
+        return
+    if hostile:
+        from bench.sandbox_hostile import run_benchmark as hostile_benchmark
+
+        summary = hostile_benchmark(rows, hostile_share, workers)
+        if summary["honest_pass_rate_vs_bare"] < 1 or summary["hostile_rows_rewarded"] or summary["crashed"]:
+            raise typer.Exit(1)
+        return
+    from bench.sandbox_rate import run_benchmark
+
+    run_benchmark(workers, repeats)
+
+
+@app.command("train")
+def bench_train(
+    sequences: Annotated[int, typer.Option(min=2, help="sequences per training step")] = 128,
+    response_length: Annotated[int, typer.Option(min=1, help="response tokens per sequence")] = 40,
+    repeats: Annotated[int, typer.Option(min=1, help="timed steps per side (median)")] = 5,
+) -> None:
+    """Training-step throughput (tokens/s) against TRL's GRPOTrainer on the same tiny model and batch."""
+    from bench.train_throughput import run_benchmark
+
+    run_benchmark(sequences=sequences, response_length=response_length, repeats=repeats)
+
+
+@app.command("sampling")
+def bench_sampling(
+    shape: Annotated[list[str], typer.Option(help="model shapes: tiny (the demo policy), 0.5b (Qwen2.5-0.5B-shaped)")]
+        = ["tiny", "0.5b"],
+    repeats: Annotated[int, typer.Option(min=1, help="alternating repeats per side (best)")] = 3,
+) -> None:
+    """The hf backend's sampler against transformers' generate (with scores) on the same model and batch."""
+    from bench.sampling import SHAPES, run_benchmark
+
+    unknown = sorted(set(shape) - set(SHAPES))
+    if unknown:
+        fail(f"--shape {unknown[0]}: choose from {', '.join(SHAPES)}")
+    run_benchmark(shape, repeats)
+
+
+@app.command("learning")
+def bench_learning(
+    config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
+    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations [default: the config's]; 0 only "
+                                                                  "reports on an existing --lake")] = None,
+    lake: Annotated[Optional[str], typer.Option(help="lake to run in or report on [default: a fresh folder]")] = None,
+) -> None:
+    """Held-out sampled solve rate of the warm-up model against the RL versions after it, from stored metrics."""
+    prefect_defaults()
+    from bench.learning import run_benchmark
+
+    try:
+        run_benchmark(str(config), lake, iterations)
+    except ValueError as error:
+        fail(str(error))
+
+
+@app.command("peer")
+def bench_peer(
+    config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
+    steps: Annotated[int, typer.Option(min=1, help="RL steps (our iterations, TRL's optimizer steps)")] = 50,
+    seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [0, 1, 2],
+    eval_every: Annotated[int, typer.Option(min=1, help="steps between held-out evaluations")] = 10,
+    work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake and the runs (reused)")] = None,
+) -> None:
+    """The loop against TRL's GRPOTrainer from the same warmed-up checkpoint: accuracy and RL wall time."""
+    _check_run_config(config)
+    prefect_defaults()
+    from bench.peer import run_benchmark
+
+    run_benchmark(str(config), steps, seed, eval_every, work)
+
+
+@app.command("async")
+def bench_async(
+    config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
+    iterations: Annotated[int, typer.Option(min=1, help="iterations each mode runs")] = 10,
+    max_staleness: Annotated[int, typer.Option(min=0, help="async: versions a batch may lag its trainer")] = 1,
+    batch_size: Annotated[int, typer.Option(min=1, help="the server's sequences generated together")] = 128,
+    correction: Annotated[str, typer.Option(help="async's off-policy correction: truncated (sequence weight), "
+                                            "none, or decoupled (per-token, in the training step)")] = "truncated",
+    work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake (reused)")] = None,
+) -> None:
+    """The same iterations sync and async against a separate `rlvr policy serve`: wall times, accuracy, staleness."""
+    if correction not in ("truncated", "none", "decoupled"):
+        fail(f"--correction {correction!r}: truncated, none or decoupled", 2)
+    _check_run_config(config)
+    prefect_defaults()
+    from bench.overlap import run_benchmark
+
+    run_benchmark(str(config), iterations, max_staleness, work, batch_size, correction)
+
+
+@app.command("orchestration")
+def bench_orchestration(
+    repeats: Annotated[int, typer.Option(min=1, help="runs of each read-only command (median)")] = 3,
+    subflows: Annotated[int, typer.Option(min=1, help="stage-shaped subflows timed (median)")] = 20,
+) -> None:
+    """What Prefect and the command line cost: read-only commands, a subflow and a task, the loop outside its stages."""
+    from bench.orchestration import run_benchmark
+
+    run_benchmark(repeats, subflows)
+
+
+@app.command("faults")
+def bench_faults(
+    lakes: Annotated[str, typer.Option(help="where to run the cases: local, s3 (moto on loopback) or both")] = "local,s3",
+    run_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr run` to kill at, comma separated "
+                                                     "[default: all 13]")] = None,
+    curate_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr curate` [default: all 4]")] = None,
+    concurrency: Annotated[bool, typer.Option(help="also run two `rlvr run` and three `rlvr curate` at once")] = True,
+) -> None:
+    """Kill -9 the main job and curation at named points and run writers side by side; check the lake after each."""
+    from bench.faults import run_benchmark
+
+    def points(text: str | None) -> list[str] | None:
+        return None if text is None else [p for p in text.split(",") if p]
+
+    outcomes = run_benchmark([k for k in lakes.split(",") if k], points(run_points), points(curate_points), concurrency)
+    if not all(outcome.passed for outcome in outcomes):
+        raise typer.Exit(1)

@@ -1,0 +1,114 @@
+"""`rlvr sql`, `rlvr lineage …` and `rlvr doctor`: reading the lake (never importing Prefect) and checking it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from flows.cli.common import FormatOption, LakeOption, fail
+from flows.display import TableFormat, console, errors, print_lineage, show_table, use_format, write_result
+
+app = typer.Typer()
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL over the lake's tables (problems, runs, ...)")],
+    format: FormatOption = TableFormat.table,
+    as_of: Annotated[Optional[str], typer.Option("--as-of", help="lake version (integer) or ISO timestamp")] = None,
+    lake: LakeOption = None,
+) -> None:
+    """Run SQL over every lake table with DuckDB: queries only, over the lake's committed rows."""
+    import duckdb
+
+    from storage.catalog import open_lake_catalog
+    from storage.lake import Lake, LakeError
+
+    use_format(format)
+    try:
+        catalog = open_lake_catalog(Lake.open(lake), as_of, query)
+        for why in catalog.damaged.values():
+            errors.print(f"[yellow]warning:[/yellow] {escape(why)}", highlight=False, soft_wrap=True)
+        result = catalog.sql(query)
+        arrow = result.to_arrow_table() if result is not None else None
+    except duckdb.Error as error:
+        fail(str(error))
+    except (LakeError, ValueError) as error:
+        fail(str(error))
+    if arrow is not None:
+        write_result(arrow)
+
+
+lineage_app = typer.Typer(help="Where a row came from.", no_args_is_help=True)
+
+
+@lineage_app.command("problem")
+def lineage_problem(problem_id: str, lake: LakeOption = None) -> None:
+    """Where a problem came from: file and line or generator and seed, bank version, run."""
+    from storage.lake import Lake
+    from storage.lineage import problem_lineage
+
+    lineage = problem_lineage(Lake.open(lake), problem_id)
+    if lineage is None:
+        fail(f"no problem {problem_id} in the bank or among dropped problems")
+    print_lineage(lineage)
+
+
+@lineage_app.command("model-version")
+def lineage_model_version(version: int, lake: LakeOption = None) -> None:
+    """Walk back from a model version: its parents, the batches each consumed, their rollouts, problems and runs."""
+    from storage.lake import Lake
+    from storage.lineage import model_version_lineage
+
+    try:
+        chain = model_version_lineage(Lake.open(lake), version)
+    except ValueError as error:
+        fail(str(error))
+    console.print(f"[bold]lineage of model version {version}[/bold]")
+    for entry in chain:
+        if entry.get("missing"):
+            console.print(f"version {entry['model_version']}: not in the registry")
+            continue
+        parent = "no parent" if entry["parent_version"] is None else f"parent {entry['parent_version']}"
+        trained = f", iteration {entry['iteration']}" if entry["iteration"] is not None else ""
+        console.print(f"version {entry['model_version']} ({entry['kind']}, {parent}{trained}), run {entry['run_id']}")
+        console.print(f"  checkpoint    {entry['checkpoint_uri']}")
+        for batch_id in entry.get("replaced_batches", []):
+            console.print(f"  batch         {batch_id}: no longer in `batches` (the iteration's advantages were "
+                          "re-run since; `rlvr sql --as-of` shows it as it was)")
+        for batch_id in [] if entry.get("replaced_batches") else entry["batch_ids"] or []:
+            console.print(f"  batch         {batch_id}: {entry.get('rollouts', 0)} rollouts of "
+                          f"{entry.get('problems', 0)} problems, sampled by version(s) "
+                          f"{', '.join(map(str, entry.get('sampled_by', [])))}, bank version(s) "
+                          f"{', '.join(map(str, entry.get('bank_versions', [])))}")
+        if entry.get("runs"):
+            console.print(f"  stage runs    {', '.join(entry['runs'])}")
+
+
+@app.command()
+def doctor(
+    lake: LakeOption = None,
+    repair: Annotated[bool, typer.Option("--repair", help="mark dead runs abandoned, delete rows of runs that never "
+                                         "completed and unnamed checkpoint folders, take over dead leases, vacuum "
+                                         "unreferenced files; never deletes committed data")] = False,
+    format: FormatOption = TableFormat.table,
+) -> None:
+    """Check every table's log and files, runs, checkpoints and leases; say what each finding means."""
+    use_format(format)
+    import polars as pl
+
+    from storage.doctor import diagnose, healthy
+    from storage.lake import Lake
+
+    opened = Lake.open(lake)
+    findings = diagnose(opened, repair)
+    table = pl.DataFrame([{"severity": f.severity, "subject": f.subject, "finding": f.what, "meaning": f.meaning,
+                           "repair": ("done: " if f.repaired else "") + (f.repair or "needs a human")
+                           if f.severity != "info" or f.repair else ""} for f in findings])
+    show_table(table, title=f"rlvr doctor: {escape(opened.uri)}", max_width=600, show_lines=True)
+    if healthy(findings):
+        console.print("the lake is healthy" + (" (after the repairs above)" if any(f.repaired for f in findings) else ""))
+        return
+    fail("the lake needs attention (see above)" + ("" if repair else "; `rlvr doctor --repair` fixes what it can"))
