@@ -1,6 +1,6 @@
 """`rlvr bench async`: the same iterations one after another and overlapped, the policy served apart.
 
-One warmed lake is made first (`bench.peer.warmed_lake`: the config's bank, warm-up and held-out
+One warmed lake is made first (`bench.warm.warmed_lake`: the config's bank, warm-up and held-out
 evaluation), or reused from `--work`. Then each mode runs in its own copy of it, against its own
 `rlvr policy serve --no-on-demand` process (the warm version preloaded, later versions published
 by the loop as vLLM would get them) on the `openai` backend, one torch thread in the server and one
@@ -29,7 +29,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.compute as pc
 
-from bench.peer import copy_of, started_once, warmed_once
+from bench.warm import copy_of, started_once, warmed_once
 from storage.lake import Lake
 
 TARGET_RATIO = 0.7

@@ -20,64 +20,17 @@ and the share of our wall time spent outside stage runs (target ≤ 10 %).
 from __future__ import annotations
 
 import copy
-import shutil
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import polars as pl
 import pyarrow.compute as pc
 
+from bench.warm import copy_of, started_once, warmed_once
 from storage.lake import Lake
 
 TARGET_RATIO = 1.5
-
-
-def warmed_lake(config: str, folder: str) -> str:
-    """A lake with the bank, the warm-up version and its held-out evaluation (iteration 0)."""
-    from flows.run_config import load_run_config
-    from flows.curation import curate_bank
-    from flows.loop import rl_loop
-    from tasks.curation.config import CurationConfig, load_yaml_config
-
-    curate_bank(load_yaml_config(config, CurationConfig, section="bank").model_dump(mode="json"), folder)
-    rl_loop(load_run_config(config).model_dump(mode="json"), 0, folder)
-    return folder
-
-
-def warmed_once(config_path: str, folder: str, console) -> str:
-    """`folder`/warmed: the warmed lake, made unless a finished one is there (an interrupted one is redone)."""
-    base = str(Path(folder) / "warmed")
-    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0) \
-        if (Path(base) / "iteration_metrics").exists() else None
-    if warmed is None or warmed.is_empty():
-        shutil.rmtree(base, ignore_errors=True)
-        console.print(f"warming up once in {base} …")
-        warmed_lake(config_path, base)
-    return base
-
-
-def copy_of(base: str, prefix: str) -> str:
-    """A fresh copy of the warmed lake (its checkpoints stay where they are: the copy's registry points at them)."""
-    lake_uri = tempfile.mkdtemp(prefix=prefix)
-    shutil.rmtree(lake_uri)
-    shutil.copytree(base, lake_uri)
-    return lake_uri
-
-
-def started_once() -> None:
-    """What a process pays once, before either side is timed: Prefect's temporary server (a deployment has one
-    running; without `PREFECT_API_URL` the first flow of a process starts it, about 10 s) and the model stack's
-    imports (TRL's side builds its trainer before its timed `train()`). Else the first seed's loop carries both."""
-    from prefect import flow
-    from transformers import AutoModelForCausalLM  # noqa: F401
-
-    @flow(name="bench-peer-start")
-    def start() -> None:
-        pass
-
-    start()
 
 
 def ours(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
@@ -117,9 +70,9 @@ def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
     from tasks.rollout.prompts import format_prompt
     from tasks.rollout.stage import IterationConfig, training_bank
     from tasks.verification import PROBLEM_FIELDS, score_rollouts, verifier_pool
-    from trainers.registry import load_policy, save_checkpoint
+    from storage.checkpoints import load_policy, save_checkpoint
     from trainers.stage import warmup_version
-    from trainers.threads import use_given_cores
+    from storage.threads import use_given_cores
 
     lake = Lake.open(copy_of(base, f"rlvr-peer-trl-{seed}-"))
     warm = warmup_version(lake)

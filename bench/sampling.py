@@ -27,7 +27,7 @@ def build(shape: str, seed: int = 0):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+    from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
     tokenizer = train_tokenizer(tokenizer_corpus(count=200), 0)
     if shape == "tiny":

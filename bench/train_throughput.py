@@ -17,8 +17,8 @@ import polars as pl
 import torch
 
 from trainers.grpo import TrainConfig, train_on_batch
-from trainers.logprobs import response_logprobs
-from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from tasks.rollout.logprobs import response_logprobs
+from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
 
 def synthetic_batch(model, tokenizer, sequences: int, prompt_length: int, response_length: int, seed: int = 0):

@@ -12,7 +12,8 @@ Two roles, handing off through the lake (`flows/handoff.py`):
 
 `loop.roles: threads` runs both in the loop's flow run (the sampler in the calling thread: in-process
 scoring wants the main thread; the trainer beside it under the sampler's lease); `deployments` runs
-each as its own flow run on whatever workers take them (`flows/async_workers.py`).
+each as its own flow run on whatever workers take them (`flows/async_workers.py`); the roles themselves are
+`flows/async_roles.py`'s.
 
 Each stage keeps its own run row and one commit per write, so lineage, SQL views and `rlvr stage`
 work as in sync mode. A crash leaves iterations sampled but never trained; a resume samples them
@@ -27,24 +28,22 @@ import contextvars
 import os
 import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 from uuid import UUID
 
 from prefect.artifacts import update_progress_artifact
 
 from flows.artifacts import Publisher
+from flows.async_roles import sample_role, train_role
+from flows.async_workers import on_workers
 from flows.handoff import Handoff, Plan, RoleFailed
-from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.loop_state import resume_point
-from flows.loop_steps import finish_iteration, sampling_config
-from flows.publishing import publish_version
 from flows.run_config import RunConfig
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
-from trainers.registry import import_model_code
-from trainers.threads import cores_given, use_given_cores
+from storage.checkpoints import import_model_code
+from storage.threads import cores_given, use_given_cores
 
 
 def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int,
@@ -55,8 +54,6 @@ def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dic
     plan = Plan(handoff=uuid.uuid4().hex, first=first, total=total, start=latest_version(lake),
                 already_trained=already_trained, lease_epoch=leases.epoch_held(lake.location, leases.LOOP))
     if settings.loop.roles == "deployments":
-        from flows.async_workers import on_workers
-
         return on_workers(lake, settings, plan, progress)
     rows: list[dict[str, Any]] = []
     sampler_thread = threading.get_ident()             # holds the loop lease; the trainer works under it
@@ -90,109 +87,6 @@ def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dic
     if trainer_failure:                                # it failed after the sampler's last wait
         raise trainer_failure[0]
     return rows
-
-
-def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan) -> None:
-    """Sample and score each iteration from the newest published version, never so early that its rollouts would
-    lag the version that trains on them by more than `loop.max_staleness`; hand each over once committed."""
-    handoff = Handoff(lake, plan, "sampler")
-    handoff.join()
-    try:
-        for offset in range(plan.total):
-            iteration = plan.first + offset
-            if offset == 0 and plan.already_trained is not None:
-                handoff.sampled(iteration)             # trained before a crash: only evaluated and recorded
-                continue
-            # the version that trains this iteration is at most `start + offset`: sample no older than k below it
-            sampler = handoff.wait_published(plan.start + offset - settings.loop.max_staleness)
-            rl_iteration.fn(sampling_config(lake, settings, iteration_config), iteration, lake.uri,
-                            model_version=sampler, advantages=False)
-            handoff.sampled(iteration)
-    except BaseException as error:
-        handoff.failed(error)
-        raise
-
-
-def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan,
-               artifacts: Publisher, recorded: Callable[[dict[str, Any]], None]) -> None:
-    """Take the sampled iterations in order and train each; what follows a step (publishing the version, handing
-    it to the sampler, evaluating and recording it) runs beside the next step, one version after another."""
-    handoff = Handoff(lake, plan, "trainer")
-    handoff.join()
-
-    def after_training(iteration: int, trained: int, publish: bool) -> None:
-        if publish:
-            publish_version(lake, settings.rollout, settings.publish, trained, "rl-loop", iteration)
-        handoff.published(trained)
-        recorded(finish_iteration(lake, settings, iteration, trained, artifacts))
-
-    import_model_code()                                # the thread beside this one loads policies too
-    later = Beside(lake, after_training, handoff)
-    try:
-        for offset in range(plan.total):
-            iteration = plan.first + offset
-            handoff.wait_sampled(iteration)
-            later.raise_failure()
-            if offset == 0 and plan.already_trained is not None:
-                print(f"iteration {iteration} already trained version {plan.already_trained}: evaluating and "
-                      "recording it")              # the loop published it as it started
-                later.submit(iteration, plan.already_trained, False)
-            else:
-                later.submit(iteration, train_one(lake, settings, iteration_config, iteration), True)
-        later.finish()
-    except BaseException as error:
-        failure = later.finish(raising=False) or error  # a failed publish says more than the wait it caused
-        handoff.failed(failure)
-        if failure is error:
-            raise
-        raise failure from None
-
-
-class Beside:
-    """One thread that runs `work` for each submitted item in order, beside the thread that submits them, under
-    the same loop lease and Prefect context. Its first failure is handed over (`failed`), so the sampler stops
-    rather than waits for a version that will not come, and raised in the submitting thread."""
-
-    def __init__(self, lake: Lake, work: Callable[..., None], handoff: Handoff):
-        self.work, self.handoff, self.location = work, handoff, lake.location
-        self.owner = leases.holding_thread(lake.location, leases.LOOP)
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="rlvr-after-training")
-        self.futures: list[Future] = []
-
-    def submit(self, *args: Any) -> None:
-        self.futures.append(self.executor.submit(contextvars.copy_context().run, self._run, *args))
-
-    def _run(self, *args: Any) -> None:
-        if self.failure() is not None:                # after a failure, nothing more: the run stops
-            return
-        with leases.helping(self.location, leases.LOOP, self.owner):
-            try:
-                self.work(*args)
-            except BaseException as error:
-                self.handoff.failed(error)
-                raise
-
-    def failure(self) -> BaseException | None:
-        return next((f.exception() for f in self.futures if f.done() and f.exception() is not None), None)
-
-    def raise_failure(self) -> None:
-        if (failure := self.failure()) is not None:
-            raise failure
-
-    def finish(self, raising: bool = True) -> BaseException | None:
-        """Wait for every submitted item; raise (or return) the first failure."""
-        self.executor.shutdown(wait=True)
-        failure = self.failure()
-        if failure is not None and raising:
-            raise failure
-        return failure
-
-
-def train_one(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], iteration: int) -> int:
-    """Advantages of a sampled iteration against the version about to train on it, then the training step."""
-    parent = latest_version(lake)
-    compute_advantages.fn(iteration, iteration_config, lake.uri, parent)
-    return train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake.uri, parent)["model_version"]
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from prefect import flow
 from prefect.artifacts import update_progress_artifact
 
-from flows.async_loop import sample_role, train_role
+from flows.async_roles import sample_role, train_role
 from flows.artifacts import publishing
 from flows.handoff import Handoff, Plan
 from flows.policies import without_flow_heartbeats

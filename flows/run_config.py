@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.curation.config import Strict, load_yaml_config, read_yaml
+from tasks.config import Strict, load_yaml_config, read_yaml
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
 from tasks.rollout.publish import PublishConfig

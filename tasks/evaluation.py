@@ -17,7 +17,7 @@ import polars as pl
 from pydantic import Field
 
 from storage.lake import Lake
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.generators.base import derive_seed

@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 
 from storage.lake import Lake
 from storage.runs import Run
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.progress import track
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verifiers.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of

@@ -149,8 +149,8 @@ def register_random_version(lake, version: int, seed: int) -> None:
 
     from storage.registry import register, version_row
 
-    from trainers.registry import load_policy, save_checkpoint
-    from trainers.tiny import TinyModelConfig, build_model
+    from storage.checkpoints import load_policy, save_checkpoint
+    from tasks.rollout.tiny import TinyModelConfig, build_model
 
     base = version_row(lake, 0)["checkpoint_uri"]
     _, tokenizer = load_policy(base)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from tasks.curation.config import CurationConfig, load_yaml_config, parse_source_spec
+from tasks.config import load_yaml_config
+from tasks.curation.config import CurationConfig, parse_source_spec
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig
 from tasks.rollout.stage import RolloutConfig

@@ -14,10 +14,10 @@ import torch
 from tasks.rollout.episodes import PythonTool, ToolConfig, run_episodes, tool_call
 from tasks.rollout.hf import HFPolicy
 from tasks.rollout.sampling import Sample, SamplerConfig
-from tasks.rollout.stage import rollout_rows
+from tasks.rollout.rows import rollout_rows
 from trainers.grpo import TrainConfig, policy_tokens, train_on_batch
-from trainers.logprobs import response_logprobs
-from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from tasks.rollout.logprobs import response_logprobs
+from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
 SCRIPT = ["Let me multiply. <python>print(12 * 7)</python>", "Check: <python>print(1 / 0)</python>",
           "So 84 + 5 = 89.\n#### 89"]

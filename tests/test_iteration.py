@@ -127,7 +127,7 @@ def test_off_policy_rollouts_get_truncated_importance_weights_and_stale_ones_are
     from storage.lake import Lake
     from tasks.rollout.hf import sequence_logprobs
     from storage.registry import version_row
-    from trainers.registry import load_policy
+    from storage.checkpoints import load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -173,7 +173,7 @@ def test_a_rerun_whose_advantage_stage_fails_leaves_no_batch_of_the_old_rollouts
 
 def test_sampling_an_older_version_measures_staleness_against_the_latest(rl_iteration, tmp_path):
     from storage.lake import Lake
-    from trainers.registry import BasePolicyConfig, ensure_base_policy
+    from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

@@ -220,10 +220,10 @@ def test_a_role_waiting_on_the_other_stops_when_it_failed_or_died(lake):
 
 
 def test_what_follows_a_training_step_runs_beside_the_next_in_order_and_its_failure_stops_both_roles(lake):
-    """flows/async_loop.Beside: publishing and recording run in a thread of their own, one version after another,
+    """flows/async_roles.Beside: publishing and recording run in a thread of their own, one version after another,
     under the trainer's lease; a failed publish is handed over (the sampler stops rather than waits for the
     version) and raised in the trainer, and nothing after it runs."""
-    from flows.async_loop import Beside
+    from flows.async_roles import Beside
     from flows.handoff import Handoff, Plan, RoleFailed
 
     plan = Plan(handoff="h2", first=1, total=3, start=0, already_trained=None, lease_epoch=1)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import reasoning_gym
 
-from tasks.verifiers.base import build_verifier
+from tasks.verifiers.registry import build_verifier
 from tasks.verifiers.code import CodeVerifier, extract_program
 from tasks.verifiers.formats import format_reward
 from tasks.verifiers.noise import corrected_reward, estimate_noise

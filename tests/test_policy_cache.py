@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from storage.lake import Lake
-from trainers import policy_cache
-from trainers.registry import load_policy, load_training_state, save_checkpoint
-from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from storage import policy_cache
+from storage.checkpoints import load_policy, load_training_state, save_checkpoint
+from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 

@@ -16,7 +16,7 @@ from tasks.rollout.publish import PublishConfig, PublishFailed, publish, require
 from tasks.rollout.sampling import SamplerConfig
 from test_iteration import CONFIG, SMALL_POLICY
 from test_openai_backend import Scripted
-from trainers.registry import BasePolicyConfig, ensure_base_policy
+from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
 SAMPLER = SamplerConfig(max_new_tokens=8)
 

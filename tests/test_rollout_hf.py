@@ -8,7 +8,7 @@ import torch
 
 from tasks.rollout.hf import HFPolicy, _cut, sequence_logprobs
 from tasks.rollout.sampling import SamplerConfig, sampling_logprobs, self_certainty
-from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from tasks.sandbox.client import Sandbox
 from tasks.selfplay.code_tasks import (CodeTask, ProposalRules, Rejection, learnability, parse_proposal,
                                        solver_prompt)
 from tasks.selfplay.executor import PROPOSAL_LIMITS, judge_answer, validate, validate_all
-from tasks.verifiers.base import build_verifier
+from tasks.verifiers.registry import build_verifier
 
 RULES = ProposalRules(induction_pairs=4)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trainers.grpo import TrainConfig, train_on_batch
-from trainers.logprobs import response_logprobs
-from trainers.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from tasks.rollout.logprobs import response_logprobs
+from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
@@ -166,7 +166,7 @@ def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, t
     from storage.lake import Lake
     from test_iteration import CONFIG, curated
     from storage.registry import version_row
-    from trainers.registry import adapter_base, load_policy
+    from storage.checkpoints import adapter_base, load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -195,7 +195,7 @@ def test_two_data_parallel_processes_train_as_one(prefect_api, tmp_path):
     from storage.lake import Lake
     from storage.registry import version_row
     from test_iteration import CONFIG, curated
-    from trainers.registry import load_policy
+    from storage.checkpoints import load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

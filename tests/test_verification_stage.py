@@ -178,6 +178,6 @@ def test_wilson_intervals_by_hand():
 
 
 def _version(name: str) -> str:
-    from tasks.verifiers.base import build_verifier
+    from tasks.verifiers.registry import build_verifier
 
     return build_verifier(name).version

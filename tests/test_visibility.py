@@ -142,7 +142,7 @@ def test_a_lost_registry_commit_never_lets_a_checkpoint_be_overwritten(lake, lak
     """Deleting the last `model_versions` commit: the number comes back, the folder does not; doctor says why."""
     from conftest import register_random_version
     from storage.registry import claim_checkpoint
-    from trainers.registry import BasePolicyConfig, ensure_base_policy
+    from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
     ensure_base_policy(lake, BasePolicyConfig(tiny={"hidden_size": 32, "intermediate_size": 64,
                                                     "num_hidden_layers": 2}, tokenizer_corpus=50))

@@ -18,8 +18,8 @@ from typing import Literal
 import polars as pl
 from pydantic import Field
 
-from tasks.curation.config import Strict
-from trainers.logprobs import response_logprobs
+from tasks.config import Strict
+from tasks.rollout.logprobs import response_logprobs
 from trainers.loss import policy_loss
 
 
@@ -205,8 +205,3 @@ def _padded(rows: list[list[float]], width: int, device):
     for i, values in enumerate(rows):
         out[i, :len(values)] = torch.tensor(values, device=device)
     return out
-
-
-def sampled_temperature(sampler: dict) -> float:
-    """The temperature a rollout was sampled at (greedy rows are scored at 1: their log-probs are 0 anyway)."""
-    return float(sampler.get("temperature", 1.0)) or 1.0

@@ -46,15 +46,15 @@ def _process(rank: int, world: int, port: int, parent_uri: str, config_json: str
              folder: str) -> None:
     import torch
 
-    from trainers.threads import cores_given
+    from storage.threads import cores_given
 
     threads = os.environ.get("RLVR_TORCH_THREADS") or str(max(1, cores_given() // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), RLVR_TORCH_THREADS=threads,
                       OMP_NUM_THREADS=threads)          # else accelerate sets the machine's count when it starts
     from trainers.grpo import train_on_batch
-    from trainers.registry import load_policy
-    from trainers.stage import trainable_policy
+    from storage.checkpoints import load_policy
+    from trainers.trainable import trainable_policy
 
     config = TrainConfig.model_validate_json(config_json)
     work = Path(folder)

@@ -11,9 +11,10 @@ from storage import faults
 from storage.lake import Lake
 from storage.registry import BRANCH, latest_version, next_version_number, register, version_row
 from storage.runs import Run
-from trainers.grpo import TrainConfig, sampled_temperature, train_on_batch
-from trainers.registry import (adapter_base, load_policy, load_training_state, peft_warnings_quiet,
-                               save_checkpoint)
+from tasks.rollout.sampling import sampled_temperature
+from trainers.grpo import TrainConfig, train_on_batch
+from trainers.trainable import trainable_policy
+from storage.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
 
 ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler", "loss_mask"]
 
@@ -70,25 +71,6 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
              metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
     return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics}
 
-
-
-def trainable_policy(parent_uri: str, config: TrainConfig):
-    """(model, tokenizer, base URI if the model is a LoRA adapter): the parent's adapter continues
-    when the parent is one; a full parent gets a fresh adapter, or is trained whole without `lora`."""
-    base = adapter_base(parent_uri)
-    if config.lora is None:
-        model, tokenizer = load_policy(parent_uri, config.device)          # an adapter parent arrives merged
-        return model, tokenizer, None
-    if base is not None:
-        model, tokenizer = load_policy(parent_uri, config.device, trainable_adapter=True)
-        return model, tokenizer, base
-    from peft import LoraConfig, get_peft_model
-
-    model, tokenizer = load_policy(parent_uri, config.device)
-    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                      target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
-    with peft_warnings_quiet():
-        return get_peft_model(model, lora), tokenizer, parent_uri
 
 
 def warmup_version(lake: Lake) -> int | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import polars as pl
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.progress import track
 
 

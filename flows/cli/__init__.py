@@ -1,7 +1,10 @@
 """The `rlvr` command line as a tree: `main.py` is the root (global options, the groups assembled), `common.py`
 what every group shares, and one module per command group. A group imports `common` and the floors below
 (flows, trainers, tasks, storage), never the root; the benchmarks' group lives in `bench/cli.py` and plugs in
-through an entry point."""
+through an entry point.
+
+May import: the rest of `flows`, `trainers`, `tasks`, `storage`; only `flows.cli`, `flows.reference` (the
+generated reference pages) and `bench.cli` import it (the `cli-on-top` and `cli-tree` contracts)."""
 
 
 def main() -> None:

@@ -88,7 +88,7 @@ def prefect_defaults() -> None:
 def iteration_config(path: Path | None, overrides: dict | None = None):
     from pydantic import ValidationError
 
-    from tasks.curation.config import load_yaml_config
+    from tasks.config import load_yaml_config
     from tasks.rollout.stage import IterationConfig
 
     try:

@@ -75,7 +75,7 @@ def main() -> None:
     from deltalake.exceptions import DeltaError
 
     from storage.lake import LakeError
-    from tasks.verifiers.base import VerifierUnavailable
+    from tasks.errors import VerifierUnavailable
 
     try:
         app(prog_name="rlvr")

@@ -20,7 +20,7 @@ def policy_init(config: ConfigOption = None, lake: LakeOption = None, format: Fo
     """Register model version 0 (the embedded tiny model, or the checkpoint the config names)."""
     use_format(format)
     from storage.lake import Lake
-    from trainers.registry import ensure_base_policy
+    from tasks.rollout.base_policy import ensure_base_policy
 
     settings = iteration_config(config)
     opened = Lake.open(lake)

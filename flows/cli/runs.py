@@ -31,7 +31,8 @@ def run(
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
     use_format(format)
     from storage.lake import Lake
-    from tasks.curation.config import CurationConfig, load_yaml_config
+    from tasks.config import load_yaml_config
+    from tasks.curation.config import CurationConfig
     from tasks.curation.stage import identical_curation
 
     from flows.loop_state import nothing_left
@@ -132,7 +133,7 @@ def train(
 ) -> None:
     """One GRPO / DAPO step on an iteration's batch: registers the next model version."""
     use_format(format)
-    from tasks.curation.config import load_yaml_config
+    from tasks.config import load_yaml_config
     from trainers.grpo import TrainConfig
 
     try:
@@ -162,7 +163,6 @@ def train(
 
 def run_loop(settings, iterations: int, lake: str | None) -> None:
     """Run the loop flow and print one row per iteration."""
-    import polars as pl
 
     prefect_defaults()
     from flows.loop import rl_loop

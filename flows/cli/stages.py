@@ -38,7 +38,7 @@ def stage_overrides(path: Path | None) -> dict:
     if path is None:
         return {}
     from flows.run_config import RunConfig
-    from tasks.curation.config import load_yaml_config, read_yaml
+    from tasks.config import load_yaml_config, read_yaml
 
     load_yaml_config(path, RunConfig, STAGE_SECTIONS)            # errors name the file and the field
     data = read_yaml(path)
@@ -67,7 +67,7 @@ def stage(
         iterations = parse_iterations(iteration)
         overrides = stage_overrides(config)
         if verifier is not None:
-            from tasks.curation.config import merged_config
+            from tasks.config import merged_config
 
             section = "evaluation" if name == "evaluate" else "verify"
             overrides = merged_config(overrides, {section: {"verifier": verifier}})
@@ -150,7 +150,7 @@ def evaluate(
     from flows.stage_plans import evaluate_key, iteration_of_version, recorded_config, skip_if_in_place
     from storage.lake import Lake
     from storage.registry import latest_version
-    from tasks.curation.config import merged_config
+    from tasks.config import merged_config
 
     opened = Lake.open(lake)
     try:

@@ -35,7 +35,7 @@ def verify_file(
 
     from tasks.verifiers.engine import VerifierPool
     if verifier is not None:
-        from tasks.verifiers.base import build_verifier
+        from tasks.verifiers.registry import build_verifier
 
         build_verifier(verifier)                    # an unknown name fails here, before any work
     items, bad = _verify_lines(input_path, max_line_bytes)
@@ -93,7 +93,7 @@ def verify(
     use_format(format)
     import polars as pl
 
-    from tasks.curation.config import load_yaml_config
+    from tasks.config import load_yaml_config
     from tasks.verification import VerifyConfig
 
     settings = load_yaml_config(config, VerifyConfig, section="verify") if config else VerifyConfig()

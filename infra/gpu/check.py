@@ -4,7 +4,7 @@ no Prefect, Polars, Delta, DuckDB, pydantic or rich needed. One prepared run, we
 1. Sampling on the device, on the same model and batch: transformers' `generate` with scores, and the
    project's hf sampler (`tasks/rollout/hf.py`) when it imports (it needs pydantic); tokens/s of each.
 2. The log-prob gap: behaviour log-probs of the sampled tokens against the trainer's recomputation
-   (`trainers/logprobs.py`), the quantity the importance ratio depends on.
+   (`tasks/rollout/logprobs.py`), the quantity the importance ratio depends on.
 3. Training steps with the trainer's loss (`trainers/loss.py`: dapo, clip 0.2 / 0.28) under bf16
    autocast: tokens/s. With `--processes 2` (default on a host with 2+ GPUs), the same batch split over
    two data-parallel processes (NCCL on GPUs, gloo on CPU): their summed gradient against one
@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))      # the checkout's torch-only modules
 
-from trainers.logprobs import response_logprobs  # noqa: E402
+from tasks.rollout.logprobs import response_logprobs  # noqa: E402
 from trainers.loss import policy_loss  # noqa: E402
 
 SHAPES = {

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from tasks.advantages.estimators import with_group_columns
 from tasks.advantages.shaping import filter_reason, kept
-from tasks.curation.config import Strict
+from tasks.config import Strict
 
 LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]

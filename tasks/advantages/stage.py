@@ -18,7 +18,7 @@ from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
 from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
                                       truncated_importance_weight)
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verification import composition_inputs
 
@@ -225,9 +225,9 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
     import torch
 
     from tasks.rollout.hf import sequence_logprobs
-    from trainers.grpo import sampled_temperature
+    from tasks.rollout.sampling import sampled_temperature
     from storage.registry import version_row
-    from trainers.registry import load_policy
+    from storage.checkpoints import load_policy
 
     rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
                      columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler",

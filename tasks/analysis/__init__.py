@@ -1,1 +1,3 @@
-"""Analyses over the lake's tables that are pure functions of frames."""
+"""Analyses over the lake's tables that are pure functions of frames.
+
+May import: tasks.advantages."""

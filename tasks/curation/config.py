@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from tasks.config import Strict
 
 FILE_KINDS = ("gsm8k", "math", "olympiad", "humaneval", "mapped")
 MAPPABLE_FIELDS = {"prompt", "answer", "solution", "tests", "entry_point"}
@@ -22,10 +23,6 @@ DEFAULT_LEVELS: dict[str, int | tuple[int, int]] = {
 # Quick-use aliases for `--source KIND:PATH`: the layout plus the level the issue's table gives them.
 KIND_ALIASES: dict[str, tuple[str, int | None]] = {"aime": ("math", 3), "amc": ("math", 3), "hmmt": ("math", 4),
                                                    "minerva": ("math", 3), "gen": ("generator", None)}
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SourceConfig(Strict):
@@ -164,55 +161,6 @@ class MixConfig(Strict):
         if not weights or any(level not in (1, 2, 3, 4) or w < 0 for level, w in weights.items()) or sum(weights.values()) <= 0:
             raise ValueError("level_weights maps levels 1-4 to non-negative weights with a positive sum")
         return weights
-
-
-def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """A YAML mapping; a top-level `base: other.yaml` (relative to this file) is read first and this
-    file's settings are merged over it, section by section, so a variant states only what differs."""
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise ValueError(f"{path}: cannot read config: {error}") from error
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of settings at the top level")
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    if not isinstance(base, str):
-        raise ValueError(f"{path}: `base` names another YAML file, e.g. `base: demo.yaml`")
-    base_path = (path.parent / base).resolve()
-    if base_path in seen:
-        raise ValueError(f"{path}: `base: {base}` makes a cycle")
-    return merged_config(read_yaml(base_path, seen + (path.resolve(),)), data)
-
-
-# Settings whose value is itself a mapping of data (not of settings): a variant replaces them whole.
-VALUE_MAPPINGS = {"level_weights", "domain_weights", "level_map", "params", "options", "columns"}
-
-
-def merged_config(base: dict, override: dict) -> dict:
-    """`override`'s settings over `base`'s, section by section (mappings of data are replaced whole)."""
-    merged = dict(base)
-    for key, value in override.items():
-        nested = isinstance(value, dict) and isinstance(base.get(key), dict) and key not in VALUE_MAPPINGS
-        merged[key] = merged_config(base[key], value) if nested else value
-    return merged
-
-
-def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None) -> BaseModel:
-    """Load and validate a YAML config (its `section` if it has one, or the named sections of a run
-    config); errors name the file and the field."""
-    path = Path(path)
-    data = read_yaml(path)
-    if isinstance(section, tuple):                   # several stage sections of a run config
-        data = {name: data[name] for name in section if name in data}
-    elif section is not None and section in data:   # a run config's stage section, or a stage config itself
-        data = data[section]
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        lines = [f"{path}: {'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()]
-        raise ValueError("\n".join(lines)) from None
 
 
 def parse_source_spec(spec: str) -> SourceConfig:

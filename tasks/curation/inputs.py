@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.curation.config import CurationConfig, load_yaml_config, parse_source_spec
+from tasks.config import load_yaml_config
+from tasks.curation.config import CurationConfig, parse_source_spec
 
 
 def curation_config_from(config_path: Path | None, sources: list[str], eval_sources: list[str],

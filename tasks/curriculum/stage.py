@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.lake import Lake
-from tasks.curation.config import SourceConfig, Strict
+from tasks.config import Strict
+from tasks.curation.config import SourceConfig
 from tasks.curriculum.gym_difficulty import has_steps, max_step, next_difficulty, start_step
 from tasks.curriculum.rebalance import rebalance
 from tasks.generators.base import derive_seed

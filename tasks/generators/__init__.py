@@ -7,6 +7,8 @@ verifier `sat`), `tictactoe` and `connect4` (a move that keeps the best result, 
 `translation` (English → French against a rule-built reference, verifier `translation`), and
 self-play's warm-up examples (`selfplay_solver`, `selfplay_proposer`, `tasks/generators/programs.py`). Every
 problem is reproducible from (generator, seed) alone, and records both.
+
+May import: tasks.selfplay, tasks.verifiers (a generator checks its own answers with them); no storage.
 """
 
 from __future__ import annotations

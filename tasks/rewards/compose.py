@@ -25,7 +25,7 @@ from typing import Any, Literal
 import polars as pl
 from pydantic import Field, field_validator, model_validator
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 
 BUILT_IN = {"verifier": "reward", "corrected": "corrected_reward", "format": "format_reward",
             "process": "process_reward", "self_certainty": "self_certainty", "length": "n_tokens"}

@@ -144,7 +144,7 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
 
     With the sampler's defaults they equal the behaviour log-probs the hf backend stored.
     """
-    from trainers.logprobs import response_logprobs
+    from tasks.rollout.logprobs import response_logprobs
 
     logprobs, _, _ = response_logprobs(model, prompt_ids, response_ids, temperature)
     return [logprobs[row, :len(response)] for row, response in enumerate(response_ids)]

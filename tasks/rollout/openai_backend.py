@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.generators.base import derive_seed
 from tasks.rollout.sampling import Sample, SamplerConfig
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 
 
 class PromptConfig(Strict):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.rollout.openai_backend import RequestRefused, served_models
 
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 
 
 class SamplerConfig(Strict):
@@ -76,3 +76,8 @@ def self_certainty(logits, logprobs=None):
     if logprobs is None:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
     return -math.log(logits.shape[-1]) - logprobs.mean(dim=-1)
+
+
+def sampled_temperature(sampler: dict) -> float:
+    """The temperature a rollout was sampled at (greedy rows are scored at 1: their log-probs are 0 anyway)."""
+    return float(sampler.get("temperature", 1.0)) or 1.0

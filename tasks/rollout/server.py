@@ -175,7 +175,7 @@ def folder_loader(device: str = "cpu", batch_size: int = 64):
     """Load a checkpoint or LoRA adapter folder (what `load_lora_adapter` names) as an HFPolicy; a name
     `vN` is model version N, any other name version -1."""
     from tasks.rollout.hf import HFPolicy
-    from trainers.registry import load_policy
+    from storage.checkpoints import load_policy
 
     def load(name: str, path: str) -> HFPolicy:
         model, tokenizer = load_policy(path, device)

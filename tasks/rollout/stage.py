@@ -10,10 +10,8 @@ Ids sort in draw order: group `i00003-r02-g000007` is the 8th group of round 2 o
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Literal
 
 import polars as pl
@@ -23,7 +21,8 @@ from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
 from tasks.advantages.shaping import success
 from tasks.advantages.stage import AdvantageConfig
-from tasks.curation.config import MixConfig, Strict
+from tasks.config import Strict
+from tasks.curation.config import MixConfig
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
@@ -31,13 +30,14 @@ from tasks.generators.base import derive_seed
 from tasks.rollout.episodes import EpisodePolicy, ToolConfig
 from tasks.rollout.openai_backend import OpenAIBackendConfig
 from tasks.rollout.prompts import PromptConfig, format_prompt
-from tasks.rollout.sampling import Policy, Sample, SamplerConfig
+from tasks.rollout.rows import rollout_rows
+from tasks.rollout.sampling import Policy, SamplerConfig
 from tasks.rewards.compose import RewardConfig
 from tasks.selfplay.self_verify import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig
 from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay
 from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
                                 with_composition, with_noise_correction)
-from trainers.registry import BasePolicyConfig
+from tasks.rollout.base_policy import BasePolicyConfig
 
 
 class RolloutConfig(Strict):
@@ -75,34 +75,6 @@ class IterationConfig(Strict):
                                      "the tasks it solves (tasks/selfplay)")
     selfverify: SelfVerifyConfig = Field(default_factory=SelfVerifyConfig, description="RISE: verification tasks "
                                          "made of the lake's own rollouts, mixed in (tasks/selfplay/self_verify.py)")
-
-
-def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[Sample]], *, iteration: int,
-                 round_: int, model_version: int, sampler: dict, seed: int) -> pl.DataFrame:
-    """One row per sample, in the `rollouts` contract."""
-    now = datetime.now(timezone.utc)
-    rows = []
-    for k, (problem_id, prompt, samples) in enumerate(zip(problems["problem_id"], prompts, groups)):
-        group_id = f"i{iteration:05d}-r{round_:02d}-g{k:06d}"
-        for index, sample in enumerate(samples):
-            rows.append({
-                "rollout_id": f"{group_id}-s{index:02d}", "iteration": iteration, "problem_id": problem_id,
-                "group_id": group_id, "sample_idx": index, "round": round_, "model_version": model_version,
-                "prompt": prompt, "prompt_token_ids": sample.prompt_token_ids, "response": sample.text,
-                "response_token_ids": sample.token_ids, "behaviour_logprobs": sample.logprobs,
-                "finish_reason": sample.finish_reason,
-                "self_certainty": sample.self_certainty, "backend": sample.backend,
-                "n_tokens": sum(sample.loss_mask) if sample.loss_mask is not None else len(sample.token_ids),
-                "loss_mask": sample.loss_mask, "tool_calls": sample.tool_calls, "tool_errors": sample.tool_errors,
-                "turns": None if sample.turns is None else json.dumps(sample.turns, ensure_ascii=False),
-                "sampler": json.dumps(sampler, sort_keys=True), "seed": seed, "created_at": now})
-    return pl.DataFrame(rows, schema_overrides={"self_certainty": pl.Float64, "round": pl.Int32,
-                                                "sample_idx": pl.Int32, "n_tokens": pl.Int32,
-                                                "prompt_token_ids": pl.List(pl.Int32),
-                                                "response_token_ids": pl.List(pl.Int32),
-                                                "behaviour_logprobs": pl.List(pl.Float32),
-                                                "loss_mask": pl.List(pl.Int8), "tool_calls": pl.Int32,
-                                                "tool_errors": pl.Int32, "turns": pl.String})
 
 
 @dataclass
@@ -181,7 +153,7 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
     checkpoint = row["checkpoint_uri"]
     if config.backend == "hf":
         from tasks.rollout.hf import HFPolicy
-        from trainers.registry import load_policy
+        from storage.checkpoints import load_policy
 
         model, tokenizer = load_policy(checkpoint, config.device)
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
@@ -194,7 +166,7 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
         if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
             from transformers import AutoTokenizer
 
-            from trainers.registry import local_checkpoint
+            from storage.checkpoints import local_checkpoint
 
             tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
         served = {model_version: row["served_name"]} if row["served_name"] else {}
@@ -213,7 +185,7 @@ def with_self_certainty(lake: Lake, policy: Policy, config: RolloutConfig, model
     """`policy`, its samples' self-certainty filled from the local copy of `model_version` (tasks/rollout/certainty.py)."""
     from storage.registry import version_row
     from tasks.rollout.certainty import WithSelfCertainty
-    from trainers.registry import load_policy
+    from storage.checkpoints import load_policy
 
     model, tokenizer = load_policy(version_row(lake, model_version)["checkpoint_uri"], config.device)
     return WithSelfCertainty(policy, model, tokenizer, config.batch_size)
@@ -291,7 +263,7 @@ def next_iteration(lake: Lake) -> int:
 def current_model_version(lake: Lake, base: BasePolicyConfig) -> int:
     """The latest registered version; registers version 0 first on a new lake."""
     from storage.registry import latest_version
-    from trainers.registry import ensure_base_policy
+    from tasks.rollout.base_policy import ensure_base_policy
 
     latest = latest_version(lake)
     return latest if latest is not None else ensure_base_policy(lake, base)

@@ -31,7 +31,7 @@ from functools import lru_cache
 from typing import Any
 
 from tasks.sandbox import budget
-from tasks.verifiers.base import VerifierUnavailable
+from tasks.errors import VerifierUnavailable
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.protocol import recv_json, send_json
 from tasks.sandbox.zygote import UID_SLOTS

@@ -13,7 +13,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 
 
 class TripwireConfig(Strict):

@@ -16,10 +16,10 @@ import re
 import polars as pl
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.curation.records import problem_id
 from tasks.generators.base import derive_seed
-from tasks.verifiers.process import _number, stated_equalities, stated_is_true
+from tasks.verifiers.process import parse_number, stated_equalities, stated_is_true
 
 SOURCE = "self-verify"
 
@@ -29,7 +29,7 @@ JUDGEMENT = re.compile(r"\b(correct|wrong)\b(?:\s+at\s+step\s+(\d+))?", re.IGNOR
 def first_wrong_step(response: str, steps: list[str] | None) -> int | None:
     """1-based index of the first gold step whose result no true equality of the response produces, or None
     (no steps, or every step reached)."""
-    results = [_number(step.rsplit("=", 1)[1]) for step in steps or [] if "=" in step]
+    results = [parse_number(step.rsplit("=", 1)[1]) for step in steps or [] if "=" in step]
     produced = {stated for _, stated, true in stated_equalities(response) if stated_is_true(stated, true)}
     for index, result in enumerate(results, start=1):
         if result is None or result not in produced:

@@ -31,12 +31,13 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.lake import Lake
-from tasks.curation.config import Strict
+from tasks.config import Strict
 from tasks.curation.load import CANDIDATE_SCHEMA
 from tasks.curation.records import problem_id
 from tasks.generators.base import derive_seed
 from tasks.generators.programs import draw_task
 from tasks.rollout.prompts import format_prompt
+from tasks.rollout.rows import rollout_rows
 from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
                                        proposer_prompt, shape_key, solver_prompt)
 from tasks.selfplay.code_tasks import Rejection
@@ -107,8 +108,6 @@ def selfplay_problem(prompt: str, answer: str, verifier: str, source: str, uri: 
 def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, policy, tokenizer,
                     score: Callable[[pl.DataFrame], pl.DataFrame]) -> SelfPlaySample:
     """Propose, validate, solve and reward one iteration (`config`: the iteration's IterationConfig)."""
-    from tasks.rollout.stage import rollout_rows
-
     selfplay, rollout = config.selfplay, config.rollout
     rules = ProposalRules()
     history = earlier_tasks(lake, iteration)
@@ -245,8 +244,6 @@ def solve_frame(rollouts: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
 
 def _solve(problems: pl.DataFrame, config, iteration: int, model_version: int, policy, tokenizer,
            score: Callable[[pl.DataFrame], pl.DataFrame]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    from tasks.rollout.stage import rollout_rows
-
     rollout = config.rollout
     prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in problems["prompt"]]
     seed = derive_seed(rollout.seed, iteration, "solve")

@@ -20,11 +20,6 @@ class Verdict:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-class VerifierUnavailable(RuntimeError):
-    """What a verifier needs is missing for every item, not this one (no sandbox isolation, a judge that does not
-    answer): the stage fails with the reason instead of scoring every response 0."""
-
-
 def failed(reason: str, **details: Any) -> Verdict:
     return Verdict(0.0, False, {"reason": reason, **details})
 
@@ -46,10 +41,8 @@ def register(name: str) -> Callable:
     return add
 
 
-def build_verifier(name: str, **options: Any) -> Verifier:
-    """A verifier by registry name (`math`, `code`, `gym`, `qa`, `random`, ...) with its options."""
-    import tasks.verifiers.all  # noqa: F401  (registers every verifier)
-
+def build_registered(name: str, **options: Any) -> Verifier:
+    """A registered verifier by name with its options (`registry.build_verifier` registers every verifier first)."""
     if name not in VERIFIERS:
         raise ValueError(f"unknown verifier {name!r}; known: {', '.join(sorted(VERIFIERS))}")
     return VERIFIERS[name](**options)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.generators.base import derive_seed
-from tasks.verifiers.base import Verdict, build_verifier, register
+from tasks.verifiers.base import Verdict, build_registered, register
 
 
 @register("random")
@@ -36,7 +36,7 @@ class FlippedReward:
     version: str = "1.0"
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        verdict = build_verifier(self.base).verify(problem, response)
+        verdict = build_registered(self.base).verify(problem, response)
         return Verdict(0.0 if verdict.correct else 1.0, verdict.correct,
                        {"control": "flipped", "base": self.base, "base_reward": verdict.reward})
 

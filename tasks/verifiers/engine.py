@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from tasks.verifiers.base import VERIFIERS, Verdict, VerifierUnavailable, build_verifier
+from tasks.errors import VerifierUnavailable
+from tasks.verifiers.base import VERIFIERS, Verdict
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verifiers.formats import format_reward
+from tasks.verifiers.registry import build_verifier
 
 DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
 MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them

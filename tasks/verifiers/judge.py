@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.verifiers.base import Verdict, VerifierUnavailable, register
+from tasks.errors import VerifierUnavailable
+from tasks.verifiers.base import Verdict, register
 
 DEFAULT_RUBRIC = ("Judge how well the response fulfils the task: correct, complete, clear and honest. 10 is "
                   "excellent, 5 acceptable with flaws, 0 wrong, empty or off-task.")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.verifiers.base import Verdict, Verifier, build_verifier, register
+from tasks.verifiers.base import Verdict, Verifier, build_registered, register
 
 EQUALITY = re.compile(r"<<([^<>=]{1,120})=([^<>]{1,40})>>|([\d(][\d\s.,+\-*/×÷()]{0,80}[\d)])\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -53,7 +53,8 @@ def _evaluate(expression: str) -> float | None:
         return None
 
 
-def _number(text: str) -> float | None:
+def parse_number(text: str) -> float | None:
+    """A stated number (thousands commas and a closing full stop allowed), or None."""
     try:
         return float(text.replace(",", "").strip().rstrip("."))
     except ValueError:
@@ -67,7 +68,7 @@ def stated_equalities(response: str) -> list[tuple[str, float, float]]:
         expression, stated = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
         if not re.search(r"[+\-*/×÷]", expression.strip().lstrip("-")):
             continue
-        true_value, stated_value = _evaluate(expression), _number(stated)
+        true_value, stated_value = _evaluate(expression), parse_number(stated)
         if true_value is not None and stated_value is not None:
             found.append((expression.strip(), stated_value, true_value))
     return found
@@ -79,7 +80,7 @@ def stated_is_true(stated: float, true: float) -> bool:
 
 
 def _numbers(text: str) -> set[float]:
-    return {n for n in (_number(m) for m in NUMBER.findall(text[-MAX_CHARS:])) if n is not None}
+    return {n for n in (parse_number(m) for m in NUMBER.findall(text[-MAX_CHARS:])) if n is not None}
 
 
 def process_score(response: str, gold_steps: list[str] | None, prompt: str | None = None) -> tuple[float | None, dict[str, Any]]:
@@ -90,7 +91,7 @@ def process_score(response: str, gold_steps: list[str] | None, prompt: str | Non
     gold steps or an earlier true step ("1 + 1 = 2" padding adds nothing). A gold step is reached
     when a true stated equality produces its result, not when the number merely appears.
     """
-    gold_results = [r for r in (_number(step.rsplit("=", 1)[1]) for step in gold_steps or [] if "=" in step)
+    gold_results = [r for r in (parse_number(step.rsplit("=", 1)[1]) for step in gold_steps or [] if "=" in step)
                     if r is not None]
     relevant = _numbers(prompt or "") | {n for step in gold_steps or [] for n in _numbers(step)}
     counted, produced = [], set()
@@ -135,7 +136,7 @@ class ProcessVerifier:
     def __post_init__(self) -> None:
         if not 0 <= self.process_weight <= 1:
             raise ValueError("process_weight (λ) must be in [0, 1]")
-        self._outcome = build_verifier(self.outcome)
+        self._outcome = build_registered(self.outcome)
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         outcome = self._outcome.verify(problem, response)

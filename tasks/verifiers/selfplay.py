@@ -17,7 +17,8 @@ from typing import Any
 from tasks.sandbox.client import Sandbox
 from tasks.selfplay.code_tasks import TASK_TYPES, CodeTask, last_block, parse_proposal
 from tasks.selfplay.executor import PROPOSAL_LIMITS, judge_answer, validate
-from tasks.verifiers.base import Verdict, VerifierUnavailable, register
+from tasks.errors import VerifierUnavailable
+from tasks.verifiers.base import Verdict, register
 
 ANSWER_BLOCKS = {"deduction": ("output",), "abduction": ("input",), "induction": ("python", "py", "")}
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.sandbox.client import Sandbox, SandboxResult
+from tasks.sandbox.client import SandboxResult
 from tasks.sandbox.limits import SandboxLimits
 from tasks.verifiers.base import Verdict, failed, register
 from tasks.verifiers.code import SandboxedVerifier

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 
 from pydantic import Field
 
-from tasks.curation.config import Strict
+from tasks.config import Strict
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (

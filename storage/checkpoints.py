@@ -1,9 +1,10 @@
 """Policy checkpoints: saving and loading model versions as HF checkpoints in the lake's storage.
 
-The registry's rows (which versions exist, their parents, where their checkpoints are) are
-`storage/registry.py`'s. Version 0 is the base policy: the embedded tiny model (built and saved on first use) or a local
-checkpoint named in the config (registered in place, not copied). Training registers N+1 with
-its parent and the batches it consumed. Checkpoints on S3 are downloaded once into a local cache.
+What every stage that touches a model reads, so it sits on the storage floor: the registry's rows (which versions
+exist, their parents, where their checkpoints are) are `storage/registry.py`'s; this module writes and reads the
+checkpoint folders they point at. A LoRA adapter checkpoint names the base checkpoint it applies to; checkpoints
+on S3 are downloaded once into a local cache, and the versions this process has just written or read are kept in
+memory (`storage/policy_cache.py`).
 """
 
 from __future__ import annotations
@@ -17,26 +18,11 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import pyarrow.compute as pc
-from pydantic import Field
-
+from storage import policy_cache
 from storage.lake import Lake
-from storage.registry import claim_checkpoint, register
-from tasks.curation.config import Strict
-from trainers import policy_cache
-from trainers.tiny import TinyModelConfig
+from storage.registry import claim_checkpoint
 
 CACHE_DIR = Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr")) / "checkpoints"
-
-
-class BasePolicyConfig(Strict):
-    """Which model is version 0."""
-
-    checkpoint: str | None = Field(None, description="a local HF checkpoint folder to register as version 0; "
-                                   "default: build the embedded tiny model")
-    served_name: str | None = Field(None, description="name an OpenAI-compatible server serves version 0 under")
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="shape of the embedded tiny model")
-    tokenizer_corpus: int = Field(2000, ge=10, description="generated problems the tiny tokenizer is trained on")
 
 
 def _quiet_transformers() -> None:
@@ -145,7 +131,7 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainers.threads import use_given_cores
+    from storage.threads import use_given_cores
 
     _quiet_transformers()
     use_given_cores()                                  # every torch stage loads a policy first
@@ -182,24 +168,3 @@ def load_training_state(uri: str) -> dict | None:
     kept = policy_cache.recall("training_state", folder)
     # map to CPU: AdamW's load_state_dict moves the state onto the parameters' device (a GPU run's state loads on CPU)
     return kept if kept is not None else torch.load(path, map_location="cpu", weights_only=True)
-
-
-def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:
-    """Register version 0 if the lake has none yet; returns 0."""
-    if not lake.read("model_versions", filter=pc.field("model_version") == 0, columns=["model_version"]).is_empty():
-        return 0
-    with lake.run("policy-init", "policy-init", config.model_dump(mode="json")) as run:
-        if config.checkpoint is not None:
-            model, _ = load_policy(config.checkpoint)
-            uri = config.checkpoint
-        else:
-            from trainers.tiny import build_model, tokenizer_corpus, train_tokenizer
-
-            tokenizer = train_tokenizer(tokenizer_corpus(count=config.tokenizer_corpus), config.tiny.merges)
-            model = build_model(config.tiny, tokenizer)
-            uri = save_checkpoint(lake, 0, model, tokenizer)
-        architecture = {"model_type": model.config.model_type, "vocab_size": model.config.vocab_size,
-                        "parameters": sum(p.numel() for p in model.parameters()),
-                        "hidden_size": model.config.hidden_size, "layers": model.config.num_hidden_layers}
-        register(lake, run, 0, uri=uri, kind="base", architecture=architecture, served_name=config.served_name)
-    return 0

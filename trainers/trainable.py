@@ -1,0 +1,26 @@
+"""The model a training step trains: the parent version's weights, whole or with a LoRA adapter (continued when
+the parent is an adapter, fresh otherwise). One process or each of several (`trainers/parallel.py`) start here."""
+
+from __future__ import annotations
+
+from trainers.grpo import TrainConfig
+from storage.checkpoints import adapter_base, load_policy, peft_warnings_quiet
+
+
+def trainable_policy(parent_uri: str, config: TrainConfig):
+    """(model, tokenizer, base URI if the model is a LoRA adapter): the parent's adapter continues
+    when the parent is one; a full parent gets a fresh adapter, or is trained whole without `lora`."""
+    base = adapter_base(parent_uri)
+    if config.lora is None:
+        model, tokenizer = load_policy(parent_uri, config.device)          # an adapter parent arrives merged
+        return model, tokenizer, None
+    if base is not None:
+        model, tokenizer = load_policy(parent_uri, config.device, trainable_adapter=True)
+        return model, tokenizer, base
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = load_policy(parent_uri, config.device)
+    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
+                      target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
+    with peft_warnings_quiet():
+        return get_peft_model(model, lora), tokenizer, parent_uri
