@@ -202,3 +202,15 @@ def bench_faults(
     outcomes = run_benchmark([k for k in lakes.split(",") if k], points(run_points), points(curate_points), concurrency)
     if not all(outcome.passed for outcome in outcomes):
         raise typer.Exit(1)
+
+
+@app.command("startup")
+def bench_startup(
+    against: Annotated[str, typer.Option(help="the git revision to compare with (a worktree of it is made for the "
+                                         "run)")] = "7eaa8ff",
+    repeats: Annotated[int, typer.Option(min=1, help="alternating runs of each command on each side (median)")] = 7,
+) -> None:
+    """`rlvr --help` and `rlvr sql` start-up time against an earlier commit's, and the heavy modules each imports."""
+    from bench.startup import run_benchmark
+
+    run_benchmark(against, repeats)

@@ -1,0 +1,81 @@
+"""`rlvr bench startup`: how long the command line takes to start, against an earlier commit's.
+
+`rlvr --help` and `rlvr sql "select 1 as one"` (over an empty lake: the catalog opens, the query runs) in fresh
+processes, alternating between this checkout and a git worktree of `--against` made for the run (both imported
+through PYTHONPATH by the same interpreter and packages), the median of `repeats` runs each. One more run of
+each command in this checkout records which heavy modules it imported (torch, transformers, TRL, Prefect, a
+benchmark): the command tree imports them only for the commands that use them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from flows.display import console
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COMMANDS = {"help": ["--help"], "sql": ["sql", "select 1 as one"]}
+HEAVY = ("torch", "transformers", "trl", "prefect", "bench.peer")
+IMPORTED = ("import sys\nfrom flows.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n")
+
+
+def seconds(arguments: list[str], checkout: Path, lake: str) -> float:
+    """Wall time of one `rlvr` process importing the code of `checkout`."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "RLVR_LAKE": lake}
+    started = time.perf_counter()
+    subprocess.run([str(BIN / "rlvr"), *arguments], env=env, cwd=checkout, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - started
+
+
+def heavy_imports(arguments: list[str], lake: str) -> list[str]:
+    """The heavy modules one run of the command imported, in this checkout."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_LAKE": lake}
+    result = subprocess.run([sys.executable, "-c", IMPORTED, *arguments], env=env, cwd=ROOT, capture_output=True,
+                            text=True, check=True)
+    return result.stderr.strip().splitlines()[-1].split() if result.stderr.strip() else []
+
+
+def worktree(revision: str, folder: Path) -> str:
+    """A detached worktree of `revision` in `folder`; returns its full commit id."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(folder), revision], check=True)
+    return subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def run_benchmark(against: str, repeats: int) -> dict:
+    """Median start-up seconds of each command here and at `against`, their ratios, and the heavy imports."""
+    work = Path(tempfile.mkdtemp(prefix="rlvr-bench-startup-"))
+    lake = str(work / "lake")
+    baseline = work / "baseline"
+    try:
+        baseline_commit = worktree(against, baseline)
+        times: dict[str, dict[str, list[float]]] = {name: {"here": [], "baseline": []} for name in COMMANDS}
+        for name, arguments in COMMANDS.items():
+            seconds(arguments, ROOT, lake)                   # warm the file cache and bytecode on both sides
+            seconds(arguments, baseline, lake)
+            for _ in range(repeats):
+                times[name]["here"].append(seconds(arguments, ROOT, lake))
+                times[name]["baseline"].append(seconds(arguments, baseline, lake))
+        heavy = {name: heavy_imports(arguments, lake) for name, arguments in COMMANDS.items()}
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)],
+                       stderr=subprocess.DEVNULL)
+        shutil.rmtree(work, ignore_errors=True)
+    figures: dict = {"against": baseline_commit, "repeats": repeats}
+    for name in COMMANDS:
+        here, before = statistics.median(times[name]["here"]), statistics.median(times[name]["baseline"])
+        figures[name] = {"seconds": round(here, 3), "baseline_seconds": round(before, 3),
+                         "ratio": round(here / before, 3), "heavy_imports": heavy[name]}
+        console.print(f"rlvr {' '.join(COMMANDS[name])}: {here:.2f} s here, {before:.2f} s at {baseline_commit[:7]} "
+                      f"(×{here / before:.2f}); heavy modules imported: {', '.join(heavy[name]) or 'none'}")
+    return figures
