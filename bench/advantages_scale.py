@@ -19,6 +19,9 @@ import polars as pl
 
 from flows.display import console
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/advantages_scale.py", "tasks/advantages/")
+
 
 def synthetic_rollouts(groups: int, group_size: int, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
@@ -95,4 +98,4 @@ def run_benchmark(groups: int = 625_000, group_size: int = 16) -> dict:
     slower = results["ours"]["seconds"] / results["bare_group_by"]["seconds"]
     console.print(f"ours is ×{faster:.1f} faster than per-group Python (target ≥ 50) and ×{slower:.2f} the time of a "
                   f"bare group-by (target ≤ 2)")
-    return results
+    return {**results, "rollouts": groups * group_size, "faster_than_python": faster, "time_vs_group_by": slower}

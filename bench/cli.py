@@ -4,14 +4,68 @@ its benchmark only when it runs."""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from types import ModuleType
+from typing import Annotated, Any, Optional
 
 import typer
 
 from flows.cli.common import fail, prefect_defaults
+from flows.display import errors
 
 app = typer.Typer(help="Benchmarks, measured as ratios on this machine.", no_args_is_help=True)
+
+
+class BenchFormat(str, Enum):
+    """A benchmark's report for people, or its result as one JSON object for programs."""
+    table = "table"
+    json = "json"
+
+
+FormatOption = Annotated[BenchFormat, typer.Option(
+    "--format", help="table: the report for people; json: one JSON object on stdout (figures, parameters, commit, "
+    "date, host), the report on stderr")]
+SaveOption = Annotated[Optional[str], typer.Option(
+    "--save", metavar="NAME", help="also write the JSON object to bench/results/NAME.json, where docs/benchmarks.md "
+    "and the README take their figures from (python -m bench.docs)")]
+
+
+@contextmanager
+def report_on_stderr() -> Iterator[None]:
+    """Everything written to stdout meanwhile (rich, print, child processes) goes to stderr instead."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def measured(context: typer.Context, name: str, module: ModuleType, run: Callable[[], Any]) -> Any:
+    """Run a benchmark, its report as the command's --format asks; with json print its result object, with --save
+    write it. The parameters recorded are the command's own options."""
+    from bench.results import envelope, save as save_result
+
+    parameters = {key: value for key, value in context.params.items() if key not in ("format", "save")}
+    format, save = context.params["format"], context.params["save"]
+    with report_on_stderr() if format is BenchFormat.json else nullcontext():
+        result = run()
+    if format is BenchFormat.json or save:
+        outcome = envelope(name, result, parameters, module.DEPENDS_ON)
+        if save:
+            errors.print(f"saved {save_result(outcome, save)}", highlight=False, soft_wrap=True)
+        if format is BenchFormat.json:
+            sys.stdout.write(json.dumps(outcome) + "\n")
+    return result
 
 
 def _check_run_config(path: Path) -> None:
@@ -26,45 +80,57 @@ def _check_run_config(path: Path) -> None:
 
 @app.command("dedup")
 def bench_dedup(
+    context: typer.Context,
     sizes: Annotated[str, typer.Option(help="bank sizes to time, comma separated")] = "100000,200000",
     repeats: Annotated[int, typer.Option(help="timed runs per size; the best is kept")] = 2,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Near-duplicate detection time as the bank grows: the ratio shows how it scales."""
-    from bench.dedup_scaling import run_benchmark
+    from bench import dedup_scaling
 
-    run_benchmark([int(s) for s in sizes.split(",")], repeats)
+    measured(context, "dedup", dedup_scaling,
+             lambda: {"sizes": dedup_scaling.run_benchmark([int(s) for s in sizes.split(",")], repeats)})
 
 
 @app.command("verify")
 def bench_verify(
+    context: typer.Context,
     limit: Annotated[int, typer.Option(help="gold answers per mix (numeric: MATH-500 then GSM8K test, two responses "
                                        "each; symbolic: MATH-500's non-numeric golds, 16 responses each)")] = 2000,
     workers: Annotated[int, typer.Option(min=1, help="our verifier's worker processes")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="back-to-back measurements; the median is reported")] = 3,
     mix: Annotated[str, typer.Option(help="numeric, symbolic or both (comma separated)")] = "numeric,symbolic",
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Math verification throughput and accuracy against math-verify called directly, on two mixes."""
-    from bench.verify_throughput import run_benchmark
+    from bench import verify_throughput
 
     mixes = tuple(m for m in mix.split(",") if m)
     if not set(mixes) <= {"numeric", "symbolic"}:
         fail(f"--mix takes numeric and symbolic, not {mix!r}", 2)
-    run_benchmark(limit, workers, repeats, mixes)
+    measured(context, "verify", verify_throughput,
+             lambda: verify_throughput.run_benchmark(limit, workers, repeats, mixes))
 
 
 @app.command("advantages")
 def bench_advantages(
+    context: typer.Context,
     groups: Annotated[int, typer.Option(min=1, help="groups of rollouts")] = 625_000,
     group_size: Annotated[int, typer.Option(min=2, help="rollouts per group")] = 16,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Advantages plus filtering against per-group Python and a bare Polars group-by."""
-    from bench.advantages_scale import run_benchmark
+    from bench import advantages_scale
 
-    run_benchmark(groups, group_size)
+    measured(context, "advantages", advantages_scale, lambda: advantages_scale.run_benchmark(groups, group_size))
 
 
 @app.command("sandbox")
 def bench_sandbox(
+    context: typer.Context,
     workers: Annotated[int, typer.Option(min=1, help="concurrent runs on both sides")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="passes over the 164 problems")] = 1,
     hostile: Annotated[bool, typer.Option("--hostile", help="score a mix of honest and hostile programs through "
@@ -73,89 +139,106 @@ def bench_sandbox(
     hostile_share: Annotated[float, typer.Option(min=0, max=1, help="--hostile: share of hostile rows")] = 0.1,
     files: Annotated[bool, typer.Option("--files", help="file-level unittest suites against bare python -m "
                                         "unittest instead")] = False,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Sandboxed executions per second against bare subprocesses, on HumanEval's canonical solutions; with
     --hostile, honest pass rate, hostile rewards, memory, descriptors and throughput under hostile load; with
     --files, the shipped file-level suites' time against bare `python -m unittest`."""
     if files:
-        from bench.sandbox_files import run_benchmark as files_benchmark
+        from bench import sandbox_files
 
-        files_benchmark(workers, repeats)
+        measured(context, "sandbox-files", sandbox_files, lambda: sandbox_files.run_benchmark(workers, repeats))
         return
     if hostile:
-        from bench.sandbox_hostile import run_benchmark as hostile_benchmark
+        from bench import sandbox_hostile
 
-        summary = hostile_benchmark(rows, hostile_share, workers)
+        summary = measured(context, "sandbox-hostile", sandbox_hostile,
+                           lambda: sandbox_hostile.run_benchmark(rows, hostile_share, workers))
         if summary["honest_pass_rate_vs_bare"] < 1 or summary["hostile_rows_rewarded"] or summary["crashed"]:
             raise typer.Exit(1)
         return
-    from bench.sandbox_rate import run_benchmark
+    from bench import sandbox_rate
 
-    run_benchmark(workers, repeats)
+    measured(context, "sandbox", sandbox_rate, lambda: sandbox_rate.run_benchmark(workers, repeats))
 
 
 @app.command("train")
 def bench_train(
+    context: typer.Context,
     sequences: Annotated[int, typer.Option(min=2, help="sequences per training step")] = 128,
     response_length: Annotated[int, typer.Option(min=1, help="response tokens per sequence")] = 40,
     repeats: Annotated[int, typer.Option(min=1, help="timed steps per side (median)")] = 5,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Training-step throughput (tokens/s) against TRL's GRPOTrainer on the same tiny model and batch."""
-    from bench.train_throughput import run_benchmark
+    from bench import train_throughput
 
-    run_benchmark(sequences=sequences, response_length=response_length, repeats=repeats)
+    measured(context, "train", train_throughput, lambda: train_throughput.run_benchmark(
+        sequences=sequences, response_length=response_length, repeats=repeats))
 
 
 @app.command("sampling")
 def bench_sampling(
+    context: typer.Context,
     shape: Annotated[list[str], typer.Option(help="model shapes: tiny (the demo policy), 0.5b (Qwen2.5-0.5B-shaped)")]
         = ["tiny", "0.5b"],
     repeats: Annotated[int, typer.Option(min=1, help="alternating repeats per side (best)")] = 3,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """The hf backend's sampler against transformers' generate (with scores) on the same model and batch."""
-    from bench.sampling import SHAPES, run_benchmark
+    from bench import sampling
 
-    unknown = sorted(set(shape) - set(SHAPES))
+    unknown = sorted(set(shape) - set(sampling.SHAPES))
     if unknown:
-        fail(f"--shape {unknown[0]}: choose from {', '.join(SHAPES)}")
-    run_benchmark(shape, repeats)
+        fail(f"--shape {unknown[0]}: choose from {', '.join(sampling.SHAPES)}")
+    measured(context, "sampling", sampling, lambda: {"shapes": sampling.run_benchmark(shape, repeats)})
 
 
 @app.command("learning")
 def bench_learning(
+    context: typer.Context,
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
     iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations [default: the config's]; 0 only "
                                                                   "reports on an existing --lake")] = None,
     lake: Annotated[Optional[str], typer.Option(help="lake to run in or report on [default: a fresh folder]")] = None,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Held-out sampled solve rate of the warm-up model against the RL versions after it, from stored metrics."""
     prefect_defaults()
-    from bench.learning import run_benchmark
+    from bench import learning
 
     try:
-        run_benchmark(str(config), lake, iterations)
+        measured(context, "learning", learning, lambda: learning.run_benchmark(str(config), lake, iterations))
     except ValueError as error:
         fail(str(error))
 
 
 @app.command("peer")
 def bench_peer(
+    context: typer.Context,
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
     steps: Annotated[int, typer.Option(min=1, help="RL steps (our iterations, TRL's optimizer steps)")] = 50,
     seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [0, 1, 2],
     eval_every: Annotated[int, typer.Option(min=1, help="steps between held-out evaluations")] = 10,
     work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake and the runs (reused)")] = None,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """The loop against TRL's GRPOTrainer from the same warmed-up checkpoint: accuracy and RL wall time."""
     _check_run_config(config)
     prefect_defaults()
-    from bench.peer import run_benchmark
+    from bench import peer
 
-    run_benchmark(str(config), steps, seed, eval_every, work)
+    measured(context, "peer", peer, lambda: peer.run_benchmark(str(config), steps, seed, eval_every, work))
 
 
 @app.command("async")
 def bench_async(
+    context: typer.Context,
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
     iterations: Annotated[int, typer.Option(min=1, help="iterations each mode runs")] = 10,
     max_staleness: Annotated[int, typer.Option(min=0, help="async: versions a batch may lag its trainer")] = 1,
@@ -163,54 +246,71 @@ def bench_async(
     correction: Annotated[str, typer.Option(help="async's off-policy correction: truncated (sequence weight), "
                                             "none, or decoupled (per-token, in the training step)")] = "truncated",
     work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake (reused)")] = None,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """The same iterations sync and async against a separate `rlvr policy serve`: wall times, accuracy, staleness."""
     if correction not in ("truncated", "none", "decoupled"):
         fail(f"--correction {correction!r}: truncated, none or decoupled", 2)
     _check_run_config(config)
     prefect_defaults()
-    from bench.overlap import run_benchmark
+    from bench import overlap
 
-    run_benchmark(str(config), iterations, max_staleness, work, batch_size, correction)
+    measured(context, "async", overlap,
+             lambda: overlap.run_benchmark(str(config), iterations, max_staleness, work, batch_size, correction))
 
 
 @app.command("orchestration")
 def bench_orchestration(
+    context: typer.Context,
     repeats: Annotated[int, typer.Option(min=1, help="runs of each read-only command (median)")] = 3,
     subflows: Annotated[int, typer.Option(min=1, help="stage-shaped subflows timed (median)")] = 20,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """What Prefect and the command line cost: read-only commands, a subflow and a task, the loop outside its stages."""
-    from bench.orchestration import run_benchmark
+    from bench import orchestration
 
-    run_benchmark(repeats, subflows)
+    measured(context, "orchestration", orchestration, lambda: orchestration.run_benchmark(repeats, subflows))
 
 
 @app.command("faults")
 def bench_faults(
+    context: typer.Context,
     lakes: Annotated[str, typer.Option(help="where to run the cases: local, s3 (moto on loopback) or both")] = "local,s3",
     run_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr run` to kill at, comma separated "
                                                      "[default: all 13]")] = None,
     curate_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr curate` [default: all 4]")] = None,
     concurrency: Annotated[bool, typer.Option(help="also run two `rlvr run` and three `rlvr curate` at once")] = True,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """Kill -9 the main job and curation at named points and run writers side by side; check the lake after each."""
-    from bench.faults import run_benchmark
+    from bench import faults
 
     def points(text: str | None) -> list[str] | None:
         return None if text is None else [p for p in text.split(",") if p]
 
-    outcomes = run_benchmark([k for k in lakes.split(",") if k], points(run_points), points(curate_points), concurrency)
+    def run() -> dict:
+        outcomes = faults.run_benchmark([k for k in lakes.split(",") if k], points(run_points), points(curate_points),
+                                        concurrency)
+        return {"cases": len(outcomes), "passed": sum(o.passed for o in outcomes), "outcomes": outcomes}
+
+    outcomes = measured(context, "faults", faults, run)["outcomes"]
     if not all(outcome.passed for outcome in outcomes):
         raise typer.Exit(1)
 
 
 @app.command("startup")
 def bench_startup(
+    context: typer.Context,
     against: Annotated[str, typer.Option(help="the git revision to compare with (a worktree of it is made for the "
                                          "run)")] = "7eaa8ff",
     repeats: Annotated[int, typer.Option(min=1, help="alternating runs of each command on each side (median)")] = 7,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
 ) -> None:
     """`rlvr --help` and `rlvr sql` start-up time against an earlier commit's, and the heavy modules each imports."""
-    from bench.startup import run_benchmark
+    from bench import startup
 
-    run_benchmark(against, repeats)
+    measured(context, "startup", startup, lambda: startup.run_benchmark(against, repeats))

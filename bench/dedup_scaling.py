@@ -17,6 +17,9 @@ from flows.display import console
 from tasks.curation.dedup import near_duplicates
 from tasks.generators import generate
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/dedup_scaling.py", "tasks/curation/dedup.py", "tasks/curation/records.py", "tasks/generators/")
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
@@ -52,4 +55,5 @@ def run_benchmark(sizes: list[int], repeats: int = 2) -> list[dict]:
         ratio = larger["seconds"] / smaller["seconds"]
         size_ratio = larger["size"] / smaller["size"]
         console.print(f"{smaller['size']:,} → {larger['size']:,} problems (×{size_ratio:g}): time ×{ratio:.2f}")
+        larger["time_ratio_to_previous"] = ratio
     return results

@@ -29,6 +29,11 @@ from pathlib import Path
 
 import polars as pl
 
+from bench.results import ALL_CODE
+
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/faults.py", "configs/faults.yaml", *ALL_CODE)
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "faults.yaml"
 BIN = Path(sys.executable).parent
 RUN_POINTS = [                      # ≥ 10 points of `rlvr run`, from curation to the last record

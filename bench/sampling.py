@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/sampling.py", "tasks/rollout/hf.py", "tasks/rollout/sampling.py", "tasks/rollout/tiny.py")
+
 SHAPES = {
     "tiny": {},
     "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,

@@ -14,6 +14,9 @@ from tasks.verifiers.workspace import WORKSPACE_LIMITS
 from tasks.workspaces.check import run_local
 from tasks.workspaces.problem import load_problems
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/sandbox_files.py", "tasks/sandbox/", "tasks/workspaces/")
+
 
 def run_benchmark(workers: int = 2, repeats: int = 1, level: str = "file") -> dict:
     problems = load_problems(level) * repeats
@@ -43,4 +46,4 @@ def run_benchmark(workers: int = 2, repeats: int = 1, level: str = "file") -> di
     console.print(f"sandbox, tests and workspace apart:    {seconds:6.2f} s ({passed} passed)")
     console.print(f"time ×{seconds / bare_seconds:.2f} of bare unittest (target ≤ 1.5)")
     return {"suites": len(problems), "bare_seconds": bare_seconds, "seconds": seconds, "passed": passed,
-            "bare_passed": bare_passed}
+            "bare_passed": bare_passed, "ratio": seconds / bare_seconds, "isolation": isolation_mode()}

@@ -15,6 +15,9 @@ from pathlib import Path
 from flows.display import console
 from tasks.sandbox.client import Sandbox, isolation_mode
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/sandbox_rate.py", "tasks/sandbox/")
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
@@ -67,4 +70,4 @@ def run_benchmark(workers: int = 2, repeats: int = 1) -> dict:
     console.print(f"sandbox, every isolation:      {rate:7.1f} runs/s ({passed} passed)")
     console.print(f"rate ×{rate / baseline_rate:.2f} of the bare subprocess (target ≥ 0.5)")
     return {"runs": len(problems), "baseline_rate": baseline_rate, "rate": rate, "passed": passed,
-            "baseline_passed": baseline_passed}
+            "baseline_passed": baseline_passed, "ratio": rate / baseline_rate, "isolation": isolation_mode()}

@@ -20,6 +20,9 @@ from pathlib import Path
 
 from flows.display import console
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/startup.py", "flows/cli/", "flows/display.py", "storage/")
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 COMMANDS = {"help": ["--help"], "sql": ["sql", "select 1 as one"]}
@@ -47,7 +50,8 @@ def heavy_imports(arguments: list[str], lake: str) -> list[str]:
 
 def worktree(revision: str, folder: Path) -> str:
     """A detached worktree of `revision` in `folder`; returns its full commit id."""
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(folder), revision], check=True)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(folder), revision],
+                   check=True)
     return subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
 

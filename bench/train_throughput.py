@@ -20,6 +20,10 @@ from trainers.grpo import TrainConfig, train_on_batch
 from tasks.rollout.logprobs import response_logprobs
 from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
+DEPENDS_ON = ("bench/train_throughput.py", "trainers/grpo.py", "trainers/loss.py", "tasks/rollout/logprobs.py",
+              "tasks/rollout/tiny.py")
+
 
 def synthetic_batch(model, tokenizer, sequences: int, prompt_length: int, response_length: int, seed: int = 0):
     """Fixed-length prompts and responses (the batch shape both sides see), on-policy log-probs."""

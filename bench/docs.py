@@ -1,0 +1,105 @@
+"""Figures in the docs come from result files: `python -m bench.docs` re-renders every figure region of
+docs/benchmarks.md and README.md from `bench/results/*.json`; `--check` only says whether they are current.
+
+A region is a template in an HTML comment, followed by what it renders to, up to a closing comment:
+
+    <!-- figures dedup `rlvr bench dedup --save dedup`: took {{dedup.figures.sizes[0].seconds:.2f}} s -->
+    took 2.79 s
+    <!-- /figures -->
+
+`{{NAME.path.to[0].value:spec}}` is a value of result NAME with a Python format spec; `{{NAME:provenance}}` says
+when, on which commit and host it was measured. A region whose results are not all on record renders as the
+command that makes them. Outside placeholders a template holds no measured number: digits only in inline code
+(commands, files), in targets (`target ≥ 3`) and in the comments themselves (see `literal_figures`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.results import RESULTS, ROOT, load_results
+
+PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md")
+REGION = re.compile(r"<!-- figures (?P<names>[\w,-]+) `(?P<command>[^`]+)`: (?P<template>.*?) -->\n"
+                    r"(?P<rendered>.*?)<!-- /figures -->", re.S)
+PLACEHOLDER = re.compile(r"\{\{\s*(?P<path>[\w.\[\]-]+?)\s*(?::(?P<spec>[^}]*))?\}\}")
+ALLOWED_DIGITS = re.compile(r"`[^`]*`|\btargets? (?:of )?[≥≤<>=]+ ?[-+×]?[\d.,]+ ?%?|<!--.*?-->|\]\([^)]*\)", re.S)
+
+
+def value_at(results: dict[str, dict], path: str) -> Any:
+    """`name.figures.a[0].b` looked up in the results (KeyError / IndexError when absent)."""
+    name, _, rest = path.partition(".")
+    value: Any = results[name]
+    for key, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", rest):
+        value = value[int(index)] if index else value[key]
+    return value
+
+
+def provenance(result: dict) -> str:
+    host = result.get("host") or {}
+    return (f"measured {result['date'][:10]} on commit {str(result['commit'])[:7]}, {host.get('cores')} cores "
+            f"({host.get('cpu')})")
+
+
+def fill(template: str, results: dict[str, dict]) -> str:
+    def one(match: re.Match) -> str:
+        path, spec = match["path"], match["spec"] or ""
+        if spec == "provenance":
+            return provenance(results[path])
+        value = value_at(results, path)
+        return format(value, spec) if spec else str(value)
+
+    return PLACEHOLDER.sub(one, template)
+
+
+def render_region(match: re.Match, results: dict[str, dict]) -> str:
+    names = match["names"].split(",")
+    head = match.group(0)[:match.start("rendered") - match.start()]
+    missing = [name for name in names if name not in results]
+    if missing:
+        body = f"*No result on record for {', '.join(missing)}: run `{match['command']} --format json`.*"
+    else:
+        body = fill(match["template"], results)
+    return f"{head}{body}\n<!-- /figures -->"
+
+
+def render(text: str, results: dict[str, dict]) -> str:
+    """`text` with every figure region rendered from `results`."""
+    return REGION.sub(lambda match: render_region(match, results), text)
+
+
+def literal_figures(text: str) -> list[str]:
+    """Measured-looking numbers written by hand: digits outside placeholders, inline code, targets, comments and
+    link targets: each line that holds one. Headings' and list markers' digits are not figures either."""
+    stripped = PLACEHOLDER.sub("", ALLOWED_DIGITS.sub("", text))
+    lines = (re.sub(r"^\s*(#+ |\d+\. )", "", line) for line in stripped.splitlines())
+    return [line.strip()[:100] for line in lines if re.search(r"\d", line)]
+
+
+def templates(text: str) -> str:
+    """The text as written by hand: the region templates and everything outside regions, not what they render to."""
+    return REGION.sub(lambda match: match["template"], text)
+
+
+def main(argv: list[str]) -> int:
+    results = load_results(RESULTS)
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        rendered = render(text, results)
+        if rendered != text:
+            stale.append(page)
+            if "--check" not in argv:
+                page.write_text(rendered)
+                print(f"rendered {page.relative_to(ROOT)}")
+    if "--check" in argv and stale:
+        print("stale: " + ", ".join(str(p.relative_to(ROOT)) for p in stale) + " (run `python -m bench.docs`)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,95 @@
+"""A benchmark's result as one JSON object: its figures, the parameters it ran with, the commit and the host.
+
+`rlvr bench … --format json` prints it; `--save NAME` writes it to `bench/results/NAME.json`, the one source of the
+figures in docs/benchmarks.md and the README (`python -m bench.docs` renders them). A result names the files its
+figures depend on (the benchmark module's `DEPENDS_ON`): once one of them changes after the result's commit, the
+result is stale and the suite says so (tests/test_bench_results.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def git(*arguments: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *arguments], capture_output=True, text=True, check=True).stdout
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host() -> dict[str, Any]:
+    return {"cores": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def jsonable(value: Any) -> Any:
+    """Figures as JSON: dataclasses as dicts (with `passed` where they have it), tuples as lists, NaN as null."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable({**dataclasses.asdict(value), **({"passed": value.passed} if hasattr(value, "passed") else {})})
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if hasattr(value, "item"):                        # a NumPy or torch scalar
+        return jsonable(value.item())
+    return str(value)
+
+
+def envelope(name: str, figures: Any, parameters: dict[str, Any], depends_on: tuple[str, ...]) -> dict[str, Any]:
+    """The result object: what was measured, with what, on which code and machine."""
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", *depends_on).strip())
+    except (OSError, subprocess.CalledProcessError):   # not a git checkout (a source archive)
+        commit, dirty = None, None
+    return {"benchmark": name, "figures": jsonable(figures), "parameters": jsonable(parameters), "commit": commit,
+            "dirty": dirty, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": host(),
+            "depends_on": list(depends_on)}
+
+
+def save(result: dict[str, Any], name: str, folder: Path = RESULTS) -> Path:
+    """Write `result` to `folder`/NAME.json (sorted keys, so a re-run's diff shows only what changed)."""
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"--save {name!r}: a result name is letters, digits, '-' and '_'")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    return path
+
+
+def load_results(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """Every saved result by name."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+def changed_since(result: dict[str, Any]) -> list[str]:
+    """The files the result depends on that changed between its commit and HEAD (with uncommitted changes)."""
+    return sorted(set(git("diff", "--name-only", result["commit"], "--", *result["depends_on"]).split()))
+
+
+# The code an RL run executes, for the benchmarks that run the loop (the command line's tree is not among it).
+LOOP_CODE = ("storage/", "tasks/", "trainers/", "flows/", ":(exclude)flows/cli/", ":(exclude)flows/reference.py")
+# Every floor below the benchmarks, for those that time the command line too.
+ALL_CODE = ("storage/", "tasks/", "trainers/", "flows/")
