@@ -1,11 +1,12 @@
-# Two entry points for a fresh machine (Python 3.11, pip, venv):
-#   make demo   install everything into .venv and run the main job on the embedded default
-#   make test   install everything into .venv and run the test suite
+# Entry points for a fresh machine (Python 3.11, pip, venv):
+#   make demo        install everything into .venv and run the main job on the embedded default
+#   make test        install everything into .venv and run the test suite (all but the `slow` tests)
+#   make test-slow   the `slow` tests: long end-to-end runs (kills, Postgres workers, self-play); CI runs both
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-slow bench
 
 $(BIN)/rlvr: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +21,18 @@ install: $(BIN)/rlvr
 demo: install
 	$(BIN)/rlvr run --config configs/demo.yaml
 
+# Each says what it runs, then how long it took; pytest's exit status is the target's.
 test: install
-	$(BIN)/python -m pytest
+	@echo "make test: the suite without the slow tests (pytest -m 'not slow'; make test-slow runs those)"
+	@start=$$(date +%s); $(BIN)/python -m pytest -m "not slow"; status=$$?; \
+	  echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s, exit status $$status"; \
+	  exit $$status
+
+test-slow: install
+	@echo "make test-slow: the slow tests only (pytest -m slow): kills, Postgres-backed workers, self-play runs"
+	@start=$$(date +%s); $(BIN)/python -m pytest -m slow; status=$$?; \
+	  echo "make test-slow: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s, exit status $$status"; \
+	  exit $$status
 
 bench: install
 	$(BIN)/rlvr bench dedup --sizes 100000,200000

@@ -10,7 +10,8 @@ A region is a template in an HTML comment, followed by what it renders to, up to
 `{{NAME.path.to[0].value:spec}}` is a value of result NAME with a Python format spec; `{{NAME:provenance}}` says
 when, on which commit and host it was measured. A region whose results are not all on record renders as the
 command that makes them. Outside placeholders a template holds no measured number: digits only in inline code
-(commands, files), in targets (`target ≥ 3`) and in the comments themselves (see `literal_figures`).
+(commands, files), in targets (`target ≥ 3`), in names (GSM8K, MATH-500) and in the comments themselves
+(see `literal_figures`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from bench.results import RESULTS, ROOT, load_results
 PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md")
 REGION = re.compile(r"<!-- figures (?P<names>[\w,-]+) `(?P<command>[^`]+)`: (?P<template>.*?) -->\n"
                     r"(?P<rendered>.*?)<!-- /figures -->", re.S)
-PLACEHOLDER = re.compile(r"\{\{\s*(?P<path>[\w.\[\]-]+?)\s*(?::(?P<spec>[^}]*))?\}\}")
+PLACEHOLDER = re.compile(r"\{\{\s*(?P<path>[\w.\[\] -]+?)\s*(?::(?P<spec>[^}]*))?\}\}")
+NUMBER = re.compile(r"(?<![\w.-])\d[\d.,]*(?!\w)")    # a number standing alone: not GSM8K, MATH-500 or S3
 ALLOWED_DIGITS = re.compile(r"`[^`]*`|\btargets? (?:of )?[≥≤<>=]+ ?[-+×]?[\d.,]+ ?%?|<!--.*?-->|\]\([^)]*\)", re.S)
 
 
@@ -76,7 +78,7 @@ def literal_figures(text: str) -> list[str]:
     link targets: each line that holds one. Headings' and list markers' digits are not figures either."""
     stripped = PLACEHOLDER.sub("", ALLOWED_DIGITS.sub("", text))
     lines = (re.sub(r"^\s*(#+ |\d+\. )", "", line) for line in stripped.splitlines())
-    return [line.strip()[:100] for line in lines if re.search(r"\d", line)]
+    return [line.strip()[:100] for line in lines if NUMBER.search(line)]
 
 
 def templates(text: str) -> str:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,13 @@ from pathlib import Path
 from storage import policy_cache
 from storage.lake import Lake
 from storage.registry import claim_checkpoint
+
+# transformers' from_pretrained changes process-wide state while it builds a model (it disables
+# `PreTrainedModel.tie_weights` and sets torch's default dtype, then restores them): a model built in another
+# thread meanwhile comes out untied, its output layer left on the meta device ("Cannot copy out of meta tensor"),
+# and two overlapping restores can leave tying off for good. The overlapped loop loads policies from two threads,
+# so every model this process builds is built under this lock.
+MODEL_BUILDING = threading.RLock()
 
 CACHE_DIR = Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr")) / "checkpoints"
 
@@ -144,13 +152,14 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(folder)
         tokenizer.padding_side = "left"
         if base is None:
-            model = AutoModelForCausalLM.from_pretrained(folder)
+            with MODEL_BUILDING:
+                model = AutoModelForCausalLM.from_pretrained(folder)
             policy_cache.remember("policy", folder, (model, tokenizer))
         else:
             from peft import PeftModel
 
             base_model, _ = load_policy(base)
-            with peft_warnings_quiet():
+            with MODEL_BUILDING, peft_warnings_quiet():
                 model = PeftModel.from_pretrained(base_model, folder, is_trainable=trainable_adapter)
             if not trainable_adapter:
                 model = model.merge_and_unload()

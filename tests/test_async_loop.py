@@ -53,6 +53,7 @@ def test_a_bound_the_advantages_would_drop_is_refused():
     assert RunConfig.model_validate({"loop": {"max_staleness": 4}}).loop.mode == "sync"   # sync never lags
 
 
+@pytest.mark.slow
 def test_an_overlapped_run_killed_mid_iteration_resumes_without_losing_or_repeating_one(prefect_api, tmp_path):
     """kill -9 while iteration 2's version is registered by a run that never completed (iteration 3 may be
     sampling beside it), then, resumed at iteration 2, while iteration 3's rollouts are committed; then

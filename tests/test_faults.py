@@ -49,6 +49,7 @@ def test_two_runs_at_once_train_each_iteration_once(unkilled):
     assert unkilled["trained_version"].to_list() == [1, 2, 3]     # the warm-up, then one version per iteration
 
 
+@pytest.mark.slow
 def test_a_run_killed_again_and_again_ends_as_if_never_killed(bench, unkilled):
     lake_uri = bench.lake("local", "killed")
     for point in ("checkpoint-saved:warmup",            # a claimed checkpoint folder, no registry row

@@ -73,3 +73,36 @@ def test_models_over_the_size_limit_are_not_kept(saved, monkeypatch):
     monkeypatch.setattr(policy_cache, "MAX_PARAMETERS", 10)
     load_policy(uri)
     assert policy_cache.recall("policy", uri) is None
+
+
+def test_models_built_in_two_threads_at_once_come_out_whole(tmp_path):
+    """Loading a checkpoint while another thread builds a model: both models are tied and fully on the CPU (transformers
+    swaps process-wide state while it loads; storage/checkpoints.MODEL_BUILDING keeps builds apart)."""
+    import threading
+
+    from storage.checkpoints import load_policy
+
+    tokenizer = train_tokenizer(tokenizer_corpus(count=50))
+    model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1), tokenizer)
+    model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    built, failures = [], []
+
+    def work(index: int) -> None:
+        try:
+            for _ in range(6):
+                policy_cache.forget()
+                loaded = load_policy(str(tmp_path / "ckpt"))[0] if index % 2 else build_model(
+                    TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1), tokenizer)
+                built.append(loaded)
+        except Exception as error:                    # noqa: BLE001  (the assertion below names it)
+            failures.append(repr(error))
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert all(m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr() for m in built)
+    assert all(p.device.type == "cpu" for m in built for p in m.parameters())

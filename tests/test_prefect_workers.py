@@ -19,8 +19,9 @@ import yaml
 from conftest import BIN, ROOT, free_port, wait_for
 
 PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-pytestmark = pytest.mark.skipif(not PG_BIN, reason="PostgreSQL is not installed (Debian's postgresql: .ci/run "
-                                "installs it)")
+pytestmark = [pytest.mark.skipif(not PG_BIN, reason="PostgreSQL is not installed (Debian's postgresql: .ci/run "
+                                 "installs it)"),
+              pytest.mark.slow]                    # a Postgres cluster, a Prefect server on it and two workers
 POSTGRES = ROOT / "infra" / "local" / "postgres.sh"
 
 

@@ -385,6 +385,7 @@ def test_the_tmpfs_of_a_run_is_private_and_bounded():
 
 
 # ---- no leaks ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES[:1])
 def test_thousands_of_runs_in_one_server_leak_nothing(mode):
     """3,000 consecutive test runs in one server: none crashed, the server never replaced, its descriptor

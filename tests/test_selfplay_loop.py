@@ -15,6 +15,8 @@ import yaml
 
 from tasks.selfplay.code_tasks import learnability
 
+pytestmark = pytest.mark.slow                     # one self-play run, killed and resumed, shared by every test here
+
 CONFIG = {
     "bank": {"sources": [
         {"kind": "generator", "name": "sp-solver", "generator": "selfplay_solver", "count": 6, "seed": 2},

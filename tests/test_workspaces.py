@@ -41,6 +41,7 @@ def test_enough_problems_of_each_level_ship_with_wrong_solutions():
     assert len({problem.topic for problem in files}) >= 5
 
 
+@pytest.mark.slow
 def test_every_reference_passes_and_every_wrong_solution_fails_in_the_sandbox(verifier):
     broken = []
     for problem in PROBLEMS.values():

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 
 from pydantic import Field
 
+from storage.checkpoints import MODEL_BUILDING
 from tasks.config import Strict
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -68,7 +69,7 @@ def build_model(config: TinyModelConfig, tokenizer):
         num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None)
-    with torch.random.fork_rng():
+    with MODEL_BUILDING, torch.random.fork_rng():        # see storage/checkpoints.py
         torch.manual_seed(config.seed)
         model = Qwen2ForCausalLM(model_config)
     return model.eval()
