@@ -9,9 +9,10 @@ A region is a template in an HTML comment, followed by what it renders to, up to
 
 `{{NAME.path.to[0].value:spec}}` is a value of result NAME with a Python format spec; `{{NAME:provenance}}` says
 when, on which commit and host it was measured. A region whose results are not all on record renders as the
-command that makes them. Outside placeholders a template holds no measured number: digits only in inline code
-(commands, files), in targets (`target ≥ 3`), in names (GSM8K, MATH-500) and in the comments themselves
-(see `literal_figures`).
+command that makes them; a placeholder whose result lacks the field is a FigureError, naming both. Outside
+placeholders a template holds no measured number: digits only in inline code (commands, files), in targets
+(`target ≥ 3`), in names (GSM8K, MATH-500) and in the comments themselves (see `literal_figures`). The rule holds
+for the whole of docs/benchmarks.md and for every region's template in the README (tests/test_bench_results.py).
 """
 
 from __future__ import annotations
@@ -46,13 +47,22 @@ def provenance(result: dict) -> str:
             f"({host.get('cpu')})")
 
 
-def fill(template: str, results: dict[str, dict]) -> str:
+class FigureError(ValueError):
+    """A placeholder that no result answers: the page cannot be rendered until the template or the result changes."""
+
+
+def fill(template: str, results: dict[str, dict], names: list[str]) -> str:
+    """The template with each placeholder replaced; one naming a result outside `names` (the region's list, which
+    decides when it has no result on record) or a field its result lacks is a FigureError naming both."""
     def one(match: re.Match) -> str:
         path, spec = match["path"], match["spec"] or ""
-        if spec == "provenance":
-            return provenance(results[path])
-        value = value_at(results, path)
-        return format(value, spec) if spec else str(value)
+        name = path.partition(".")[0]
+        if name not in names:
+            raise FigureError(f"{match.group(0)}: result {name!r} is not among the region's names {names}")
+        try:
+            return provenance(results[path]) if spec == "provenance" else format(value_at(results, path), spec)
+        except (KeyError, IndexError, TypeError, ValueError) as error:
+            raise FigureError(f"{match.group(0)}: bench/results/{name}.json has no such figure ({error!r})") from None
 
     return PLACEHOLDER.sub(one, template)
 
@@ -64,7 +74,7 @@ def render_region(match: re.Match, results: dict[str, dict]) -> str:
     if missing:
         body = f"*No result on record for {', '.join(missing)}: run `{match['command']} --format json`.*"
     else:
-        body = fill(match["template"], results)
+        body = fill(match["template"], results, names)
     return f"{head}{body}\n<!-- /figures -->"
 
 
@@ -86,19 +96,28 @@ def templates(text: str) -> str:
     return REGION.sub(lambda match: match["template"], text)
 
 
-def main(argv: list[str]) -> int:
-    results = load_results(RESULTS)
+def commands(text: str) -> dict[str, str]:
+    """Each result name in the text's regions and the command that makes it."""
+    return {name: match["command"] for match in REGION.finditer(text) for name in match["names"].split(",")}
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def main(argv: list[str], results_folder: Path = RESULTS, pages: tuple[Path, ...] = PAGES) -> int:
+    results = load_results(results_folder)
     stale = []
-    for page in PAGES:
+    for page in pages:
         text = page.read_text()
         rendered = render(text, results)
         if rendered != text:
             stale.append(page)
             if "--check" not in argv:
                 page.write_text(rendered)
-                print(f"rendered {page.relative_to(ROOT)}")
+                print(f"rendered {shown(page)}")
     if "--check" in argv and stale:
-        print("stale: " + ", ".join(str(p.relative_to(ROOT)) for p in stale) + " (run `python -m bench.docs`)")
+        print("stale: " + ", ".join(map(shown, stale)) + " (run `python -m bench.docs`)")
         return 1
     return 0
 

@@ -8,6 +8,7 @@ result is stale and the suite says so (tests/test_bench_results.py)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -84,9 +85,24 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
 
 
-def changed_since(result: dict[str, Any]) -> list[str]:
-    """The files the result depends on that changed between its commit and HEAD (with uncommitted changes)."""
-    return sorted(set(git("diff", "--name-only", result["commit"], "--", *result["depends_on"]).split()))
+def changed_since(result: dict[str, Any], also: tuple[str, ...] = ()) -> list[str]:
+    """The files the result depends on (as recorded, and `also`: what its benchmark names today) that changed
+    between its commit and the working tree (uncommitted changes count: the figures no longer describe them)."""
+    paths = sorted(set(result["depends_on"]) | set(also))
+    return sorted(set(git("diff", "--name-only", result["commit"], "--", *paths).split()))
+
+
+# Each result's benchmark (the `benchmark` field, the name `rlvr bench` records) and the module that measures it.
+MODULES = {"startup": "startup", "dedup": "dedup_scaling", "verify": "verify_throughput",
+           "advantages": "advantages_scale", "sandbox": "sandbox_rate", "sandbox-files": "sandbox_files",
+           "sandbox-hostile": "sandbox_hostile", "train": "train_throughput", "sampling": "sampling",
+           "learning": "learning", "peer": "peer", "async": "overlap", "orchestration": "orchestration",
+           "faults": "faults"}
+
+
+def depends_on(benchmark: str) -> tuple[str, ...]:
+    """The files a benchmark's figures depend on today: its module's `DEPENDS_ON` (imported only when asked for)."""
+    return importlib.import_module(f"bench.{MODULES[benchmark]}").DEPENDS_ON
 
 
 # The code an RL run executes, for the benchmarks that run the loop (the command line's tree is not among it).

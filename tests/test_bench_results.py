@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from bench.docs import PAGES, literal_figures, render, templates
-from bench.results import ROOT, changed_since, envelope, load_results
+import bench.results
+from bench.docs import PAGES, REGION, FigureError, commands, literal_figures, main, render, templates
+from bench.results import MODULES, ROOT, changed_since, depends_on, envelope, load_results
 from conftest import BIN
 
-BENCHMARKS = ("advantages_scale", "dedup_scaling", "faults", "learning", "orchestration", "overlap", "peer",
-              "sampling", "sandbox_files", "sandbox_hostile", "sandbox_rate", "startup", "train_throughput",
-              "verify_throughput")
 HAS_HISTORY = shutil.which("git") is not None and (ROOT / ".git").exists()
+REGION_TEXT = ("<!-- figures dedup `rlvr bench dedup --save dedup`: {{dedup.figures.seconds:.1f}} s -->\nold\n"
+               "<!-- /figures -->")
 
 
 def test_a_benchmark_prints_one_json_object_and_its_report_on_stderr(tmp_path):
@@ -29,7 +30,20 @@ def test_a_benchmark_prints_one_json_object_and_its_report_on_stderr(tmp_path):
     assert outcome["figures"]["sizes"][1]["time_ratio_to_previous"] > 0
     assert outcome["host"]["cores"] >= 1 and outcome["host"]["cpu"] and outcome["date"].startswith("20")
     assert "bench/dedup_scaling.py" in outcome["depends_on"]
+    assert set(outcome["host"]) == {"cores", "cpu", "platform", "python"} and isinstance(outcome["dirty"], bool)
+    if HAS_HISTORY:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+        assert outcome["commit"] == head.stdout.strip()
     assert "300 problems" in result.stderr                   # the human report, out of the way
+
+
+def test_a_result_outside_git_has_no_commit(monkeypatch):
+    def no_git(*arguments):
+        raise OSError("git: not found")
+
+    monkeypatch.setattr(bench.results, "git", no_git)
+    outcome = envelope("dedup", {"seconds": 1.5}, {}, ("bench/dedup_scaling.py",))
+    assert outcome["commit"] is None and outcome["dirty"] is None and outcome["figures"] == {"seconds": 1.5}
 
 
 def test_save_writes_the_object_under_its_name(tmp_path, monkeypatch):
@@ -50,9 +64,15 @@ def test_the_docs_figures_are_rendered_from_the_result_files(page):
 
 
 def test_benchmarks_page_has_no_figure_written_by_hand():
-    """Outside placeholders the benchmarks page holds digits only in inline code, targets and comments."""
+    """Outside placeholders the benchmarks page holds digits only in inline code, targets, names and comments."""
     page = ROOT / "docs" / "benchmarks.md"
     assert literal_figures(templates(page.read_text())) == []
+
+
+def test_the_readme_figure_templates_have_no_figure_written_by_hand():
+    """The README's other numbers are counts and versions; its figure regions follow the benchmarks page's rule."""
+    regions = list(REGION.finditer((ROOT / "README.md").read_text()))
+    assert regions and [match["names"] for match in regions if literal_figures(match["template"])] == []
 
 
 def test_the_hand_written_figure_rule_can_fail():
@@ -61,10 +81,31 @@ def test_the_hand_written_figure_rule_can_fail():
 
 
 def test_a_region_without_its_result_names_the_command_that_makes_it():
-    text = "<!-- figures dedup `rlvr bench dedup --save dedup`: {{dedup.figures.seconds:.1f}} s -->\nold\n<!-- /figures -->"
-    rendered = render(text, {})
+    rendered = render(REGION_TEXT, {})
     assert "No result on record for dedup: run `rlvr bench dedup --save dedup --format json`" in rendered
-    assert render(text, {"dedup": {"figures": {"seconds": 2.25}}}).splitlines()[1] == "2.2 s"
+    assert render(REGION_TEXT, {"dedup": {"figures": {"seconds": 2.25}}}).splitlines()[1] == "2.2 s"
+    assert commands(REGION_TEXT) == {"dedup": "rlvr bench dedup --save dedup"}
+
+
+def test_a_placeholder_its_result_cannot_answer_fails_naming_it():
+    with pytest.raises(FigureError, match=r"\{\{dedup.figures.seconds:.1f\}\}: bench/results/dedup.json has no such"):
+        render(REGION_TEXT, {"dedup": {"figures": {"second": 2.25}}})
+    undeclared = REGION_TEXT.replace("{{dedup.figures", "{{verify.figures")
+    with pytest.raises(FigureError, match="result 'verify' is not among the region's names"):
+        render(undeclared, {"dedup": {}, "verify": {"figures": {"seconds": 1.0}}})
+
+
+def test_the_generator_renders_pages_from_a_results_folder(tmp_path, capsys):
+    """No result yet, then a result: `--check` fails on the stale page naming the command, a run renders it."""
+    page, results = tmp_path / "page.md", tmp_path / "results"
+    page.write_text(REGION_TEXT)
+    results.mkdir()
+    assert main(["--check"], results, (page,)) == 1 and "run `python -m bench.docs`" in capsys.readouterr().out
+    assert main([], results, (page,)) == 0 and "No result on record for dedup" in page.read_text()
+    assert main(["--check"], results, (page,)) == 0
+    (results / "dedup.json").write_text(json.dumps({"figures": {"seconds": 3.14159}}))
+    assert main(["--check"], results, (page,)) == 1
+    assert main([], results, (page,)) == 0 and page.read_text().splitlines()[1] == "3.1 s"
 
 
 @pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")
@@ -75,11 +116,16 @@ def test_each_result_is_from_the_code_it_measures(name):
     if name == "(none)":
         pytest.skip("no result on record")
     result = load_results()[name]
-    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{result['commit']}^{{commit}}"])
-    assert known.returncode == 0, f"bench/results/{name}.json: commit {result['commit']} is not in this history"
-    assert result["dirty"] is False, f"bench/results/{name}.json was measured on uncommitted code"
-    assert changed_since(result) == [], (f"bench/results/{name}.json (commit {result['commit'][:7]}) is stale: "
-                                         f"changed since: {changed_since(result)}")
+    command = commands("".join(page.read_text() for page in PAGES)).get(name, f"rlvr bench … --save {name}")
+    rerun = f"re-run `{command}`"
+    assert result["benchmark"] in MODULES, f"bench/results/{name}.json: no benchmark {result['benchmark']!r}"
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{result['commit']}^{{commit}}"],
+                           capture_output=True)
+    assert known.returncode == 0, f"bench/results/{name}.json: commit {result['commit']} is not in history; {rerun}"
+    assert result["dirty"] is False, f"bench/results/{name}.json was measured on uncommitted code; {rerun}"
+    changed = changed_since(result, also=depends_on(result["benchmark"]))
+    assert changed == [], (f"bench/results/{name}.json (commit {result['commit'][:7]}) is stale, changed since: "
+                           f"{changed}; {rerun}")
 
 
 @pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")
@@ -89,7 +135,15 @@ def test_a_changed_dependency_makes_a_result_stale():
     assert changed_since({"commit": first, "depends_on": ["bench/"]})
 
 
-@pytest.mark.parametrize("module", BENCHMARKS)
+def test_every_benchmark_is_registered_with_the_name_its_command_records():
+    """A module with a `run_benchmark` is in bench.results.MODULES, under the name bench/cli.py records it by."""
+    measuring = {path.stem for path in (ROOT / "bench").glob("*.py") if "\ndef run_benchmark(" in path.read_text()}
+    assert measuring == set(MODULES.values())
+    recorded = dict(re.findall(r'measured\(context, "([\w-]+)", (\w+),', (ROOT / "bench" / "cli.py").read_text()))
+    assert recorded == MODULES
+
+
+@pytest.mark.parametrize("module", sorted(MODULES.values()))
 def test_every_benchmark_names_files_that_exist(module):
     depends_on = importlib.import_module(f"bench.{module}").DEPENDS_ON
     assert f"bench/{module}.py" in depends_on
