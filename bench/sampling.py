@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "tasks/rollout/hf.py", "tasks/rollout/sampling.py", "tasks/rollout/tiny.py")
+DEPENDS_ON = ("bench/sampling.py", "tasks/rollout/hf.py", "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
+              "tasks/progress.py")
 
 SHAPES = {
     "tiny": {},

@@ -15,7 +15,7 @@ from tasks.workspaces.check import run_local
 from tasks.workspaces.problem import load_problems
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sandbox_files.py", "tasks/sandbox/", "tasks/workspaces/")
+DEPENDS_ON = ("bench/sandbox_files.py", "tasks/sandbox/", "tasks/workspaces/", "tasks/verifiers/workspace.py")
 
 
 def run_benchmark(workers: int = 2, repeats: int = 1, level: str = "file") -> dict:

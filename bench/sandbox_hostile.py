@@ -30,7 +30,8 @@ from tasks.sandbox.limits import SandboxLimits
 from tasks.verifiers.engine import VerifierPool
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sandbox_hostile.py", "bench/hostile_programs.py", "tasks/sandbox/", "tasks/verifiers/")
+DEPENDS_ON = ("bench/sandbox_hostile.py", "bench/hostile_programs.py", "bench/sandbox_rate.py", "tasks/sandbox/",
+              "tasks/verifiers/")
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, output_bytes=200_000)
 

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from flows.display import console
 
-# The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/startup.py", "flows/cli/", "flows/display.py", "storage/")
+# The files its figures measure: a change to one makes a saved result stale (bench/results.py). Here what
+# `rlvr --help` and `rlvr sql` import: the command tree, the bench group (its entry point), the lake.
+DEPENDS_ON = ("bench/startup.py", "bench/__init__.py", "bench/cli.py", "flows/__init__.py", "flows/cli/",
+              "flows/display.py", "storage/", "tasks/__init__.py", "tasks/errors.py")
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

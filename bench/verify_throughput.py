@@ -26,7 +26,7 @@ from tasks.verifiers.engine import VerifierPool
 from tasks.verifiers.numbers import parse_number
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/verify_throughput.py", "tasks/verifiers/", "tasks/errors.py")
+DEPENDS_ON = ("bench/verify_throughput.py", "tasks/verifiers/", "tasks/errors.py", "tasks/generators/")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
