@@ -53,14 +53,15 @@ def report_on_stderr() -> Iterator[None]:
 def measured(context: typer.Context, name: str, module: ModuleType, run: Callable[[], Any]) -> Any:
     """Run a benchmark, its report as the command's --format asks; with json print its result object, with --save
     write it. The parameters recorded are the command's own options."""
-    from bench.results import envelope, save as save_result
+    from bench.results import code_state, envelope, save as save_result
 
     parameters = {key: value for key, value in context.params.items() if key not in ("format", "save")}
     format, save = context.params["format"], context.params["save"]
+    started = code_state(module.DEPENDS_ON)             # the code that runs is the code at the start
     with report_on_stderr() if format is BenchFormat.json else nullcontext():
         result = run()
     if format is BenchFormat.json or save:
-        outcome = envelope(name, result, parameters, module.DEPENDS_ON)
+        outcome = envelope(name, result, parameters, module.DEPENDS_ON, started)
         if save:
             errors.print(f"saved {save_result(outcome, save)}", highlight=False, soft_wrap=True)
         if format is BenchFormat.json:

@@ -58,16 +58,29 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def envelope(name: str, figures: Any, parameters: dict[str, Any], depends_on: tuple[str, ...]) -> dict[str, Any]:
-    """The result object: what was measured, with what, on which code and machine."""
+def code_state(depends_on: tuple[str, ...]) -> dict[str, Any]:
+    """The commit checked out and whether the files a benchmark depends on differ from it (None outside git)."""
     try:
-        commit = git("rev-parse", "HEAD").strip()
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", *depends_on).strip())
+        return {"commit": git("rev-parse", "HEAD").strip(),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *depends_on).strip())}
     except (OSError, subprocess.CalledProcessError):   # not a git checkout (a source archive)
-        commit, dirty = None, None
-    return {"benchmark": name, "figures": jsonable(figures), "parameters": jsonable(parameters), "commit": commit,
-            "dirty": dirty, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": host(),
-            "depends_on": list(depends_on)}
+        return {"commit": None, "dirty": None}
+
+
+def envelope(name: str, figures: Any, parameters: dict[str, Any], depends_on: tuple[str, ...],
+             started: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result object: what was measured, with what, on which code and machine. `started` is the code's state
+    when the run began (`code_state`): the result names that commit, and is dirty if what it depends on was
+    uncommitted then or now, or was committed anew during the run."""
+    ended = code_state(depends_on)
+    state = started or ended
+    if started and started["commit"] and ended["commit"] != started["commit"]:
+        state = {**started, "dirty": started["dirty"] or bool(git("diff", "--name-only", started["commit"],
+                                                                   ended["commit"], "--", *depends_on).strip())}
+    dirty = None if state["dirty"] is None else bool(state["dirty"] or ended["dirty"])
+    return {"benchmark": name, "figures": jsonable(figures), "parameters": jsonable(parameters),
+            "commit": state["commit"], "dirty": dirty, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "host": host(), "depends_on": list(depends_on)}
 
 
 def save(result: dict[str, Any], name: str, folder: Path = RESULTS) -> Path:

@@ -149,3 +149,17 @@ def test_every_benchmark_names_files_that_exist(module):
     assert f"bench/{module}.py" in depends_on
     for path in depends_on:
         assert (ROOT / path.removeprefix(":(exclude)")).exists(), path
+
+
+@pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")
+def test_a_result_names_the_commit_its_run_started_on_and_is_dirty_if_its_code_changed_meanwhile():
+    from bench.results import code_state
+
+    head = code_state(("bench/",))["commit"]
+    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
+                           text=True).stdout.split()[0]
+    earlier = {"commit": first, "dirty": False}                 # as if HEAD moved on during the run
+    moved = envelope("dedup", {}, {}, ("bench/",), started=earlier)
+    assert moved["commit"] == first and moved["dirty"] is True  # bench/ changed between the two commits
+    unmoved = envelope("dedup", {}, {}, ("bench/dedup_scaling.py",), started=code_state(("bench/dedup_scaling.py",)))
+    assert unmoved["commit"] == head
