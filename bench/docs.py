@@ -43,8 +43,9 @@ def value_at(results: dict[str, dict], path: str) -> Any:
 
 def provenance(result: dict) -> str:
     host = result.get("host") or {}
+    load = f", load average {host['load_average'][1]:.1f} over the last 5 minutes" if host.get("load_average") else ""
     return (f"measured {result['date'][:10]} on commit {str(result['commit'])[:7]}, {host.get('cores')} cores "
-            f"({host.get('cpu')})")
+            f"({host.get('cpu')}){load}")
 
 
 class FigureError(ValueError):

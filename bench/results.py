@@ -37,8 +37,10 @@ def cpu_model() -> str:
 
 
 def host() -> dict[str, Any]:
+    """The machine, and how busy it was (load averages over 1, 5 and 15 minutes as the run ended): a ratio measured
+    beside other work is on record as such."""
     return {"cores": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def jsonable(value: Any) -> Any:
