@@ -424,6 +424,31 @@ PUBLICATIONS = register(TableSpec(
     ]),
 ))
 
+LOGPROB_CHECKS = register(TableSpec(
+    name="logprob_checks",
+    partition_by=(),
+    description="The log-prob agreement gate: per endpoint and model version, how far the server's behaviour "
+                "log-probs of a few sampled responses are from the trainer's recomputation. Appended by the loop "
+                "on each version it publishes and by `rlvr policy check`.",
+    schema=pa.schema([
+        _field("model_version", pa.int64(), False),
+        _field("served_name", pa.string(), False, "the name the server was asked for"),
+        _field("endpoint", pa.string(), False, "the server's base URL"),
+        _field("tokens", pa.int64(), False, "response tokens compared"),
+        _field("mean_abs_delta", pa.float64(), False, "mean over tokens of |server log p - trainer log p|"),
+        _field("max_abs_delta", pa.float64(), False, "largest |server log p - trainer log p| of one token"),
+        _field("ratio_min", pa.float64(), False, "smallest exp(trainer - server): the importance ratio before any update"),
+        _field("ratio_max", pa.float64(), False, "largest such ratio"),
+        _field("ratio_std", pa.float64(), False, "standard deviation of the ratios (0 when the two agree)"),
+        _field("prompt_tokens_match", pa.bool_(), False, "the server conditioned on the prompt ids the hf backend would"),
+        _field("tolerance", pa.float64(), False, "rollout.logprob_tolerance: the most mean_abs_delta may be"),
+        _field("passed", pa.bool_(), False, "mean_abs_delta within tolerance and the prompt tokens match"),
+        _field("causes", pa.list_(pa.string()), True, "likely causes, most specific first, when it failed"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+    ]),
+))
+
 PROPOSALS = register(TableSpec(
     name="proposals",
     partition_by=("iteration",),

@@ -51,16 +51,23 @@ def policy_serve(
                                             "POST /v1/load_lora_adapter loaded")] = True,
     preload: Annotated[Optional[list[int]], typer.Option(help="model versions served from the start")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="sequences generated together")] = 64,
+    generation_config: Annotated[Optional[Path], typer.Option(
+        help="a generation_config.json (or its folder) whose repetition_penalty, min_p, temperature, top_k, top_p "
+             "and max_new_tokens apply to requests that omit them, as vLLM's --generation-config does")] = None,
+    force_repetition_penalty: Annotated[Optional[float], typer.Option(
+        help="apply this repetition penalty whatever a request says: a misconfigured server, for testing "
+             "`rlvr policy check`")] = None,
     lake: LakeOption = None,
 ) -> None:
     """An OpenAI-compatible completions server over the lake's model versions (served as v0, v1, ...)."""
-    from tasks.rollout.server import PolicyServer, folder_loader, lake_loader, lake_versions
+    from tasks.rollout.server import PolicyServer, folder_loader, generation_defaults, lake_loader, lake_versions
 
     try:
         server = PolicyServer((host, port), lake_loader(lake, device, batch_size), fail_first=fail_first,
                               on_demand=on_demand, load_path=folder_loader(device, batch_size),
-                              preload=tuple(preload or ()),
-                              list_versions=lake_versions(lake))
+                              preload=tuple(preload or ()), list_versions=lake_versions(lake),
+                              generation_defaults=generation_defaults(generation_config and str(generation_config)),
+                              force_repetition_penalty=force_repetition_penalty)
     except (ValueError, OSError) as error:
         fail(str(error))
     served = "every registered model version" if on_demand else \
@@ -72,6 +79,45 @@ def policy_serve(
         pass
     finally:
         server.server_close()
+
+
+@app.command("check")
+def policy_check(
+    url: Annotated[str, typer.Argument(help="the server's base URL (without /v1), e.g. http://127.0.0.1:8000")],
+    model: Annotated[Optional[str], typer.Option(help="the served model name to check (default: the newest "
+                                                 "registered version's)")] = None,
+    config: ConfigOption = None,
+    prompts: Annotated[Optional[int], typer.Option(min=1, help="prompts sampled, 2 short responses each "
+                                                   "[default: rollout.logprob_check_prompts]")] = None,
+    tolerance: Annotated[Optional[float], typer.Option(help="the most the mean |Δ log p| may be "
+                                                       "[default: rollout.logprob_tolerance]")] = None,
+    lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
+) -> None:
+    """The log-prob agreement gate: sample a few responses from a server, recompute their behaviour log-probs
+    with the trainer's code on the registry's checkpoint, print the gap per token and the importance ratios
+    before any update; exit 1 above the tolerance, naming the likely causes. Recorded in `logprob_checks`."""
+    use_format(format)
+    rollout = iteration_config(config).rollout
+    rollout = rollout.model_copy(update={"logprob_check_prompts": prompts or rollout.logprob_check_prompts or 4,
+                                         "logprob_tolerance": tolerance or rollout.logprob_tolerance})
+    prefect_defaults()
+    from flows.publishing import check_policy
+    from storage.lake import Lake
+    from tasks.rollout.openai_backend import BackendUnavailable
+
+    try:
+        agreement = check_policy(Lake.open(lake), rollout, url, model)
+    except (BackendUnavailable, ValueError) as error:
+        fail(str(error))
+    import polars as pl
+
+    row = agreement.as_row()
+    show_table(pl.DataFrame([row], schema_overrides={"causes": pl.List(pl.String)}),
+               title=f"log-prob agreement of {url}")
+    if not agreement.passed:
+        fail(f"{url}: mean |Δ log p| {agreement.mean_abs_delta:.4f} is above {agreement.tolerance}"
+             if agreement.prompt_tokens_match else f"{url}: the server tokenized the prompts otherwise")
 
 
 @app.command("publish")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tasks.progress import track
-from tasks.rollout.sampling import Sample, SamplerConfig, sampling_logprobs, self_certainty
+from tasks.rollout.sampling import NO_PENALTIES, Penalties, Sample, SamplerConfig, sampling_logprobs, self_certainty
 
 
 @dataclass
@@ -24,7 +24,8 @@ class HFPolicy:
     backend: str = field(default="hf")
 
     def generate(self, prompts: list[str] | list[list[int]], n: int, sampler: SamplerConfig, seed: int,
-                 model_version: int) -> list[list[Sample]]:
+                 model_version: int, penalties: Penalties = NO_PENALTIES) -> list[list[Sample]]:
+        """`penalties`: only `rlvr policy serve` asks for any (what a vLLM request may ask); the platform never."""
         if model_version != self.model_version:
             raise ValueError(f"the hf backend holds model version {self.model_version}, not {model_version}")
         import torch
@@ -37,12 +38,13 @@ class HFPolicy:
         for start in track(range(0, len(rows), self.batch_size), f"sampling {len(rows)} responses"):
             chunk = rows[start:start + self.batch_size]
             for (prompt_index, prompt_ids), sample in zip(chunk, self._sample_batch([ids for _, ids in chunk],
-                                                                                    sampler, generator)):
+                                                                                    sampler, generator, penalties)):
                 sample.prompt_token_ids = prompt_ids
                 samples[prompt_index].append(sample)
         return samples
 
-    def _sample_batch(self, prompt_ids: list[list[int]], sampler: SamplerConfig, generator) -> list[Sample]:
+    def _sample_batch(self, prompt_ids: list[list[int]], sampler: SamplerConfig, generator,
+                      penalties: Penalties = NO_PENALTIES) -> list[Sample]:
         import torch
 
         model, tokenizer = self.model, self.tokenizer
@@ -58,7 +60,12 @@ class HFPolicy:
             input_ids[row, width - len(ids):] = torch.tensor(ids, device=device)
             attention[row, width - len(ids):] = 1
         positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)                     # pads share position 0
-        plain = sampler.top_k == 0 and sampler.top_p >= 1.0 and sampler.temperature == 1.0  # behaviour = raw softmax
+        plain = sampler.top_k == 0 and sampler.top_p >= 1.0 and sampler.temperature == 1.0 and penalties.neutral
+        if not penalties.neutral:                                                          # [B, V] each
+            vocabulary = model.get_output_embeddings().weight.shape[0]
+            in_prompt = torch.zeros((batch, vocabulary), dtype=torch.long, device=device).scatter_add_(
+                1, input_ids, attention[:, :width]) > 0                                    # pads count for nothing
+            output_counts = torch.zeros((batch, vocabulary), device=device)
         tokens = torch.full((batch, steps), pad, dtype=torch.long, device=device)          # [B, T] filled per step
         logprobs = torch.zeros((batch, steps), device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)                      # tokens kept per row
@@ -73,14 +80,17 @@ class HFPolicy:
             for step in range(steps):
                 logits = output.logits[:, -1].float()                                      # [B, V]
                 raw = torch.log_softmax(logits, dim=-1)
-                behaviour = raw if plain else sampling_logprobs(logits, sampler)           # [B, V]
+                adjusted = logits if penalties.neutral else penalties.penalise(logits, in_prompt, output_counts)
+                behaviour = raw if plain else sampling_logprobs(adjusted, sampler, penalties.min_p)   # [B, V]
                 if sampler.temperature == 0:
-                    token = logits.argmax(-1)
+                    token = adjusted.argmax(-1)
                     token_logprob = torch.zeros(batch, device=device)
                 else:
                     token = torch.multinomial(behaviour.exp(), 1, generator=generator).squeeze(-1)   # [B]
                     token_logprob = behaviour.gather(-1, token[:, None]).squeeze(-1)
                 alive = ~finished
+                if not penalties.neutral:
+                    output_counts[alive, token[alive]] += 1
                 tokens[:, step] = token
                 logprobs[:, step] = token_logprob
                 lengths += alive

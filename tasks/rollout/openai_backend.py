@@ -11,6 +11,8 @@ endpoints are asked what they serve (`GET /v1/models`): one that answers without
 version is out of rotation for the round (it never loaded it, or lost it in a restart), one that
 does not answer stays in (the retries handle it), and if none lists it the round is refused.
 
+Every request states every sampling parameter (`completion_request`): penalties neutral, `min_p` 0, no
+special tokens added to the prompt text.
 vLLM must run with `--logprobs-mode processed_logprobs`: its default returns log-probs of the raw
 logits, before temperature, top-k and top-p, which are not the behaviour log-probs whenever the
 sampler is not plain temperature-1 sampling (`infra/vllm/serve.sh` sets it).
@@ -28,7 +30,7 @@ from pydantic import Field
 
 from tasks.config import Strict
 from tasks.generators.base import derive_seed
-from tasks.rollout.sampling import Sample, SamplerConfig
+from tasks.rollout.sampling import NEUTRAL, Sample, SamplerConfig
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -118,11 +120,7 @@ class OpenAIPolicy:
     def _groups(self, index: int, prompts: list[str], n: int, sampler: SamplerConfig, seed: int, model: str,
                 cancelled: threading.Event, endpoints: list[str]) -> list[list[Sample]]:
         """The groups of consecutive prompts from one request (vLLM orders the choices prompt by prompt)."""
-        body = {"model": model, "prompt": prompts[0] if len(prompts) == 1 else prompts, "n": n,
-                "max_tokens": sampler.max_new_tokens,
-                "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1,
-                "seed": seed, "stop": sampler.stop or None, "logprobs": 0,
-                "return_tokens_as_token_ids": True, "return_token_ids": True}
+        body = completion_request(model, prompts, n, sampler, seed)
         errors: list[str] = []
         for attempt in range(self.config.max_retries + 1):
             endpoint = endpoints[(index + attempt) % len(endpoints)].rstrip("/")
@@ -146,6 +144,18 @@ class OpenAIPolicy:
                     raise BackendUnavailable("cancelled: another request of the round failed")
         raise BackendUnavailable(f"{self.config.max_retries + 1} attempts over {len(endpoints)} endpoint(s) failed "
                                  f"for model {model!r}; last errors: " + " | ".join(errors[-3:]))
+
+
+def completion_request(model: str, prompts: list, n: int, sampler: SamplerConfig, seed: int) -> dict:
+    """A completions request that states every sampling parameter: what it omits, vLLM takes from the model's
+    generation_config.json (Qwen2.5-Instruct: repetition_penalty 1.1), and the log-probs it returns would no
+    longer be softmax(logits / T). Text prompts are tokenized as the hf backend does, without special tokens
+    (vLLM's default adds a BOS that a chat template has already written)."""
+    return {"model": model, "prompt": prompts[0] if len(prompts) == 1 else prompts, "n": n,
+            "max_tokens": sampler.max_new_tokens,
+            "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1, **NEUTRAL,
+            "seed": seed, "stop": sampler.stop or None, "logprobs": 0, "add_special_tokens": False,
+            "return_tokens_as_token_ids": True, "return_token_ids": True}
 
 
 def served_models(client: httpx.Client, endpoint: str) -> list[str]:

@@ -52,11 +52,48 @@ class Policy(Protocol):
                  model_version: int) -> list[list[Sample]]: ...
 
 
-def sampling_logprobs(logits, sampler: SamplerConfig):
-    """Log-probs of the distribution the sampler draws from: temperature, then top-k, then top-p. [B, V]"""
+@dataclass(frozen=True)
+class Penalties:
+    """What a server may do to the logits besides temperature, top-k and top-p, as vLLM does it.
+
+    The platform never wants any of it: the trainer recomputes softmax(logits / T), so every request
+    states these neutral (`NEUTRAL`). A server that applies them anyway (vLLM takes omitted ones from
+    the model's generation_config.json) samples from, and returns log-probs of, another distribution.
+    `rlvr policy serve` applies them so that tests see that bias.
+    """
+
+    repetition_penalty: float = 1.0    # > 1: logits of tokens seen in prompt or output divided (> 0) or multiplied
+    presence_penalty: float = 0.0      # subtracted once from the logit of each token already in the output
+    frequency_penalty: float = 0.0     # subtracted per occurrence in the output
+    min_p: float = 0.0                 # after temperature: drop tokens below min_p × the top token's probability
+
+    @property
+    def neutral(self) -> bool:
+        return self == Penalties()
+
+    def penalise(self, logits, in_prompt, output_counts):
+        """vLLM's order: repetition over prompt and output, then frequency and presence over the output. [B, V]"""
+        import torch
+
+        seen = in_prompt | (output_counts > 0)
+        penalty = torch.where(seen, self.repetition_penalty, 1.0)
+        logits = torch.where(logits > 0, logits / penalty, logits * penalty)
+        return logits - self.frequency_penalty * output_counts - self.presence_penalty * (output_counts > 0)
+
+
+NO_PENALTIES = Penalties()
+NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
+
+
+def sampling_logprobs(logits, sampler: SamplerConfig, min_p: float = 0.0):
+    """Log-probs of the distribution the sampler draws from: temperature, then min-p (a server's, never
+    ours), then top-k, then top-p. [B, V]"""
     import torch
 
     scaled = logits / max(sampler.temperature, 1e-6)
+    if min_p > 0:
+        probs = torch.softmax(scaled, dim=-1)
+        scaled = scaled.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     if sampler.top_k and sampler.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, sampler.top_k, dim=-1).values[..., -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

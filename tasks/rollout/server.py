@@ -1,7 +1,12 @@
 """A small OpenAI-compatible completions server over the hf backend (`rlvr policy serve`).
 
 It speaks the part of vLLM's `/v1/completions` protocol the `openai` backend uses (n samples,
-`logprobs`, `return_tokens_as_token_ids`, `return_token_ids`, `seed`, `stop`, `top_k`), and serves
+`logprobs`, `return_tokens_as_token_ids`, `return_token_ids`, `seed`, `stop`, `top_k`), and is as strict
+as vLLM where a careless client would train on wrong numbers: the penalties and `min_p` a request
+omits come from a generation config (`generation_defaults`, what vLLM reads from the model's
+generation_config.json) and change both the samples and the returned log-probs; text prompts are
+tokenized with vLLM's default `add_special_tokens: true` (a BOS-adding tokenizer adds one);
+`force_repetition_penalty` applies a penalty whatever the request says (a misconfigured server). It serves
 model versions under the names `v{N}`, the way vLLM serves one LoRA adapter or checkpoint per
 version. It exists so that the `openai` backend and the publish stage are tested over real HTTP on a
 machine without a GPU, and so that CPU users can share one policy between processes.
@@ -18,9 +23,11 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tasks.rollout.sampling import SamplerConfig
+from tasks.rollout.sampling import NEUTRAL, Penalties, SamplerConfig
 
 
 class NotServed(LookupError):
@@ -31,8 +38,11 @@ class PolicyServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], load_version, fail_first: int = 0, on_demand: bool = True,
-                 load_path=None, preload: tuple[int, ...] = (), list_versions=None):
+                 load_path=None, preload: tuple[int, ...] = (), list_versions=None,
+                 generation_defaults: dict | None = None, force_repetition_penalty: float | None = None):
         super().__init__(address, CompletionsHandler)
+        self.generation_defaults = generation_defaults or {}   # what a request omits (vLLM: generation_config.json)
+        self.force_repetition_penalty = force_repetition_penalty
         self.load_version = load_version          # int -> policy: a registered version of the lake
         self.list_versions = list_versions        # () -> versions on_demand can serve, for GET /v1/models
         self.load_path = load_path                # (name, folder) -> policy: what load_lora_adapter loads
@@ -124,12 +134,20 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [body.get("prompt", "")]
         if prompts and all(isinstance(t, int) for t in prompts):      # one prompt as token ids (vLLM accepts it too)
             prompts = [prompts]
+        add_special_tokens = bool(body.get("add_special_tokens", True))             # vLLM's default
+        prompts = [prompt if isinstance(prompt, list) else
+                   policy.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids for prompt in prompts]
         stop = body.get("stop") or []
-        sampler = SamplerConfig(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
-                                top_k=max(int(body.get("top_k", 0) or 0), 0), max_new_tokens=body.get("max_tokens", 16),
+        setting = self._setting(body)
+        sampler = SamplerConfig(temperature=setting("temperature", 1.0), top_p=setting("top_p", 1.0),
+                                top_k=max(int(setting("top_k", 0)), 0),
+                                max_new_tokens=body.get("max_tokens") or setting("max_new_tokens", 16),
                                 stop=[stop] if isinstance(stop, str) else stop)
+        penalties = Penalties(**{name: float(setting(name, neutral)) for name, neutral in NEUTRAL.items()})
+        if self.server.force_repetition_penalty is not None:
+            penalties = replace(penalties, repetition_penalty=self.server.force_repetition_penalty)
         n = int(body.get("n", 1))
-        groups = policy.generate(prompts, n, sampler, int(body.get("seed") or 0), policy.model_version)
+        groups = policy.generate(prompts, n, sampler, int(body.get("seed") or 0), policy.model_version, penalties)
         choices = []
         for prompt_index, group in enumerate(groups):
             for sample in group:
@@ -142,6 +160,11 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         usage = sum(len(c["logprobs"]["tokens"]) for c in choices)
         return {"id": f"cmpl-{self.server.requests_seen}", "object": "text_completion", "model": body["model"],
                 "choices": choices, "usage": {"completion_tokens": usage}}
+
+    def _setting(self, body: dict):
+        """A sampling parameter: the request's, else the generation config's, else vLLM's own default."""
+        defaults = self.server.generation_defaults
+        return lambda name, default: body[name] if body.get(name) is not None else defaults.get(name, default)
 
     def _reply(self, status: int, payload: dict | str) -> None:
         plain = isinstance(payload, str)                    # vLLM answers adapter loads in plain text
@@ -183,3 +206,19 @@ def folder_loader(device: str = "cpu", batch_size: int = 64):
         return HFPolicy(model, tokenizer, version, batch_size)
 
     return load
+
+
+GENERATION_CONFIG_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+
+
+def generation_defaults(path: str | None) -> dict:
+    """The sampling defaults vLLM takes from a generation_config.json (a file, or a folder holding one):
+    only the keys it reads, only those the file states."""
+    if not path:
+        return {}
+    file = Path(path) / "generation_config.json" if Path(path).is_dir() else Path(path)
+    try:
+        stated = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{file}: not a readable generation config: {error}") from error
+    return {key: stated[key] for key in GENERATION_CONFIG_KEYS if stated.get(key) is not None}

@@ -58,6 +58,11 @@ class RolloutConfig(Strict):
                                         "from a forward pass of the local copy of the version (null: only when "
                                         "the reward composes it); the hf backend always records it")
     base_policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="what model version 0 is")
+    logprob_check_prompts: int = Field(4, ge=0, description="openai backend: prompts of the log-prob agreement "
+                                       "gate run on each endpoint for each version published (2 short samples "
+                                       "each); 0 = no gate")
+    logprob_tolerance: float = Field(0.05, gt=0, description="openai backend: the most the mean |server log p - "
+                                     "trainer log p| per token may be before the gate fails (bf16 servers: ~0.01)")
     tools: ToolConfig = Field(default_factory=ToolConfig, description="multi-turn episodes with tool calls "
                               "(tasks/rollout/episodes.py)")
 
