@@ -130,3 +130,11 @@ def require_agreement(agreements: list[Agreement]) -> None:
     if failed:
         raise GateFailed("the servers' behaviour log-probs disagree with the trainer's, so every importance ratio "
                          "would be wrong: " + " | ".join(describe(a) for a in failed))
+
+
+@flow(name="publish-policy", log_prints=True)
+def publish_policy(version: int, rollout: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                   lake_uri: str | None = None) -> list[dict[str, Any]] | None:
+    """Load model version `version` into every rollout endpoint and confirm it (`rlvr policy publish`)."""
+    return publish_version(Lake.open(lake_uri), RolloutConfig.model_validate(rollout or {}),
+                           PublishConfig.model_validate(config or {}), version)

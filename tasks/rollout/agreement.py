@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from tasks.rollout.logprobs import response_logprobs
-from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy
+from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
 from tasks.rollout.sampling import Sample, SamplerConfig
 
 
@@ -94,8 +94,9 @@ def likely_causes(delta, seen, pairs, sampler: SamplerConfig, prompt_tokens_matc
     return causes
 
 
-class GateFailed(RuntimeError):
-    """An endpoint's behaviour log-probs are too far from the trainer's: training on them would be wrong."""
+class GateFailed(RequestRefused):
+    """An endpoint's behaviour log-probs are too far from the trainer's: training on them would be wrong (and
+    asking again would not help, so the loop does not retry it)."""
 
 
 def check_endpoint(config: OpenAIBackendConfig, endpoint: str, served_name: str, model_version: int, model, tokenizer,
