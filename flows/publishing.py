@@ -52,11 +52,12 @@ def publish_version(lake: Lake, rollout: RolloutConfig, config: PublishConfig, v
                   "logprob_check_prompts": rollout.logprob_check_prompts, "logprob_tolerance": rollout.logprob_tolerance}
     with lake.run(flow, "publish", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         results = publish(endpoints, name, row["checkpoint_uri"], config,
-                          rollout.openai.model_name, base_names(lake, rollout), os.environ.get(rollout.openai.api_key_env))
+                          rollout.openai.model_name, base_names(lake, rollout), os.environ.get(rollout.openai.api_key_env),
+                          version)
         rows = [{"model_version": version, "served_name": r.served_name, "endpoint": r.endpoint,
-                 "path": r.path, "action": r.action, "error": r.error, "unloaded": r.unloaded,
-                 "created_at": utc_now()} for r in results]
-        lake.append("publications", pl.DataFrame(rows, schema_overrides={"error": pl.String,
+                 "path": r.path, "action": r.action, "error": r.error, "unloaded": r.unloaded, "method": r.method,
+                 "seconds": r.seconds, "created_at": utc_now()} for r in results]
+        lake.append("publications", pl.DataFrame(rows, schema_overrides={"error": pl.String, "seconds": pl.Float64,
                                                                          "unloaded": pl.List(pl.String)}), run)
         agreements = []
         if rollout.logprob_check_prompts and sum(r.confirmed for r in results) >= config.min_endpoints:
@@ -65,7 +66,9 @@ def publish_version(lake: Lake, rollout: RolloutConfig, config: PublishConfig, v
     for result in results:
         state = result.action.replace("_", " ") + (f": {result.error}" if result.error else "")
         unloaded = f" (unloaded {', '.join(result.unloaded)})" if result.unloaded else ""
-        print(f"publish: model version {version} as {name!r} on {result.endpoint}: {state}{unloaded}")
+        took = f" in {result.seconds:.1f} s" if result.seconds is not None else ""
+        print(f"publish: model version {version} as {name!r} on {result.endpoint}: {result.method} {state}{took}"
+              f"{unloaded}")
     require_confirmed(results, config.min_endpoints)
     require_agreement(agreements)
     return rows

@@ -57,6 +57,12 @@ def policy_serve(
     force_repetition_penalty: Annotated[Optional[float], typer.Option(
         help="apply this repetition penalty whatever a request says: a misconfigured server, for testing "
              "`rlvr policy check`")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(
+        help="serve one model under this one name, as vLLM does: the first --preload version (default 0), its "
+             "full weights swapped in place through POST /collective_rpc (needs --dev-mode)")] = None,
+    dev_mode: Annotated[bool, typer.Option(
+        envvar="VLLM_SERVER_DEV_MODE", help="offer vLLM's dev-mode routes: /collective_rpc (the worker "
+        "extension's rlvr_load_checkpoint), /reset_prefix_cache, /pause, /resume, /sleep, /wake_up")] = False,
     lake: LakeOption = None,
 ) -> None:
     """An OpenAI-compatible completions server over the lake's model versions (served as v0, v1, ...)."""
@@ -67,10 +73,12 @@ def policy_serve(
                               on_demand=on_demand, load_path=folder_loader(device, batch_size),
                               preload=tuple(preload or ()), list_versions=lake_versions(lake),
                               generation_defaults=generation_defaults(generation_config and str(generation_config)),
-                              force_repetition_penalty=force_repetition_penalty)
+                              force_repetition_penalty=force_repetition_penalty,
+                              served_model_name=served_model_name, dev_mode=dev_mode)
     except (ValueError, OSError) as error:
         fail(str(error))
-    served = "every registered model version" if on_demand else \
+    served = f"model version {server.held_version} as {served_model_name!r}" if served_model_name else \
+        "every registered model version" if on_demand else \
         f"model version(s) {', '.join(map(str, preload or [])) or 'none'} and what is loaded into it"
     console.print(f"serving {served} of {lake or 'the lake'} on http://{host}:{server.server_port}/v1")
     try:

@@ -87,7 +87,7 @@ class OpenAIPolicy:
     def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]:
         model = self.served_names.get(model_version) or self.config.model_name.format(model_version=model_version)
-        endpoints = self.rotation(model) if self.config.confirm_served else self.config.endpoints
+        endpoints = self.rotation(model, model_version) if self.config.confirm_served else self.config.endpoints
         cancelled = threading.Event()                  # a refused request stops the others' retries
         size = self.config.prompts_per_request
         with ThreadPoolExecutor(max_workers=self.config.concurrency) as pool:
@@ -102,8 +102,9 @@ class OpenAIPolicy:
                 raise failed[0].exception()
             return [group for future in futures for group in future.result()]
 
-    def rotation(self, model: str) -> list[str]:
-        """The endpoints to sample `model` from: all but those that answer `GET /v1/models` without it."""
+    def rotation(self, model: str, version: int | None = None) -> list[str]:
+        """The endpoints to sample `model` from: all but those that answer `GET /v1/models` without it and,
+        when one name serves every version (full weights swapped in place), those holding another version."""
         listed, silent, refusing = [], [], []
         for endpoint in self.config.endpoints:
             try:
@@ -111,10 +112,16 @@ class OpenAIPolicy:
             except (httpx.HTTPError, ValueError):
                 silent.append(endpoint)                # down or restarting: the request retries find out
                 continue
+            if model in served and version is not None and "{model_version}" not in self.config.model_name:
+                held = held_versions(self._client, endpoint)   # one name for every version: which one it holds
+                if held is not None and set(held) != {version}:
+                    refusing.append(f"{endpoint} (holds version {held})")
+                    continue
             (listed if model in served else refusing).append(endpoint)
         if not listed and not silent:
-            raise RequestRefused(f"no endpoint serves model {model!r} (GET /v1/models of {', '.join(refusing)} does "
-                                 "not list it): publish the version first (`rlvr policy publish`)")
+            raise RequestRefused(f"no endpoint serves model {model!r} version {version} (GET /v1/models of "
+                                 f"{', '.join(refusing)} does not list it, or its workers hold another version): "
+                                 "publish the version first (`rlvr policy publish`)")
         return listed + silent
 
     def _groups(self, index: int, prompts: list[str], n: int, sampler: SamplerConfig, seed: int, model: str,
@@ -156,6 +163,27 @@ def completion_request(model: str, prompts: list, n: int, sampler: SamplerConfig
             "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k or -1, **NEUTRAL,
             "seed": seed, "stop": sampler.stop or None, "logprobs": 0, "add_special_tokens": False,
             "return_tokens_as_token_ids": True, "return_token_ids": True}
+
+
+def server_routes(client: httpx.Client, endpoint: str) -> set[str]:
+    """The routes a server offers, from its `GET /openapi.json` (vLLM's FastAPI lists every registered route,
+    dev-mode ones included when on); empty when it does not say."""
+    try:
+        response = client.get(f"{endpoint.rstrip('/')}/openapi.json")
+        return set((response.json().get("paths") or {})) if response.status_code == 200 else set()
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return set()
+
+
+def held_versions(client: httpx.Client, endpoint: str) -> list[int] | None:
+    """The model version each worker of a one-model server holds (the worker extension's
+    `rlvr_loaded_version`, through dev mode's `/collective_rpc`); None when the server cannot say."""
+    try:
+        response = client.post(f"{endpoint.rstrip('/')}/collective_rpc", json={"method": "rlvr_loaded_version"})
+        results = response.json().get("results") if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return [int(r) for r in results] if results and all(isinstance(r, int) for r in results) else None
 
 
 def served_models(client: httpx.Client, endpoint: str) -> list[str]:

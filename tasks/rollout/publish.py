@@ -1,26 +1,42 @@
 """Publishing a model version to inference servers: load it on every endpoint, confirm it, keep few.
 
-The protocol is vLLM's. `POST /v1/load_lora_adapter` {lora_name, lora_path} loads a LoRA adapter
-folder under a name (`rlvr policy serve` loads a full checkpoint folder the same way),
-`POST /v1/unload_lora_adapter` {lora_name} forgets one, and `GET /v1/models` lists what a server
-serves. A version counts as published on an endpoint only once that endpoint lists its name; the
-`openai` backend samples only from endpoints that list the version it asks for, so nothing samples
-from a version a server has not confirmed, and a server that failed to load it is out of rotation.
+The protocols are vLLM's own, two of them:
 
-vLLM loads only LoRA adapters at runtime: for unattended runs on vLLM, train with `train.lora`.
+- LoRA adapters, by name: `POST /v1/load_lora_adapter` {lora_name, lora_path} loads an adapter folder
+  under a name (`rlvr policy serve` loads a full checkpoint folder the same way),
+  `POST /v1/unload_lora_adapter` {lora_name} forgets one, and `GET /v1/models` lists what a server
+  serves. A version counts as published on an endpoint only once that endpoint lists its name.
+- Full weights, in place: a server started with the project's worker extension
+  (`--worker-extension-cls rlvr_weights.CheckpointLoader`, `infra/vllm/rlvr_weights.py`) and
+  `VLLM_SERVER_DEV_MODE=1` serves one model under one name; `POST /collective_rpc` calls the
+  extension's `rlvr_load_checkpoint(folder, version)` on every worker, then `/reset_prefix_cache`
+  drops the old weights' KV blocks. Where the server offers `/pause` and `/resume` (vLLM 0.12+),
+  generation is paused around the swap so that no response mixes two versions. The version counts as
+  published once every worker's `rlvr_loaded_version()` says it. What a server offers is read from
+  its routes (`GET /openapi.json`).
+
+The `openai` backend samples only from endpoints that confirm the version it asks for, so nothing
+samples from a version a server has not loaded, and a server that failed to load it is out of rotation.
+The folder sent is one the server can read: an s3:// checkpoint is copied to `staging_dir` first, then
+`path_map` rewrites the trainer's paths into the server's.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 from pydantic import Field
 
+from storage.checkpoints import adapter_base, local_checkpoint
 from tasks.config import Strict
-from tasks.rollout.openai_backend import RequestRefused, served_models
+from tasks.rollout.openai_backend import RequestRefused, held_versions, served_models, server_routes
 
 
 class PublishConfig(Strict):
@@ -34,6 +50,15 @@ class PublishConfig(Strict):
     path_map: dict[str, str] = Field(default_factory=dict, description="prefix replacements from the lake's "
                                      "checkpoint paths to the paths the servers read (e.g. /lake -> /mnt/lake)")
     timeout_seconds: float = Field(300.0, gt=0, description="time one load may take on one server")
+    weights: Literal["auto", "adapter", "full"] = Field("auto", description="how a version reaches a server: "
+                                                       "adapter: load_lora_adapter by name; full: its full weights "
+                                                       "swapped in place through the worker extension (POST "
+                                                       "/collective_rpc, dev mode); auto: adapter for a LoRA "
+                                                       "checkpoint, full for a full one on a server that offers "
+                                                       "the extension, else adapter")
+    staging_dir: str | None = Field(None, description="a folder the servers read, where s3:// checkpoints are "
+                                    "copied before a load (then path_map applies); none: this host's checkpoint "
+                                    "cache, for servers on this host")
 
 
 class PublishFailed(RequestRefused):
@@ -50,6 +75,8 @@ class Publication:
     action: str                              # loaded, already_served or failed
     error: str | None = None
     unloaded: list[str] = field(default_factory=list)
+    method: str = "adapter"                  # adapter (load_lora_adapter) or full (weights swapped in place)
+    seconds: float | None = None             # how long the load took, confirmation included
 
     @property
     def confirmed(self) -> bool:
@@ -70,12 +97,73 @@ def server_path(path: str, path_map: dict[str, str]) -> str:
     return path
 
 
-def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, template: str, max_loras: int,
-               protected: set[str]) -> Publication:
-    """Load `name` from `path` on one endpoint unless it is listed already, confirm it is listed, then
-    unload the oldest versions past `max_loras` (never `protected` names nor the one just published)."""
-    base = endpoint.rstrip("/")
+def staged(uri: str, staging_dir: str | None) -> str:
+    """A folder holding the checkpoint that servers can read: an s3:// one downloaded (this host's cache) and,
+    with `staging_dir`, copied there once (under its bucket and key, through a temporary name)."""
+    if not uri.startswith("s3://"):
+        return uri
+    local = local_checkpoint(uri)
+    if not staging_dir:
+        return local
+    target = os.path.join(staging_dir, uri.removeprefix("s3://").strip("/"))
+    if not os.path.isdir(target):
+        partial = f"{target}.partial-{os.getpid()}"
+        shutil.copytree(local, partial, dirs_exist_ok=True)
+        os.replace(partial, target)
+    return target
+
+
+def full_weights(client: httpx.Client, endpoint: str, weights: str, adapter: bool) -> bool:
+    """Whether this version goes to this endpoint as full weights swapped in place."""
+    if weights == "adapter" or (weights == "auto" and adapter):
+        return False
+    offered = "/collective_rpc" in server_routes(client, endpoint) and held_versions(client, endpoint) is not None
+    if weights == "full" and not offered:
+        raise RequestRefused(f"{endpoint} cannot swap full weights: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
+                             "--worker-extension-cls rlvr_weights.CheckpointLoader (infra/vllm/serve.sh WEIGHTS=full)")
+    return offered
+
+
+def swap_weights(client: httpx.Client, endpoint: str, name: str, path: str, version: int) -> Publication:
+    """Load a full checkpoint into every worker of a one-model server, then drop the old KV blocks; paused
+    around the swap where the server can pause. Confirmed when every worker says it holds `version`."""
+    base, started = endpoint.rstrip("/"), time.monotonic()
+
+    def failed(error: str) -> Publication:
+        return Publication(endpoint, name, path, "failed", error, method="full")
+
+    served = served_models(client, endpoint)
+    if name not in served:
+        return failed(f"it serves {served} and swaps weights in place under that one name: set "
+                      f"rollout.openai.model_name (and the base version's served_name) to it")
+    if set(held_versions(client, endpoint) or []) == {version}:
+        return Publication(endpoint, name, path, "already_served", method="full")
+    pausing = {"/pause", "/resume"} <= server_routes(client, endpoint)
+    if pausing:                           # vLLM 0.16+ reads mode, 0.12-0.14 wait_for_inflight_requests
+        client.post(f"{base}/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"})
     try:
+        response = client.post(f"{base}/collective_rpc", json={"method": "rlvr_load_checkpoint", "args": [path, version]})
+        if response.status_code != 200:
+            return failed(f"/collective_rpc rlvr_load_checkpoint: HTTP {response.status_code}: {response.text[:300]}")
+        client.post(f"{base}/reset_prefix_cache")
+    finally:
+        if pausing:
+            client.post(f"{base}/resume")
+    held = held_versions(client, endpoint)
+    if set(held or []) != {version}:
+        return failed(f"after the load its workers hold version(s) {held}, not {version}")
+    return Publication(endpoint, name, path, "loaded", method="full", seconds=time.monotonic() - started)
+
+
+def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, template: str, max_loras: int,
+               protected: set[str], version: int = -1, weights: str = "adapter", adapter: bool = True) -> Publication:
+    """Publish on one endpoint: swap the full weights in (`full_weights`), or load `name` from `path` unless it
+    is listed already, confirm it is listed, then unload the oldest versions past `max_loras` (never
+    `protected` names nor the one just published)."""
+    base, started = endpoint.rstrip("/"), time.monotonic()
+    try:
+        if full_weights(client, endpoint, weights, adapter):
+            return swap_weights(client, endpoint, name, path, version)
         action, served = "already_served", served_models(client, endpoint)
         if name not in served:
             response = client.post(f"{base}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
@@ -92,20 +180,25 @@ def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, templa
         for _, old in versions[:max(0, len(versions) + 1 - max_loras)]:   # + 1: the version just published
             if client.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": old}).status_code == 200:
                 unloaded.append(old)
-        return Publication(endpoint, name, path, action, unloaded=unloaded)
-    except (httpx.HTTPError, ValueError) as error:          # down, timed out, or an answer that is not JSON
+        return Publication(endpoint, name, path, action, unloaded=unloaded,
+                           seconds=time.monotonic() - started if action == "loaded" else None)
+    except (httpx.HTTPError, ValueError, RequestRefused) as error:   # down, timed out, not JSON, cannot swap
         return Publication(endpoint, name, path, "failed", f"{type(error).__name__}: {error}")
 
 
 def publish(endpoints: list[str], name: str, path: str, config: PublishConfig, template: str = "v{model_version}",
-            protected: set[str] = frozenset(), api_key: str | None = None) -> list[Publication]:
-    """Publish one version on every endpoint at once (the folder sent is `path` after `config.path_map`)."""
+            protected: set[str] = frozenset(), api_key: str | None = None, version: int = -1) -> list[Publication]:
+    """Publish one version on every endpoint at once (the folder sent: `path` staged, then `config.path_map`)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    sent = server_path(path, config.path_map)
+    try:
+        adapter = adapter_base(path) is not None
+    except OSError:                         # not readable here: the server may still read it (path_map)
+        adapter = True
+    sent = server_path(staged(path, config.staging_dir), config.path_map)
     with httpx.Client(headers=headers, timeout=httpx.Timeout(config.timeout_seconds, connect=10.0)) as client, \
             ThreadPoolExecutor(max_workers=max(1, len(endpoints))) as pool:
         return list(pool.map(lambda endpoint: publish_to(client, endpoint, name, sent, template, config.max_loras,
-                                                         set(protected)), endpoints))
+                                                         set(protected), version, config.weights, adapter), endpoints))
 
 
 def require_confirmed(results: list[Publication], min_endpoints: int) -> None:
@@ -116,4 +209,5 @@ def require_confirmed(results: list[Publication], min_endpoints: int) -> None:
         raise PublishFailed(f"model {name!r} is served by {len(confirmed)} of {len(results)} endpoint(s), "
                             f"{min_endpoints} needed: " + "; ".join(f"{r.endpoint}: {r.error}" for r in results
                                                                     if not r.confirmed)
-                            + " (vLLM loads only LoRA adapters at runtime: train with train.lora)")
+                            + " (vLLM loads only LoRA adapters by name: for full checkpoints start it with the "
+                            "worker extension, infra/vllm/serve.sh WEIGHTS=full)")

@@ -17,6 +17,14 @@ what it was started with (`preload`) and what `POST /v1/load_lora_adapter` loade
 or a full checkpoint folder, by path), forgets what `POST /v1/unload_lora_adapter` names, lists
 exactly those in `GET /v1/models`, and answers 404 for any other model name.
 `fail_first` makes it answer 503 to its first requests, to exercise clients' retries.
+
+Full weights, as vLLM serves them: with `served_model_name` it serves one model under that one name
+(vLLM's `--served-model-name`), and with `dev_mode` (vLLM's `VLLM_SERVER_DEV_MODE=1`) it offers the
+routes a trainer swaps weights through: `POST /collective_rpc` calling the methods of the project's
+worker extension (`infra/vllm/rlvr_weights.py`: `rlvr_load_checkpoint(path, version)`,
+`rlvr_loaded_version()`), `/reset_prefix_cache`, `/pause` and `/resume` (requests wait meanwhile),
+`/sleep`, `/wake_up` and `/is_sleeping` (a sleeping server answers 503). `GET /openapi.json` lists the
+routes, as vLLM's FastAPI does, so that clients detect what a server offers.
 """
 
 from __future__ import annotations
@@ -24,8 +32,9 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import replace
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from tasks.rollout.sampling import NEUTRAL, Penalties, SamplerConfig
 
@@ -39,8 +48,16 @@ class PolicyServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], load_version, fail_first: int = 0, on_demand: bool = True,
                  load_path=None, preload: tuple[int, ...] = (), list_versions=None,
-                 generation_defaults: dict | None = None, force_repetition_penalty: float | None = None):
+                 generation_defaults: dict | None = None, force_repetition_penalty: float | None = None,
+                 served_model_name: str | None = None, dev_mode: bool = False):
         super().__init__(address, CompletionsHandler)
+        self.served_model_name = served_model_name    # one name, full weights swapped in place (vLLM's way)
+        self.dev_mode = dev_mode
+        self.held_version: int | None = None          # the version the one-name server holds
+        self.resumed = threading.Event()              # cleared between /pause and /resume
+        self.resumed.set()
+        self.sleeping = False
+        self.prefix_cache_resets = 0
         self.generation_defaults = generation_defaults or {}   # what a request omits (vLLM: generation_config.json)
         self.force_repetition_penalty = force_repetition_penalty
         self.load_version = load_version          # int -> policy: a registered version of the lake
@@ -52,6 +69,11 @@ class PolicyServer(ThreadingHTTPServer):
         self.lock = threading.Lock()              # one generation or load at a time: the model is not thread-safe
         self.fail_first = fail_first
         self.requests_seen = 0
+        if served_model_name:
+            self.on_demand, self.held_version = False, (preload or (0,))[0]
+            self.policies[served_model_name] = load_version(self.held_version)
+            self.roots[served_model_name] = f"model version {self.held_version}"
+            return
         for version in preload:
             self.policies[f"v{version}"] = load_version(version)
             self.roots[f"v{version}"] = f"model version {version}"
@@ -83,6 +105,25 @@ class PolicyServer(ThreadingHTTPServer):
         self.roots[name] = path
         return f"Success: LoRA adapter '{name}' added successfully."
 
+    def collective_rpc(self, body: dict) -> dict:
+        """vLLM's dev-mode RPC to every worker (here one): the worker extension's methods."""
+        method, args = body.get("method"), list(body.get("args") or [])
+        if not method:
+            raise ValueError("Missing 'method' in request body")
+        if method == "rlvr_loaded_version":
+            return {"results": [self.held_version]}
+        if method == "rlvr_load_checkpoint":
+            if not self.served_model_name:
+                raise ValueError("this server serves versions by name, not one model's weights")
+            path, version = str(args[0]), int(args[1])
+            try:
+                self.policies[self.served_model_name] = self.load_path(f"v{version}", path)
+            except Exception as error:                # as vLLM: the RPC fails, the server stays up
+                raise ValueError(f"cannot load weights from {path}: {type(error).__name__}: {error}") from error
+            self.held_version, self.roots[self.served_model_name] = version, path
+            return {"results": [None]}
+        raise ValueError(f"the worker has no method {method!r} (is --worker-extension-cls set?)")
+
     def unload(self, name: str) -> str:
         if name not in self.policies:
             raise NotServed(f"The lora adapter '{name}' cannot be found.")
@@ -100,6 +141,13 @@ class CompletionsHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             return self._reply(200, {"status": "ok"})
+        if self.path == "/openapi.json":
+            paths = ["/health", "/v1/models", *self._routes()]
+            return self._reply(200, {"openapi": "3.1.0", "paths": {route: {} for route in paths}})
+        if self.server.dev_mode and self.path == "/is_sleeping":
+            return self._reply(200, {"is_sleeping": self.server.sleeping})
+        if self.server.dev_mode and self.path == "/is_paused":
+            return self._reply(200, {"is_paused": not self.server.resumed.is_set()})
         if self.path == "/v1/models":
             with self.server.lock:
                 served = dict(self.server.roots)
@@ -110,20 +158,58 @@ class CompletionsHandler(BaseHTTPRequestHandler):
                                                                  for name, root in served]})
         self._reply(404, {"error": {"message": f"no route {self.path}"}})
 
-    def do_POST(self):
+    def _routes(self) -> dict:
+        """POST routes; the dev-mode ones only with dev_mode, as vLLM registers them."""
+        server = self.server
         routes = {"/v1/completions": self._complete,
-                  "/v1/load_lora_adapter": lambda body: self.server.load(str(body.get("lora_name") or ""),
-                                                                         str(body.get("lora_path") or "")),
-                  "/v1/unload_lora_adapter": lambda body: self.server.unload(str(body.get("lora_name") or ""))}
-        if self.path not in routes:
+                  "/v1/load_lora_adapter": lambda body: server.load(str(body.get("lora_name") or ""),
+                                                                    str(body.get("lora_path") or "")),
+                  "/v1/unload_lora_adapter": lambda body: server.unload(str(body.get("lora_name") or ""))}
+        if server.dev_mode:
+            def pause(_):
+                server.resumed.clear()
+                return {"status": "paused"}
+
+            def resume(_):
+                server.resumed.set()
+                return {"status": "resumed"}
+
+            def reset(_):
+                server.prefix_cache_resets += 1
+                return ""
+
+            def sleep(_):
+                server.sleeping = True
+                return ""
+
+            def wake(_):
+                server.sleeping = False
+                return ""
+
+            routes |= {"/collective_rpc": server.collective_rpc, "/reset_prefix_cache": reset, "/pause": pause,
+                       "/resume": resume, "/sleep": sleep, "/wake_up": wake, "/is_sleeping": None, "/is_paused": None}
+        return routes
+
+    def do_POST(self):
+        route = urlsplit(self.path).path                  # /sleep?level=1: the query changes nothing here
+        routes = self._routes()
+        if routes.get(route) is None:
             return self._reply(404, {"error": {"message": f"no route {self.path}"}})
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if route == "/v1/completions":
+            if self.server.sleeping:
+                return self._reply(503, {"error": {"message": "the engine is sleeping (POST /wake_up)"}})
+            self.server.resumed.wait()                    # paused: requests wait for /resume, as in vLLM
+        else:                                             # dev routes take their parameters in the query
+            body |= {key: values[-1] for key, values in parse_qs(urlsplit(self.path).query).items()}
+        if route in ("/pause", "/resume"):                # never behind the lock a waiting request may hold
+            return self._reply(200, routes[route](body))
         with self.server.lock:
             self.server.requests_seen += 1
             if self.server.requests_seen <= self.server.fail_first:
                 return self._reply(503, {"error": {"message": "warming up (injected failure)"}})
             try:
-                self._reply(200, routes[self.path](body))
+                self._reply(200, routes[route](body))
             except NotServed as error:
                 self._reply(404, {"error": {"message": str(error), "type": "NotFoundError", "code": 404}})
             except (LookupError, ValueError, OSError) as error:   # OSError: a folder that cannot be read
@@ -167,7 +253,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         return lambda name, default: body[name] if body.get(name) is not None else defaults.get(name, default)
 
     def _reply(self, status: int, payload: dict | str) -> None:
-        plain = isinstance(payload, str)                    # vLLM answers adapter loads in plain text
+        plain = isinstance(payload, str)                    # vLLM answers adapter loads in plain text, dev routes empty
         data = payload.encode() if plain else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain" if plain else "application/json")
