@@ -9,6 +9,7 @@ recorded, so no iteration is repeated or lost.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
@@ -30,6 +31,7 @@ from flows.run_config import RunConfig
 from storage.lake import Lake
 from tasks.evaluation import overall_solve_rate
 from tasks.progress import track
+from tasks.rollout.layout import preflight, servers_asleep
 from tasks.rollout.stage import IterationConfig, current_model_version
 from trainers.stage import run_warmup, warmup_version
 
@@ -43,6 +45,10 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     """Bring the lake to `iterations` RL iterations (default: the config's): a second run resumes where the
     first stopped, and a finished one has nothing left to do."""
     settings = RunConfig.model_validate(config or {})
+    if settings.rollout.backend == "openai":                 # before anything is sampled or trained
+        for line in preflight(settings.train.device, settings.rollout.openai, settings.loop.mode, gpu_memory_gib(
+                settings.train.device)):
+            print(f"layout: {line}")
     lake = Lake.open(lake_uri)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
     current_model_version(lake, settings.rollout.base_policy)
@@ -83,7 +89,8 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
         if already_trained is None:
             # the stage flows' bodies, run inside this flow run: a subflow costs ~0.5 s of Prefect bookkeeping
             rl_iteration.fn(sampling_config(lake, settings, iteration_config), iteration, lake_uri)
-            version = train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake_uri)["model_version"]
+            with servers_asleep(settings.rollout.openai, os.environ.get(settings.rollout.openai.api_key_env)):
+                version = train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake_uri)["model_version"]
             publish_version(lake, settings.rollout, settings.publish, version, "rl-loop", iteration)
         else:
             version = already_trained
@@ -91,3 +98,12 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
         rows.append(finish_iteration(lake, settings, iteration, version, artifacts))
         artifacts(update_progress_artifact, progress, 100 * len(rows) / total)
     return rows
+
+
+def gpu_memory_gib(device: str) -> float | None:
+    """The memory of the trainer's GPU, when this host has it (for the layout line)."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30

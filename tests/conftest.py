@@ -161,3 +161,24 @@ def register_random_version(lake, version: int, seed: int) -> None:
     with lake.run("test", "register", {"seed": seed}) as run:
         uri = save_checkpoint(lake, version, build_model(tiny, tokenizer), tokenizer)
         register(lake, run, version, uri=uri, kind="test", parent=version - 1)
+
+
+def register_sharpened_version(lake, version: int, bos: bool = False) -> None:
+    """Version 0 with its (tied) output layer ×20, and optionally a tokenizer that adds a BOS, as Llama 3's does."""
+    import torch
+    from tokenizers import processors
+
+    from storage.checkpoints import load_policy, save_checkpoint
+    from storage.registry import register, version_row
+    from tasks.rollout.tiny import IM_START
+
+    model, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    if bos:
+        bos_id = tokenizer.convert_tokens_to_ids(IM_START)
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{IM_START} $A", pair=f"{IM_START} $A $B", special_tokens=[(IM_START, bos_id)])
+        tokenizer.bos_token = IM_START
+    with lake.run("test", "register", {"version": version}) as run:
+        register(lake, run, version, uri=save_checkpoint(lake, version, model, tokenizer), kind="test", parent=0)

@@ -13,9 +13,9 @@ import subprocess
 import httpx
 import pytest
 
-from conftest import BIN, free_port, wait_for
-from storage.checkpoints import load_policy, save_checkpoint
-from storage.registry import register, version_row
+from conftest import BIN, free_port, register_sharpened_version, wait_for
+from storage.checkpoints import load_policy
+from storage.registry import version_row
 from tasks.rollout.agreement import GateFailed, measure
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from tasks.rollout.hf import HFPolicy
@@ -28,23 +28,6 @@ PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
 SHARP, BOS = 1, 2                                 # model versions
 
 
-def register_variant(lake, version: int, bos: bool = False) -> None:
-    """Version 0 with its (tied) output layer ×20, and optionally a tokenizer that adds a BOS, as Llama 3's does."""
-    import torch
-    from tokenizers import processors
-
-    model, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(20.0)
-    if bos:
-        bos_id = tokenizer.convert_tokens_to_ids(IM_START)
-        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{IM_START} $A", pair=f"{IM_START} $A $B", special_tokens=[(IM_START, bos_id)])
-        tokenizer.bos_token = IM_START
-    with lake.run("test", "register", {"version": version}) as run:
-        register(lake, run, version, uri=save_checkpoint(lake, version, model, tokenizer), kind="test", parent=0)
-
-
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
     from storage.lake import Lake
@@ -52,8 +35,8 @@ def lake(tmp_path_factory):
     opened = Lake.open(str(tmp_path_factory.mktemp("gate") / "lake"))
     ensure_base_policy(opened, BasePolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64,
                                                                      num_hidden_layers=2), tokenizer_corpus=50))
-    register_variant(opened, SHARP)
-    register_variant(opened, BOS, bos=True)
+    register_sharpened_version(opened, SHARP)
+    register_sharpened_version(opened, BOS, bos=True)
     return opened
 
 

@@ -53,6 +53,15 @@ class OpenAIBackendConfig(Strict):
                                      "only within one, such as `rlvr policy serve`")
     confirm_served: bool = Field(True, description="sample only from endpoints whose GET /v1/models lists the "
                                  "version (a version is published before anything samples from it)")
+    server_devices: list[int] = Field(default_factory=list, description="GPUs of this host the servers run on "
+                                      "(serve.sh GPUS), for the pre-flight check against train.device; empty: "
+                                      "the servers are on other machines")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="the share of its GPU's memory "
+                                                 "each server takes (serve.sh GPU_MEMORY_UTILIZATION; vLLM's "
+                                                 "default 0.9): required when a server shares the trainer's GPU")
+    sleep_while_training: bool = Field(False, description="put the servers to sleep during each training step "
+                                       "(POST /sleep?level=1: weights to CPU, KV cache freed) and wake them after; "
+                                       "serve.sh SLEEP=1. Sync loop only")
 
 
 class BackendUnavailable(RuntimeError):
