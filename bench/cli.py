@@ -302,6 +302,20 @@ def bench_faults(
         raise typer.Exit(1)
 
 
+@app.command("publish")
+def bench_publish(
+    context: typer.Context,
+    versions: Annotated[int, typer.Option(min=1, help="model versions published each way (median)")] = 5,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
+) -> None:
+    """Seconds per publish of a model version: full weights swapped in place, a load by name, and a server restart
+    (the baseline); and the log-prob agreement gate's time."""
+    from bench import publish_time
+
+    measured(context, "publish", publish_time, lambda: publish_time.run_benchmark(versions))
+
+
 @app.command("startup")
 def bench_startup(
     context: typer.Context,
