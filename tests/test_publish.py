@@ -123,6 +123,7 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
     knows only v0 at start, as a vLLM server started on the base model does): every trained version is
     loaded, confirmed and recorded before the iteration and evaluation that sample it."""
     from flows.loop import rl_loop
+    from tasks.rollout.layout import LayoutRefused
     from storage.lake import Lake
     from test_loop import RUN, curated_with_eval
 
@@ -142,6 +143,13 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
         rows = rl_loop(remote, lake_uri=lake_uri)
         assert [(r["iteration"], r["model_version"], r["trained_version"]) for r in rows] == [(1, 0, 1), (2, 1, 2)]
         assert listed(endpoint) == ["v0", "v1", "v2"]
+        gate = lake.read("logprob_checks").sort("created_at")     # the gate ran at start and on each version
+        assert gate["model_version"].to_list() == [0, 1, 2] and all(gate["passed"])
+        shared = {**remote, "train": {**RUN.get("train", {}), "device": "cuda"},
+                  "rollout": {**remote["rollout"], "openai": {**remote["rollout"]["openai"], "server_devices": [0]}}}
+        with pytest.raises(LayoutRefused, match="no memory split is stated"):    # refused before anything runs
+            rl_loop(shared, lake_uri=lake_uri)
+        assert lake.read("iteration_metrics").height == 2
         config = tmp_path / "remote.yaml"                    # by hand: v2 is served already, v1 goes (max_loras 1)
         config.write_text(yaml.safe_dump({"rollout": remote["rollout"], "publish": {"max_loras": 1}}))
         by_hand = cli("policy", "publish", "2", "--config", str(config), "--lake", lake_uri)
