@@ -44,17 +44,19 @@ TRAINING_STATE = "training_state.pt"
 
 
 def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: dict | None = None,
-                    adapter_of: str | None = None) -> str:
+                    adapter_of: str | None = None, state_dict: dict | None = None, cache: bool = True) -> str:
     """Write model, tokenizer (and the optimizer's state, so training continues where it stopped) to
     the lake's storage; returns the checkpoint URI. A peft model saves its LoRA adapter only, with
-    the URI of the base checkpoint it applies to (`adapter_of`), which is what vLLM hot-loads."""
+    the URI of the base checkpoint it applies to (`adapter_of`), which is what vLLM hot-loads.
+    `state_dict`: the weights to write instead of the model's own (a sharded model's, gathered);
+    `cache: False` for a model that goes on training in place (a trainer rank's)."""
     import torch
 
     _quiet_transformers()
     uri = claim_checkpoint(lake, version)
 
     def write(folder: str) -> None:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, **({"state_dict": state_dict} if state_dict is not None else {}))
         tokenizer.save_pretrained(folder)
         if training_state is not None:
             torch.save(training_state, os.path.join(folder, TRAINING_STATE))
@@ -64,7 +66,7 @@ def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: 
 
     if not lake.location.is_s3:
         write(uri)
-        if adapter_of is None:                 # the loop loads it again at once: to sample, then to train on
+        if adapter_of is None and state_dict is None and cache:   # the loop loads it again at once: to sample, to train
             policy_cache.remember("policy", uri, (model, tokenizer))
             if training_state is not None:
                 policy_cache.remember("training_state", uri, training_state)

@@ -1,5 +1,5 @@
 """Training: the GRPO / DAPO loss (`loss.py`) and step (`grpo.py`), the model a step trains (`trainable.py`), its
-data-parallel processes (`parallel.py`), the supervised warm-up (`warmup.py`), and their stage functions over the
+persistent trainer ranks on torch.distributed (`workers.py`, `distributed.py`), the supervised warm-up (`warmup.py`), and their stage functions over the
 lake (`stage.py`), which register each trained version with its lineage.
 
 May import: `tasks` and `storage` (the `floors` contract); never Prefect, Typer, `flows` or `bench`."""

@@ -63,34 +63,71 @@ class TrainConfig(Strict):
                                                                 "and each token weighted by its truncated "
                                                                 "π_start / π_behaviour, from the same forward pass")
     importance_cap: float = Field(2.0, gt=0, description="decoupled: truncation of the per-token weight")
-    processes: int = Field(1, ge=1, description="data-parallel processes (torch.distributed through accelerate: "
-                           "gloo on CPU, NCCL on GPUs); each takes a share of every mini-batch, gradients are summed")
+    strategy: Literal["single", "ddp", "fsdp"] = Field("single", description="single: this process trains; ddp: "
+                                                      "`processes` persistent ranks on torch.distributed, a full copy "
+                                                      "each (DistributedDataParallel); fsdp: the same ranks with "
+                                                      "parameters, gradients and optimizer state sharded (FSDP2)")
+    processes: int = Field(1, ge=1, description="ranks of ddp / fsdp (gloo on CPU, NCCL on GPUs), started once per "
+                           "run and kept between steps; each takes a share of every mini-batch. More than 1 with "
+                           "strategy single means ddp")
+    devices: list[str] = Field(default_factory=list, description="one device per rank (e.g. [cuda:4, cuda:5]); "
+                               "empty: `device` for every rank on a CPU, cuda:0, cuda:1, ... on GPUs")
+
+
+def rank_devices(config: TrainConfig) -> list[str]:
+    """One device per rank: `train.devices`, else `device` for every rank on a CPU, cuda:0..N-1 on GPUs."""
+    if config.devices:
+        if len(config.devices) != config.processes:
+            raise ValueError(f"train.devices lists {len(config.devices)} device(s) for {config.processes} process(es)")
+        return list(config.devices)
+    if config.device.startswith("cuda"):
+        return [f"cuda:{rank}" for rank in range(config.processes)]
+    return [config.device] * config.processes
+
+
+def strategy_of(config: TrainConfig) -> str:
+    """The strategy that runs: several processes with `single` mean ddp."""
+    return "ddp" if config.strategy == "single" and config.processes > 1 else config.strategy
 
 
 def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_state: dict | None = None,
                    reference=None) -> tuple[dict, dict]:
-    """One batch's optimizer steps on `model` in place; returns (metrics, optimizer state).
+    """One batch's optimizer steps on `model` in place, in this process; returns (metrics, optimizer state).
 
     `rows` holds one row per rollout: prompt_token_ids, response_token_ids, behaviour_logprobs,
-    advantage, weight, temperature.
+    advantage, weight, temperature. Several ranks: `trainers/workers.py` calls `train_steps` itself.
     """
-    import torch
-    from accelerate import Accelerator
+    from trainers.distributed import SingleDevice
 
-    # ---- setup: the optimizer continues from the parent version's state ----
-    accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
-    rank, world = accelerator.process_index, accelerator.num_processes     # data parallel: trainers/parallel.py
+    placement = SingleDevice(config.device, config.mixed_precision)
+    optimizer, step = build_optimizer(model, config, optimizer_state)
+    model, optimizer = placement.prepare(model, optimizer)
+    metrics, step = train_steps(model, optimizer, step, rows, config, placement, reference)
+    return metrics, {"optimizer": optimizer.state_dict(), "step": step}
+
+
+def build_optimizer(model, config: TrainConfig, optimizer_state: dict | None = None):
+    """(AdamW over the trainable parameters, the optimizer step count), continuing the parent version's state."""
+    import torch
+
     trainable = [p for p in model.parameters() if p.requires_grad]      # all of them, or a LoRA adapter's
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state["optimizer"])
         for group in optimizer.param_groups:             # the config decides, not the first run's saved settings
             group["weight_decay"] = config.weight_decay
-    step = optimizer_state["step"] if optimizer_state else 0
-    if world == 1:
-        model, optimizer = accelerator.prepare(model, optimizer)
-    else:                                                # no DDP wrapper: shares may take unequal micro-batch counts
-        model = model.to(accelerator.device)
+    return optimizer, (optimizer_state["step"] if optimizer_state else 0)
+
+
+def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainConfig, placement,
+                reference=None) -> tuple[dict, int]:
+    """The batch's optimizer steps (`config.mini_batches`) from optimizer step `step`: (metrics, step after).
+    With several ranks (`placement.world`), each takes every world-th row of each mini-batch and runs the same
+    number of micro-batches (an idle one, weight 0, where its share is short), so the collectives line up."""
+    import torch
+
+    rank, world = placement.rank, placement.world
+    trainable = [p for p in model.parameters() if p.requires_grad]
     model.train()
     rows = rows.filter(pl.col("weight") > 0)             # masked responses (weight 0) are not in the batch at all
     order = list(range(rows.height))
@@ -109,55 +146,28 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
             group["lr"] = config.learning_rate * min(1.0, (step + 1) / max(config.warmup_steps, 1))
         mini = rows[indices]
         tokens = policy_tokens(mini)                                    # normalisers count the whole mini-batch
-        mine = mini[rank::world]                                        # this process's share, lengths interleaved
+        micro_batches = rank_micro_batches(mini, rank, world, config.micro_batch_size)
         optimizer.zero_grad()
-        for start in range(0, mine.height, config.micro_batch_size):
-            micro = mine[start:start + config.micro_batch_size]
-            prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
-            with accelerator.autocast():
-                logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
-                                                            with_entropy=True)           # [B, T] each
-            device = logprobs.device
-            if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
-                mask = mask * loss_masks(micro, mask.shape[1], device)      # episodes: the tool's tokens are out
-                entropy = entropy * mask
-            behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
-            token_weights = None
-            if config.off_policy_loss == "decoupled":    # the policy before this step is the proximal one
-                proximal = logprobs.detach()
-                token_weights = torch.clamp(torch.exp(proximal - behaviour), max=config.importance_cap) * mask
-                behaviour = proximal
-            ref_logprobs = None
-            if config.beta and reference is not None:
-                with torch.no_grad():
-                    ref_logprobs, _, _ = response_logprobs(reference, prompts, responses, float(micro["temperature"][0]))
-            share = micro.height / mini.height              # grpo and dr_grpo average over sequences
-            out = policy_loss(logprobs, behaviour, torch.tensor(micro["advantage"].to_list(), device=device),
-                              mask, loss_type=config.loss_type, epsilon_low=config.epsilon_low,
-                              epsilon_high=config.epsilon_high, ref_logprobs=ref_logprobs, beta=config.beta,
-                              weights=torch.tensor(micro["weight"].to_list(), device=device),
-                              max_completion_length=longest, token_normaliser=float(max(tokens, 1)),
-                              token_weights=token_weights)
-            loss = out.loss if config.loss_type == "dapo" else out.loss * share
-            accelerator.backward(loss)
+        for index, (micro, idle) in enumerate(micro_batches):
+            with placement.accumulating(model, last=index == len(micro_batches) - 1):   # ranks sync on the last
+                out, mask, entropy, loss = micro_batch_loss(model, micro, mini, tokens, longest, config, placement,
+                                                            reference, idle)
+            if idle:
+                continue
             micro_tokens = float(mask.sum())
             totals["loss"] += float(loss.detach())
             totals["clip_fraction"] += out.clip_fraction * micro_tokens
             totals["kl"] += out.kl * micro_tokens
             totals["entropy"] += float(entropy.sum())
-        if world > 1:                                    # the shares' gradients add up to the mini-batch's
-            summed(accelerator, trainable)
-        grad_norm = accelerator.clip_grad_norm_(trainable, config.max_grad_norm)
+        grad_norm = placement.clip(trainable, config.max_grad_norm)
         optimizer.step()
         step += 1
-        totals["grad_norm"] += float(grad_norm)
+        totals["grad_norm"] += grad_norm
         totals["tokens"] += tokens
 
     model.eval()
-    if world > 1:                                        # the shares' sums, over every process
-        shared = ["loss", "clip_fraction", "kl", "entropy"]
-        values = torch.tensor([totals[name] for name in shared], dtype=torch.float64, device=accelerator.device)
-        totals.update(zip(shared, accelerator.reduce(values, reduction="sum").tolist()))
+    shared = ["loss", "clip_fraction", "kl", "entropy"]               # each rank's share of the sums
+    totals.update(zip(shared, placement.sum([totals[name] for name in shared])))
     steps, tokens = len(mini_batches), max(totals["tokens"], 1)
     metrics = {"loss": totals["loss"] / steps, "clip_fraction": totals["clip_fraction"] / tokens,
                "kl": totals["kl"] / tokens, "entropy": totals["entropy"] / tokens,
@@ -165,7 +175,52 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
                "sequences": rows.height, "learning_rate": optimizer.param_groups[0]["lr"], "global_step": step,
                "torch_threads": torch.get_num_threads(),     # bit-reproducible only at the same count
                "processes": world}
-    return metrics, {"optimizer": optimizer.state_dict(), "step": step}
+    return metrics, step
+
+
+def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int, longest: int, config: TrainConfig,
+                     placement, reference=None, idle: bool = False):
+    """Forward, the policy loss and its backward for one micro-batch: (loss output, mask, entropy, loss)."""
+    import torch
+
+    prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
+    with placement.autocast():
+        logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
+                                                    with_entropy=True)           # [B, T] each
+    device = logprobs.device
+    if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
+        mask = mask * loss_masks(micro, mask.shape[1], device)      # episodes: the tool's tokens are out
+        entropy = entropy * mask
+    behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
+    token_weights = None
+    if config.off_policy_loss == "decoupled":    # the policy before this step is the proximal one
+        proximal = logprobs.detach()
+        token_weights = torch.clamp(torch.exp(proximal - behaviour), max=config.importance_cap) * mask
+        behaviour = proximal
+    ref_logprobs = None
+    if config.beta and reference is not None:
+        with torch.no_grad():
+            ref_logprobs, _, _ = response_logprobs(reference, prompts, responses, float(micro["temperature"][0]))
+    share = micro.height / mini.height              # grpo and dr_grpo average over sequences
+    out = policy_loss(logprobs, behaviour, torch.tensor(micro["advantage"].to_list(), device=device),
+                      mask, loss_type=config.loss_type, epsilon_low=config.epsilon_low,
+                      epsilon_high=config.epsilon_high, ref_logprobs=ref_logprobs, beta=config.beta,
+                      weights=torch.tensor(micro["weight"].to_list(), device=device),
+                      max_completion_length=longest, token_normaliser=float(max(tokens, 1)),
+                      token_weights=token_weights)
+    loss = (out.loss if config.loss_type == "dapo" else out.loss * share) * (0.0 if idle else 1.0)
+    placement.backward(loss * placement.loss_scale)          # DDP and FSDP average over ranks: scaled to a sum
+    return out, mask, entropy, loss
+
+
+def rank_micro_batches(mini: pl.DataFrame, rank: int, world: int, size: int) -> list[tuple[pl.DataFrame, bool]]:
+    """This rank's micro-batches of a mini-batch: (rows, idle). Every rank gets the same count, the longest
+    share's; a shorter share is topped up with idle ones (one row, weight 0: it runs, and adds nothing)."""
+    mine = mini[rank::world]                                         # lengths interleaved over ranks
+    count = -(-(-(-mini.height // world)) // size)                   # ceil(ceil(height / world) / size)
+    batches = [(mine[start:start + size], False) for start in range(0, mine.height, size)]
+    idle = mini[:1].with_columns(pl.lit(0.0).alias("weight"), pl.lit(0.0).alias("advantage"))
+    return batches + [(idle, True)] * (count - len(batches))
 
 
 def policy_tokens(rows: pl.DataFrame) -> int:
@@ -181,21 +236,6 @@ def loss_masks(rows: pl.DataFrame, width: int, device):
     masks = [mask if mask is not None else [1] * len(ids)
              for mask, ids in zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())]
     return _padded(masks, width, device)
-
-
-def summed(accelerator, parameters: list) -> None:
-    """Sum the parameters' gradients over the processes in place (one flat all-reduce; a process whose share
-    was empty adds zeros)."""
-    import torch
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-    for parameter in parameters:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-    grads = [parameter.grad for parameter in parameters]
-    flat = accelerator.reduce(_flatten_dense_tensors(grads), reduction="sum")
-    for grad, total in zip(grads, _unflatten_dense_tensors(flat, grads)):
-        grad.copy_(total)
 
 
 def _padded(rows: list[list[float]], width: int, device):

@@ -11,29 +11,11 @@ from storage import faults
 from storage.lake import Lake
 from storage.registry import BRANCH, latest_version, next_version_number, register, version_row
 from storage.runs import Run
-from tasks.rollout.sampling import sampled_temperature
-from trainers.grpo import TrainConfig, train_on_batch
+from trainers.grpo import TrainConfig, strategy_of, train_on_batch
 from trainers.trainable import trainable_policy
 from storage.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
+from trainers.batch import training_rows
 
-ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler", "loss_mask"]
-
-
-def training_rows(lake: Lake, iteration: int) -> tuple[pl.DataFrame, str | None]:
-    """The latest batch of an iteration joined with the token ids and behaviour log-probs it trains on."""
-    batch = lake.read("batches", filter=pc.field("iteration") == iteration)
-    if batch.is_empty():
-        return batch, None
-    batch_id = batch["batch_id"][0]
-    rollouts = lake.read("rollouts", filter=(pc.field("iteration") == iteration)
-                         & pc.field("rollout_id").isin(batch["rollout_id"].to_list()), columns=ROLLOUT_COLUMNS)
-    rows = batch.join(rollouts, on="rollout_id", how="left")
-    if rows["response_token_ids"].null_count() or rows["prompt_token_ids"].null_count():
-        raise ValueError(f"iteration {iteration}: batch rollouts without token ids (was the backend asked for them?)")
-    samplers = [json.loads(s or "{}") for s in rows["sampler"].to_list()]
-    return rows.with_columns(temperature=pl.Series([sampled_temperature(s) for s in samplers], dtype=pl.Float64),
-                             max_new_tokens=pl.Series([s.get("max_new_tokens") for s in samplers], dtype=pl.Int64)
-                             ).drop("sampler"), batch_id
 
 
 def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, parent: int | None = None) -> dict:
@@ -48,23 +30,23 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
         return {"model_version": parent, "trained": False, "reason": f"iteration {iteration} kept no group"}
     parent_row = version_row(lake, parent)
     parent_uri = parent_row["checkpoint_uri"]
-    model, tokenizer, adapter_of = trainable_policy(parent_uri, config)
     reference_uri = version_row(lake, config.reference_version)["checkpoint_uri"] if config.beta else None
     if config.max_completion_length is None and rows["max_new_tokens"].max() is not None:
         # dr_grpo's constant is the generation limit, the same for every batch
         config = config.model_copy(update={"max_completion_length": int(rows["max_new_tokens"].max())})
-    same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
-    optimizer_state = load_training_state(parent_uri) if same_kind else None
-    if config.processes > 1:                           # data parallel: the processes train, this one saves
-        from trainers.parallel import train_in_processes
+    version = next_version_number(lake)
+    if strategy_of(config) != "single":                # persistent ranks train; rank 0 writes the checkpoint
+        from trainers.workers import trainer_group
 
-        weights, metrics, state = train_in_processes(parent_uri, rows, config, optimizer_state, reference_uri)
-        model.load_state_dict(weights)
+        stepped = trainer_group(config).step(lake.uri, iteration, parent_uri, version, config, reference_uri)
+        uri, metrics = stepped["uri"], stepped["metrics"]
     else:
+        model, tokenizer, adapter_of = trainable_policy(parent_uri, config)
+        same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
+        optimizer_state = load_training_state(parent_uri) if same_kind else None
         reference = load_policy(reference_uri, config.device)[0] if reference_uri else None
         metrics, state = train_on_batch(model, rows, config, optimizer_state, reference)
-    version = next_version_number(lake)
-    uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
+        uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
     faults.point("checkpoint-saved:train")
     kind = "rl" if parent == latest_version(lake) else BRANCH          # an older parent: a branch, off the main line
     register(lake, run, version, uri=uri, kind=kind, parent=parent, iteration=iteration, batch_ids=[batch_id],

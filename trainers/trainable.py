@@ -1,5 +1,5 @@
 """The model a training step trains: the parent version's weights, whole or with a LoRA adapter (continued when
-the parent is an adapter, fresh otherwise). One process or each of several (`trainers/parallel.py`) start here."""
+the parent is an adapter, fresh otherwise). One process or each rank of several (`trainers/workers.py`) start here."""
 
 from __future__ import annotations
 
@@ -22,5 +22,8 @@ def trainable_policy(parent_uri: str, config: TrainConfig):
     model, tokenizer = load_policy(parent_uri, config.device)
     lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
                       target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
-    with peft_warnings_quiet():
+    import torch
+
+    with peft_warnings_quiet(), torch.random.fork_rng():     # a fresh adapter's initialisation is seeded: every
+        torch.manual_seed(config.seed)                       # rank (and a rerun) starts from the same one
         return get_peft_model(model, lora), tokenizer, parent_uri

@@ -14,7 +14,7 @@ def _response_logits(model, prompt_ids: list[list[int]], response_ids: list[list
     sequences = [p + r for p, r in zip(prompt_ids, response_ids)]
     width = max(len(s) for s in sequences)
     longest = max(len(r) for r in response_ids)
-    device = model.device
+    device = model.device if hasattr(model, "device") else next(model.parameters()).device   # DDP: no .device
     input_ids = torch.zeros((len(sequences), width), dtype=torch.long, device=device)        # [B, S] right-padded
     attention = torch.zeros_like(input_ids)
     for row, sequence in enumerate(sequences):
