@@ -170,10 +170,24 @@ def bench_train(
     sequences: Annotated[int, typer.Option(min=2, help="sequences per training step")] = 128,
     response_length: Annotated[int, typer.Option(min=1, help="response tokens per sequence")] = 40,
     repeats: Annotated[int, typer.Option(min=1, help="timed steps per side (median)")] = 5,
+    processes: Annotated[int, typer.Option(min=1, help="with 2 or more: persistent ranks against one process with "
+                                           "the same total threads, instead of the comparison with TRL")] = 1,
+    strategy: Annotated[str, typer.Option(help="the ranks' strategy: ddp or fsdp")] = "ddp",
+    shape: Annotated[list[str], typer.Option(help="model shapes of the ranks' comparison: tiny, 0.5b")]
+        = ["tiny", "0.5b"],
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
-    """Training-step throughput (tokens/s) against TRL's GRPOTrainer on the same tiny model and batch."""
+    """Training-step throughput (tokens/s) against TRL's GRPOTrainer on the same tiny model and batch; with
+    --processes N, a step on N persistent ranks (ddp or fsdp) against one process."""
+    if processes > 1:
+        from bench import train_ranks
+
+        if strategy not in ("ddp", "fsdp") or set(shape) - set(train_ranks.BATCHES):
+            fail(f"--strategy is ddp or fsdp and --shape one of {', '.join(train_ranks.BATCHES)}")
+        measured(context, "train-ranks", train_ranks, lambda: train_ranks.run_benchmark(
+            processes, strategy, tuple(shape), min(repeats, 3)))
+        return
     from bench import train_throughput
 
     measured(context, "train", train_throughput, lambda: train_throughput.run_benchmark(

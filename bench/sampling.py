@@ -15,32 +15,11 @@ from __future__ import annotations
 
 import time
 
+from bench.shapes import SHAPES, build  # noqa: F401  (build: the tests build from here too)
+
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "tasks/rollout/hf.py", "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
+DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "tasks/rollout/hf.py", "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
               "tasks/progress.py")
-
-SHAPES = {
-    "tiny": {},
-    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "vocab_size": 151936},
-}
-
-
-def build(shape: str, seed: int = 0):
-    """(model, tokenizer) of a shape: the tiny policy's byte tokenizer (ids past it decode to nothing)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
-
-    tokenizer = train_tokenizer(tokenizer_corpus(count=200), 0)
-    if shape == "tiny":
-        return build_model(TinyModelConfig(seed=seed), tokenizer).eval(), tokenizer
-    torch.manual_seed(seed)
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=1024, tie_word_embeddings=True,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    return Qwen2ForCausalLM(config).eval(), tokenizer
-
 
 def hf_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
     from tasks.rollout.hf import HFPolicy

@@ -419,11 +419,11 @@ PUBLICATIONS = register(TableSpec(
         _field("action", pa.string(), False, "loaded, already_served or failed"),
         _field("error", pa.string(), True, "why it failed: the server's answer or the connection error"),
         _field("unloaded", pa.list_(pa.string()), True, "older versions the server unloaded (max_loras)"),
+        _field("run_id", pa.string(), False),
+        _field("created_at", pa.timestamp("us", tz="UTC"), False),
         _field("method", pa.string(), True, "adapter (load_lora_adapter by name) or full (weights swapped in place "
                "through the worker extension)"),
         _field("seconds", pa.float64(), True, "how long the load took, confirmation included (loads only)"),
-        _field("run_id", pa.string(), False),
-        _field("created_at", pa.timestamp("us", tz="UTC"), False),
     ]),
 ))
 

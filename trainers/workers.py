@@ -62,11 +62,13 @@ class TrainerGroup:
     def pids(self) -> list[int]:
         return [process.pid for process in self.processes]
 
-    def step(self, lake_uri: str, iteration: int, parent_uri: str, version: int, config: TrainConfig,
-             reference_uri: str | None = None) -> dict:
-        """Train the iteration's batch from `parent_uri` on every rank; rank 0's reply: uri, metrics, adapter_of."""
+    def step(self, lake_uri: str | None, iteration: int, parent_uri: str, version: int | None, config: TrainConfig,
+             reference_uri: str | None = None, rows_file: str | None = None) -> dict:
+        """Train the iteration's batch from `parent_uri` on every rank; rank 0's reply: uri, metrics, adapter_of.
+        A benchmark's step: `rows_file` (Arrow IPC) instead of the lake's batch, and `version` None writes no
+        checkpoint (the ranks keep training what they hold)."""
         command = {"lake_uri": lake_uri, "iteration": iteration, "parent_uri": parent_uri, "version": version,
-                   "config": config.model_dump_json(), "reference_uri": reference_uri,
+                   "config": config.model_dump_json(), "reference_uri": reference_uri, "rows_file": rows_file,
                    "reload": parent_uri != self.held_uri}
         for connection in self.connections:
             try:
@@ -74,7 +76,7 @@ class TrainerGroup:
             except OSError:                              # a rank already gone: _replies names it
                 pass
         replies = self._replies()
-        self.held_uri = replies[0]["uri"]
+        self.held_uri = replies[0]["uri"] or parent_uri
         return replies[0]
 
     def _replies(self) -> dict[int, dict]:
@@ -171,6 +173,7 @@ def rank_main(rank: int, world: int, port: int, strategy: str, device: str, conn
 
 def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
     """One step on this rank: (re)load the parent when told, train its share, rank 0 writes the checkpoint."""
+    import polars as pl
     import torch.distributed as dist
 
     from storage import faults
@@ -198,16 +201,18 @@ def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
     for group in optimizer.param_groups:                 # the config decides, as build_optimizer does
         group["weight_decay"] = config.weight_decay
     faults.point(f"rank-ready:{dist.get_rank()}")        # tests kill a rank here, mid-step
-    lake = Lake.open(command["lake_uri"])
-    rows, _ = training_rows(lake, command["iteration"])
+    lake = Lake.open(command["lake_uri"]) if command["lake_uri"] else None
+    rows = pl.read_ipc(command["rows_file"]) if command["rows_file"] else training_rows(lake, command["iteration"])[0]
     reference = load_policy(command["reference_uri"], device)[0] if config.beta and command["reference_uri"] else None
     metrics, held["step"] = train_steps(model, optimizer, held["step"], rows, config, placement, reference)
+    reply = {"rank": dist.get_rank(), "uri": None, "metrics": metrics, "loaded_parent": loaded}
+    if command["version"] is None:                       # a benchmark's step: nothing written
+        return reply
     weights, optimizer_state = placement.full_state(model, optimizer)        # a collective under FSDP
-    reply = {"rank": dist.get_rank()}
     if dist.get_rank() == 0:
         state = {"optimizer": indexed_optimizer_state(optimizer_state, trainable_names(model)), "step": held["step"]}
         uri = save_checkpoint(lake, command["version"], unwrapped(model), held["tokenizer"], state,
                               held["adapter_of"], state_dict=weights, cache=False)
-        reply |= {"uri": uri, "metrics": metrics, "adapter_of": held["adapter_of"], "loaded_parent": loaded}
+        reply |= {"uri": uri, "adapter_of": held["adapter_of"]}
     dist.barrier()                                       # no rank starts the next step before the checkpoint exists
     return reply

@@ -221,8 +221,9 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         if prompts and all(isinstance(t, int) for t in prompts):      # one prompt as token ids (vLLM accepts it too)
             prompts = [prompts]
         add_special_tokens = bool(body.get("add_special_tokens", True))             # vLLM's default
-        prompts = [prompt if isinstance(prompt, list) else
-                   policy.tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids for prompt in prompts]
+        tokenizer = getattr(policy, "tokenizer", None)                              # a scripted policy has none
+        prompts = [prompt if isinstance(prompt, list) or tokenizer is None else
+                   tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids for prompt in prompts]
         stop = body.get("stop") or []
         setting = self._setting(body)
         sampler = SamplerConfig(temperature=setting("temperature", 1.0), top_p=setting("top_p", 1.0),
@@ -233,7 +234,8 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         if self.server.force_repetition_penalty is not None:
             penalties = replace(penalties, repetition_penalty=self.server.force_repetition_penalty)
         n = int(body.get("n", 1))
-        groups = policy.generate(prompts, n, sampler, int(body.get("seed") or 0), policy.model_version, penalties)
+        asked = {} if penalties.neutral else {"penalties": penalties}
+        groups = policy.generate(prompts, n, sampler, int(body.get("seed") or 0), policy.model_version, **asked)
         choices = []
         for prompt_index, group in enumerate(groups):
             for sample in group:
