@@ -152,7 +152,7 @@ def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lak
                   prefect_flow_run_id=flow_run.id) as run:
         scored = scored_rollouts(lake, iteration, settings.advantages.verifier, reward=settings.reward)
         logprob_sums = off_policy_task(lake, iteration, scored, settings.advantages, model_version,
-                                       settings.rollout.device)
+                                       settings.rollout.sampling_device())
         results = compute_task(scored, settings.advantages, settings.dynamic_sampling, model_version,
                                latest_dbb_state(lake, iteration), logprob_sums)
         batch_id = write_task(lake, run, iteration, results)

@@ -31,8 +31,9 @@ from flows.run_config import RunConfig
 from storage.lake import Lake
 from tasks.evaluation import overall_solve_rate
 from tasks.progress import track
-from tasks.rollout.layout import preflight, servers_asleep
+from tasks.rollout.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
 from tasks.rollout.stage import IterationConfig, current_model_version
+from trainers.grpo import rank_devices, strategy_of
 from trainers.stage import run_warmup, warmup_version
 
 warmup_task = stage_task(run_warmup, "supervised-warm-up", gpu=True)
@@ -45,10 +46,7 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     """Bring the lake to `iterations` RL iterations (default: the config's): a second run resumes where the
     first stopped, and a finished one has nothing left to do."""
     settings = RunConfig.model_validate(config or {})
-    if settings.rollout.backend == "openai":                 # before anything is sampled or trained
-        for line in preflight(settings.train.device, settings.rollout.openai, settings.loop.mode, gpu_memory_gib(
-                settings.train.device)):
-            print(f"layout: {line}")
+    check_layout(settings)                                  # before anything is sampled or trained
     lake = Lake.open(lake_uri)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
     current_model_version(lake, settings.rollout.base_policy)
@@ -98,6 +96,23 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
         rows.append(finish_iteration(lake, settings, iteration, version, artifacts))
         artifacts(update_progress_artifact, progress, 100 * len(rows) / total)
     return rows
+
+
+def check_layout(settings: RunConfig) -> None:
+    """Refuse devices the trainer would share with the sampling role (unless train.share_devices), and a vLLM
+    server's GPU shared without a memory split; print how the GPUs are split."""
+    train = settings.train
+    devices = rank_devices(train) if strategy_of(train) != "single" else [train.device]
+    if settings.rollout.backend == "hf" and not train.share_devices:
+        shared = shared_gpus(devices, settings.rollout.devices or [settings.rollout.device])
+        if shared:
+            raise LayoutRefused(f"the trainer ({', '.join(devices)}) and the local sampler (rollout.devices "
+                                f"{settings.rollout.devices or [settings.rollout.device]}) share GPU(s) {shared}: give "
+                                "them separate devices, or set train.share_devices: true")
+    if settings.rollout.backend == "openai":
+        for device in dict.fromkeys(devices):                 # a server's GPU needs its memory split all the same
+            for line in preflight(device, settings.rollout.openai, settings.loop.mode, gpu_memory_gib(device)):
+                print(f"layout: {line}")
 
 
 def gpu_memory_gib(device: str) -> float | None:

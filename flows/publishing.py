@@ -88,7 +88,7 @@ def gate_prompts(lake: Lake, rollout: RolloutConfig, tokenizer) -> list[str]:
 def check_agreement(lake: Lake, rollout: RolloutConfig, version: int, name: str,
                     endpoints: list[str]) -> list[Agreement]:
     """The gate on each endpoint, against the version's registry checkpoint loaded on `rollout.device`."""
-    model, tokenizer = load_policy(version_row(lake, version)["checkpoint_uri"], rollout.device)
+    model, tokenizer = load_policy(version_row(lake, version)["checkpoint_uri"], rollout.sampling_device())
     prompts = gate_prompts(lake, rollout, tokenizer)
     api_key = os.environ.get(rollout.openai.api_key_env)
     return [check_endpoint(rollout.openai, endpoint, name, version, model, tokenizer, prompts, rollout.sampler,

@@ -153,3 +153,16 @@ def test_fsdp_refuses_lora_and_devices_must_match_the_ranks():
     assert rank_devices(TrainConfig(processes=2, device="cuda")) == ["cuda:0", "cuda:1"]
     assert rank_devices(TrainConfig(processes=2, devices=["cuda:4", "cuda:5"])) == ["cuda:4", "cuda:5"]
     assert rank_devices(TrainConfig(processes=2)) == ["cpu", "cpu"]
+
+
+def test_a_run_refuses_a_trainer_on_the_samplers_gpu_unless_the_config_allows_it():
+    from flows.loop import check_layout
+    from flows.run_config import RunConfig
+    from tasks.rollout.layout import LayoutRefused
+
+    shared = {"rollout": {"devices": ["cuda:0"]}, "train": {"processes": 2, "strategy": "fsdp", "device": "cuda"}}
+    with pytest.raises(LayoutRefused, match=r"share GPU\(s\) \[0\].*share_devices"):
+        check_layout(RunConfig.model_validate(shared))
+    check_layout(RunConfig.model_validate({**shared, "train": {**shared["train"], "share_devices": True}}))
+    check_layout(RunConfig.model_validate({**shared, "train": {**shared["train"], "devices": ["cuda:1", "cuda:2"]}}))
+    check_layout(RunConfig.model_validate({"train": {"processes": 2}}))    # CPUs are shared by design

@@ -144,8 +144,11 @@ def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
 def test_the_shipped_gpu_layouts_pass_the_preflight(name):
     from flows.run_config import load_run_config
 
+    from flows.loop import check_layout
+
     settings = load_run_config(ROOT / "configs" / name)
     assert preflight(settings.train.device, settings.rollout.openai, settings.loop.mode)
+    check_layout(settings)                                # every rank's device against the servers' too
 
 
 def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):

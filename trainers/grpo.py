@@ -72,6 +72,8 @@ class TrainConfig(Strict):
                            "strategy single means ddp")
     devices: list[str] = Field(default_factory=list, description="one device per rank (e.g. [cuda:4, cuda:5]); "
                                "empty: `device` for every rank on a CPU, cuda:0, cuda:1, ... on GPUs")
+    share_devices: bool = Field(False, description="allow the trainer's GPUs to be ones the sampling role holds "
+                                "(rollout.devices, rollout.openai.server_devices); else the run refuses to start")
 
 
 def rank_devices(config: TrainConfig) -> list[str]:

@@ -77,7 +77,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     config, prompt = settings.warmup, settings.rollout.prompt
     parent = latest_version(lake)
     parent_row = version_row(lake, parent)
-    model, tokenizer = load_policy(parent_row["checkpoint_uri"], settings.rollout.device)
+    model, tokenizer = load_policy(parent_row["checkpoint_uri"], settings.rollout.sampling_device())
     bank = lake.read("problems", filter=pc.field("problem_id").isin(training_bank(lake, settings.rollout.mix)
                                                                     ["problem_id"].to_list()),
                      columns=["prompt", "solution"]).drop_nulls("solution")

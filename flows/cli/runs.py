@@ -125,8 +125,10 @@ def advantages(
 def train(
     iteration: Annotated[int, typer.Option(help="the iteration whose batch to train on")],
     config: Annotated[Optional[Path], typer.Option(help="run config (YAML) with a `train:` section")] = None,
-    processes: Annotated[Optional[int], typer.Option(min=1, help="data-parallel training processes (gloo on "
+    processes: Annotated[Optional[int], typer.Option(min=1, help="trainer ranks on torch.distributed (gloo on "
                                                      "CPU, NCCL on GPUs) [default: the config's, else 1]")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help="single, ddp or fsdp [default: the config's; ddp with "
+                                                    "--processes 2 or more]")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
     format: FormatOption = TableFormat.table,
@@ -140,15 +142,20 @@ def train(
         settings = load_yaml_config(config, TrainConfig, section="train") if config else TrainConfig()
     except ValueError as error:
         fail(str(error), 2)
-    if processes is not None:
-        settings = settings.model_copy(update={"processes": processes})
+    if processes is not None or strategy is not None:
+        try:
+            settings = TrainConfig.model_validate({**settings.model_dump(), **({"processes": processes} if processes
+                                                   else {}), **({"strategy": strategy} if strategy else {})})
+        except ValueError as error:
+            fail(str(error), 2)
     with loop_writer(lake, wait):
         prefect_defaults()
         from flows.iteration import train_policy
+        from trainers.workers import RankFailed
 
         try:
             result = train_policy(iteration, settings.model_dump(mode="json"), lake)
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, RankFailed) as error:
             fail(str(error))
     if not result["trained"]:
         console.print(f"no training step: {result['reason']}; model version stays {result['model_version']}")
@@ -169,10 +176,11 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     from tasks.advantages.dynamic_sampling import BatchShortfall
     from tasks.rollout.openai_backend import BackendUnavailable
     from tasks.selfplay.health import CollapseDetected
+    from trainers.workers import RankFailed
 
     try:
         rows = rl_loop(settings.model_dump(mode="json"), iterations, lake)
-    except (BatchShortfall, BackendUnavailable, CollapseDetected, ValueError, FileNotFoundError) as error:
+    except (BatchShortfall, BackendUnavailable, CollapseDetected, RankFailed, ValueError, FileNotFoundError) as error:
         fail(str(error))
     if not rows:
         console.print(f"nothing to do: the lake already holds {iterations} iteration(s) (raise --iterations to go on)")

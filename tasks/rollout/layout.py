@@ -64,6 +64,12 @@ def preflight(train_device: str, openai: OpenAIBackendConfig, loop_mode: str = "
     return [f"GPU {gpu}: the servers take {share:.0%} of its memory, the trainer the other {trainer:.0%}{size}"]
 
 
+def shared_gpus(train_devices: list[str], rollout_devices: list[str]) -> list[int]:
+    """The GPUs both the trainer and a local sampler would use (a CPU is shared by design)."""
+    trainer = {cuda_index(device) for device in train_devices} - {None}
+    return sorted(trainer & ({cuda_index(device) for device in rollout_devices} - {None}))
+
+
 @contextmanager
 def servers_asleep(openai: OpenAIBackendConfig, api_key: str | None = None) -> Iterator[None]:
     """With `sleep_while_training`: every endpoint asleep (level 1) inside, awake again after, even on failure."""

@@ -51,6 +51,10 @@ class RolloutConfig(Strict):
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="prompt template")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="sampling parameters")
     device: str = Field("cpu", description="hf backend: torch device")
+    devices: list[str] = Field(default_factory=list, description="the devices the sampling role holds (the hf "
+                               "backend samples on the first; self-certainty and the agreement gate load the local "
+                               "copy there); empty: [device]. A run refuses to train on one of them unless "
+                               "train.share_devices")
     batch_size: int = Field(128, ge=1, description="hf backend: sequences generated together (on 2 CPU cores the "
                             "tiny model samples fastest at about 128)")
     openai: OpenAIBackendConfig = Field(default_factory=OpenAIBackendConfig, description="openai backend: servers")
@@ -65,6 +69,10 @@ class RolloutConfig(Strict):
                                      "trainer log p| per token may be before the gate fails (bf16 servers: ~0.01)")
     tools: ToolConfig = Field(default_factory=ToolConfig, description="multi-turn episodes with tool calls "
                               "(tasks/rollout/episodes.py)")
+
+    def sampling_device(self) -> str:
+        """Where this process samples and loads the local copy: the first of `devices`, else `device`."""
+        return self.devices[0] if self.devices else self.device
 
 
 class IterationConfig(Strict):
@@ -160,7 +168,7 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
         from tasks.rollout.hf import HFPolicy
         from storage.checkpoints import load_policy
 
-        model, tokenizer = load_policy(checkpoint, config.device)
+        model, tokenizer = load_policy(checkpoint, config.sampling_device())
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
     else:
         import os
@@ -192,7 +200,7 @@ def with_self_certainty(lake: Lake, policy: Policy, config: RolloutConfig, model
     from tasks.rollout.certainty import WithSelfCertainty
     from storage.checkpoints import load_policy
 
-    model, tokenizer = load_policy(version_row(lake, model_version)["checkpoint_uri"], config.device)
+    model, tokenizer = load_policy(version_row(lake, model_version)["checkpoint_uri"], config.sampling_device())
     return WithSelfCertainty(policy, model, tokenizer, config.batch_size)
 
 
