@@ -146,9 +146,8 @@ def test_the_shipped_gpu_layouts_pass_the_preflight(name):
 
     from flows.loop import check_layout
 
-    settings = load_run_config(ROOT / "configs" / name)
-    assert preflight(settings.train.device, settings.rollout.openai, settings.loop.mode)
-    check_layout(settings)                                # every rank's device against the servers' too
+    check_layout(load_run_config(ROOT / "configs" / name))     # every rank's device against the servers'
+
 
 
 def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
