@@ -166,3 +166,24 @@ def test_a_run_refuses_a_trainer_on_the_samplers_gpu_unless_the_config_allows_it
     check_layout(RunConfig.model_validate({**shared, "train": {**shared["train"], "share_devices": True}}))
     check_layout(RunConfig.model_validate({**shared, "train": {**shared["train"], "devices": ["cuda:1", "cuda:2"]}}))
     check_layout(RunConfig.model_validate({"train": {"processes": 2}}))    # CPUs are shared by design
+
+
+def test_the_overlapped_loops_trainer_role_trains_on_persistent_ranks(prefect_api, tmp_path):
+    """`loop.mode: async` with two DDP ranks: the trainer role steps the same ranks while the sampler samples."""
+    import json
+
+    from flows.loop import rl_loop
+    from storage.lake import Lake
+    from test_loop import RUN, curated_with_eval
+    from trainers.workers import GROUPS
+
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    overlapped = {**RUN, "loop": {"iterations": 2, "mode": "async", "max_staleness": 1},
+                  "train": {**RUN.get("train", {}), "processes": 2, "strategy": "ddp"}}
+    rows = rl_loop(overlapped, lake_uri=lake_uri)
+    assert [(r["iteration"], r["trained_version"]) for r in rows] == [(1, 1), (2, 2)]
+    [group] = GROUPS.values()                                               # one group served both steps
+    assert all(process.is_alive() for process in group.processes) and group.held_uri.endswith("v00002")
+    trained = Lake.open(lake_uri).read("model_versions").filter(kind="rl").sort("model_version")
+    assert [json.loads(m)["processes"] for m in trained["metrics"]] == [2, 2]

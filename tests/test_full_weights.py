@@ -140,7 +140,7 @@ def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
         preflight("cuda:1", OpenAIBackendConfig(model_name="policy"), loop_mode="async")
 
 
-@pytest.mark.parametrize("name", ["gpu.yaml", "gpu-8.yaml"])
+@pytest.mark.parametrize("name", ["gpu.yaml", "gpu-8.yaml", "gpu-2x8.yaml"])
 def test_the_shipped_gpu_layouts_pass_the_preflight(name):
     from flows.run_config import load_run_config
 
