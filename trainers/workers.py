@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -89,20 +90,35 @@ class TrainerGroup:
                     if connection.poll(0.1):
                         replies[rank] = connection.recv()
                         if "error" in replies[rank]:
-                            self.close()
-                            raise RankFailed(f"trainer rank {rank} of {len(self.processes)} failed: "
-                                             f"{replies[rank]['error']}\n{replies[rank]['traceback']}")
+                            self._fail(f"trainer rank {rank} of {len(self.processes)} failed: "
+                                       f"{replies[rank]['error']}\n{replies[rank]['traceback']}")
                         continue
                 except (EOFError, OSError):
                     pass                                 # its end of the pipe closed: it died, checked below
                 if not process.is_alive():
-                    code = process.exitcode
-                    how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-                    self.close()
-                    raise RankFailed(f"trainer rank {rank} of {len(self.processes)} (pid {process.pid}) died during "
-                                     f"the training step ({how}); nothing was registered: the step can be run again "
-                                     "from the last registered version")
+                    self._fail("")
         return replies
+
+    def _fail(self, error: str) -> None:
+        """Stop the group and raise, naming a rank that died first: the others' errors (a collective whose peer
+        vanished) follow from it. A rank's own error when none died."""
+        deadline = time.monotonic() + 3                  # a dead peer's exit shows a moment after the others fail
+        dead = []
+        while not dead and time.monotonic() < deadline:
+            dead = [(rank, p) for rank, p in enumerate(self.processes) if not p.is_alive() and p.exitcode != 0]
+            if not dead and error:
+                time.sleep(0.1)
+            elif not dead:
+                dead = [(rank, p) for rank, p in enumerate(self.processes) if not p.is_alive()]
+        self.close()
+        if not dead:
+            raise RankFailed(error)
+        rank, process = dead[0]
+        code = process.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+        raise RankFailed(f"trainer rank {rank} of {len(self.processes)} (pid {process.pid}) died during the training "
+                         f"step ({how}); nothing was registered: the step can be run again from the last registered "
+                         "version" + (f". Then {error.splitlines()[0]}" if error else ""))
 
     def close(self) -> None:
         """Stop every rank (those blocked in a collective with a dead one too) and forget the group."""
