@@ -63,7 +63,8 @@ class Distributed:
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                                           gradient_as_bucket_view=True)    # no second copy of the gradients
         from torch.distributed.fsdp import fully_shard
 
         for layer in decoder_layers(model):
