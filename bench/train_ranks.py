@@ -54,7 +54,10 @@ def synthetic_rows(model, sequences: int, prompt_length: int, response_length: i
 
 
 def one_shape(shape: str, processes: int, strategy: str, repeats: int, threads: int) -> dict:
+    import gc
+
     import torch
+    from transformers import AutoModelForCausalLM
 
     from trainers.grpo import TrainConfig, train_on_batch
     from trainers.workers import trainer_group
@@ -68,15 +71,8 @@ def one_shape(shape: str, processes: int, strategy: str, repeats: int, threads: 
         model.save_pretrained(parent)
         tokenizer.save_pretrained(parent)
         rows.write_ipc(Path(work) / "rows.arrow")
-
-        torch.set_num_threads(threads)                       # one process, every thread
-        single = []
-        train_on_batch(model, rows, config)                  # warm-up, as the ranks' first step is
-        for _ in range(repeats):
-            started = time.perf_counter()
-            train_on_batch(model, rows, config)
-            single.append(time.perf_counter() - started)
-        del model
+        del model                       # the ranks first, while this process holds no model: at the 0.5B shape
+        gc.collect()                    # two DDP ranks and one process's optimizer state do not fit 24 GiB together
 
         ranked = config.model_copy(update={"processes": processes, "strategy": strategy})
         times = []
@@ -89,6 +85,15 @@ def one_shape(shape: str, processes: int, strategy: str, repeats: int, threads: 
             pids_kept = all(process.is_alive() for process in group.processes)
         finally:
             group.close()
+
+        model = AutoModelForCausalLM.from_pretrained(parent)   # the same weights, for one process
+        torch.set_num_threads(threads)                       # one process, every thread
+        single = []
+        train_on_batch(model, rows, config)                  # warm-up, as the ranks' first step is
+        for _ in range(repeats):
+            started = time.perf_counter()
+            train_on_batch(model, rows, config)
+            single.append(time.perf_counter() - started)
     step_seconds, single_seconds = statistics.median(times[1:]), statistics.median(single)
     figures = {"shape": shape, "sequences": sequences, "tokens_per_step": sequences * response_length,
                "step_seconds": step_seconds, "single_step_seconds": single_seconds,
