@@ -182,3 +182,12 @@ def register_sharpened_version(lake, version: int, bos: bool = False) -> None:
         tokenizer.bos_token = IM_START
     with lake.run("test", "register", {"version": version}) as run:
         register(lake, run, version, uri=save_checkpoint(lake, version, model, tokenizer), kind="test", parent=0)
+
+
+def serve_policy(lake, *options: str):
+    """`rlvr policy serve` over `lake` in its own process on a free port, once it answers: (process, base URL)."""
+    port = free_port()
+    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port),
+                                *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
+    return process, f"http://127.0.0.1:{port}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import BIN, ROOT, free_port, register_sharpened_version, wait_for
+from conftest import BIN, ROOT, free_port, register_sharpened_version, serve_policy, wait_for
 from storage.checkpoints import load_policy
 from storage.registry import version_row
 from tasks.generators.base import derive_seed
@@ -39,18 +39,10 @@ def lake(tmp_path_factory):
     return opened
 
 
-def serve(lake, *options: str):
-    port = free_port()
-    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port),
-                                *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
-    return process, f"http://127.0.0.1:{port}"
-
-
 @pytest.fixture
 def one_model_server(lake):
     """vLLM as `serve.sh WEIGHTS=full` starts it: one model, `policy`, holding version 0, in dev mode."""
-    process, url = serve(lake, "--served-model-name", "policy", "--dev-mode")
+    process, url = serve_policy(lake, "--served-model-name", "policy", "--dev-mode")
     yield url
     process.terminate()
     process.wait(10)
@@ -91,7 +83,7 @@ def test_a_full_checkpoint_is_swapped_in_and_the_next_samples_come_from_it(lake,
 def test_a_server_without_the_extension_refuses_full_weights_and_says_how_to_start_it(lake):
     from flows.publishing import publish_version
 
-    process, url = serve(lake, "--served-model-name", "policy")                 # no dev mode
+    process, url = serve_policy(lake, "--served-model-name", "policy")                 # no dev mode
     try:
         assert "/collective_rpc" not in httpx.get(f"{url}/openapi.json").json()["paths"]
         with pytest.raises(PublishFailed, match="VLLM_SERVER_DEV_MODE=1.*WEIGHTS=full"):
@@ -113,7 +105,7 @@ def test_servers_sleep_during_training_and_wake_after_even_when_it_fails(lake, o
 
 
 def test_a_server_that_cannot_sleep_is_named(lake):
-    process, url = serve(lake)
+    process, url = serve_policy(lake)
     try:
         with pytest.raises(LayoutRefused, match="--enable-sleep-mode.*SLEEP=1"), \
                 servers_asleep(rollout(url, sleep_while_training=True).openai):

@@ -13,7 +13,7 @@ import subprocess
 import httpx
 import pytest
 
-from conftest import BIN, free_port, register_sharpened_version, wait_for
+from conftest import BIN, register_sharpened_version, serve_policy
 from storage.checkpoints import load_policy
 from storage.registry import version_row
 from tasks.rollout.agreement import GateFailed, measure
@@ -40,20 +40,12 @@ def lake(tmp_path_factory):
     return opened
 
 
-def serve(lake, *options: str):
-    port = free_port()
-    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port),
-                                *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
-    return process, f"http://127.0.0.1:{port}"
-
-
 @pytest.fixture(scope="module")
 def generation_config_server(lake, tmp_path_factory):
     """A server whose model ships `repetition_penalty: 1.3` in its generation config (Qwen2.5-Instruct: 1.1)."""
     config = tmp_path_factory.mktemp("genconfig") / "generation_config.json"
     config.write_text(json.dumps({"repetition_penalty": 1.3, "do_sample": True}))
-    process, url = serve(lake, "--generation-config", str(config))
+    process, url = serve_policy(lake, "--generation-config", str(config))
     yield url
     process.terminate()
     process.wait(10)
@@ -62,7 +54,7 @@ def generation_config_server(lake, tmp_path_factory):
 @pytest.fixture(scope="module")
 def forced_server(lake):
     """A misconfigured server: a repetition penalty of 1.3 whatever the request says."""
-    process, url = serve(lake, "--force-repetition-penalty", "1.3")
+    process, url = serve_policy(lake, "--force-repetition-penalty", "1.3")
     yield url
     process.terminate()
     process.wait(10)
