@@ -37,6 +37,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalak
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from storage import faults, leases, presence, runs_table
+from storage.arrow_reads import arrow_dataset
 from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-exported: callers catch them here)
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
@@ -97,7 +98,7 @@ def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") 
     partitions = table.metadata().partition_columns
     schema = pa.schema(table.schema().to_arrow())
     if previous is None or len(partitions) != 1 or not previous.schema.equals(schema):
-        return table.to_pyarrow_dataset()
+        return arrow_dataset(table)
     # relative paths, as the fragments name them, in delta-rs's own order (rows come back in the order a full
     # build gives them)
     paths = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
@@ -105,12 +106,12 @@ def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") 
     new = [path for path in paths if path not in fragments]
     values = {unquote(path.split("/", 1)[0].partition("=")[2]) for path in new}
     if any(not path.startswith(partitions[0] + "=") for path in new) or "__HIVE_DEFAULT_PARTITION__" in values:
-        return table.to_pyarrow_dataset()
+        return arrow_dataset(table)
     if new:
-        built = table.to_pyarrow_dataset(file_pruning_predicate=[(partitions[0], "in", sorted(values))])
+        built = arrow_dataset(table, file_pruning_predicate=[(partitions[0], "in", sorted(values))])
         fragments.update((fragment.path, fragment) for fragment in built.get_fragments())
     if any(path not in fragments for path in new):
-        return table.to_pyarrow_dataset()
+        return arrow_dataset(table)
     return pads.FileSystemDataset([fragments[path] for path in paths], schema, previous.format, previous.filesystem)
 
 
@@ -207,7 +208,7 @@ class Lake:
         read costs."""
         if version is not None:
             table = self.table(name, version)
-            return None if table is None else (table, table.to_pyarrow_dataset(), None)
+            return None if table is None else (table, arrow_dataset(table), None)
         with _SNAPSHOT_LOCK:
             entry = self._cached(name)
             if entry is None:
@@ -422,7 +423,7 @@ class Lake:
                              self._visible(spec.name))
             if key:
                 condition = condition & ~_key_expression(key)
-            clash = pl.from_arrow(existing.to_pyarrow_dataset().to_table(
+            clash = pl.from_arrow(arrow_dataset(existing).to_table(
                 filter=condition, columns=list(dict.fromkeys([*columns, *key, "run_id"]))))
             clash = clash.join(values, on=columns, how="semi") if len(columns) > 1 else clash
             if clash.height:
@@ -437,7 +438,7 @@ class Lake:
             if existing is None:
                 return
             condition = _and(_key_expression(key), self._visible(spec.name)) & (pc.field("run_id") != run.run_id)
-            holders = existing.to_pyarrow_dataset().to_table(filter=condition, columns=["run_id"])["run_id"]
+            holders = arrow_dataset(existing).to_table(filter=condition, columns=["run_id"])["run_id"]
             if len(holders):
                 slice_ = ", ".join(f"{k} = {v}" for k, v in key.items())
                 raise LakeError(f"{spec.name}: refused commit: {slice_} is already taken by run {holders[0]}")
@@ -614,7 +615,7 @@ class Lake:
         latest = self.runs_version()
         if latest is None or not 0 <= lake_version <= latest:
             raise LakeError(f"lake version {lake_version} does not exist (latest is {latest})")
-        runs = self.table("runs", lake_version).to_pyarrow_table(columns=["status", "table_versions"])
+        runs = arrow_dataset(self.table("runs", lake_version)).to_table(columns=["status", "table_versions"])
         versions: dict[str, int] = {"runs": lake_version}
         for status, table_versions in zip(runs["status"].to_pylist(), runs["table_versions"].to_pylist()):
             if status != "completed" or not table_versions:

@@ -24,6 +24,7 @@ import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from storage.arrow_reads import arrow_dataset
 from storage.errors import LakeError
 
 COMPACT_FILES = 16           # this many small files of `runs` are rewritten as one
@@ -75,7 +76,7 @@ def _read_statuses(table: DeltaTable, paths: list[str]) -> list[dict[str, str]] 
     with _FILE_STATUSES_LOCK:
         missing = {path for path in paths if (table.table_uri, path) not in _FILE_STATUSES}
         if missing:
-            for fragment in table.to_pyarrow_dataset().get_fragments():
+            for fragment in arrow_dataset(table).get_fragments():
                 if fragment.path in missing:
                     rows = fragment.to_table(columns=["run_id", "status"])
                     _FILE_STATUSES[(table.table_uri, fragment.path)] = dict(zip(rows["run_id"].to_pylist(),
@@ -134,7 +135,7 @@ def compact(table: DeltaTable | None) -> None:
     small = set(small_files(table))
     if len(small) < COMPACT_FILES:
         return
-    dataset = table.to_pyarrow_dataset()
+    dataset = arrow_dataset(table)
     fragments = [fragment for fragment in dataset.get_fragments() if fragment.path in small]
     if len(fragments) != len(small):            # the dataset does not name the files as the log does
         return

@@ -35,6 +35,26 @@ def test_replace_is_idempotent_and_touches_only_its_key(lake):
     assert table.select("bank_version", "source").rows() == [(1, "a"), (1, "b"), (2, "c")]
 
 
+def test_every_read_goes_through_arrows_own_filesystem_not_a_python_one(lake):
+    """delta-rs's default dataset reads through a Python filesystem, whose handles Arrow's threads may free while
+    Python shuts down: an abort at exit (storage/arrow_reads.py). Latest, time-travelled and SQL reads alike."""
+    import pyarrow.fs as pa_fs
+
+    from storage.catalog import open_catalog
+
+    write(lake, 1, ["a", "b"])
+    write(lake, 2, ["c"])
+    datasets = [lake.dataset("quarantine"), lake._snapshot("quarantine", version=0)[1]]
+    for dataset in datasets:
+        assert isinstance(dataset.filesystem, pa_fs.SubTreeFileSystem), dataset.filesystem
+        assert isinstance(dataset.filesystem.base_fs, (pa_fs.LocalFileSystem, pa_fs.S3FileSystem))
+        assert all(isinstance(fragment.filesystem, pa_fs.SubTreeFileSystem) for fragment in dataset.get_fragments())
+    assert datasets[1].to_table().num_rows == 2                  # version 0: the first write only
+    catalog = open_catalog(lake)
+    assert catalog.execute("select count(*) from quarantine").fetchone()[0] == 3
+    catalog.close()
+
+
 def test_every_row_carries_the_run_that_wrote_it(lake):
     first = write(lake, 1, ["a"])
     second = write(lake, 2, ["b"])

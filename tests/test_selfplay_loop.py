@@ -132,3 +132,25 @@ def test_the_report_plots_self_play_health(played, tmp_path):
     result = write_report(build_report(lake, lake.runs_version()), tmp_path / "report")
     assert "self_play_health" in result["plots"] and "self_play_health" not in result["skipped"]
     assert (tmp_path / "report" / "self_play_health.png").stat().st_size > 5000
+
+
+def test_read_only_commands_exit_cleanly_again_and_again(played):
+    """Issue 37: `rlvr sql` once aborted at exit ("terminate called without an active exception", exit -6): Arrow
+    threads freeing delta-rs's Python file handles while Python shut down (storage/arrow_reads.py). The read-only
+    commands, three at a time (the abort needed a busy host), each must exit 0 with nothing on stderr."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from storage.lake import Lake
+
+    bench, lake_uri, _ = played
+    problem = Lake.open(lake_uri).read("proposals").filter(pl.col("verdict") == "valid")["problem_id"][0]
+    commands = [("sql", "select count(*) from rollouts", "--lake", lake_uri),
+                ("sql", "select verdict, count(*) from proposals group by verdict", "--lake", lake_uri),
+                ("lineage", "problem", problem, "--lake", lake_uri),
+                ("lineage", "model-version", "1", "--lake", lake_uri),
+                ("bank", "stats", "--lake", lake_uri)]
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda args: (args, bench.rlvr(*args)), commands * 5))
+    failed = [(args[:2], result.returncode, result.stderr[-500:]) for args, result in results
+              if result.returncode != 0 or result.stderr.strip()]
+    assert not failed, failed

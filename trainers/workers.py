@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -179,12 +180,24 @@ def rank_main(rank: int, world: int, port: int, strategy: str, device: str, conn
             except Exception as error:                   # the group cannot go on once one rank left a collective
                 connection.send({"error": f"{type(error).__name__}: {error}",
                                  "traceback": "".join(traceback.format_exc(limit=-6))})
-                return
+                break
     except (EOFError, KeyboardInterrupt):
-        return
+        pass
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    end_rank()
+
+
+def end_rank() -> None:
+    """End a spawned rank without Python's shutdown. A gloo or NCCL worker thread can still be letting go of
+    a finished collective's tensors when the rank returns; a tensor Python also holds needs the GIL for that,
+    and a thread asking for the GIL while Python shuts down is ended by `pthread_exit`, which aborts the process
+    through C++'s `std::terminate` ("terminate called without an active exception", pytorch/pytorch#179291).
+    The rank has sent its last reply and the group is destroyed: nothing is left to flush but stdio."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:

@@ -214,6 +214,12 @@ def data_parallel(rank: int, world: int, args, batch: dict, expected: torch.Tens
         Path(out).write_text(json.dumps({"processes": world, "backend": dist.get_backend(),
                                          "max_relative_gradient_gap": gap}))
     dist.destroy_process_group()
+    # End without Python's shutdown: a gloo/NCCL worker thread letting go of the collective's tensors then needs
+    # the GIL, and Python ends such a thread with pthread_exit, which aborts the rank (SIGABRT, "terminate called
+    # without an active exception"; pytorch/pytorch#179291). The result is written; only stdio is left to flush.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def json_lines_out():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
+from storage.arrow_reads import arrow_dataset
 from storage.catalog import open_catalog
 from storage.lake import Lake
 from tasks.report import data
@@ -33,7 +34,7 @@ class Report:
 def require_rollouts(lake: Lake) -> None:
     """A report needs at least one iteration's rollouts."""
     table = lake.table("rollouts")
-    if table is None or table.to_pyarrow_dataset().count_rows() == 0:
+    if table is None or arrow_dataset(table).count_rows() == 0:
         raise ValueError(f"the lake at {lake.uri} has no rollouts: run `rlvr run` (or `rlvr iterate`) first")
 
 
