@@ -154,11 +154,31 @@ def print_lineage(lineage: dict[str, Any]) -> None:
                           f"code {run['code_version']}, started {run['started_at']:%Y-%m-%d %H:%M:%S} UTC)")
         console.print(f"  prompt        {_cell(problem['prompt'], 200)}")
         console.print(f"  answer        {_cell(problem['answer'], 200)}")
+    for line in _drop_lines(lineage["problem_id"], lineage["dropped"]):
+        console.print(line)
+
+
+def _drop_lines(problem_id: str, dropped: list[dict]) -> list[str]:
+    """Its drops, alike ones counted once. A copy of the same text has the same content-hash id, so an exact
+    duplicate dropped in favour of this very problem is a copy of it, said as such, not the problem dropped."""
+    def where(drop: dict) -> str:
+        return f"{drop['source_uri']} line {drop['source_line']}" if drop["source_line"] else drop["source_uri"]
+
+    copies: dict[int, dict[str, int]] = {}
     lines: dict[str, int] = {}                 # a generated problem drawn twice is dropped twice, alike
-    for drop in lineage["dropped"]:
-        where = f"{drop['source_uri']} line {drop['source_line']}" if drop["source_line"] else drop["source_uri"]
+    for drop in dropped:
+        if drop["reason"] == "exact_duplicate" and drop["duplicate_of"] == problem_id:
+            sources = copies.setdefault(drop["bank_version"], {})
+            name = f"{drop['source']}: {where(drop)}"
+            sources[name] = sources.get(name, 0) + 1
+            continue
         line = (f"  dropped       from bank version {drop['bank_version']} as {drop['reason']} of "
-                f"{drop['duplicate_of']} ({where}, run {drop['run_id']})")
+                f"{drop['duplicate_of']} ({where(drop)}, run {drop['run_id']})")
         lines[line] = lines.get(line, 0) + 1
-    for line, count in lines.items():
-        console.print(line + (f" ×{count}" if count > 1 else ""))
+    shown = [line + (f" ×{count}" if count > 1 else "") for line, count in lines.items()]
+    for version, sources in sorted(copies.items()):
+        total = sum(sources.values())
+        listed = ", ".join(name + (f" ×{count}" if count > 1 else "") for name, count in sources.items())
+        shown.append(f"  copies        {total} other cop{'y' if total == 1 else 'ies'} of this problem left out of "
+                     f"bank version {version} as exact duplicates of it ({listed})")
+    return shown

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tasks.config import Strict, load_yaml_config, read_yaml
+from tasks.curation.config import CurationConfig
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
 from tasks.rollout.publish import PublishConfig
@@ -79,3 +80,25 @@ def load_run_config(path: Path | str) -> RunConfig:
         raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}; a run config has "
                          f"{', '.join(sorted([*RunConfig.model_fields, *NOT_RUN_SECTIONS]))}")
     return load_yaml_config(path, RunConfig, tuple(RunConfig.model_fields))
+
+
+def load_run_configs(path: Path | str) -> tuple[CurationConfig, RunConfig]:
+    """A run config whole: its `bank:` section (the problems the run curates) and its stage sections. Errors in
+    both are reported together; a file without `bank:` is said to be that, not read as a curation config."""
+    errors, curation, settings = [], None, None
+    try:
+        settings = load_run_config(path)
+    except ValueError as error:
+        errors.append(str(error))
+    if "bank" not in read_yaml(Path(path)):
+        errors.append(f"{path}: a run config (what `rlvr run` reads) needs a `bank:` section, the "
+                      "sources of the problems the run curates and trains on; this file has none. Add one, or vary a config that has "
+                      "one with `base: demo.yaml` (a path relative to this file)")
+    else:
+        try:
+            curation = load_yaml_config(path, CurationConfig, section="bank")
+        except ValueError as error:
+            errors.append(str(error))
+    if errors:
+        raise ValueError("\n".join(errors))
+    return curation, settings

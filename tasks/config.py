@@ -52,13 +52,15 @@ def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | tu
     """Load and validate a YAML config (its `section` if it has one, or the named sections of a run
     config); errors name the file and the field."""
     path = Path(path)
-    data = read_yaml(path)
+    whole = read_yaml(path)
+    data = whole
     if isinstance(section, tuple):                   # several stage sections of a run config
-        data = {name: data[name] for name in section if name in data}
-    elif section is not None and section in data:   # a run config's stage section, or a stage config itself
-        data = data[section]
+        data = {name: whole[name] for name in section if name in whole}
+    elif section is not None and section in whole:  # a run config's stage section, or a stage config itself
+        data = whole[section]
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        lines = [f"{path}: {'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()]
-        raise ValueError("\n".join(lines)) from None
+        from tasks.config_errors import describe
+
+        raise ValueError(describe(error, path, model, section, whole)) from None

@@ -131,3 +131,56 @@ def test_rlvr_run_reads_every_section_and_refuses_an_unknown_one(tmp_path):
     with pytest.raises(typer.Exit) as stopped:
         run_config(typo)
     assert stopped.value.exit_code == 2
+
+
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+@pytest.mark.parametrize("body, line, expected", [
+    ("rollout:\n  group_sise: 8\n", 3, "rollout.group_sise: Extra inputs are not permitted (did you mean group_size?)"),
+    ("train:\n  micro_batch_size: 4\n  learning_rat: 0.1\n", 4,
+     "train.learning_rat: Extra inputs are not permitted (did you mean learning_rate?)"),
+    ("rollout:\n  group_size: eight\n", 3, "rollout.group_size: Input should be a valid integer"),
+    ("rollout:\n  group_size: 1\n", 3, "rollout.group_size: Input should be greater than or equal to 2"),
+    ("loop:\n  mode: async\n  max_staleness: 9\n", 4,
+     "(a rule across fields): Value error, loop.max_staleness 9 exceeds advantages.max_stale_versions"),
+])
+def test_a_config_error_names_the_kind_the_line_and_the_closest_field(tmp_path, body, line, expected):
+    """Unknown field, wrong type, out of range, a rule across fields: each error says what the file was read as,
+    and names the YAML line of the field at fault (for a rule, the first field its message names)."""
+    from flows.run_config import load_run_configs
+
+    path = tmp_path / "variant.yaml"
+    path.write_text(f"base: {DEMO}\n{body}")
+    with pytest.raises(ValueError) as error:
+        load_run_configs(path)
+    first, *lines = str(error.value).splitlines()
+    assert first.startswith(f"{path}: read as a run config (its sections ")
+    assert any(text.startswith(f"{path}:{line}: {expected}") for text in lines), lines
+
+
+def test_a_field_a_base_file_sets_wrong_is_named_at_its_line_there(tmp_path):
+    from flows.run_config import load_run_config
+
+    (tmp_path / "base.yaml").write_text("train:\n  micro_batch_size: 4\nrollout:\n  group_sise: 3\n")
+    (tmp_path / "variant.yaml").write_text("base: base.yaml\ntrain:\n  micro_batch_size: 8\n")
+    with pytest.raises(ValueError) as error:
+        load_run_config(tmp_path / "variant.yaml")
+    assert f"{tmp_path / 'base.yaml'}:4: rollout.group_sise:" in str(error.value)
+
+
+def test_a_run_config_without_a_bank_is_said_to_be_one_not_read_as_a_curation_config(cli, tmp_path):
+    """Issue 37: a file of only `rollout:` with a typo was reported as `sources: Field required` and `rollout: Extra
+    inputs are not permitted` (read as a curation config); the typo was never named."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("rollout:\n  group_sise: 8\n")
+    result = cli("run", "--config", str(path), "--lake", str(tmp_path / "lake"))
+    assert result.returncode == 2
+    text = " ".join(result.stderr.split())
+    assert f"{path}:2: rollout.group_sise: Extra inputs are not permitted (did you mean group_size?)" in text
+    assert "a run config (what `rlvr run` reads) needs a `bank:` section" in text and "base: demo.yaml" in text
+    assert "sources: Field required" not in text and not (tmp_path / "lake").exists()
+    (tmp_path / "curation.yaml").write_text("rollout:\n  group_size: 8\n")            # a stage command says why
+    with pytest.raises(ValueError, match=r"read as a curation config \(the whole file, because it has no `bank:` "
+                                         r"section; its sections are rollout\)"):
+        load_yaml_config(tmp_path / "curation.yaml", CurationConfig, section="bank")

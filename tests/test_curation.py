@@ -261,3 +261,21 @@ def test_lineage_prints_a_problem_dropped_twice_alike_once(capsys):
     display.print_lineage({"problem_id": "xyz", "dropped": [drop, dict(drop)]})
     printed = capsys.readouterr().out
     assert printed.count("dropped       from bank version 2") == 1 and "×2" in printed
+
+
+def test_lineage_of_a_kept_problem_counts_its_dropped_copies_instead_of_calling_it_dropped(curate, lake, lake_uri,
+                                                                                           capsys):
+    """Issue 37: a copy of a bank problem has its content-hash id, so its drop read "dropped from bank version 1 as
+    exact_duplicate of" the problem itself. Two sources drawing the same problems: the copies are counted."""
+    from flows import display
+    from storage.lineage import problem_lineage
+
+    source = {"kind": "generator", "generator": "level1", "count": 5, "seed": 1}
+    curate({"sources": [{**source, "name": "first"}, {**source, "name": "again"}]}, lake_uri)
+    problem_id = lake.read("problems").sort("problem_id")["problem_id"][0]
+    lineage = problem_lineage(lake, problem_id)
+    assert lineage["problem"] and [drop["duplicate_of"] for drop in lineage["dropped"]] == [problem_id]
+    display.print_lineage(lineage)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "dropped from bank version" not in printed
+    assert "copies 1 other copy of this problem left out of bank version 1 as exact duplicates of it (again:" in printed

@@ -48,6 +48,23 @@ def test_every_domain_and_bad_lines(tmp_path):
     assert "5 bad lines skipped" in result.stdout
 
 
+def test_a_verifier_that_serves_one_domain_may_be_given_as_the_domain():
+    """Issue 37: `"domain": "translation"` was refused although the translation verifier exists."""
+    from tasks.verifiers.files import BadLine, parse_line
+
+    line = {"id": 1, "domain": "translation", "prompt": "Translate into French: The cat is black.",
+            "ground_truth": "Le chat est noir.", "response": "Translation: Le chat est noir."}
+    problem, response, verifier = parse_line(1, json.dumps(line))
+    assert (problem["domain"], verifier) == ("qa", "translation")
+    assert next(VerifierPool(workers=0).score([(problem, response, verifier)])).reward == 1.0
+    sat = parse_line(2, json.dumps({"id": 2, "domain": "sat", "response": "x", "prompt": "p cnf 1 1\n1 0"}))
+    assert sat[0]["domain"] == "logic" and sat[2] == "sat"
+    refused = parse_line(3, json.dumps({"id": 3, "domain": "random", "response": "x"}))
+    assert isinstance(refused, BadLine) and 'the `verifier` field selects any verifier' in refused.reason
+    clash = parse_line(4, json.dumps({**line, "verifier": "qa"}))
+    assert isinstance(clash, BadLine) and "give the domain, 'qa', with the verifier you want" in clash.reason
+
+
 def test_a_verifier_override_and_options(tmp_path):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_lines(source, [{"id": i, "domain": "math", "ground_truth": "1", "response": r"\boxed{1}"} for i in range(3)])

@@ -10,7 +10,7 @@ import typer
 
 from flows.cli.bank import curate_and_print, print_bank_stats
 from flows.cli.common import (ConfigOption, FormatOption, LakeOption, WaitOption, fail, iteration_config, loop_writer,
-                              prefect_defaults, run_config)
+                              prefect_defaults)
 from flows.display import TableFormat, console, show_table, use_format
 
 app = typer.Typer()
@@ -31,17 +31,15 @@ def run(
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
     use_format(format)
     from storage.lake import Lake
-    from tasks.config import load_yaml_config
-    from tasks.curation.config import CurationConfig
     from tasks.curation.stage import identical_curation
 
     from flows.loop_state import nothing_left
+    from flows.run_config import load_run_configs
 
     try:
-        curation = load_yaml_config(config, CurationConfig, section="bank")
+        curation, settings = load_run_configs(config)
     except ValueError as error:
         fail(str(error), 2)
-    settings = run_config(config)
     if documents is not None:
         from tasks.selfplay.documents import read_documents
 

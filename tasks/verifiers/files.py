@@ -1,6 +1,7 @@
 """`rlvr verify-file`: scoring a JSONL file of responses without a lake.
 
-Each input line: `id`, `domain` (math, code, logic, qa), `response`; `ground_truth` for math and qa
+Each input line: `id`, `domain` (math, code, logic, qa, or a verifier that serves one of them: translation,
+sat, game, ...), `response`; `ground_truth` for math and qa
 (and logic, where the dataset has a single answer); `tests` and `entry_point` for code (`verifier: workspace`: `tests` holds the workspace spec, no entry point); optional `prompt`, `metadata` (logic: the reasoning-gym
 entry's metadata), `steps` (process rewards) and `verifier` (override the domain's default).
 
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 DOMAINS = ("math", "code", "logic", "qa")
+# The verifiers that serve one domain, which a line may give as its `domain` for short (`"domain": "translation"`
+# is `"domain": "qa", "verifier": "translation"`); the others (controls, format, process) score any domain.
+SERVED_DOMAIN = {"translation": "qa", "judge": "qa", "self_verify": "qa", "sat": "logic", "game": "logic",
+                 "gym": "logic", "workspace": "code"}
 MAX_LINE_BYTES = 16 * 1024 * 1024
 OPTIONAL_TYPES = {"prompt": (str,), "tests": (str,), "entry_point": (str,), "metadata": (dict,), "steps": (list,),
                   "verifier": (str,), "ground_truth": (str, int, float, list, dict)}
@@ -49,19 +54,26 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
         if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
             return BadLine(number, field, f"must be {' or '.join(_type_name(k) for k in kinds)}, not "
                                           f"{_type_name(type(value))}")
-    domain = record["domain"]
+    domain, verifier = record["domain"], record.get("verifier")
     if domain not in DOMAINS:
-        return BadLine(number, "domain", f"{domain!r} is not one of {', '.join(DOMAINS)}")
+        if domain in SERVED_DOMAIN and verifier in (None, domain):      # `"domain": "translation"` for short
+            domain, verifier = SERVED_DOMAIN[domain], domain
+        elif domain in SERVED_DOMAIN:
+            return BadLine(number, "domain", f"{domain!r} names a verifier, and the line's `verifier` names another "
+                           f"({verifier!r}): give the domain, {SERVED_DOMAIN[domain]!r}, with the verifier you want")
+        else:
+            return BadLine(number, "domain", f"{domain!r} is not one of {', '.join(DOMAINS)}, nor a verifier of one "
+                           f"({', '.join(sorted(SERVED_DOMAIN))}); the `verifier` field selects any verifier, e.g. "
+                           '"domain": "qa", "verifier": "translation"')
     if domain in ("math", "qa") and record.get("ground_truth") in (None, ""):
         return BadLine(number, "ground_truth", f"required for {domain}")
     if domain == "code":
-        for field in ("tests",) if record.get("verifier") == "workspace" else ("tests", "entry_point"):
+        for field in ("tests",) if verifier == "workspace" else ("tests", "entry_point"):
             if not isinstance(record.get(field), str) or not record[field].strip():
                 return BadLine(number, field, "required for code")
-    if domain == "logic" and record.get("verifier") in (None, "gym") and not (
+    if domain == "logic" and verifier in (None, "gym") and not (
             isinstance(record.get("metadata"), dict) and record["metadata"].get("source_dataset")):
         return BadLine(number, "metadata", "logic lines need the reasoning-gym entry's metadata (with source_dataset)")
-    verifier = record.get("verifier")
     if verifier is not None:
         from tasks.verifiers.registry import known_verifiers
 
