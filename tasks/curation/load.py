@@ -17,6 +17,7 @@ from tasks.curation.workspaces import workspace_drafts
 from tasks.curation.validate import problem_issue
 from tasks.generators import generate
 from tasks.progress import track
+from tasks.verifiers.base import DEFAULT_VERIFIER
 
 CANDIDATE_SCHEMA = {
     "problem_id": pl.String, "source": pl.String, "source_kind": pl.String, "source_uri": pl.String,
@@ -27,7 +28,6 @@ CANDIDATE_SCHEMA = {
 }
 QUARANTINE_SCHEMA = {"source": pl.String, "source_uri": pl.String, "source_line": pl.Int64, "field": pl.String,
                      "reason": pl.String, "raw": pl.String}
-DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
 
 
 @dataclass

@@ -60,8 +60,9 @@ class HFPolicy:
             input_ids[row, width - len(ids):] = torch.tensor(ids, device=device)
             attention[row, width - len(ids):] = 1
         positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)                     # pads share position 0
-        plain = sampler.top_k == 0 and sampler.top_p >= 1.0 and sampler.temperature == 1.0 and penalties.neutral
-        if not penalties.neutral:                                                          # [B, V] each
+        neutral = penalties.neutral                                                        # asked once, not per step
+        plain = sampler.top_k == 0 and sampler.top_p >= 1.0 and sampler.temperature == 1.0 and neutral
+        if not neutral:                                                                    # [B, V] each
             vocabulary = model.get_output_embeddings().weight.shape[0]
             in_prompt = torch.zeros((batch, vocabulary), dtype=torch.long, device=device).scatter_add_(
                 1, input_ids, attention[:, :width]) > 0                                    # pads count for nothing
@@ -80,7 +81,7 @@ class HFPolicy:
             for step in range(steps):
                 logits = output.logits[:, -1].float()                                      # [B, V]
                 raw = torch.log_softmax(logits, dim=-1)
-                adjusted = logits if penalties.neutral else penalties.penalise(logits, in_prompt, output_counts)
+                adjusted = logits if neutral else penalties.penalise(logits, in_prompt, output_counts)
                 behaviour = raw if plain else sampling_logprobs(adjusted, sampler, penalties.min_p)   # [B, V]
                 if sampler.temperature == 0:
                     token = adjusted.argmax(-1)
@@ -89,7 +90,7 @@ class HFPolicy:
                     token = torch.multinomial(behaviour.exp(), 1, generator=generator).squeeze(-1)   # [B]
                     token_logprob = behaviour.gather(-1, token[:, None]).squeeze(-1)
                 alive = ~finished
-                if not penalties.neutral:
+                if not neutral:
                     output_counts[alive, token[alive]] += 1
                 tokens[:, step] = token
                 logprobs[:, step] = token_logprob

@@ -113,20 +113,24 @@ def staged(uri: str, staging_dir: str | None) -> str:
     return target
 
 
-def full_weights(client: httpx.Client, endpoint: str, weights: str, adapter: bool) -> bool:
-    """Whether this version goes to this endpoint as full weights swapped in place."""
+def full_weights(client: httpx.Client, endpoint: str, weights: str, adapter: bool) -> tuple[set[str], list[int]] | None:
+    """When this version goes to this endpoint as full weights swapped in place: the server's routes and the
+    versions its workers hold now (asked once, for `swap_weights` too); None when it goes as an adapter."""
     if weights == "adapter" or (weights == "auto" and adapter):
-        return False
-    offered = "/collective_rpc" in server_routes(client, endpoint) and held_versions(client, endpoint) is not None
-    if weights == "full" and not offered:
+        return None
+    routes = server_routes(client, endpoint)
+    held = held_versions(client, endpoint) if "/collective_rpc" in routes else None
+    if held is None and weights == "full":
         raise RequestRefused(f"{endpoint} cannot swap full weights: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
                              "--worker-extension-cls rlvr_weights.CheckpointLoader (infra/vllm/serve.sh WEIGHTS=full)")
-    return offered
+    return None if held is None else (routes, held)
 
 
-def swap_weights(client: httpx.Client, endpoint: str, name: str, path: str, version: int) -> Publication:
-    """Load a full checkpoint into every worker of a one-model server, then drop the old KV blocks; paused
-    around the swap where the server can pause. Confirmed when every worker says it holds `version`."""
+def swap_weights(client: httpx.Client, endpoint: str, name: str, path: str, version: int, routes: set[str],
+                 held: list[int]) -> Publication:
+    """Load a full checkpoint into every worker of a one-model server (its `routes`, the versions its workers
+    `held` before), then drop the old KV blocks; paused around the swap where the server can pause. Confirmed
+    when every worker says it holds `version`."""
     base, started = endpoint.rstrip("/"), time.monotonic()
 
     def failed(error: str) -> Publication:
@@ -136,9 +140,9 @@ def swap_weights(client: httpx.Client, endpoint: str, name: str, path: str, vers
     if name not in served:
         return failed(f"it serves {served} and swaps weights in place under that one name: set "
                       f"rollout.openai.model_name (and the base version's served_name) to it")
-    if set(held_versions(client, endpoint) or []) == {version}:
+    if set(held) == {version}:
         return Publication(endpoint, name, path, "already_served", method="full")
-    pausing = {"/pause", "/resume"} <= server_routes(client, endpoint)
+    pausing = {"/pause", "/resume"} <= routes
     if pausing:                           # vLLM 0.16+ reads mode, 0.12-0.14 wait_for_inflight_requests
         client.post(f"{base}/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"})
     try:
@@ -162,8 +166,9 @@ def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, templa
     `protected` names nor the one just published)."""
     base, started = endpoint.rstrip("/"), time.monotonic()
     try:
-        if full_weights(client, endpoint, weights, adapter):
-            return swap_weights(client, endpoint, name, path, version)
+        server = full_weights(client, endpoint, weights, adapter)
+        if server is not None:
+            return swap_weights(client, endpoint, name, path, version, *server)
         action, served = "already_served", served_models(client, endpoint)
         if name not in served:
             response = client.post(f"{base}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})

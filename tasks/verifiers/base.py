@@ -32,6 +32,7 @@ class Verifier(Protocol):
 
 
 VERIFIERS: dict[str, Callable[..., Verifier]] = {}
+DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}   # a domain's, when none is named
 
 
 def register(name: str) -> Callable:

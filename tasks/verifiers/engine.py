@@ -20,12 +20,11 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from tasks.errors import VerifierUnavailable
-from tasks.verifiers.base import VERIFIERS, Verdict
+from tasks.verifiers.base import DEFAULT_VERIFIER, VERIFIERS, Verdict
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verifiers.formats import format_reward
 from tasks.verifiers.registry import build_verifier
 
-DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}
 MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them
 MAX_DETAIL_CHARS = 1_000       # each string in a verdict's details, and each list's items beyond MAX_DETAIL_ITEMS
 MAX_DETAIL_ITEMS = 20
