@@ -75,7 +75,7 @@ def test_serve_refuses_a_temporary_server_and_bad_schedules(tmp_path):
     assert result.returncode == 2 and "prefect server start" in result.stderr
     (tmp_path / "bad.yaml").write_text("deployments:\n  - {name: x, flow: curate, cron: '61 * * * *'}\n")
     result = run_cli("serve", "--config", str(tmp_path / "bad.yaml"), env=env)
-    assert result.returncode == 2 and "bad.yaml: deployments.0.cron" in result.stderr
+    assert result.returncode == 2 and "bad.yaml:2: deployments.0.cron" in result.stderr   # its YAML line
 
 
 def test_the_committed_prefect_yaml_is_generated_from_the_deployments_file(tmp_path):
