@@ -57,20 +57,28 @@ def key_line(path: Path, loc: tuple, seen: tuple = ()) -> tuple[Path, int] | Non
         root = yaml.compose(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
-    node, line = root, None
+    line, whole = _deepest(root, loc)
+    base = _base_of(root, path)
+    if base is not None and base not in seen and (line is None or len(loc) > 1 and not whole):
+        found = key_line(base, loc, seen + (path,))
+        if found:
+            return found
+    return (path, line) if line else None
+
+
+def _deepest(root, loc: tuple) -> tuple[int | None, bool]:
+    """(1-based line of the deepest part of `loc` this YAML sets, whether it sets every key of `loc`)."""
+    node, line, whole = root, None, True
     for part in loc:
         if isinstance(node, yaml.MappingNode):
             match = next(((key, value) for key, value in node.value if key.value == str(part)), None)
             if match:
                 node, line = match[1], match[0].start_mark.line + 1
+            else:
+                whole = False
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node, line = node.value[part], node.value[part].start_mark.line + 1
-    base = _base_of(root, path)
-    if base is not None and base not in seen and (line is None or len(loc) > 1 and not _sets(root, loc)):
-        found = key_line(base, loc, seen + (path,))
-        if found:
-            return found
-    return (path, line) if line else None
+    return line, whole
 
 
 def named_line(path: Path, message: str) -> tuple[Path, int] | None:
@@ -80,19 +88,6 @@ def named_line(path: Path, message: str) -> tuple[Path, int] | None:
         if found:
             return found
     return None
-
-
-def _sets(root, loc: tuple) -> bool:
-    """Whether this file's YAML holds the whole of `loc` (else a base file may)."""
-    node = root
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            node = next((value for key, value in node.value if key.value == str(part)), None)
-            if node is None:
-                return False
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            node = node.value[part]
-    return True
 
 
 def _base_of(root, path: Path) -> Path | None:
