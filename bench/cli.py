@@ -237,18 +237,28 @@ def bench_peer(
     context: typer.Context,
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
     steps: Annotated[int, typer.Option(min=1, help="RL steps (our iterations, TRL's optimizer steps)")] = 50,
-    seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [0, 1, 2],
+    seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [0, 1, 2, 3, 4],
     eval_every: Annotated[int, typer.Option(min=1, help="steps between held-out evaluations")] = 10,
     work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake and the runs (reused)")] = None,
+    sweep_steps: Annotated[int, typer.Option(min=1, help="TRL steps timed per batch layout in the sweep")] = 6,
+    compare_fixed: Annotated[bool, typer.Option(help="also run ours with fixed oversampling (guidance off) per "
+                                                "seed: what sampling guided by the lake changes")] = True,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
-    """The loop against TRL's GRPOTrainer from the same warmed-up checkpoint: accuracy and RL wall time."""
+    """The loop against TRL's GRPOTrainer at its fastest batch layout, from the same warmed-up checkpoint: accuracy
+    per checkpoint (paired over seeds), RL wall time, time to TRL's final accuracy."""
     _check_run_config(config)
-    prefect_defaults()
     from bench import peer
+    from flows.run_config import load_run_config
 
-    measured(context, "peer", peer, lambda: peer.run_benchmark(str(config), steps, seed, eval_every, work))
+    try:
+        peer.mirror(load_run_config(config))
+    except peer.CannotMirror as error:
+        fail(f"{config}: {error}", 2)
+    prefect_defaults()
+    measured(context, "peer", peer, lambda: peer.run_benchmark(str(config), steps, seed, eval_every, work,
+                                                               sweep_steps, compare_fixed))
 
 
 @app.command("async")

@@ -1,20 +1,24 @@
-"""`rlvr bench peer`: the project's loop against TRL's GRPOTrainer on the same learning work.
+"""`rlvr bench peer`: the project's loop against TRL's GRPOTrainer on the same learning work, TRL at its best.
 
-One warmed-up lake is made first (the learning config's bank and warm-up, version 1, and its
-held-out evaluation). Then, for each seed, from that same checkpoint:
+One warmed-up lake is made first (the learning config's bank and warm-up, version 1, and its held-out
+evaluation). Both sides' settings are derived from the one config (`mirror`): what must be equal is
+printed side by side and checked, and a config that TRL cannot mirror is refused before any work.
+TRL's batch settings are then swept (micro-batch with gradient accumulation, steps per generation; one
+optimizer step per `prompts × G` rollouts always) and its fastest is used. Then, for each seed, from the
+same checkpoint, with the same evaluation problems and sampling seed on both sides:
 
-- **ours**: `rl_loop` for `steps` iterations in a copy of the lake, everything written as usual
-  (rollouts, rewards, groups, advantages, batches, versions, lineage), evaluated every `eval_every`;
-- **TRL**: a `GRPOTrainer` with the same prompts and training problems, G, prompts per step, `dapo`
-  loss, clip ε 0.2 / 0.28, β 0, constant learning rate, one optimizer step per generation batch, the
-  project's own verifier as its reward, and a copy of the weights kept every `eval_every` steps.
+- **ours**: `rl_loop` for `steps` iterations in a copy of the lake, everything written as usual, with
+  sampling guided by the lake's history (`dynamic_sampling.guidance`);
+- **ours, fixed** (`--compare-fixed`): the same with the fixed `oversample` (guidance off), to show what the
+  guidance changes: rollouts sampled per kept group and per optimizer step, and accuracy;
+- **TRL**: a `GRPOTrainer` with the mirrored settings, the project's own verifier as its reward.
 
-Every checkpoint of both is then scored by the same code (`tasks.evaluation.evaluate`: the same
-held-out problems, samples and seed). RL wall time excludes evaluation on both sides: ours is the
-loop's wall time less its evaluation runs; TRL's is `trainer.train()`. What a process pays once (Prefect's
-temporary server, the model stack's imports) is paid before either side is timed. Printed side by side: mean
-held-out accuracy at each checkpoint over the seeds, wall times, the ratio ours / TRL (target ≤ 1.5)
-and the share of our wall time spent outside stage runs (target ≤ 10 %).
+Every checkpoint is scored by the same code (`tasks.evaluation.evaluate`). RL wall time excludes evaluation
+on both sides; what a process pays once (Prefect's temporary server, the model stack's imports) is paid
+before either side is timed. Reported: accuracy per checkpoint as mean ± 95 % interval over the seeds and
+the paired difference (ours − TRL, the same seed's problems); RL wall time and its ratio (target ≤ 1.0);
+time to accuracy — the RL seconds each side's mean curve needs to first reach TRL's final mean accuracy,
+interpolated between checkpoints — and its ratio (target ≤ 0.7).
 """
 
 from __future__ import annotations
@@ -23,60 +27,176 @@ import copy
 import statistics
 import tempfile
 import time
+from datetime import datetime, timezone
 
 import polars as pl
 import pyarrow.compute as pc
 
+from bench.results import LOOP_CODE
 from bench.warm import copy_of, started_once, warmed_once
 from storage.lake import Lake
-from bench.results import LOOP_CODE
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/peer.py", "bench/warm.py", "configs/demo-learn.yaml", "configs/demo.yaml", *LOOP_CODE)
 
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.0
+TARGET_TIME_TO_ACCURACY = 0.7
+# TRL's batch layouts swept, each one optimizer step per prompts × G rollouts:
+# (per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation) as fractions of that batch.
+TRL_LAYOUTS = ((1, 1, 1), (2, 2, 2), (4, 4, 4), (8, 8, 8), (2, 2, 4))
+# Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval of a mean of n = df + 1 values).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
-def ours(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
-    """Our loop from the warmed version in a copy of `base`: {wall, rl_seconds, curve, stages, outside}."""
+class CannotMirror(ValueError):
+    """The config sets something TRL's GRPOTrainer cannot be given the same way."""
+
+
+SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "batch_std": "batch"}
+
+
+def mirror(config) -> dict:
+    """Both sides' settings from one run config: {"rows": [(setting, ours, TRL)], "trl": GRPOConfig keywords
+    without the batch layout}. Raises CannotMirror naming every field TRL cannot be given the same way."""
+    rollout, train, sampler = config.rollout, config.train, config.rollout.sampler
+    refused = [why for why in (
+        config.advantages.estimator not in SCALE_REWARDS and f"advantages.estimator {config.advantages.estimator} "
+        "(TRL's GRPOTrainer scales by group, batch or not at all: grpo, batch_std, dr_grpo)",
+        train.beta > 0 and "train.beta > 0 (TRL's KL reference is the model it starts from, ours a version)",
+        train.mini_batches > 1 and "train.mini_batches > 1",
+        train.lora is not None and "train.lora",
+        train.mixed_precision != "no" and f"train.mixed_precision {train.mixed_precision}",
+        train.device != "cpu" and f"train.device {train.device} (the benchmark runs both sides on the CPU)",
+        train.processes > 1 and "train.processes > 1",
+        rollout.backend != "hf" and f"rollout.backend {rollout.backend}",
+        rollout.tools.enabled and "rollout.tools",
+        config.selfplay.enabled and "selfplay",
+        config.selfverify.enabled and "selfverify",
+        set(config.reward.components) != {"verifier"} and f"reward.components {sorted(config.reward.components)} "
+        "(TRL is given the verifier's reward alone)",
+        config.advantages.max_length is not None and "advantages.max_length (overlong shaping)",
+        sampler.stop and "rollout.sampler.stop",
+    ) if why]
+    if refused:
+        raise CannotMirror("TRL's GRPOTrainer cannot mirror " + "; ".join(refused))
+    prompts, group = config.dynamic_sampling.groups_per_batch, rollout.group_size
+    trl = {"num_generations": group, "num_iterations": 1, "max_completion_length": sampler.max_new_tokens,
+           "temperature": sampler.temperature, "top_p": sampler.top_p, "top_k": sampler.top_k,
+           "loss_type": train.loss_type, "scale_rewards": SCALE_REWARDS[config.advantages.estimator],
+           "epsilon": train.epsilon_low, "epsilon_high": train.epsilon_high, "beta": 0.0,
+           "mask_truncated_completions": config.advantages.mask_truncated,
+           "learning_rate": train.learning_rate, "warmup_steps": train.warmup_steps,
+           "lr_scheduler_type": "constant_with_warmup" if train.warmup_steps else "constant",
+           "weight_decay": train.weight_decay, "max_grad_norm": train.max_grad_norm,
+           "use_cpu": True, "bf16": False, "fp16": False}
+    rows = [("rollouts per optimizer step", f"{prompts} prompts × {group} (kept groups)", f"{prompts * group} "
+             "(per-device batch × accumulation)"),
+            ("responses per prompt (G)", group, trl["num_generations"]),
+            ("updates per batch", train.mini_batches, trl["num_iterations"]),
+            ("max new tokens", sampler.max_new_tokens, trl["max_completion_length"]),
+            ("temperature", sampler.temperature, trl["temperature"]),
+            ("top-p", sampler.top_p, trl["top_p"]),
+            ("top-k", sampler.top_k, trl["top_k"]),
+            ("loss aggregation", train.loss_type, trl["loss_type"]),
+            ("advantage scaling", config.advantages.estimator, trl["scale_rewards"]),
+            ("clip ε low / high", (train.epsilon_low, train.epsilon_high), (trl["epsilon"], trl["epsilon_high"])),
+            ("KL β", train.beta, trl["beta"]),
+            ("truncated completions masked", config.advantages.mask_truncated, trl["mask_truncated_completions"]),
+            ("learning rate", train.learning_rate, trl["learning_rate"]),
+            ("warm-up steps", train.warmup_steps, trl["warmup_steps"]),
+            ("weight decay", train.weight_decay, trl["weight_decay"]),
+            ("gradient clip", train.max_grad_norm, trl["max_grad_norm"]),
+            ("precision", "fp32", "fp32" if not (trl["bf16"] or trl["fp16"]) else "mixed")]
+    return {"rows": rows, "trl": trl}
+
+
+def check_trl_arguments(args, mirrored: dict) -> None:
+    """What TRL will run with, read back from its GRPOConfig, equals the mirrored settings (TRL may adjust a
+    value it is given); else CannotMirror naming each difference."""
+    differ = [f"{key}: ours {value!r}, TRL runs {getattr(args, key)!r}" for key, value in mirrored["trl"].items()
+              if key != "use_cpu" and getattr(args, key) != value
+              and not (key == "lr_scheduler_type" and str(getattr(args, key)).endswith(value))]
+    if differ:
+        raise CannotMirror("TRL's GRPOConfig does not run the mirrored settings: " + "; ".join(differ))
+
+
+def trl_layout(config, fractions: tuple[int, int, int]) -> dict:
+    """GRPOConfig's batch keywords for one layout: one optimizer step per prompts × G rollouts."""
+    rows = config.dynamic_sampling.groups_per_batch * config.rollout.group_size
+    micro, accumulation, per_generation = fractions
+    return {"per_device_train_batch_size": rows // micro, "gradient_accumulation_steps": accumulation,
+            "steps_per_generation": per_generation}
+
+
+def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool) -> dict:
+    """Our loop from the warmed version in a copy of `base`: RL seconds, the curve and its RL seconds per
+    checkpoint, stage times, and what sampling drew."""
     from flows.loop import rl_loop
 
     lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
     settings = config.model_copy(deep=True)
-    settings.rollout.seed, settings.train.seed, settings.loop.evaluate_every = seed, seed, eval_every
+    settings.rollout.seed, settings.train.seed, settings.evaluation.seed = seed, seed, seed
+    settings.loop.evaluate_every = eval_every
+    settings.dynamic_sampling.guidance.enabled = guided
+    began = datetime.now(timezone.utc)
     started = time.perf_counter()
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
     wall = time.perf_counter() - started
     lake = Lake.open(lake_uri)
     runs = lake.read("runs", filter=pc.field("iteration") > 0).with_columns(
-        seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6)
-    evaluation = float(runs.filter(pl.col("stage") == "evaluate")["seconds"].sum())
-    stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage")
-              if stage != "evaluate"}
-    rl_seconds = wall - evaluation
+        seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6,
+        since_start=(pl.col("started_at") - began).dt.total_microseconds() / 1e6)
+    evaluations = runs.filter(pl.col("stage") == "evaluate").sort("started_at")
+    elapsed, evaluated_before = {}, 0.0
+    for iteration, since_start, seconds in evaluations.select("iteration", "since_start", "seconds").rows():
+        elapsed[int(iteration)] = since_start - evaluated_before
+        evaluated_before += seconds
+    stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage") if stage != "evaluate"}
+    rl_seconds = wall - evaluated_before
     metrics = lake.read("iteration_metrics").filter(pl.col("eval_solve_rate").is_not_null()).sort("iteration")
-    return {"wall": wall, "rl_seconds": rl_seconds, "stages": stages,
-            "outside": 1 - sum(stages.values()) / rl_seconds,
-            "curve": {int(i): float(r) for i, r in metrics.select("iteration", "eval_solve_rate").rows()}}
+    return {"rl_seconds": rl_seconds, "stages": stages, "outside": 1 - sum(stages.values()) / rl_seconds,
+            "curve": {int(i): float(r) for i, r in metrics.select("iteration", "eval_solve_rate").rows() if i > 0},
+            "elapsed": elapsed, "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps)}
 
 
-def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
-    """TRL's GRPOTrainer from the warmed version: {rl_seconds, curve} (curve scored by our evaluation)."""
+def sampling_drawn(lake: Lake, steps: int) -> dict:
+    """Rollouts sampled per kept group and per optimizer step, and generation rounds per step, from `groups`."""
+    groups = lake.read("groups", filter=pc.field("iteration") > 0, columns=["iteration", "round", "n_samples", "kept"])
+    sampled, kept = int(groups["n_samples"].sum()), int(groups["kept"].sum())
+    rounds = groups.group_by("iteration").agg(pl.col("round").max())["round"]
+    return {"rollouts": sampled, "kept_groups": kept, "per_kept_group": sampled / max(kept, 1),
+            "per_step": sampled / steps, "rounds_per_step": float(rounds.mean())}
+
+
+def lake_intact(lake: Lake, steps: int) -> bool:
+    """Every sampled rollout stored with its reward, and one RL version per step, each the child of the last."""
+    groups = lake.read("groups", filter=pc.field("iteration") > 0, columns=["n_samples"])
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") > 0, columns=["rollout_id"])
+    rewards = lake.read("rewards", filter=pc.field("iteration") > 0, columns=["rollout_id"])
+    versions = lake.read("model_versions", columns=["model_version", "parent_version", "kind"]).filter(
+        pl.col("kind") == "rl").sort("model_version")
+    chained = (versions["parent_version"].to_list() == (versions["model_version"] - 1).to_list())
+    return (rollouts.height == int(groups["n_samples"].sum()) == rewards["rollout_id"].n_unique()
+            and versions.height == steps and chained)
+
+
+def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, eval_every: int | None) -> dict:
+    """TRL's GRPOTrainer from the warmed version with the mirrored settings and one batch layout: RL seconds,
+    and with `eval_every` the curve (scored by our evaluation) and its RL seconds per checkpoint."""
     import warnings
 
-    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from storage.checkpoints import load_policy, save_checkpoint
     from storage.registry import BRANCH, next_version_number, register, version_row
+    from storage.threads import use_given_cores
     from tasks.evaluation import evaluate, overall_solve_rate
     from tasks.rollout.prompts import format_prompt
     from tasks.rollout.stage import IterationConfig, training_bank
     from tasks.verification import PROBLEM_FIELDS, score_rollouts, verifier_pool
-    from storage.checkpoints import load_policy, save_checkpoint
     from trainers.stage import warmup_version
-    from storage.threads import use_given_cores
 
     lake = Lake.open(copy_of(base, f"rlvr-peer-trl-{seed}-"))
     warm = warmup_version(lake)
@@ -93,33 +213,31 @@ def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
                               for i, (pid, text) in enumerate(zip(problem_id, completions))])
         return score_rollouts(frame, config.verify, pool)["reward"].fill_null(0.0).to_list()
 
-    group, prompts_per_step = config.rollout.group_size, config.dynamic_sampling.groups_per_batch
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rlvr-peer-trl-out-"), seed=seed, max_steps=steps,
-                          per_device_train_batch_size=group * prompts_per_step, num_generations=group,
-                          steps_per_generation=1, num_iterations=1,
-                          max_completion_length=config.rollout.sampler.max_new_tokens,
-                          temperature=config.rollout.sampler.temperature, top_p=1.0, top_k=0,
-                          learning_rate=config.train.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
-                          loss_type="dapo", epsilon=config.train.epsilon_low, epsilon_high=config.train.epsilon_high,
-                          beta=0.0, use_cpu=True, report_to=[], logging_steps=10**9, save_strategy="no",
-                          max_grad_norm=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
-                          disable_tqdm=True)
+                          **mirrored["trl"], **layout, report_to=[], logging_steps=10**9, save_strategy="no",
+                          gradient_checkpointing=False, disable_tqdm=True)
+    check_trl_arguments(args, mirrored)
     kept: dict[int, dict] = {}
+    clock = {"copying": 0.0, "elapsed": {}}
 
     class KeepWeights(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % eval_every == 0:
+            if eval_every and state.global_step % eval_every == 0:
+                now = time.perf_counter()
+                clock["elapsed"][state.global_step] = now - clock["started"] - clock["copying"]
                 kept[state.global_step] = copy.deepcopy(model.state_dict())
+                clock["copying"] += time.perf_counter() - now
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[KeepWeights()])
     with verifier_pool(config.verify) as pool:
-        started = time.perf_counter()
+        clock["started"] = time.perf_counter()
         trainer.train()
-        rl_seconds = time.perf_counter() - started
+        rl_seconds = time.perf_counter() - clock["started"] - clock["copying"]
     settings = IterationConfig.model_validate(config.model_dump(include=set(IterationConfig.model_fields)))
+    evaluation_config = config.evaluation.model_copy(update={"seed": seed})
     curve = {}
     for step, weights in sorted(kept.items()):            # scored after training: not in TRL's wall time
         model.load_state_dict(weights)
@@ -127,12 +245,53 @@ def trl(config, base: str, seed: int, steps: int, eval_every: int) -> dict:
             version = next_version_number(lake)
             register(lake, run, version, uri=save_checkpoint(lake, version, model, tokenizer), kind=BRANCH,
                      parent=warm, metrics={"peer": "trl", "seed": seed, "step": step})
-        evaluation, _ = evaluate(lake, config.evaluation, settings, version)
+        evaluation, _ = evaluate(lake, evaluation_config, settings, version)
         curve[step] = overall_solve_rate(evaluation)
-    return {"rl_seconds": rl_seconds, "curve": curve}
+    return {"rl_seconds": rl_seconds, "curve": curve, "elapsed": clock["elapsed"]}
 
 
-def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: int, work: str | None = None) -> dict:
+def interval(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95 % interval by Student's t); half-width 0 for a single value."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
+
+
+def time_to_accuracy(points: list[tuple[float, float]], target: float) -> float | None:
+    """The first time a curve of (seconds, accuracy) points reaches `target`, linear between points; None if it
+    never does."""
+    previous = None
+    for seconds, accuracy in points:
+        if accuracy >= target:
+            if previous is None or accuracy == previous[1]:
+                return seconds
+            (t0, a0) = previous
+            return t0 + (target - a0) / (accuracy - a0) * (seconds - t0)
+        previous = (seconds, accuracy)
+    return None
+
+
+def mean_curve(runs: list[dict], start: float) -> list[tuple[float, float]]:
+    """(mean RL seconds, mean accuracy) at each checkpoint over the seeds, from (0, the warm-up's accuracy)."""
+    steps = sorted(set.intersection(*(set(r["curve"]) for r in runs)))
+    return [(0.0, start)] + [(statistics.mean(r["elapsed"][s] for r in runs), statistics.mean(r["curve"][s] for r in runs))
+                             for s in steps]
+
+
+def sweep(config, mirrored: dict, base: str, steps: int, console) -> dict:
+    """Each TRL batch layout for `steps` steps (seed 0): seconds per step; the fastest is the one compared."""
+    timed = []
+    for fractions in TRL_LAYOUTS:
+        layout = trl_layout(config, fractions)
+        seconds = trl(config, mirrored, layout, base, 0, steps, None)["rl_seconds"] / steps
+        timed.append({**layout, "seconds_per_step": seconds})
+        console.print(f"TRL layout {layout}: {seconds:.2f} s a step")
+    return {"layouts": timed, "fastest": min(timed, key=lambda row: row["seconds_per_step"])}
+
+
+def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: int, work: str | None = None,
+                  sweep_steps: int = 6, compare_fixed: bool = True) -> dict:
     from rich.console import Console
     from rich.table import Table
 
@@ -140,36 +299,81 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
 
     console = Console()
     config = load_run_config(config_path)
+    mirrored = mirror(config)
+    settings_table = Table(title="the settings both sides run with (from one config)")
+    for column in ("setting", "ours", "TRL GRPOTrainer"):
+        settings_table.add_column(column)
+    for name, ours_value, trl_value in mirrored["rows"]:
+        settings_table.add_row(name, str(ours_value), str(trl_value))
+    console.print(settings_table)
+    console.print("not mirrored, by design: ours draws extra groups and trains only on those with signal "
+                  "(dynamic sampling); each side's micro-batching is its own speed setting")
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-peer-"), console)
     warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
     start = float(warmed["eval_solve_rate"][0])
     started_once()
-    results = {"ours": [], "trl": []}
+    layouts = sweep(config, mirrored, base, sweep_steps, console)
+    fastest = {key: layouts["fastest"][key] for key in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                                        "steps_per_generation")}
+    sides = ("ours", "fixed", "trl") if compare_fixed else ("ours", "trl")
+    results = {side: [] for side in sides}
     for seed in seeds:
-        results["ours"].append(ours(config, base, seed, steps, eval_every))
-        results["trl"].append(trl(config, base, seed, steps, eval_every))
-        console.print(f"seed {seed}: ours {results['ours'][-1]['rl_seconds']:.1f} s, TRL "
-                      f"{results['trl'][-1]['rl_seconds']:.1f} s")
-    table = Table(title=f"held-out solve rate from the warm-up's {start:.1%}, mean over seeds {seeds}")
-    table.add_column("step")
-    table.add_column("ours")
-    table.add_column("TRL GRPOTrainer")
-    checkpoints = sorted(set(results["ours"][0]["curve"]) & set(results["trl"][0]["curve"]))
-    means = {}
+        results["ours"].append(ours(config, base, seed, steps, eval_every, guided=True))
+        if compare_fixed:
+            results["fixed"].append(ours(config, base, seed, steps, eval_every, guided=False))
+        results["trl"].append(trl(config, mirrored, fastest, base, seed, steps, eval_every))
+        console.print(f"seed {seed}: " + ", ".join(f"{side} {results[side][-1]['rl_seconds']:.1f} s" for side in sides))
+    return summarize(results, start, steps, seeds, layouts, mirrored, console)
+
+
+def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts: dict, mirrored: dict,
+              console) -> dict:
+    """The verdicts: accuracy intervals and paired differences per checkpoint, wall-time and time-to-accuracy
+    ratios, what guided sampling changed."""
+    from rich.table import Table
+
+    checkpoints = sorted(set.intersection(*(set(r["curve"]) for side in results for r in results[side])))
+    table = Table(title=f"held-out solve rate from the warm-up's {start:.1%}: mean ± 95 % interval over seeds {seeds}")
+    for column in ("step", *results, "ours − TRL (paired)"):
+        table.add_column(column)
+    accuracy, paired = {}, {}
     for step in checkpoints:
-        means[step] = {side: statistics.mean(r["curve"][step] for r in results[side]) for side in results}
-        table.add_row(str(step), f"{means[step]['ours']:.1%}", f"{means[step]['trl']:.1%}")
+        accuracy[step] = {side: interval([r["curve"][step] for r in results[side]]) for side in results}
+        paired[step] = interval([o["curve"][step] - t["curve"][step] for o, t in zip(results["ours"], results["trl"])])
+        table.add_row(str(step), *(f"{m:.1%} ± {h:.1%}" for m, h in accuracy[step].values()),
+                      f"{paired[step][0]:+.1%} ± {paired[step][1]:.1%}")
     console.print(table)
     wall = {side: statistics.mean(r["rl_seconds"] for r in results[side]) for side in results}
-    stages = {stage: statistics.mean(r["stages"].get(stage, 0.0) for r in results["ours"])
-              for stage in results["ours"][0]["stages"]}
-    outside = statistics.mean(r["outside"] for r in results["ours"])
     ratio = wall["ours"] / wall["trl"]
-    console.print(f"RL wall time for {steps} steps (evaluation excluded): ours {wall['ours']:.1f} s, TRL "
-                  f"{wall['trl']:.1f} s — ×{ratio:.2f} (target ≤ {TARGET_RATIO})")
-    console.print("ours by stage: " + ", ".join(f"{stage} {seconds:.1f} s" for stage, seconds in sorted(stages.items()))
-                  + f"; outside the stages {outside:.0%} (target ≤ 10 %)")
-    ahead = all(means[step]["ours"] >= means[step]["trl"] for step in checkpoints)
-    console.print(f"held-out accuracy ≥ TRL's at every checkpoint: {'yes' if ahead else 'no'}")
-    return {"warmup_solve_rate": start, "means": means, "wall": wall, "ratio": ratio, "stages": stages,
-            "outside": outside, "ahead_everywhere": ahead, "runs": results}
+    target = accuracy[checkpoints[-1]]["trl"][0]
+    reached = {side: time_to_accuracy(mean_curve(results[side], start), target) for side in results}
+    time_ratio = reached["ours"] / reached["trl"] if reached["ours"] is not None and reached["trl"] else None
+    last_low = paired[checkpoints[-1]][0] - paired[checkpoints[-1]][1]
+    ahead = all(paired[step][0] >= 0 for step in checkpoints) and last_low >= 0
+    console.print(f"RL wall time for {steps} steps (evaluation excluded): " + ", ".join(
+        f"{side} {seconds:.1f} s" for side, seconds in wall.items()) + f" — ours / TRL ×{ratio:.2f} "
+        f"(target ≤ {TARGET_RATIO})")
+    console.print(f"time to TRL's final accuracy ({target:.1%}): " + ", ".join(
+        f"{side} {'not reached' if seconds is None else f'{seconds:.1f} s'}" for side, seconds in reached.items())
+        + (f" — ×{time_ratio:.2f}" if time_ratio is not None else "") + f" (target ≤ {TARGET_TIME_TO_ACCURACY})")
+    console.print(f"ahead of TRL at every checkpoint, and the paired interval at step {checkpoints[-1]} above zero: "
+                  f"{'yes' if ahead else 'no'}")
+    sampling = {side: {key: statistics.mean(r["sampling"][key] for r in results[side])
+                       for key in results[side][0]["sampling"]} for side in results if side != "trl"}
+    for side, drawn in sampling.items():
+        console.print(f"{side}: {drawn['per_kept_group']:.2f} rollouts sampled per kept group, {drawn['per_step']:.0f} "
+                      f"per optimizer step, {drawn['rounds_per_step']:.2f} generation rounds a step (TRL samples "
+                      f"{mirrored['rows'][0][2].split()[0]} a step and trains on all of them)")
+    intact = all(r["lake_intact"] for side in results if side != "trl" for r in results[side])
+    console.print(f"every sampled rollout in the lake with its reward, one version per step: {'yes' if intact else 'no'}")
+    return {"warmup_solve_rate": start, "seeds": seeds, "steps": steps, "checkpoints": checkpoints,
+            "accuracy": {str(step): {side: {"mean": m, "half_width": h} for side, (m, h) in sides.items()}
+                         for step, sides in accuracy.items()},
+            "paired_difference": {str(step): {"mean": m, "half_width": h} for step, (m, h) in paired.items()},
+            "wall": wall, "ratio": ratio, "time_to_accuracy": reached, "time_to_accuracy_ratio": time_ratio,
+            "target_accuracy": target, "ahead_everywhere": ahead, "sampling": sampling, "lake_intact": intact,
+            "trl_settings": {**layouts["fastest"], "sweep": layouts["layouts"],
+                             "mirrored": {name: [str(o), str(t)] for name, o, t in mirrored["rows"]}},
+            "stages": {stage: statistics.mean(r["stages"].get(stage, 0.0) for r in results["ours"])
+                       for stage in results["ours"][0]["stages"]},
+            "outside": statistics.mean(r["outside"] for r in results["ours"]), "runs": results}

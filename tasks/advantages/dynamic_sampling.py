@@ -16,6 +16,7 @@ import polars as pl
 from pydantic import Field
 
 from tasks.advantages.estimators import with_group_columns
+from tasks.advantages.guided_sampling import GuidanceConfig
 from tasks.advantages.shaping import filter_reason, kept
 from tasks.config import Strict
 
@@ -41,6 +42,8 @@ class DynamicSamplingConfig(Strict):
     oversample: float = Field(1.5, ge=1.0, description="groups drawn per round, relative to the groups still missing")
     on_shortfall: Literal["train_smaller", "fail"] = Field("train_smaller", description="when the round bound is "
                                                            "reached: train on the groups kept so far, or fail")
+    guidance: GuidanceConfig = Field(default_factory=GuidanceConfig, description="the lake's history guides which "
+                                     "problems to draw and how many (tasks/advantages/guided_sampling.py)")
 
 
 @dataclass
@@ -51,7 +54,10 @@ class FilledBatch:
     short_by: int                         # groups missing when the bound was reached (0 if full)
 
 
-def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicSamplingConfig) -> FilledBatch:
+def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicSamplingConfig,
+               plan: Callable[[int], int] | None = None) -> FilledBatch:
+    """Rounds of `draw_groups(n, round)` until `groups_per_batch` informative groups are kept or the round bound
+    is hit. `plan(missing)` says how many groups a round draws (guided sampling); else `oversample` × missing."""
     kept_parts: list[pl.DataFrame] = []
     group_parts: list[pl.DataFrame] = []
     have = 0
@@ -59,7 +65,8 @@ def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicS
     while have < config.groups_per_batch and rounds < config.max_rounds:
         rounds += 1
         missing = config.groups_per_batch - have
-        scored = with_group_columns(draw_groups(math.ceil(missing * config.oversample), rounds))
+        wanted = plan(missing) if plan else math.ceil(missing * config.oversample)
+        scored = with_group_columns(draw_groups(wanted, rounds))
         groups = (scored.group_by("group_id", maintain_order=True)
                   .agg(pl.col("problem_id").first(), pl.col("solve_rate").first(), n_samples=pl.len())
                   .with_columns(round=pl.lit(rounds), filter_reason=filter_reason(config.band)))

@@ -10,6 +10,7 @@ Ids sort in draw order: group `i00003-r02-g000007` is the 8th group of round 2 o
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -19,6 +20,7 @@ from pydantic import Field
 
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
+from tasks.advantages.guided_sampling import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
 from tasks.advantages.shaping import success
 from tasks.advantages.stage import AdvantageConfig
 from tasks.config import Strict
@@ -105,11 +107,41 @@ class GroupSampler:
     rewards: list[pl.DataFrame] = field(default_factory=list)
     scored: list[pl.DataFrame] = field(default_factory=list)        # what was scored: rollouts with their problems
     drawn: set[str] = field(default_factory=set)
+    history: pl.DataFrame | None = None     # guided sampling: the lake's past groups (problem_id, iteration, ...)
+    ranked: pl.DataFrame | None = None      # guided sampling: this round's candidates, likeliest kept first
+    planned: list[dict] = field(default_factory=list)   # guided sampling: per round, groups drawn and expected kept
+
+    def plan(self, missing: int) -> int:
+        """Guided sampling: rank a pool of candidates drawn by the mix by their predicted keep probability, and
+        draw as many as those predictions need to fill the batch (tasks/advantages/guided_sampling.py). Without
+        history (a first iteration) the round is `oversample` × missing, drawn by the mix."""
+        sampling, rollout = self.config.dynamic_sampling, self.config.rollout
+        guidance = sampling.guidance
+        self.ranked = None
+        if self.history is None or self.history.is_empty():
+            return math.ceil(missing * sampling.oversample)
+        available = self._available().filter(pl.col("source") != SELF_VERIFY_SOURCE)
+        round_ = len(self.planned) + 1
+        pool = min(available.height, math.ceil(missing * guidance.pool))
+        try:
+            candidates = sample_mix(available, pool, derive_seed(rollout.seed, self.iteration, round_, "draw"),
+                                    rollout.mix.level_weights, rollout.mix.domain_weights)
+        except ValueError:                   # the mix's levels hold fewer: draw as an unguided round does
+            return math.ceil(missing * sampling.oversample)
+        self.ranked = ranked_candidates(candidates, self.history, self.iteration, rollout.group_size,
+                                        sampling.band, guidance)
+        keep = self.ranked["keep_probability"].to_list()
+        n = groups_to_draw(keep, missing, guidance.confidence, cap=len(keep))
+        self.planned.append({"round": round_, "groups": n, "expected_kept": float(sum(keep[:n]))})
+        return n
+
+    def _available(self) -> pl.DataFrame:
+        return self.bank.filter(~pl.col("problem_id").is_in(list(self.drawn)))
 
     def draw(self, n_groups: int, round_: int) -> pl.DataFrame:
         """`n_groups` new groups, scored: one row per rollout with group_id, problem_id, reward, correct."""
         rollout = self.config.rollout
-        available = self.bank.filter(~pl.col("problem_id").is_in(list(self.drawn)))
+        available = self._available()
         n = min(n_groups, available.height)
         if n == 0:
             return pl.DataFrame(schema={"group_id": pl.String, "problem_id": pl.String, "reward": pl.Float64,
@@ -144,10 +176,23 @@ class GroupSampler:
         others = available.filter(~is_task)
         n_tasks = min(tasks.height, round(n * verify.ratio)) if verify.enabled else 0
         n_others = min(others.height, n - n_tasks)
-        parts = [sample_mix(others, n_others, seed, mix.level_weights, mix.domain_weights)] if n_others else []
+        if self.ranked is not None:          # guided: the likeliest-kept candidates of `plan`
+            parts = [self.ranked.head(n_others).select(others.columns)] if n_others else []
+        else:
+            parts = [sample_mix(others, n_others, seed, mix.level_weights, mix.domain_weights)] if n_others else []
         if n_tasks:
             parts.append(tasks.sort("problem_id").sample(n_tasks, seed=derive_seed(seed, "self-verify") % 2**32))
         return pl.concat(parts) if parts else available.clear()
+
+
+def sampling_history(lake: Lake, config: DynamicSamplingConfig, iteration: int) -> pl.DataFrame | None:
+    """Guided sampling's evidence: the groups of the last `guidance.history` iterations (None when off)."""
+    import pyarrow.compute as pc
+
+    if not config.guidance.enabled or not lake.exists("groups"):
+        return None
+    window = (pc.field("iteration") >= iteration - config.guidance.history) & (pc.field("iteration") < iteration)
+    return lake.read("groups", filter=window, columns=HISTORY_COLUMNS)
 
 
 def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
@@ -234,9 +279,11 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     try:
         with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
             score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
-            sampler = GroupSampler(config, policy, tokenizer, score, bank, iteration, model_version)
+            sampler = GroupSampler(config, policy, tokenizer, score, bank, iteration, model_version,
+                                   history=sampling_history(lake, config.dynamic_sampling, iteration))
+            guided = config.dynamic_sampling.guidance.enabled
             try:
-                filled = fill_batch(sampler.draw, config.dynamic_sampling)
+                filled = fill_batch(sampler.draw, config.dynamic_sampling, sampler.plan if guided else None)
                 rounds, short_by = filled.rounds, filled.short_by
             except BatchShortfall as error:
                 rounds, short_by, failure = error.rounds, error.short_by, error
