@@ -120,6 +120,21 @@ def check_trl_arguments(args, mirrored: dict) -> None:
         raise CannotMirror("TRL's GRPOConfig does not run the mirrored settings: " + "; ".join(differ))
 
 
+def trl_arguments(mirrored: dict, layout: dict, seed: int, steps: int, output_dir: str):
+    """TRL's GRPOConfig for the mirrored settings and one batch layout, checked to run what it was given."""
+    import warnings
+
+    from trl import GRPOConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        args = GRPOConfig(output_dir=output_dir, seed=seed, max_steps=steps, **mirrored["trl"], **layout,
+                          report_to=[], logging_steps=10**9, save_strategy="no", gradient_checkpointing=False,
+                          disable_tqdm=True)
+    check_trl_arguments(args, mirrored)
+    return args
+
+
 def trl_layout(config, fractions: tuple[int, int, int]) -> dict:
     """GRPOConfig's batch keywords for one layout: one optimizer step per prompts × G rollouts."""
     rows = config.dynamic_sampling.groups_per_batch * config.rollout.group_size
@@ -183,11 +198,9 @@ def lake_intact(lake: Lake, steps: int) -> bool:
 def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, eval_every: int | None) -> dict:
     """TRL's GRPOTrainer from the warmed version with the mirrored settings and one batch layout: RL seconds,
     and with `eval_every` the curve (scored by our evaluation) and its RL seconds per checkpoint."""
-    import warnings
-
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from storage.checkpoints import load_policy, save_checkpoint
     from storage.registry import BRANCH, next_version_number, register, version_row
@@ -213,12 +226,7 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
                               for i, (pid, text) in enumerate(zip(problem_id, completions))])
         return score_rollouts(frame, config.verify, pool)["reward"].fill_null(0.0).to_list()
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rlvr-peer-trl-out-"), seed=seed, max_steps=steps,
-                          **mirrored["trl"], **layout, report_to=[], logging_steps=10**9, save_strategy="no",
-                          gradient_checkpointing=False, disable_tqdm=True)
-    check_trl_arguments(args, mirrored)
+    args = trl_arguments(mirrored, layout, seed, steps, tempfile.mkdtemp(prefix="rlvr-peer-trl-out-"))
     kept: dict[int, dict] = {}
     clock = {"copying": 0.0, "elapsed": {}}
 
