@@ -24,6 +24,7 @@ interpolated between checkpoints — and its ratio (target ≤ 0.7).
 from __future__ import annotations
 
 import copy
+import shutil
 import statistics
 import tempfile
 import time
@@ -169,9 +170,11 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage") if stage != "evaluate"}
     rl_seconds = wall - evaluated_before
     metrics = lake.read("iteration_metrics").filter(pl.col("eval_solve_rate").is_not_null()).sort("iteration")
-    return {"rl_seconds": rl_seconds, "stages": stages, "outside": 1 - sum(stages.values()) / rl_seconds,
-            "curve": {int(i): float(r) for i, r in metrics.select("iteration", "eval_solve_rate").rows() if i > 0},
-            "elapsed": elapsed, "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps)}
+    measured = {"rl_seconds": rl_seconds, "stages": stages, "outside": 1 - sum(stages.values()) / rl_seconds,
+                "curve": {int(i): float(r) for i, r in metrics.select("iteration", "eval_solve_rate").rows() if i > 0},
+                "elapsed": elapsed, "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps)}
+    shutil.rmtree(lake_uri)                   # a version's checkpoint a step: hundreds of MB a run
+    return measured
 
 
 def sampling_drawn(lake: Lake, steps: int) -> dict:
@@ -255,6 +258,8 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
                      parent=warm, metrics={"peer": "trl", "seed": seed, "step": step})
         evaluation, _ = evaluate(lake, evaluation_config, settings, version)
         curve[step] = overall_solve_rate(evaluation)
+    shutil.rmtree(lake.uri)
+    shutil.rmtree(args.output_dir, ignore_errors=True)
     return {"rl_seconds": rl_seconds, "curve": curve, "elapsed": clock["elapsed"]}
 
 
