@@ -121,7 +121,9 @@ def depends_on(benchmark: str) -> tuple[str, ...]:
     return importlib.import_module(f"bench.{MODULES[benchmark]}").DEPENDS_ON
 
 
-# The code an RL run executes, for the benchmarks that run the loop (the command line's tree is not among it).
-LOOP_CODE = ("storage/", "tasks/", "trainers/", "flows/", ":(exclude)flows/cli/", ":(exclude)flows/reference.py")
+# The code an RL run executes, for the benchmarks that run the loop (the command line's tree is not among it, nor
+# trainer interop, which only the command line imports: the `interop-beside-the-loop` contract in pyproject.toml).
+LOOP_CODE = ("storage/", "tasks/", "trainers/", "flows/", ":(exclude)flows/cli/", ":(exclude)flows/reference.py",
+             ":(exclude)tasks/interop/")
 # Every floor below the benchmarks, for those that time the command line too.
 ALL_CODE = ("storage/", "tasks/", "trainers/", "flows/")

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from flows.cli import bank, lake, policy, report, runs, serving, stages, verify
+from flows.cli import bank, interop, lake, policy, report, runs, serving, stages, verify
 from flows.display import console, errors, use_format
 
 app = typer.Typer(help="RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO.",
@@ -22,7 +22,7 @@ app = typer.Typer(help="RLVR data platform: problem bank, rollouts, verifiers, a
 
 GROUPS = (   # (module, name): a name makes a sub-command group (`rlvr bank stats`), None adds its commands at the top
     (bank.app, None), (runs.app, None), (lake.app, None), (verify.app, None), (stages.app, None),
-    (serving.app, None), (report.app, None),
+    (serving.app, None), (report.app, None), (interop.app, None),
     (bank.bank_app, "bank"), (lake.lineage_app, "lineage"), (policy.app, "policy"), (runs.analyze_app, "analyze"),
 )
 for group, name in GROUPS:

@@ -1,0 +1,62 @@
+"""`rlvr export`: the bank or a kept batch as the dataset of a trainer teams already use (TRL, verl, OpenRLHF)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.cli.common import FormatOption, LakeOption, fail
+from flows.display import TableFormat, console, show_table, use_format
+
+app = typer.Typer()
+
+
+class Trainer(str, Enum):
+    verl = "verl"
+    trl = "trl"
+    openrlhf = "openrlhf"
+
+
+@app.command("export")
+def export(
+    to: Annotated[Trainer, typer.Option(help="verl: a parquet file; trl: a `datasets` folder (load_from_disk); "
+                                        "openrlhf: a jsonl file (--data.input_key input --data.label_key label)")],
+    out: Annotated[Path, typer.Option(help="where to write it (never overwritten)")],
+    batch: Annotated[Optional[int], typer.Option(help="the kept batch of this iteration instead of the bank")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", min=1, help="draw this many problems by the mix (default: the "
+                                             "whole split)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the draw")] = 0,
+    levels: Annotated[str, typer.Option(help="level weights 1,2,3,4 in percent (with --n)")] = "20,45,30,5",
+    domain_weights: Annotated[Optional[str], typer.Option(help="e.g. math=0.7,code=0.2,logic=0.1 (with --n)")] = None,
+    split: Annotated[str, typer.Option(help="train or eval")] = "train",
+    bank_version: Annotated[Optional[int], typer.Option(help="the bank as of this version")] = None,
+    chat: Annotated[bool, typer.Option(help="trl: the prompt as chat messages (else its text)")] = True,
+    lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
+) -> None:
+    """Write the bank (or a draw from it, or an iteration's kept batch) as a trainer's dataset; every row carries
+    its problem_id, bank version, level and verifier back to the lake."""
+    use_format(format)
+    from storage.lake import Lake
+    from tasks.curation.config import MixConfig
+    from tasks.curation.inputs import parse_weights
+    from tasks.interop.export import bank_selection, batch_problems, write_export
+
+    try:
+        opened = Lake.open(lake)
+        if batch is not None:
+            problems = batch_problems(opened, batch)
+        else:
+            mix = MixConfig(level_weights={i + 1: float(w) for i, w in enumerate(levels.split(","))},
+                            domain_weights=parse_weights(domain_weights), split=split, bank_version=bank_version,
+                            seed=seed)
+            problems = bank_selection(opened, mix, n)
+        written = write_export(problems, to.value, out, chat)
+    except ValueError as error:
+        fail(str(error).splitlines()[0] if "validation error" not in str(error) else str(error), 2)
+    show_table(problems.group_by("domain", "level").len("rows").sort("domain", "level"),
+               title=f"{problems.height} problems exported for {to.value}", part="exported")
+    console.print(f"wrote {written}")

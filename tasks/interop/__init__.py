@@ -1,0 +1,7 @@
+"""The platform beside the trainers teams already use (TRL, verl, OpenRLHF): problems and batches written in each
+trainer's own dataset format (`formats.py`, pure; `export.py` reads the lake and writes the files), and the
+platform's verifiers as their reward functions (`rewards.py`). Only the command line imports this package: the
+loop never runs it.
+
+May import: storage, tasks.config, tasks.curation, tasks.verification.
+"""
