@@ -4,6 +4,7 @@ in the sandbox, chat completions, and TRL's own `GRPOTrainer` calling the functi
 
 import json
 
+import pyarrow.compute as pc
 import pytest
 
 from tasks.interop.rewards import PlatformReward, compute_score, problem_from
@@ -43,7 +44,9 @@ def test_verl_compute_score_reads_what_the_verl_export_carries():
     assert compute_score("gen:two_step", "#### 91", "90")["correct"] is False
 
 
-def test_trls_grpo_trainer_trains_with_the_platforms_reward(tmp_path):
+def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_land_in_the_lake(tmp_path):
+    """TRL's own trainer, two steps on the tiny model, the reward recording into the lake: the completions are
+    then found with `rlvr sql`, re-scored with another verifier and walked back with `rlvr lineage`."""
     import warnings
 
     from datasets import load_from_disk
@@ -60,9 +63,9 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward(tmp_path):
 
     lake_uri = str(tmp_path / "lake")
     curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": 40, "seed": 0}]}, lake_uri)
-    lake = Lake.open(lake_uri)
-    ensure_base_policy(lake, BasePolicyConfig(**SMALL_POLICY))
-    model, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
+    policies = Lake.open(str(tmp_path / "policies"))      # the platform's own versions live apart from TRL's run
+    ensure_base_policy(policies, BasePolicyConfig(**SMALL_POLICY))
+    model, tokenizer = load_policy(version_row(policies, 0)["checkpoint_uri"])
     exported = tmp_path / "trl"
     assert run_cli("export", "--to", "trl", "--out", str(exported), "--no-chat", "--lake", lake_uri).returncode == 0
     seen = []
@@ -71,7 +74,9 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward(tmp_path):
         def on_log(self, args, state, control, logs=None, **kwargs):
             seen.append(logs or {})
 
-    reward = PlatformReward()
+    with pytest.raises(ValueError, match="needs the run's name"):
+        PlatformReward(lake=lake_uri)
+    reward = PlatformReward(lake=lake_uri, run="trl-run", model="tiny-grpo")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8,
@@ -85,3 +90,23 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward(tmp_path):
             reward.close()
     logged = [log for log in seen if "rewards/rlvr_verifier/mean" in log]
     assert len(logged) == 2 and all(0.0 <= log["rewards/rlvr_verifier/mean"] <= 1.0 for log in logged)
+
+    lake = Lake.open(lake_uri)
+    rollouts = lake.read("rollouts")
+    assert rollouts.height == 16 and sorted(set(rollouts["iteration"])) == [0, 1]          # 8 completions a step
+    assert rollouts["response_token_ids"].list.len().min() >= 1 and set(rollouts["backend"]) == {"trl"}
+    bank = set(lake.read("problems")["problem_id"])
+    assert set(rollouts["problem_id"]) <= bank                     # the exported ids lead back to the bank
+    sql = run_cli("sql", "--lake", lake_uri, "--format", "json",
+                  "select g.iteration, g.problem_id, g.solve_rate, g.n_samples from groups g join runs u "
+                  "on g.run_id = u.run_id where u.flow = 'external:trl-run' order by 1, 2")
+    assert sql.returncode == 0, sql.stderr
+    groups = [json.loads(line) for line in sql.stdout.splitlines() if line.strip()]
+    assert sum(group["n_samples"] for group in groups) == 16 and all(group["n_samples"] == 4 for group in groups)
+    assert sum(group["solve_rate"] * 4 for group in groups) == lake.read("rewards")["correct"].sum()
+    rescored = run_cli("stage", "verify", "--iteration", "1", "--verifier", "exact", "--lake", lake_uri)
+    assert rescored.returncode == 0, rescored.stderr + rescored.stdout
+    assert lake.read("rewards", filter=pc.field("verifier") == "exact").height == 8
+    lineage = run_cli("lineage", "model-version", "1", "--lake", lake_uri)
+    assert lineage.returncode == 0 and "external, parent 0, iteration 1" in lineage.stdout
+    assert "tiny-grpo" in lineage.stdout

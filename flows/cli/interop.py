@@ -1,4 +1,5 @@
-"""`rlvr export`: the bank or a kept batch as the dataset of a trainer teams already use (TRL, verl, OpenRLHF)."""
+"""`rlvr export`: the bank or a kept batch as the dataset of a trainer teams already use (TRL, verl, OpenRLHF);
+`rlvr reward serve`: the verifiers as their reward server, recording what they score into the lake."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flows.cli.common import FormatOption, LakeOption, fail
 from flows.display import TableFormat, console, show_table, use_format
 
 app = typer.Typer()
+reward_app = typer.Typer(help="The platform's verifiers as other trainers' reward.", no_args_is_help=True)
 
 
 class Trainer(str, Enum):
@@ -60,3 +62,51 @@ def export(
     show_table(problems.group_by("domain", "level").len("rows").sort("domain", "level"),
                title=f"{problems.height} problems exported for {to.value}", part="exported")
     console.print(f"wrote {written}")
+
+
+@reward_app.command("serve")
+def reward_serve(
+    run: Annotated[str, typer.Option(help="the trainer's run: its rows are the stage runs of flow external:RUN")],
+    model: Annotated[str, typer.Option(help="the policy's name for requests that name none (OpenRLHF's)")] = "policy",
+    trainer: Annotated[str, typer.Option(help="the trainer sending OpenRLHF's requests, recorded as the backend")]
+    = "openrlhf",
+    rollouts_per_step: Annotated[int, typer.Option(min=0, help="OpenRLHF's rollouts a step (rollout batch size × "
+                                                   "samples per prompt): its k-th rollout is step k // this; "
+                                                   "0 puts all in step 0")] = 0,
+    iteration_offset: Annotated[int, typer.Option(min=0, help="the lake's iteration of step 0")] = 0,
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 5000,
+    workers: Annotated[int, typer.Option(min=0, help="verifier processes (0: in this process; code always runs "
+                                         "in the sandbox)")] = 2,
+    item_timeout: Annotated[float, typer.Option(help="seconds one response may take to verify")] = 30.0,
+    commit_interval: Annotated[float, typer.Option(help="seconds a group commit gathers requests")] = 0.2,
+    lake: LakeOption = None,
+) -> None:
+    """Serve the verifiers over HTTP: OpenRLHF's `POST /get_reward` and the native `POST /v1/rewards`; every
+    scored response lands in the lake's rollouts and rewards before its request is answered."""
+    from storage.lake import Lake, LeaseHeld
+    from storage.leases import LOOP
+    from tasks.interop.reward_service import RewardServer, RewardService
+    from tasks.verification import VerifyConfig
+
+    opened = Lake.open(lake)
+    try:
+        service = RewardService(opened, run, model, trainer, VerifyConfig(workers=workers, item_timeout=item_timeout),
+                                rollouts_per_step, iteration_offset, commit_interval)
+        with opened.lease(LOOP):
+            service.start()
+            try:
+                server = RewardServer((host, port), service)
+                console.print(f"serving rewards for run {run!r} into {opened.uri} on http://{host}:{server.server_port}"
+                              f" ({len(service.bank)} bank problems): POST /get_reward (OpenRLHF), POST /v1/rewards",
+                              soft_wrap=True)
+                try:
+                    server.serve_forever()
+                except KeyboardInterrupt:
+                    pass
+                finally:
+                    server.server_close()
+            finally:
+                service.close()
+    except (ValueError, OSError, LeaseHeld) as error:
+        fail(str(error))

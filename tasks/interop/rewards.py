@@ -9,7 +9,9 @@
   the dict returned (the other keys become columns of its rollout dumps).
 
 Math is judged by equivalence, code runs only in the sandbox (never in the trainer's process), each item within
-the verifier pool's deadline. Writing what they score into the lake is not done here yet.
+the verifier pool's deadline. `PlatformReward(lake=…, run=…)` also records every call into the lake (TRL's step
+as the iteration, `recording.py`), holding the lake's `loop` lease until `close()`; verl's responses reach the
+lake through its rollout dumps (`rlvr import verl`), since `compute_score` sees one response and no step.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import json
 
 import polars as pl
 
+from storage.lake import Lake
+from storage.leases import LOOP
+from tasks.interop.recording import Attempt, ExternalRun, external_problem_id
 from tasks.verification import VerifyConfig, score_rollouts, verifier_pool
 
 
@@ -52,17 +57,33 @@ def score(problems: list[dict], responses: list[str], config: VerifyConfig, pool
     return score_rollouts(frame, config, pool)
 
 
+def prompt_text(prompt) -> str:
+    """TRL's prompt as the lake stores it: the text, or chat messages as JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False)
+
+
 class PlatformReward:
-    """A TRL reward function scored by the platform's verifiers; its column in TRL's logs is `rlvr_verifier`."""
+    """A TRL reward function scored by the platform's verifiers; its column in TRL's logs is `rlvr_verifier`.
+    With `lake` and `run`, each call's completions are recorded there as TRL run `run` (model name `model`)."""
 
     __name__ = "rlvr_verifier"
 
-    def __init__(self, config: VerifyConfig | None = None):
+    def __init__(self, config: VerifyConfig | None = None, lake: str | Lake | None = None, run: str | None = None,
+                 model: str = "trl", iteration_offset: int = 0):
         self.config = config or VerifyConfig(workers=0)
         self._pool = None
+        self.model = model
+        self.recorder = None
+        self._lease = None
+        self._calls = 0
+        if lake is not None:
+            if run is None:
+                raise ValueError("recording into the lake needs the run's name (`run=`)")
+            opened = lake if isinstance(lake, Lake) else Lake.open(lake)
+            self.recorder = ExternalRun(opened, run, "trl", iteration_offset)
 
     def __call__(self, prompts, completions, answer=None, domain=None, verifier=None, problem_id=None,
-                 **_) -> list[float]:
+                 completion_ids=None, trainer_state=None, **_) -> list[float]:
         if answer is None:
             raise ValueError("the platform's reward needs the dataset's `answer` column: export it with "
                              "`rlvr export --to trl`")
@@ -71,13 +92,32 @@ class PlatformReward:
                                  (problem_id or [None] * n)[i]) for i in range(n)]
         if self._pool is None:
             self._pool = verifier_pool(self.config).start()
-        rewards = score(problems, [completion_text(c) for c in completions], self.config, self._pool)
+        responses = [completion_text(c) for c in completions]
+        rewards = score(problems, responses, self.config, self._pool)
+        step = trainer_state.global_step if trainer_state is not None else self._calls
+        self._calls += 1
+        if self.recorder is not None:
+            self._record(step, prompts, responses, problems, completion_ids, rewards)
         return rewards["reward"].fill_null(0.0).to_list()
+
+    def _record(self, step: int, prompts, responses, problems, completion_ids, rewards: pl.DataFrame) -> None:
+        if self._lease is None:                        # one writer of iterations per lake, as the loop
+            self._lease = self.recorder.lake.lease(LOOP)
+            self._lease.__enter__()
+        ids = completion_ids or [None] * len(responses)
+        attempts = [Attempt(step, self.model, prompt_text(prompt), response, problem["problem_id"] or
+                            external_problem_id(prompt_text(prompt), problem.get("answer") or ""),
+                            list(token_ids) if token_ids is not None else None)
+                    for prompt, response, problem, token_ids in zip(prompts, responses, problems, ids)]
+        self.recorder.record(attempts, rewards)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._lease is not None:
+            self._lease.__exit__(None, None, None)
+            self._lease = None
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,

@@ -1,0 +1,268 @@
+"""`rlvr reward serve`: the platform's verifiers over HTTP, every scored response recorded into the lake.
+
+Two routes:
+- `POST /get_reward` speaks OpenRLHF's remote reward protocol (`--reward.remote_url http://HOST:PORT/get_reward`,
+  `openrlhf/utils/agent.py`): `{"query": [prompt + response], "prompts": [prompt], "labels": [label]}`, lists of
+  equal length, possibly empty; the response is the query past the prompt, less its trailing end-of-sequence text; the answer is `{"rewards": [...], "scores": [...], "extra_logs": {"correct": [...]}}`.
+  OpenRLHF sends no step and no model: they are the server's run and model, and its k-th rollout belongs to step
+  `k // rollouts_per_step` (OpenRLHF's rollout batch size × samples per prompt; 0 puts all in step 0).
+- `POST /v1/rewards` (native): `{"run": name, "step": s, "model": id, "items": [{"prompt", "response", "label"
+  and/or "problem_id", "domain"?, "verifier"?, "response_token_ids"?}]}` → `{"rewards", "correct", "verifiers",
+  "iteration", "lake_run_id"}`.
+- `GET /health` → `{"status": "ok", "bank_problems": n}`.
+
+Concurrent requests are answered by one committer thread in group commits: whatever arrived within
+`commit_interval` seconds (or `max_batch` responses) is scored in one pass over the verifier pool (code in the
+sandbox, each item within `item_timeout`) and recorded as one stage run per trainer run; a request is answered
+only once its rows are committed, so a crash loses no acknowledged reward. A failed commit answers 500 to every
+request of the batch, and none of its rows becomes visible.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from storage.lake import Lake
+from tasks.interop.bank_index import BankIndex
+from tasks.interop.recording import Attempt, ExternalRun
+from tasks.interop.rewards import score
+from tasks.verification import VerifyConfig, verifier_pool
+
+
+# OpenRLHF decodes the query with its special tokens: the end-of-sequence text (`<|im_end|>`, `</s>`, ...) trails it
+END_TOKENS = re.compile(r"(?:\s*(?:<\|[^|<>\s]{1,40}\|>|</s>|<eos>|<end_of_turn>))+\s*$")
+
+
+def response_of(query: str, prompt: str) -> str:
+    """The response inside OpenRLHF's query (prompt + response, decoded with special tokens)."""
+    return END_TOKENS.sub("", query[len(prompt):] if query.startswith(prompt) else query)
+
+
+class BadRequest(ValueError):
+    """A request the server cannot read (answered 400, naming the field)."""
+
+
+@dataclass
+class Item:
+    run: str
+    step: int
+    model: str
+    prompt: str
+    response: str
+    label: str | None
+    problem_id: str | None = None
+    domain: str | None = None
+    verifier: str | None = None
+    response_token_ids: list[int] | None = None
+
+
+@dataclass
+class Job:
+    items: list[Item]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: list[dict] | None = None
+    error: str | None = None
+    run_ids: dict[str, str] = field(default_factory=dict)
+
+
+class RewardService:
+    """Scores and records the items of concurrent requests in group commits (see the module's docstring)."""
+
+    def __init__(self, lake: Lake, run: str, model: str = "openrlhf", trainer: str = "openrlhf",
+                 config: VerifyConfig | None = None, rollouts_per_step: int = 0, iteration_offset: int = 0,
+                 commit_interval: float = 0.2, max_batch: int = 4096):
+        self.lake, self.run, self.model, self.trainer = lake, run, model, trainer
+        self.config = config or VerifyConfig(workers=0)
+        self.rollouts_per_step, self.offset = rollouts_per_step, iteration_offset
+        self.commit_interval, self.max_batch = commit_interval, max_batch
+        self.bank = BankIndex.of(lake)
+        self.runs: dict[str, ExternalRun] = {}
+        self._pending: list[Job] = []
+        self._lock = threading.Condition()
+        self._received = 0                            # OpenRLHF's rollouts so far: their steps
+        self._stopping = False
+        self._pool = None
+        self._thread: threading.Thread | None = None
+        self.commits = 0
+
+    def start(self) -> "RewardService":
+        self._pool = verifier_pool(self.config).start()
+        ExternalRun(self.lake, self.run, self.trainer, self.offset)      # the names are checked before serving
+        self._thread = threading.Thread(target=self._commit_loop, name="reward-commits", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        if self._pool is not None:
+            self._pool.close()
+
+    # ---- requests ------------------------------------------------------------------------
+    def openrlhf(self, body: dict) -> dict:
+        queries, prompts, labels = (_strings(body, key) for key in ("query", "prompts", "labels"))
+        if not len(queries) == len(prompts) == len(labels):
+            raise BadRequest(f"query, prompts and labels must have one entry each per sample: got {len(queries)}, "
+                             f"{len(prompts)} and {len(labels)}")
+        if not queries:
+            return {"rewards": [], "scores": [], "extra_logs": {}}
+        with self._lock:
+            first = self._received
+            self._received += len(queries)
+        items = [Item(self.run, self._step_of(first + i), self.model, prompt, response_of(query, prompt), label)
+                 for i, (query, prompt, label) in enumerate(zip(queries, prompts, labels))]
+        rows = self.submit(items).result
+        rewards = [row["reward"] for row in rows]
+        return {"rewards": rewards, "scores": rewards,
+                "extra_logs": {"correct": [1.0 if row["correct"] else 0.0 for row in rows]}}
+
+    def native(self, body: dict) -> dict:
+        run = body.get("run", self.run)
+        step, model = body.get("step"), body.get("model", self.model)
+        if not isinstance(run, str) or not isinstance(model, str):
+            raise BadRequest("`run` and `model` must be strings")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise BadRequest(f"`step` must be an integer ≥ 0, got {step!r}")
+        entries = body.get("items")
+        if not isinstance(entries, list):
+            raise BadRequest("`items` must be a list of {prompt, response, label and/or problem_id}")
+        items = [_item(run, step, model, entry, i) for i, entry in enumerate(entries)]
+        job = self.submit(items) if items else Job([], result=[])
+        return {"rewards": [row["reward"] for row in job.result], "correct": [row["correct"] for row in job.result],
+                "verifiers": [row["verifier"] for row in job.result], "iteration": self.offset + step,
+                "lake_run_id": job.run_ids.get(run)}
+
+    def submit(self, items: list[Item]) -> Job:
+        """Queue the items for the next group commit and wait until they are committed (or failed)."""
+        job = Job(items)
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the reward server is stopping")
+            self._pending.append(job)
+            self._lock.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise RuntimeError(job.error)
+        return job
+
+    def _step_of(self, index: int) -> int:
+        return index // self.rollouts_per_step if self.rollouts_per_step else 0
+
+    # ---- the committer -------------------------------------------------------------------
+    def _commit_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._stopping:
+                    self._lock.wait()
+                if not self._pending and self._stopping:
+                    return
+                deadline = time.monotonic() + self.commit_interval
+                while (sum(len(job.items) for job in self._pending) < self.max_batch and not self._stopping
+                       and (left := deadline - time.monotonic()) > 0):
+                    self._lock.wait(left)
+                jobs, self._pending = self._pending, []
+            self._commit(jobs)
+
+    def _commit(self, jobs: list[Job]) -> None:
+        items = [item for job in jobs for item in job.items]
+        try:
+            problems = [self.bank.resolve(item.prompt, item.label, item.problem_id, item.domain, item.verifier)
+                        for item in items]
+            rewards = score(problems, [item.response for item in items], self.config, self._pool)
+            run_ids = {}
+            for run in sorted({item.run for item in items}):
+                mine = [i for i, item in enumerate(items) if item.run == run]
+                attempts = [Attempt(items[i].step, items[i].model, items[i].prompt, items[i].response,
+                                    problems[i]["problem_id"], items[i].response_token_ids) for i in mine]
+                run_ids[run] = self._external(run).record(attempts, rewards[mine])
+            self.commits += 1
+            rows = rewards.select("reward", "correct", "verifier").to_dicts()
+        except Exception as error:                    # every request of the batch learns why; nothing is visible
+            for job in jobs:
+                job.error = f"{type(error).__name__}: {error}"
+                job.done.set()
+            return
+        start = 0
+        for job in jobs:
+            job.result, job.run_ids = rows[start:start + len(job.items)], run_ids
+            start += len(job.items)
+            job.done.set()
+
+    def _external(self, run: str) -> ExternalRun:
+        if run not in self.runs:
+            self.runs[run] = ExternalRun(self.lake, run, self.trainer if run == self.run else "native", self.offset)
+        return self.runs[run]
+
+
+def _strings(body: dict, key: str) -> list[str]:
+    value = body.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequest(f"`{key}` must be a list of strings")
+    return value
+
+
+def _item(run: str, step: int, model: str, entry, index: int) -> Item:
+    if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str) \
+            or not isinstance(entry.get("response"), str):
+        raise BadRequest(f"items[{index}]: needs `prompt` and `response` strings")
+    label, problem_id = entry.get("label"), entry.get("problem_id")
+    if label is None and problem_id is None:
+        raise BadRequest(f"items[{index}]: needs a `label` (ground truth) or the bank's `problem_id`")
+    ids = entry.get("response_token_ids")
+    return Item(run, step, model, entry["prompt"], entry["response"], None if label is None else str(label),
+                problem_id, entry.get("domain"), entry.get("verifier"), ids if isinstance(ids, list) else None)
+
+
+class RewardServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], service: RewardService):
+        self.service = service
+        super().__init__(address, RewardHandler)
+
+
+class RewardHandler(BaseHTTPRequestHandler):
+    server: RewardServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args) -> None:     # one line per request is noise at thousands a second
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/health":
+            self._answer(200, {"status": "ok", "bank_problems": len(self.server.service.bank)})
+        else:
+            self._answer(404, {"error": f"no route {self.path}"})
+
+    def do_POST(self) -> None:
+        routes = {"/get_reward": self.server.service.openrlhf, "/v1/rewards": self.server.service.native}
+        route = routes.get(self.path.rstrip("/"))
+        if route is None:
+            self._answer(404, {"error": f"no route {self.path}: POST /get_reward (OpenRLHF) or /v1/rewards"})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            self._answer(200, route(body))
+        except (BadRequest, json.JSONDecodeError, UnicodeDecodeError) as error:
+            self._answer(400, {"error": str(error)})
+        except RuntimeError as error:
+            self._answer(500, {"error": str(error)})
+
+    def _answer(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

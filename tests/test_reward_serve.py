@@ -1,0 +1,188 @@
+"""`rlvr reward serve` over real HTTP: OpenRLHF's request shape answered with the platform's verdicts, concurrent
+requests gathered into group commits, every acknowledged reward in the lake under the trainer's run (problems
+traced back to the bank, an external model version per step, groups with solve rates), a killed server losing
+none of them, and the iterations re-scored with `rlvr stage verify`."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+
+import polars as pl
+import pyarrow.compute as pc
+import pytest
+
+from conftest import BIN, ROOT, run_cli
+from flows.curation import curate_bank
+from storage.lake import Lake
+
+TEMPLATE = "<|user|>\n{}\n<|assistant|>\n"              # what OpenRLHF's chat template puts round the statement
+
+
+def post(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.fixture
+def bank(tmp_path):
+    """A lake with a curated bank, and its OpenRLHF export (prompt under `input`, ground truth under `label`)."""
+    lake_uri = str(tmp_path / "lake")
+    curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": 30, "seed": 0}]}, lake_uri)
+    exported = tmp_path / "train.jsonl"
+    assert run_cli("export", "--to", "openrlhf", "--out", str(exported), "--lake", lake_uri).returncode == 0
+    rows = [json.loads(line) for line in exported.read_text().splitlines()]
+    return lake_uri, [row for row in rows if row["domain"] == "math"]
+
+
+def start_server(lake_uri: str, *options: str) -> tuple[subprocess.Popen, str]:
+    server = subprocess.Popen([str(BIN / "rlvr"), "reward", "serve", "--lake", lake_uri, "--port", "0", *options],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"}, start_new_session=True)
+    seen = []
+    for line in server.stdout:
+        seen.append(line)
+        found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            threading.Thread(target=server.stdout.read, daemon=True).start()     # keep the pipe drained
+            return server, found.group(1)
+    server.wait(10)
+    raise AssertionError("the reward server did not start:\n" + "".join(seen))
+
+
+def stop(server: subprocess.Popen, sig=signal.SIGINT) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, sig)
+        server.wait(30)
+
+
+def openrlhf_request(row: dict, response: str) -> dict:
+    prompt = TEMPLATE.format(row["input"])
+    return {"query": [prompt + response + "<|end|>"], "prompts": [prompt], "labels": [row["label"]]}
+
+
+def test_openrlhf_requests_are_scored_group_committed_and_recorded(bank):
+    lake_uri, rows = bank
+    rows = rows[:6]
+    server, url = start_server(lake_uri, "--run", "orl-1", "--model", "qwen-tiny", "--rollouts-per-step", "8",
+                               "--workers", "0")
+    try:
+        assert post(url + "/get_reward", {"query": [], "prompts": [], "labels": []}) == \
+            (200, {"rewards": [], "scores": [], "extra_logs": {}})            # OpenRLHF's extra URLs send nothing
+        status, answer = post(url + "/get_reward", {"query": ["a"], "prompts": ["a", "b"], "labels": ["1"]})
+        assert status == 400 and "one entry each per sample" in answer["error"]
+        # 6 problems × 4 samples, one request per sample as OpenRLHF sends them, 12 at a time
+        requests = [(row, f"so #### {row['label'] if sample % 2 == 0 else 'nope'}")
+                    for row in rows for sample in range(4)]
+        answers = [None] * len(requests)
+
+        def send(index: int) -> None:
+            answers[index] = post(url + "/get_reward", openrlhf_request(*requests[index]))
+
+        for start in range(0, len(requests), 12):
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(start, min(start + 12, len(requests)))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        for (row, response), (status, answer) in zip(requests, answers):
+            assert status == 200, answer
+            expected = 1.0 if response.endswith(row["label"]) else 0.0
+            assert answer["rewards"] == [expected] and answer["scores"] == [expected]
+            assert answer["extra_logs"] == {"correct": [expected]}
+    finally:
+        stop(server)
+    lake = Lake.open(lake_uri)
+    rollouts = lake.read("rollouts")
+    assert rollouts.height == 24 and set(rollouts["backend"]) == {"openrlhf"}
+    assert set(rollouts["problem_id"]) == {row["problem_id"] for row in rows}       # traced back to the bank
+    assert sorted(rollouts["iteration"].value_counts()["count"]) == [8, 8, 8]      # 8 rollouts a step
+    runs = lake.read("runs", filter=pc.field("flow") == "external:orl-1")
+    assert set(runs["status"]) == {"completed"} and set(runs["stage"]) == {"reward"}
+    assert runs.height < 24                                                          # group commits
+    rewards = lake.read("rewards")
+    assert rewards.height == 24 and rewards["correct"].sum() == 12
+    assert rewards.join(rollouts, on=["rollout_id", "run_id"]).height == 24
+    versions = lake.read("model_versions").sort("model_version")
+    assert versions["kind"].to_list() == ["external"] * 3 and set(versions["served_name"]) == {"qwen-tiny"}
+    assert versions["parent_version"].to_list() == [None, 0, 1] and versions["iteration"].to_list() == [0, 1, 2]
+    groups = lake.read("groups")
+    assert groups["n_samples"].sum() == 24
+    per_problem = groups.group_by("problem_id").agg(pl.col("n_samples").sum())
+    assert set(per_problem["n_samples"]) == {4}
+
+    # the platform's SQL and re-scoring on a run it did not drive
+    sql = run_cli("sql", "--lake", lake_uri, "--format", "json",
+                  "select o.problem_id, avg(case when r.correct then 1.0 else 0.0 end) as solve_rate "
+                  "from rollouts o join rewards r using (rollout_id) join runs u on o.run_id = u.run_id "
+                  "where u.flow = 'external:orl-1' group by 1")
+    assert sql.returncode == 0, sql.stderr
+    solve_rates = [json.loads(line) for line in sql.stdout.splitlines() if line.strip()]
+    assert len(solve_rates) == 6 and {row["solve_rate"] for row in solve_rates} == {0.5}
+    rescored = run_cli("stage", "verify", "--iteration", "0", "--verifier", "exact", "--lake", lake_uri)
+    assert rescored.returncode == 0, rescored.stderr + rescored.stdout
+    exact = lake.read("rewards", filter=(pc.field("iteration") == 0) & (pc.field("verifier") == "exact"))
+    assert exact.height == 8
+    lineage = run_cli("lineage", "model-version", "2", "--lake", lake_uri)
+    assert lineage.returncode == 0 and "external, parent 1, iteration 2" in lineage.stdout
+
+
+def test_native_endpoint_code_in_the_sandbox_and_clear_errors(bank, tmp_path):
+    lake_uri, rows = bank
+    server, url = start_server(lake_uri, "--run", "default-run", "--workers", "1")
+    try:
+        add = json.dumps({"tests": "assert add(2, 3) == 5", "entry_point": "add"})
+        items = [{"prompt": "Write add(a, b).", "response": "```python\ndef add(a, b):\n    return a + b\n```",
+                  "label": add, "domain": "code"},
+                 {"prompt": "Write add(a, b).", "response": "```python\nimport os\nos._exit(0)\n```", "label": add,
+                  "domain": "code"},
+                 {"prompt": "", "response": f"#### {rows[0]['label']}", "problem_id": rows[0]["problem_id"]}]
+        status, answer = post(url + "/v1/rewards", {"run": "native-1", "step": 3, "model": "m", "items": items})
+        assert status == 200, answer
+        assert answer["rewards"] == [1.0, 0.0, 1.0] and answer["iteration"] == 3 and answer["lake_run_id"]
+        assert answer["verifiers"][0] == "code"
+        for body, field in [({"step": -1, "items": []}, "`step`"), ({"step": 0, "items": [{"prompt": "p"}]},
+                                                                   "items[0]"),
+                            ({"step": 0, "items": [{"prompt": "p", "response": "r"}]}, "`label`")]:
+            status, answer = post(url + "/v1/rewards", body)
+            assert status == 400 and field in answer["error"]
+    finally:
+        stop(server)
+    lake = Lake.open(lake_uri)
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") == 3)
+    assert rollouts.height == 3 and rollouts["problem_id"][2] == rows[0]["problem_id"]
+    assert rollouts["problem_id"][0].startswith("ext-")
+    assert lake.read("runs", filter=pc.field("flow") == "external:native-1")["status"].to_list() == ["completed"]
+
+
+def test_a_killed_server_loses_no_acknowledged_reward_and_iterations_stay_with_their_run(bank):
+    lake_uri, rows = bank
+    server, url = start_server(lake_uri, "--run", "crashy", "--workers", "0", "--commit-interval", "0.05")
+    acknowledged = []
+    try:
+        for row in rows[:10]:
+            status, answer = post(url + "/get_reward", openrlhf_request(row, f"#### {row['label']}"))
+            assert status == 200
+            acknowledged.append(row["problem_id"])
+    finally:
+        stop(server, signal.SIGKILL)                 # no shutdown: whatever was answered must already be there
+    lake = Lake.open(lake_uri)
+    stored = lake.read("rollouts")
+    assert sorted(stored["problem_id"]) == sorted(acknowledged)
+    assert lake.read("rewards")["reward"].to_list() == [1.0] * 10
+
+    other, url = start_server(lake_uri, "--run", "another", "--workers", "0")
+    try:
+        status, answer = post(url + "/get_reward", openrlhf_request(rows[0], "#### 1"))
+        assert status == 500 and "holds rollouts of external:crashy" in answer["error"]
+    finally:
+        stop(other)
+    assert lake.read("rollouts").height == 10
