@@ -340,6 +340,24 @@ def bench_publish(
     measured(context, "publish", publish_time, lambda: publish_time.run_benchmark(versions))
 
 
+@app.command("reward-serve")
+def bench_reward_serve(
+    context: typer.Context,
+    problems: Annotated[int, typer.Option(min=1, help="generated math problems")] = 200,
+    samples: Annotated[int, typer.Option(min=1, help="responses a problem (half right)")] = 8,
+    clients: Annotated[int, typer.Option(min=1, help="requests in flight at once")] = 64,
+    batch: Annotated[int, typer.Option(min=1, help="responses a request to the native endpoint")] = 64,
+    workers: Annotated[int, typer.Option(min=0, help="verifier processes, both ways")] = 2,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
+) -> None:
+    """Rewards a second and latency of `rlvr reward serve` over HTTP with lake writes, against scoring in-process."""
+    from bench import reward_serve
+
+    measured(context, "reward-serve", reward_serve,
+             lambda: reward_serve.run_benchmark(problems, samples, clients, batch, workers))
+
+
 @app.command("startup")
 def bench_startup(
     context: typer.Context,

@@ -186,3 +186,12 @@ def test_a_killed_server_loses_no_acknowledged_reward_and_iterations_stay_with_t
     finally:
         stop(other)
     assert lake.read("rollouts").height == 10
+
+
+def test_the_reward_serve_benchmark_runs_and_finds_every_acknowledged_row():
+    """`rlvr bench reward-serve` at a laptop's size, so that it cannot rot (its figures are not checked here)."""
+    from bench.reward_serve import run_benchmark
+
+    figures = run_benchmark(problems=4, samples=2, clients=4, batch=4, workers=0)
+    assert figures["rows_in_lake"] == figures["rows_acknowledged"] == 2 * 8 + 1
+    assert figures["agreement_with_in_process"] == 1.0 and figures["group_commits"] >= 1

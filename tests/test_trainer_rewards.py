@@ -34,7 +34,7 @@ def test_code_is_run_in_the_sandbox_by_both_entry_points():
     finally:
         reward.close()
     scored = compute_score("gen:code", right, ADD, {"domain": "code", "problem_id": "p1"})
-    assert scored == {"score": 1.0, "correct": True, "verifier": "code"}
+    assert scored == {"score": 1.0, "correct": True, "verifier": "code", "problem_id": "p1"}
     assert compute_score("gen:code", wrong, ADD)["score"] == 0.0
 
 
@@ -81,7 +81,8 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_lan
         warnings.simplefilter("ignore")
         args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=8,
                           num_generations=4, max_completion_length=8, use_cpu=True, report_to=[], logging_steps=1,
-                          save_strategy="no", disable_tqdm=True, bf16=False)
+                          save_strategy="no", disable_tqdm=True, bf16=False,
+                          log_completions=True, num_completions_to_print=0)
         trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=load_from_disk(str(exported)),
                               processing_class=tokenizer, callbacks=[Seen()])
         try:
@@ -110,3 +111,22 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_lan
     lineage = run_cli("lineage", "model-version", "1", "--lake", lake_uri)
     assert lineage.returncode == 0 and "external, parent 0, iteration 1" in lineage.stdout
     assert "tiny-grpo" in lineage.stdout
+
+    # TRL's own log of the same completions, imported as a run of its own past the first one's iterations
+    logged_files = sorted((tmp_path / "out" / "completions").glob("completions_*.parquet"))
+    assert len(logged_files) == 2
+    imported = run_cli("import", "trl", str(tmp_path / "out"), "--run", "trl-logged", "--iteration-offset", "100",
+                       "--lake", lake_uri, "--format", "json")
+    assert imported.returncode == 0, imported.stderr
+    assert [json.loads(line)["rollouts"] for line in imported.stdout.splitlines()] == [8, 8]
+    logged = lake.read("rollouts", filter=pc.field("iteration") >= 100)
+    assert sorted(set(logged["iteration"])) == [101, 102] and set(logged["problem_id"]) <= bank
+    assert sorted(zip(logged["prompt"], logged["response"])) == sorted(zip(rollouts["prompt"], rollouts["response"]))
+    trl_rewards = lake.read("rewards", filter=pc.field("iteration") >= 100)
+    assert set(trl_rewards["verifier"]) == {"rlvr_verifier"} and trl_rewards["reward"].sum() == \
+        lake.read("rewards", filter=(pc.field("iteration") < 100) & (pc.field("verifier") != "exact"))["reward"].sum()
+    assert lake.read("advantages", filter=pc.field("estimator") == "trl").height == 16
+    again = run_cli("import", "trl", str(tmp_path / "out"), "--run", "trl-logged", "--iteration-offset", "100",
+                    "--lake", lake_uri, "--format", "json")
+    assert [json.loads(line)["status"] for line in again.stdout.splitlines()] == ["imported before"] * 2
+    assert lake.read("rollouts", filter=pc.field("iteration") >= 100).height == 16

@@ -16,6 +16,11 @@ app = typer.Typer()
 reward_app = typer.Typer(help="The platform's verifiers as other trainers' reward.", no_args_is_help=True)
 
 
+class Logs(str, Enum):
+    verl = "verl"
+    trl = "trl"
+
+
 class Trainer(str, Enum):
     verl = "verl"
     trl = "trl"
@@ -79,7 +84,7 @@ def reward_serve(
     workers: Annotated[int, typer.Option(min=0, help="verifier processes (0: in this process; code always runs "
                                          "in the sandbox)")] = 2,
     item_timeout: Annotated[float, typer.Option(help="seconds one response may take to verify")] = 30.0,
-    commit_interval: Annotated[float, typer.Option(help="seconds a group commit gathers requests")] = 0.2,
+    commit_interval: Annotated[float, typer.Option(help="seconds a group commit waits for more requests (requests that arrive while one commits go into the next anyway)")] = 0.0,
     lake: LakeOption = None,
 ) -> None:
     """Serve the verifiers over HTTP: OpenRLHF's `POST /get_reward` and the native `POST /v1/rewards`; every
@@ -110,3 +115,35 @@ def reward_serve(
                 service.close()
     except (ValueError, OSError, LeaseHeld) as error:
         fail(str(error))
+
+
+@app.command("import")
+def import_logs(
+    kind: Annotated[Logs, typer.Argument(help="verl: a rollout (or validation) dump folder of <step>.jsonl; trl: a "
+                                         "GRPOTrainer output_dir whose completions/ TRL logged")],
+    source: Annotated[Path, typer.Argument(help="the folder")],
+    run: Annotated[str, typer.Option(help="the trainer's run: its rows are the stage runs of flow external:RUN")],
+    model: Annotated[Optional[str], typer.Option(help="the policy's name (default: the trainer's)")] = None,
+    iteration_offset: Annotated[int, typer.Option(min=0, help="the lake's iteration of step 0")] = 0,
+    lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
+) -> None:
+    """Import a trainer's logged responses and rewards into the lake under its run, with lineage (files imported
+    before are skipped)."""
+    use_format(format)
+    import polars as pl
+
+    from storage.lake import Lake, LeaseHeld
+    from storage.leases import LOOP
+    from tasks.interop.imports import import_logs as run_import
+    from tasks.interop.recording import ExternalRun
+
+    try:
+        opened = Lake.open(lake)
+        recorder = ExternalRun(opened, run, kind.value, iteration_offset)
+        with opened.lease(LOOP):
+            summaries = run_import(opened, recorder, kind.value, source, model or kind.value)
+    except (ValueError, OSError, LeaseHeld) as error:
+        fail(str(error).splitlines()[0], 2)
+    show_table(pl.DataFrame(summaries).select("file", "rollouts", "status"),
+               title=f"{sum(s['rollouts'] for s in summaries)} responses imported into run {run!r}", part="imported")

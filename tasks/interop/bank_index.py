@@ -28,6 +28,7 @@ class BankIndex:
         rows = problems.select(FIELDS).unique("problem_id").iter_rows(named=True) if problems.height else []
         self._by_id: dict[str, dict] = {}
         self._by_truth: dict[str, list[dict]] = {}
+        self._by_prompt: dict[str, dict | None] = {}
         for row in rows:
             self._by_id[row["problem_id"]] = row
             self._by_truth.setdefault(ground_truth(row).strip(), []).append(row)
@@ -39,6 +40,13 @@ class BankIndex:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def match_prompt(self, prompt: str) -> dict | None:
+        """The problem whose statement lies inside `prompt` (TRL logs the prompt alone), the longest of several."""
+        if prompt not in self._by_prompt:
+            candidates = [row for row in self._by_id.values() if row["prompt"] in prompt]
+            self._by_prompt[prompt] = max(candidates, key=lambda row: len(row["prompt"])) if candidates else None
+        return self._by_prompt[prompt]
 
     def match(self, prompt: str, label: str) -> dict | None:
         candidates = [row for row in self._by_truth.get(label.strip(), []) if row["prompt"] in prompt]

@@ -74,16 +74,21 @@ class ExternalRun:
             raise ValueError(f"step {step} must be 0 or more")
         return self.offset + step
 
-    def record(self, attempts: list[Attempt], rewards: pl.DataFrame) -> str:
-        """Write the attempts and their reward rows (`rewards`: one row per attempt in the same order, as
-        `rewards.score` returns them) as one completed stage run; returns its run id."""
-        if len(attempts) != rewards.height:
-            raise ValueError(f"{len(attempts)} attempts but {rewards.height} reward rows")
+    def record(self, attempts: list[Attempt], rewards: pl.DataFrame, parameters: dict | None = None,
+               advantages: list[float] | None = None) -> str:
+        """Write the attempts and their reward rows as one completed stage run; returns its run id.
+
+        `rewards` holds one or more rows per attempt (one per verifier), each naming its attempt by position as
+        `rollout_id` "0", "1", … (as `rewards.score` returns them); `advantages`, where the trainer logged them,
+        one per attempt. `parameters` join the stage run's record (an imported file's name and hash)."""
         if not attempts:
             return ""
+        index = rewards["rollout_id"].cast(pl.Int64, strict=False)
+        if index.is_null().any() or index.min() < 0 or index.max() >= len(attempts):
+            raise ValueError(f"reward rows must name their attempt by position 0-{len(attempts) - 1}")
         iterations = sorted({self.iteration(a.step) for a in attempts})
         parameters = {"trainer": self.trainer, "run": self.name, "iterations": iterations,
-                      "models": sorted({a.model for a in attempts}), "rollouts": len(attempts)}
+                      "models": sorted({a.model for a in attempts}), "rollouts": len(attempts), **(parameters or {})}
         with self.lake.run(self.flow, "reward", parameters, iteration=iterations[0]) as run:
             for iteration in iterations:
                 self._check_owner(iteration)
@@ -91,12 +96,23 @@ class ExternalRun:
                         sorted({(a.model, self.iteration(a.step)) for a in attempts})}
             rollouts = self._rollout_rows(attempts, versions)
             self.lake.append("rollouts", rollouts, run)
+            of = rollouts[index.to_list()]
             self.lake.append("rewards", rewards.with_columns(
-                rollout_id=rollouts["rollout_id"], iteration=rollouts["iteration"],
-                problem_id=rollouts["problem_id"]), run)
+                rollout_id=of["rollout_id"], iteration=of["iteration"], problem_id=of["problem_id"]), run)
+            if advantages is not None:
+                self.lake.append("advantages", self._advantage_rows(rollouts, rewards, index, advantages), run)
             for iteration in iterations:
                 self.lake.replace("groups", self._groups(iteration), {"iteration": iteration}, run)
         return run.run_id
+
+    def _advantage_rows(self, rollouts: pl.DataFrame, rewards: pl.DataFrame, index: pl.Series,
+                        advantages: list[float]) -> pl.DataFrame:
+        """The trainer's own advantages (its estimator, named after it), on the summed reward it trained on."""
+        total = rewards.with_columns(attempt=index).group_by("attempt").agg(pl.col("reward").sum()).sort("attempt")
+        return rollouts.select("iteration", "rollout_id", "group_id", "problem_id").with_columns(
+            estimator=pl.lit(self.trainer), reward=total["reward"], shaped_reward=total["reward"],
+            advantage=pl.Series(advantages, dtype=pl.Float64), loss_mask=pl.lit(1.0), staleness=pl.lit(0, pl.Int64),
+            freshness=pl.lit("fresh"))
 
     def _rollout_rows(self, attempts: list[Attempt], versions: dict[tuple[str, int], int]) -> pl.DataFrame:
         rows = []
@@ -126,16 +142,18 @@ class ExternalRun:
 
     def _groups(self, iteration: int) -> pl.DataFrame:
         """The iteration's groups from every response stored there and the reward its trainer was given (the
-        verdict recorded with it, not a later re-score's)."""
+        verdicts recorded with it, summed over its reward functions; not a later re-score's). A response is
+        correct when a verdict says so; its solve rate is null where no verdict decides."""
         rollouts = self.lake.read("rollouts", filter=pc.field("iteration") == iteration,
                                   columns=["rollout_id", "group_id", "problem_id", "model_version", "run_id"])
         rewards = self.lake.read("rewards", filter=pc.field("iteration") == iteration,
                                  columns=["rollout_id", "reward", "correct", "run_id"])
-        scored = rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner")
+        scored = rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner").group_by(
+            "rollout_id", "group_id", "problem_id", "model_version").agg(pl.col("reward").sum(), pl.col("correct").max())
         return scored.group_by("group_id", "problem_id").agg(
             model_version=pl.col("model_version").min(), n_samples=pl.len(), mean_reward=pl.col("reward").mean(),
             std_reward=pl.col("reward").std(ddof=0), min_reward=pl.col("reward").min(),
-            max_reward=pl.col("reward").max(), solve_rate=pl.col("correct").cast(pl.Float64).fill_null(0.0).mean(),
+            max_reward=pl.col("reward").max(), solve_rate=pl.col("correct").cast(pl.Float64).mean(),
         ).with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True)).sort("group_id")
 
     def _check_owner(self, iteration: int) -> None:

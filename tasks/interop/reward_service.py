@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import polars as pl
+
 from storage.lake import Lake
 from tasks.interop.bank_index import BankIndex
 from tasks.interop.recording import Attempt, ExternalRun
@@ -182,7 +184,8 @@ class RewardService:
                 mine = [i for i, item in enumerate(items) if item.run == run]
                 attempts = [Attempt(items[i].step, items[i].model, items[i].prompt, items[i].response,
                                     problems[i]["problem_id"], items[i].response_token_ids) for i in mine]
-                run_ids[run] = self._external(run).record(attempts, rewards[mine])
+                mine_rewards = rewards[mine].with_columns(rollout_id=pl.Series([str(k) for k in range(len(mine))]))
+                run_ids[run] = self._external(run).record(attempts, mine_rewards)
             self.commits += 1
             rows = rewards.select("reward", "correct", "verifier").to_dicts()
         except Exception as error:                    # every request of the batch learns why; nothing is visible

@@ -122,9 +122,11 @@ class PlatformReward:
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   **_) -> dict:
-    """verl's custom reward function: {score, correct, verifier} for one response (`rlvr export --to verl` puts the
-    domain and verifier in `extra_info`)."""
+    """verl's custom reward function: {score, correct, verifier, problem_id} for one response (`rlvr export --to
+    verl` puts the domain, verifier and problem id in `extra_info`; verl dumps every key, so `rlvr import verl`
+    finds each response's problem)."""
     extra = extra_info or {}
     problem = problem_from(str(ground_truth), extra.get("domain"), extra.get("verifier"), extra.get("problem_id"))
     row = score([problem], [solution_str], VerifyConfig(workers=0)).row(0, named=True)
-    return {"score": float(row["reward"] or 0.0), "correct": bool(row["correct"]), "verifier": row["verifier"]}
+    return {"score": float(row["reward"] or 0.0), "correct": bool(row["correct"]), "verifier": row["verifier"],
+            "problem_id": str(extra.get("problem_id") or "")}
