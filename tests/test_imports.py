@@ -1,6 +1,6 @@
 """`rlvr import verl`: verl's rollout dumps (`<dir>/<step>.jsonl`, written as `ray_trainer._dump_generations`
 writes them, scored by the platform's `compute_score`) into the lake under the trainer's run, each response traced
-back to its problem; a file imported before is skipped, a bad one refused naming file, line and field."""
+back to its problem and analysed by `rlvr analyze sampling`; a file imported before is skipped, a bad one refused naming file, line and field."""
 
 import json
 
@@ -56,6 +56,12 @@ def test_verl_dumps_land_in_the_lake_once_with_their_problems(tmp_path):
     assert set(groups.filter(pl.col("iteration") == 2)["mean_reward"]) == {0.5}
     versions = lake.read("model_versions").sort("model_version")
     assert versions["served_name"].to_list() == ["qwen-7b"] * 2 and versions["parent_version"].to_list() == [None, 0]
+
+    analysis = run_cli("analyze", "sampling", "--iteration", "1", "--lake", lake_uri, "--format", "json")
+    assert analysis.returncode == 0, analysis.stderr
+    analysed = [json.loads(line) for line in analysis.stdout.splitlines()]
+    assert len(analysed) == 4 and {(row["samples"], row["solve_rate"], row["zone"]) for row in analysed} == \
+        {(2, 0.5, "learning_zone")}
 
     again = run_cli("import", "verl", str(dumps), "--run", "verl-1", "--lake", lake_uri, "--format", "json")
     assert [json.loads(line)["status"] for line in again.stdout.splitlines()] == ["imported before"] * 2
