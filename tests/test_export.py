@@ -78,6 +78,9 @@ def test_nothing_is_overwritten_and_bad_requests_say_why(bank_lake, tmp_path):
     result = run_cli("export", "--to", "openrlhf", "--out", str(tmp_path / "b.jsonl"), "--batch", "7",
                      "--lake", bank_lake)
     assert result.returncode == 2 and "iteration 7 has no kept groups" in result.stderr
+    for command in (["export", "--to", "openrlhf", "--out", str(tmp_path / "c.jsonl"), "--n", "3"], ["bank", "sample"]):
+        result = run_cli(*command, "--levels", "20,x,30,5", "--lake", bank_lake)
+        assert result.returncode == 2 and "--levels '20,x,30,5': give the weights of levels 1,2,3,4" in result.stderr
     assert not list(tmp_path.glob(".*partial*"))
 
 

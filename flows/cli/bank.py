@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli.common import FormatOption, LakeOption, fail, prefect_defaults
+from flows.cli.common import FormatOption, LakeOption, fail, fail_on_bad_request, mix_from_options, prefect_defaults
 from flows.display import TableFormat, console, show_table, use_format
 
 app = typer.Typer()
@@ -106,17 +106,13 @@ def bank_sample(
     """Draw a seeded training mix by level and domain."""
     use_format(format)
     from storage.lake import Lake
-    from tasks.curation.config import MixConfig
     from tasks.curation.stage import draw_training_mix
-    from tasks.curation.inputs import parse_weights
 
     try:
-        level_weights = {i + 1: float(w) for i, w in enumerate(levels.split(","))}
-        mix = MixConfig(level_weights=level_weights, domain_weights=parse_weights(domain_weights),
-                        split=split, bank_version=bank_version, seed=seed)
-        drawn = draw_training_mix(Lake.open(lake), n, mix)
+        drawn = draw_training_mix(Lake.open(lake), n, mix_from_options(levels, domain_weights, split, bank_version,
+                                                                       seed))
     except ValueError as error:
-        fail(str(error).splitlines()[0] if "validation error" not in str(error) else str(error), 2)
+        fail_on_bad_request(error)
     summary = drawn.group_by("level", "domain").len("drawn").sort("level", "domain")
     show_table(summary, title=f"{drawn.height} problems drawn (seed {seed})", part="drawn")
     if out is not None:

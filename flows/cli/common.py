@@ -31,6 +31,37 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def serve_until_interrupted(server) -> None:
+    """Serve an HTTP server until Ctrl-C, then close its socket."""
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def fail_on_bad_request(error: ValueError) -> None:
+    """Exit 2 with the error's first line, or with all of a config validation's lines (each names a field)."""
+    text = str(error)
+    fail(text if "validation error" in text else text.splitlines()[0], 2)
+
+
+def mix_from_options(levels: str, domain_weights: str | None, split: str, bank_version: int | None, seed: int):
+    """A training mix (`MixConfig`) from the command line's --levels 20,45,30,5 and --domain-weights math=0.7,...;
+    a bad value raises ValueError naming it."""
+    from tasks.curation.config import MixConfig
+    from tasks.curation.inputs import parse_weights
+
+    try:
+        level_weights = {i + 1: float(w) for i, w in enumerate(levels.split(","))}
+    except ValueError:
+        raise ValueError(f"--levels {levels!r}: give the weights of levels 1,2,3,4 in percent, e.g. 20,45,30,5") \
+            from None
+    return MixConfig(level_weights=level_weights, domain_weights=parse_weights(domain_weights), split=split,
+                     bank_version=bank_version, seed=seed)
+
+
 @contextmanager
 def loop_writer(lake: str | None, wait: bool) -> Iterator[None]:
     """Hold the lake's `loop` lease for the whole command, taken before any orchestration starts: a second

@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli.common import FormatOption, LakeOption, fail
+from flows.cli.common import FormatOption, LakeOption, fail, fail_on_bad_request, mix_from_options, \
+    serve_until_interrupted
 from flows.display import TableFormat, console, show_table, use_format
 
 app = typer.Typer()
@@ -48,8 +49,6 @@ def export(
     its problem_id, bank version, level and verifier back to the lake."""
     use_format(format)
     from storage.lake import Lake
-    from tasks.curation.config import MixConfig
-    from tasks.curation.inputs import parse_weights
     from tasks.interop.export import bank_selection, batch_problems, write_export
 
     try:
@@ -57,13 +56,10 @@ def export(
         if batch is not None:
             problems = batch_problems(opened, batch)
         else:
-            mix = MixConfig(level_weights={i + 1: float(w) for i, w in enumerate(levels.split(","))},
-                            domain_weights=parse_weights(domain_weights), split=split, bank_version=bank_version,
-                            seed=seed)
-            problems = bank_selection(opened, mix, n)
+            problems = bank_selection(opened, mix_from_options(levels, domain_weights, split, bank_version, seed), n)
         written = write_export(problems, to.value, out, chat)
     except ValueError as error:
-        fail(str(error).splitlines()[0] if "validation error" not in str(error) else str(error), 2)
+        fail_on_bad_request(error)
     show_table(problems.group_by("domain", "level").len("rows").sort("domain", "level"),
                title=f"{problems.height} problems exported for {to.value}", part="exported")
     console.print(f"wrote {written}")
@@ -105,12 +101,7 @@ def reward_serve(
                 console.print(f"serving rewards for run {run!r} into {opened.uri} on http://{host}:{server.server_port}"
                               f" ({len(service.bank)} bank problems): POST /get_reward (OpenRLHF), POST /v1/rewards",
                               soft_wrap=True)
-                try:
-                    server.serve_forever()
-                except KeyboardInterrupt:
-                    pass
-                finally:
-                    server.server_close()
+                serve_until_interrupted(server)
             finally:
                 service.close()
     except (ValueError, OSError, LeaseHeld) as error:
@@ -144,6 +135,6 @@ def import_logs(
         with opened.lease(LOOP):
             summaries = run_import(opened, recorder, kind.value, source, model or kind.value)
     except (ValueError, OSError, LeaseHeld) as error:
-        fail(str(error).splitlines()[0], 2)
+        fail_on_bad_request(error)
     show_table(pl.DataFrame(summaries).select("file", "rollouts", "status"),
                title=f"{sum(s['rollouts'] for s in summaries)} responses imported into run {run!r}", part="imported")

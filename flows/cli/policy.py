@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli.common import ConfigOption, FormatOption, LakeOption, fail, iteration_config, prefect_defaults, run_config
+from flows.cli.common import ConfigOption, FormatOption, LakeOption, fail, iteration_config, prefect_defaults, run_config, \
+    serve_until_interrupted
 from flows.display import TableFormat, console, show_table, use_format
 
 
@@ -81,12 +82,7 @@ def policy_serve(
         "every registered model version" if on_demand else \
         f"model version(s) {', '.join(map(str, preload or [])) or 'none'} and what is loaded into it"
     console.print(f"serving {served} of {lake or 'the lake'} on http://{host}:{server.server_port}/v1")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    serve_until_interrupted(server)
 
 
 @app.command("check")
