@@ -2,11 +2,13 @@
 #   make demo        install everything into .venv and run the main job on the embedded default
 #   make test        install everything into .venv and run the test suite (all but the `slow` tests)
 #   make test-slow   the `slow` tests: long end-to-end runs (kills, Postgres workers, self-play); CI runs both
+#   make mlflow-server  an MLflow server in .venv-mlflow of its own, for the tests of `rlvr track` (CI makes it)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+MLFLOW_VENV ?= .venv-mlflow
 
-.PHONY: install demo test test-slow bench
+.PHONY: install demo test test-slow bench mlflow-server
 
 $(BIN)/rlvr: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +19,15 @@ $(BIN)/rlvr: pyproject.toml
 	touch $@
 
 install: $(BIN)/rlvr
+
+# Its own environment: MLflow's pins (FastAPI, SQLAlchemy, ...) never meet the platform's, which only speaks to the
+# server over HTTP. tests/test_tracking.py starts it (and skips its server tests, saying so, without it).
+$(MLFLOW_VENV)/bin/mlflow: requirements/mlflow-server.txt
+	$(PYTHON) -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet -r requirements/mlflow-server.txt
+	touch $@
+
+mlflow-server: $(MLFLOW_VENV)/bin/mlflow
 
 demo: install
 	$(BIN)/rlvr run --config configs/demo.yaml

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +52,15 @@ def wait_for(url: str, process: subprocess.Popen, timeout: float, what: str) -> 
             time.sleep(0.2)
     process.kill()
     raise RuntimeError(f"{what} did not answer at {url} within {timeout} s")
+
+
+def stop_group(process: subprocess.Popen, signum: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Stop a process started with start_new_session=True and all it started: `signum`, then SIGKILL after `timeout`."""
+    os.killpg(process.pid, signum)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

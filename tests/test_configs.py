@@ -21,12 +21,14 @@ from tasks.rewards.compose import RewardConfig
 from tasks.rollout.publish import PublishConfig
 from tasks.selfplay.self_verify import SelfVerifyConfig
 from tasks.selfplay.stage import SelfPlayConfig
+from tasks.interop.tracking import TrackingConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
             "loop": LoopConfig, "warmup": WarmupConfig,
             "curriculum": CurriculumConfig, "publish": PublishConfig, "selfplay": SelfPlayConfig,
-            "selfverify": SelfVerifyConfig}
+            "selfverify": SelfVerifyConfig,
+            "tracking": TrackingConfig}           # not a run config's: `rlvr track --config` (configs/tracking.yaml)
 WHOLE_FILE_CONFIGS = {"deployments.yaml"}              # not run configs: validated by test_deployments_config_loads
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in WHOLE_FILE_CONFIGS)
 

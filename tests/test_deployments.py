@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import BIN, ROOT, run_cli
+from conftest import BIN, ROOT, run_cli, stop_group
 
 TINY_BANK = {"sources": [{"kind": "generator", "generator": "mix", "count": 20, "seed": 0}]}
 
@@ -58,11 +58,7 @@ def test_rlvr_serve_registers_schedules_and_runs_a_triggered_flow(prefect_api, t
             state = wait_for_state(client, run.id)
             assert state.is_completed(), state
     finally:
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_group(server, signal.SIGINT, 30)
     from storage.lake import Lake
 
     problems = Lake.open(str(lake)).read("problems")

@@ -7,6 +7,7 @@ frozen."""
 import json
 from pathlib import Path
 
+import tasks.interop.tracking  # noqa: F401  (registers `tracked_runs`, a table beside the loop's)
 from storage.schemas import TABLES
 
 SNAPSHOT = Path(__file__).with_name("table_schemas.json")

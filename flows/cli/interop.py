@@ -1,17 +1,23 @@
 """`rlvr export`: the bank or a kept batch as the dataset of a trainer teams already use (TRL, verl, OpenRLHF);
-`rlvr reward serve`: the verifiers as their reward server, recording what they score into the lake."""
+`rlvr reward serve`: the verifiers as their reward server, recording what they score into the lake;
+`rlvr track`: the loop's metrics and plots logged to MLflow and TensorBoard."""
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from flows.cli.common import FormatOption, LakeOption, fail, fail_on_bad_request, mix_from_options, \
     serve_until_interrupted
-from flows.display import TableFormat, console, show_table, use_format
+from flows.display import TableFormat, console, errors, show_table, use_format
+
+if TYPE_CHECKING:
+    from storage.lake import Lake
+    from tasks.interop.tracking import TrackingConfig
 
 app = typer.Typer()
 reward_app = typer.Typer(help="The platform's verifiers as other trainers' reward.", no_args_is_help=True)
@@ -138,3 +144,66 @@ def import_logs(
         fail_on_bad_request(error)
     show_table(pl.DataFrame(summaries).select("file", "rollouts", "status"),
                title=f"{sum(s['rollouts'] for s in summaries)} responses imported into run {run!r}", part="imported")
+
+
+@app.command("track")
+def track(
+    config: Annotated[Path, typer.Option(help="YAML with a `tracking:` section (mlflow, tensorboard, plots)")]
+        = Path("configs/tracking.yaml"),
+    follow: Annotated[bool, typer.Option("--follow", help="keep going: a pass every --interval seconds until "
+                                         "interrupted (Ctrl-C), beside a loop that is running")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="seconds between passes with --follow")] = 30.0,
+    lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
+) -> None:
+    """Log the loop's iteration metrics, stage times and the report's plots to MLflow and TensorBoard (step =
+    iteration), each iteration once; what went where is recorded in `tracked_runs` (`rlvr lineage tracking`)."""
+    use_format(format)
+    import time
+
+    from storage.lake import Lake
+    from tasks.config import load_yaml_config
+    from tasks.interop.tracking import TrackingConfig
+
+    try:
+        settings = load_yaml_config(config, TrackingConfig, section="tracking")
+        if not settings.enabled:
+            fail(f"{config}: tracking is off (enable tracking.mlflow or tracking.tensorboard)", 2)
+        opened = Lake.open(lake)
+    except (ValueError, OSError) as error:
+        fail(str(error), 2)
+    try:
+        while True:
+            _track_once(opened, settings, follow, interval)
+            if not follow:
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:                         # how --follow ends; a pass cut short is logged again next time
+        return
+
+
+def _track_once(opened: "Lake", settings: "TrackingConfig", follow: bool, interval: float) -> None:
+    """One pass, shown; with --follow a tracker that refuses is a warning, and the next pass tries again."""
+    from tasks.interop.trackers import track as track_pass
+    from tasks.interop.tracking import TrackingError
+
+    try:
+        _show_pass(track_pass(opened, settings))
+    except TrackingError as error:
+        if not follow:
+            fail(str(error))
+        errors.print(f"[yellow]warning:[/yellow] {escape(str(error))} (trying again in {interval:g} s)",
+                     highlight=False, soft_wrap=True)
+
+
+def _show_pass(results: list[dict]) -> None:
+    import polars as pl
+
+    if not results:
+        console.print("nothing to track yet: the lake holds no iteration (`rlvr run` writes them)")
+        return
+    table = pl.DataFrame([{"tracker": row["tracker"], "run": row["tracker_run_id"], "logged": "up to date"
+                           if row["first_iteration"] is None else f"iterations {row['first_iteration']}-"
+                           f"{row['last_iteration']}", "plots": row["plots"], "where": row["link"]}
+                          for row in results])
+    show_table(table, title=f"tracked: lake run {results[0]['lake_run_id']}", max_width=200, part="tracked")

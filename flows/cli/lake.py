@@ -27,6 +27,7 @@ def sql(
     from storage.lake import Lake, LakeError
 
     use_format(format)
+    with_interop_tables()
     try:
         catalog = open_lake_catalog(Lake.open(lake), as_of, query)
         for why in catalog.damaged.values():
@@ -87,6 +88,32 @@ def lineage_model_version(version: int, lake: LakeOption = None) -> None:
             console.print(f"  stage runs    {', '.join(entry['runs'])}")
 
 
+@lineage_app.command("tracking")
+def lineage_tracking(lake: LakeOption = None, format: FormatOption = TableFormat.table) -> None:
+    """The tracker runs (MLflow, TensorBoard) the lake's run is logged to by `rlvr track`, and how far."""
+    use_format(format)
+    import polars as pl
+
+    from storage.lake import Lake
+
+    with_interop_tables()
+    recorded = Lake.open(lake).read("tracked_runs")
+    if recorded.is_empty():
+        fail("no tracker run recorded: `rlvr track --config configs/tracking.yaml` logs the lake's run to one")
+    keys = ["tracker", "tracker_run_id", "experiment", "lake_run_id", "tracker_uri", "link"]
+    runs = recorded.group_by(keys).agg(pl.col("first_iteration").min(), pl.col("last_iteration").max(),
+                                       pl.len().alias("passes"),
+                                       pl.col("created_at").max().dt.strftime("%Y-%m-%d %H:%M:%S").alias("last_pass"))
+    show_table(runs.sort("tracker", "last_pass").select(*keys[:4], "first_iteration", "last_iteration", "passes",
+                                                       "last_pass", "link"),
+               title="tracker runs of the lake's run (step = iteration)", max_width=300)
+
+
+def with_interop_tables() -> None:
+    """Tables registered beside the loop (`tasks/interop`: `tracked_runs`), so reading the lake sees them too."""
+    import tasks.interop.tracking  # noqa: F401  (registers its table)
+
+
 @app.command()
 def doctor(
     lake: LakeOption = None,
@@ -102,6 +129,7 @@ def doctor(
     from storage.doctor import diagnose, healthy
     from storage.lake import Lake
 
+    with_interop_tables()
     opened = Lake.open(lake)
     findings = diagnose(opened, repair)
     table = pl.DataFrame([{"severity": f.severity, "subject": f.subject, "finding": f.what, "meaning": f.meaning,
