@@ -16,15 +16,17 @@ from pydantic import Field, field_validator
 
 from tasks.config import Strict, read_yaml
 
-FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report", "audit", "sampler", "trainer"]
+FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report", "audit", "sampler", "trainer",
+                  "maintenance"]
 
 
 class DeploymentSpec(Strict):
     """One deployment: a flow, when it runs, and what it is given beyond the run config."""
 
     name: str = Field(description="deployment name, shown in the UI as <flow name>/<name>")
-    flow: FlowKey = Field(description="curate, loop, iteration, evaluate, rescore, report, audit, or the async "
-                          "loop's sampler and trainer (started by the loop with loop.roles: deployments)")
+    flow: FlowKey = Field(description="curate, loop, iteration, evaluate, rescore, report, audit, maintenance (the "
+                          "lake's compaction, checkpoints and vacuum), or the async loop's sampler and trainer "
+                          "(started by the loop with loop.roles: deployments)")
     cron: str | None = Field(None, description="cron schedule (in `timezone`); none: run from the UI or API only")
     parameters: dict[str, Any] = Field(default_factory=dict, description="flow parameters over the ones built "
                                        "from the run config (e.g. iterations: 100, force: true)")
@@ -85,6 +87,8 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
         built.update(config={"verify": {}}, iterations=[])   # each iteration keeps its own recorded settings
     elif spec.flow in ("audit", "sampler", "trainer"):
         pass             # audit: its labelled sample is the spec's parameter; the roles get theirs from the loop
+    elif spec.flow == "maintenance":
+        built["config"] = {}     # MaintenanceConfig's defaults; the spec's `parameters.config` overrides them
     else:
         built["out_dir"] = serve.report_dir
     return {**built, **spec.parameters}
@@ -110,6 +114,9 @@ def flow_of(key: str):
     if key == "audit":
         from flows.verification import audit_verifier
         return audit_verifier
+    if key == "maintenance":
+        from flows.maintenance import lake_maintenance
+        return lake_maintenance
     if key in ("sampler", "trainer"):
         from flows.async_workers import policy_trainer, rollout_producer
         return rollout_producer if key == "sampler" else policy_trainer

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from storage import leases, presence
 from storage.lake import Lake, LakeError
+from storage.maintenance import last_maintenance, layout
 from storage.registry import claim_record, reclaimable
 from storage.schemas import TABLES
 
@@ -45,6 +46,7 @@ def diagnose(lake: Lake, repair: bool = False) -> list[Finding]:
     findings += check_checkpoints(lake, readable, repair)
     findings += check_leases(lake, repair)
     findings += check_unreferenced_files(lake, readable, repair)
+    findings += check_layout(lake, readable)
     return findings
 
 
@@ -219,6 +221,27 @@ def check_unreferenced_files(lake: Lake, readable: set[str], repair: bool) -> li
             table.vacuum(dry_run=False, full=True)
             finding.repaired = True
         findings.append(finding)
+    return findings
+
+
+def check_layout(lake: Lake, readable: set[str]) -> list[Finding]:
+    """Small files and log checkpoints per table, and the last maintenance: what `rlvr lake maintain` improves
+    (information: a lake with small files is whole, only slower to read)."""
+    layouts = [found for name in sorted(readable) if (found := layout(lake, name)) is not None]
+    if not layouts:
+        return []
+    small = ", ".join(f"{t.table} {t.small_files} of {t.files}" for t in layouts if t.small_files)
+    behind = ", ".join(f"{t.table} {'none' if t.last_checkpoint is None else f'v{t.last_checkpoint}'} of v{t.version}"
+                       for t in layouts if t.last_checkpoint != t.version)
+    findings = [Finding(INFO, "layout", f"small files (under 8 MB, several in a partition): {small or 'none'}; log checkpoints behind the "
+                        f"current version: {behind or 'none'}",
+                        "reads open every file and replay the log since its last checkpoint: `rlvr lake maintain` "
+                        "compacts the files and checkpoints the logs")]
+    last = last_maintenance(lake)
+    findings.append(Finding(INFO, "maintenance", "never maintained" if last is None else
+                            f"last maintained {last['ended_at']:%Y-%m-%d %H:%M} UTC (run {last['run_id']})",
+                            "`rlvr lake maintain`, or the scheduled `lake-maintenance` deployment "
+                            "(configs/deployments.yaml)"))
     return findings
 
 

@@ -39,12 +39,15 @@ def test_deployments_config_loads():
     serve, run_config = load_serve_config(ROOT / "configs" / "deployments.yaml")
     assert run_config and {d.flow for d in serve.deployments} == {"curate", "loop", "iteration", "evaluate",
                                                                    "rescore", "report", "audit", "sampler",
-                                                                   "trainer"}
+                                                                   "trainer", "maintenance"}
     parameters = {spec.flow: flow_parameters(spec, serve, run_config) for spec in serve.deployments}
     assert all("lake_uri" in built for built in parameters.values())
     assert parameters["evaluate"]["force"] is False                  # hourly, skipped while the evaluation stands
     assert parameters["rescore"]["config"] == {"verify": {}}         # iterations keep their recorded settings
     assert parameters["audit"]["audit_file"] == "audits/math.jsonl"
+    from storage.maintenance import MaintenanceConfig
+
+    assert MaintenanceConfig.model_validate(parameters["maintenance"]["config"]).retention_hours == 168
     from flows.deployments import runner_deployments
 
     served = {d.flow_name for d in runner_deployments(serve, run_config)}

@@ -1,7 +1,9 @@
-"""`rlvr sql`, `rlvr lineage …` and `rlvr doctor`: reading the lake (never importing Prefect) and checking it."""
+"""`rlvr sql`, `rlvr lineage …`, `rlvr doctor` and `rlvr lake maintain`: reading the lake (never importing Prefect),
+checking it and keeping it in shape."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -40,6 +42,42 @@ def sql(
         fail(str(error))
     if arrow is not None:
         write_result(arrow)
+
+
+lake_app = typer.Typer(help="The lake's upkeep.", no_args_is_help=True)
+
+
+@lake_app.command("maintain")
+def lake_maintain(
+    config: Annotated[Optional[Path], typer.Option(help="YAML with a `maintenance:` section (MaintenanceConfig)")]
+    = None,
+    retention_hours: Annotated[Optional[float], typer.Option(min=0, help="keep time travel this far back; older "
+                                                             "versions' files are vacuumed [default: 168]")] = None,
+    table: Annotated[Optional[list[str]], typer.Option(help="only this table (repeatable)")] = None,
+    lake: LakeOption = None,
+    format: FormatOption = TableFormat.table,
+) -> None:
+    """Compact each table's small files, checkpoint its log and vacuum files past the retention; safe beside a
+    running loop (a compaction lands only where no other writer committed meanwhile)."""
+    use_format(format)
+    import polars as pl
+
+    from storage.lake import Lake, LakeError, LeaseHeld
+    from storage.maintenance import MaintenanceConfig, maintain
+    from tasks.config import load_yaml_config
+
+    with_interop_tables()
+    try:
+        settings = load_yaml_config(config, MaintenanceConfig, section="maintenance") if config else MaintenanceConfig()
+        updates = {"retention_hours": retention_hours, "tables": table or None}
+        settings = settings.model_copy(update={key: value for key, value in updates.items() if value is not None})
+        results = maintain(Lake.open(lake), settings)
+    except (ValueError, LakeError, LeaseHeld) as error:
+        fail(str(error), 2)
+    show_table(pl.DataFrame([{"table": r.table, "files": f"{r.files_before} → {r.files_after}",
+                              "compaction": r.compacted, "checkpoint": r.checkpoint, "vacuumed": r.vacuumed_files,
+                              "notes": "; ".join(r.notes)} for r in results]),
+               title=f"maintained {len(results)} tables (retention {settings.retention_hours:g} h)", part="maintained")
 
 
 lineage_app = typer.Typer(help="Where a row came from.", no_args_is_help=True)

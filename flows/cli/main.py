@@ -24,7 +24,7 @@ GROUPS = (   # (module, name): a name makes a sub-command group (`rlvr bank stat
     (bank.app, None), (runs.app, None), (lake.app, None), (verify.app, None), (stages.app, None),
     (serving.app, None), (report.app, None), (interop.app, None),
     (bank.bank_app, "bank"), (lake.lineage_app, "lineage"), (policy.app, "policy"), (runs.analyze_app, "analyze"),
-    (interop.reward_app, "reward"),
+    (interop.reward_app, "reward"), (lake.lake_app, "lake"),
 )
 for group, name in GROUPS:
     app.add_typer(group, name=name)
