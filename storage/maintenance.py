@@ -21,9 +21,9 @@ loop but never beside another maintenance. The loop never imports this module (`
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -51,8 +51,9 @@ class MaintenanceConfig(BaseModel):
     small_file_mb: float = Field(8.0, gt=0, description="files under this size are small in `rlvr doctor`'s count")
     checkpoint: bool = Field(True, description="write a Delta checkpoint at each table's current version")
     vacuum: bool = Field(True, description="delete files no version inside the retention references")
-    retention_hours: float = Field(168.0, ge=0, description="time travel is kept this far back; older versions' "
-                                   "files are vacuumed (keep it longer than any query or run step)")
+    retention_hours: float = Field(168.0, ge=0, description="time travel is kept this far back (whole hours, "
+                                   "rounded up); older versions' files are vacuumed (keep it longer than any query "
+                                   "or run step)")
 
 
 @dataclass
@@ -116,23 +117,23 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
     if config.compact and name not in OWN_COMPACTION:
         done.compacted = _compact(table, config)
         table = lake.table(name)
-    if config.checkpoint:
-        table.create_checkpoint()
-        done.checkpoint = table.version()
-    if config.vacuum:
+    if config.vacuum:                                 # first: its own commits (VACUUM START, END) then checkpointed too
         try:
-            done.vacuumed_files = len(table.vacuum(retention_hours=int(config.retention_hours), dry_run=False,
+            done.vacuumed_files = len(table.vacuum(retention_hours=math.ceil(config.retention_hours), dry_run=False,
                                                    enforce_retention_duration=False))
         except DeltaError as error:                  # e.g. a writer's commit raced the vacuum's own; next time
             done.notes.append(f"vacuum: {error}")
+        table = lake.table(name)
+    if config.checkpoint:
+        table.create_checkpoint()
+        done.checkpoint = table.version()
     done.files_after = len(lake.table(name).file_uris())
     return done
 
 
 def _compact(table: DeltaTable, config: MaintenanceConfig) -> str:
     try:
-        metrics = table.optimize.compact(target_size=int(config.target_file_mb * MB),
-                                         min_commit_interval=timedelta(0),
+        metrics = table.optimize.compact(target_size=int(config.target_file_mb * MB),    # one commit, all partitions
                                          commit_properties=CommitProperties(
                                              custom_metadata={"stage": "lake-maintenance"}, max_commit_retries=0))
     except CommitFailedError:

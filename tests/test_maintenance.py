@@ -5,6 +5,7 @@ beside a live `rlvr run`, after which every row is there exactly once."""
 import json
 import subprocess
 import threading
+import time
 
 import polars as pl
 import pyarrow.compute as pc
@@ -28,7 +29,6 @@ def test_maintain_compacts_checkpoints_and_vacuums_keeping_time_travel(cli, tmp_
         with lake.run("test", "write", {"commit": commit}) as run:
             lake.append("groups", groups_rows(commit % 2, 3 + commit), run)
     before = lake.read("groups").sort("run_id", "group_id", "iteration")
-    import time
     from datetime import datetime, timezone
 
     time.sleep(1.1)
@@ -99,6 +99,7 @@ def test_maintenance_beside_a_live_loop_loses_and_duplicates_nothing(prefect_api
         lake = Lake.open(lake_uri)
         while loop.poll() is None:
             if not lake.exists("rollouts"):
+                time.sleep(0.5)
                 continue
             try:
                 outcomes.extend(r.compacted for r in maintain(lake, MaintenanceConfig(target_file_mb=64)))

@@ -130,3 +130,13 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_lan
                     "--lake", lake_uri, "--format", "json")
     assert [json.loads(line)["status"] for line in again.stdout.splitlines()] == ["imported before"] * 2
     assert lake.read("rollouts", filter=pc.field("iteration") >= 100).height == 16
+    import polars as pl                                # TRL logs a batch again at a later logging step
+
+    relogged = pl.read_parquet(logged_files[0]).with_columns(step=pl.lit(3, pl.Int64))
+    relogged.write_parquet(tmp_path / "out" / "completions" / "completions_00003.parquet")
+    third = run_cli("import", "trl", str(tmp_path / "out"), "--run", "trl-logged", "--iteration-offset", "100",
+                    "--lake", lake_uri, "--format", "json")
+    assert third.returncode == 0, third.stderr
+    assert json.loads(third.stdout.splitlines()[-1])["rollouts"] == 0
+    assert "8 logged before or unscorable, skipped" in json.loads(third.stdout.splitlines()[-1])["status"]
+    assert lake.read("rollouts", filter=pc.field("iteration") >= 100).height == 16

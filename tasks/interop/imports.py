@@ -8,8 +8,9 @@
 - **TRL** (`GRPOConfig(log_completions=True)`): `<output_dir>/completions/completions_<step>.parquet` with `step`,
   `prompt`, `completion` (decoded text, or chat messages), one column per reward function and `advantage`; each reward column
   becomes its own `rewards` rows (verifier = the column), the advantages an `advantages` row each (estimator
-  `trl`). TRL logs the last generation batch at each logging step, so a batch may be in two files: rows already
-  imported for the same step, prompt and completion are skipped.
+  `trl`). TRL logs the last generation batch at each logging step, under that step, so a batch may be in two files:
+  rows the run already holds (the same prompt, completion and advantage) are skipped, as are rows every reward
+  function skipped (all NaN: TRL's "unscorable").
 
 Each file is one stage run whose parameters name it and its SHA-256: a file imported before is skipped, so an
 import can be re-run after a failure or as new files appear. A file that cannot be read is refused before any
@@ -25,6 +26,7 @@ import re
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.lake import Lake
@@ -128,13 +130,23 @@ def imported_hashes(lake: Lake, flow: str) -> set[str]:
     return {json.loads(p).get("sha256") for p in runs["parameters"]} - {None}
 
 
-def seen_responses(lake: Lake, run: ExternalRun, steps: set[int]) -> set[tuple]:
-    """(iteration, prompt, response) already stored for the run: TRL logs a generation batch at each logging step."""
-    if not lake.exists("rollouts"):
+def seen_responses(lake: Lake, run: ExternalRun) -> set[tuple]:
+    """(prompt, response, advantage) already stored for the run. TRL logs the last generation batch at each
+    logging step, under the step it logs at, so a batch logged twice comes back with a later step: it is known by
+    its rows, not by its step."""
+    if not lake.exists("rollouts") or not lake.exists("advantages"):
         return set()
-    stored = lake.read("rollouts", filter=pc.field("iteration").isin([run.iteration(s) for s in steps]),
-                       columns=["iteration", "prompt", "response"])
-    return set(stored.iter_rows())
+    mine = pa.array(lake.read("runs", filter=pc.field("flow") == run.flow, columns=["run_id"])["run_id"].to_list(),
+                    pa.string())
+    stored = lake.read("rollouts", filter=pc.field("run_id").isin(mine), columns=["rollout_id", "prompt", "response"])
+    advantages = lake.read("advantages", filter=pc.field("run_id").isin(mine), columns=["rollout_id", "advantage"])
+    joined = stored.join(advantages, on="rollout_id")
+    return {(prompt, response, _rounded(advantage))
+            for prompt, response, advantage in joined.select("prompt", "response", "advantage").iter_rows()}
+
+
+def _rounded(advantage: float | None) -> float | None:
+    return None if advantage is None else round(float(advantage), 6)
 
 
 def import_logs(lake: Lake, run: ExternalRun, kind: str, source: Path, model: str) -> list[dict]:
@@ -149,18 +161,22 @@ def import_logs(lake: Lake, run: ExternalRun, kind: str, source: Path, model: st
         if digest in done:
             summaries.append({"file": str(path), "rollouts": 0, "status": "imported before"})
             continue
-        advantages = None
+        advantages, skipped = None, 0
         if kind == "verl":
             attempts, rewards = verl_records(rows, bank, model)
         else:
             attempts, rewards, advantages = trl_records(rows, bank, model)
-            seen = seen_responses(lake, run, {a.step for a in attempts})
-            fresh = [i for i, a in enumerate(attempts) if (run.iteration(a.step), a.prompt, a.response) not in seen]
-            if len(fresh) < len(attempts):
+            seen = seen_responses(lake, run)
+            scored = set(rewards["rollout_id"].cast(pl.Int64).to_list()) if rewards.height else set()  # else: unscorable
+            fresh = [i for i, a in enumerate(attempts) if i in scored and (a.prompt, a.response, _rounded(
+                advantages[i] if advantages is not None else None)) not in seen]
+            skipped = len(attempts) - len(fresh)
+            if skipped:
                 attempts, rewards, advantages = _subset(fresh, attempts, rewards, advantages)
         run_id = run.record(attempts, rewards, {"source": str(path), "sha256": digest}, advantages) \
             if attempts else None
-        summaries.append({"file": str(path), "rollouts": len(attempts), "status": "imported", "run_id": run_id})
+        summaries.append({"file": str(path), "rollouts": len(attempts), "run_id": run_id,
+                          "status": "imported" + (f" ({skipped} logged before or unscorable, skipped)" if skipped else "")})
     return summaries
 
 

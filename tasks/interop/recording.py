@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.errors import LakeError
@@ -86,12 +87,24 @@ class ExternalRun:
         index = rewards["rollout_id"].cast(pl.Int64, strict=False)
         if index.is_null().any() or index.min() < 0 or index.max() >= len(attempts):
             raise ValueError(f"reward rows must name their attempt by position 0-{len(attempts) - 1}")
+        unscored = sorted(set(range(len(attempts))) - set(index.to_list()))
+        if unscored:
+            raise ValueError(f"{len(unscored)} response(s) have no reward row (e.g. number {unscored[0]})")
+        caches = (dict(self._versions), set(self._owned), dict(self._next_sample))
+        try:
+            return self._record(attempts, rewards, index, parameters, advantages)
+        except BaseException:                         # the run failed and its rows are hidden: forget what it made
+            self._versions, self._owned, self._next_sample = caches
+            raise
+
+    def _record(self, attempts: list[Attempt], rewards: pl.DataFrame, index: pl.Series, parameters: dict | None,
+                advantages: list[float] | None) -> str:
         iterations = sorted({self.iteration(a.step) for a in attempts})
         parameters = {"trainer": self.trainer, "run": self.name, "iterations": iterations,
                       "models": sorted({a.model for a in attempts}), "rollouts": len(attempts), **(parameters or {})}
         with self.lake.run(self.flow, "reward", parameters, iteration=iterations[0]) as run:
             for iteration in iterations:
-                self._check_owner(iteration)
+                self.check_owner(iteration)
             versions = {key: self._model_version(*key, run) for key in
                         sorted({(a.model, self.iteration(a.step)) for a in attempts})}
             rollouts = self._rollout_rows(attempts, versions)
@@ -101,8 +114,14 @@ class ExternalRun:
                 rollout_id=of["rollout_id"], iteration=of["iteration"], problem_id=of["problem_id"]), run)
             if advantages is not None:
                 self.lake.append("advantages", self._advantage_rows(rollouts, rewards, index, advantages), run)
-            for iteration in iterations:
-                self.lake.replace("groups", self._groups(iteration), {"iteration": iteration}, run)
+            before = self.lake.table("groups").version() if self.lake.exists("groups") else None
+            try:
+                for iteration in iterations:
+                    self.lake.replace("groups", self._groups(iteration), {"iteration": iteration}, run)
+            except BaseException:                     # the earlier runs' groups put back, as they were
+                for iteration in iterations:
+                    self.lake.restore("groups", {"iteration": iteration}, before, run)
+                raise
         return run.run_id
 
     def _advantage_rows(self, rollouts: pl.DataFrame, rewards: pl.DataFrame, index: pl.Series,
@@ -136,9 +155,19 @@ class ExternalRun:
                                                     "n_tokens": pl.Int32, "sample_idx": pl.Int32})
 
     def _samples_stored(self, iteration: int, problem_id: str) -> int:
-        """Responses already stored for this problem in this iteration (a restarted recorder numbers on)."""
-        return self.lake.read("rollouts", filter=(pc.field("iteration") == iteration)
-                              & (pc.field("problem_id") == problem_id), columns=["rollout_id"]).height
+        """The next sample number of this problem in this iteration (a restarted recorder numbers on past every
+        row, a failed run's hidden ones included: rollout ids are never reused)."""
+        stored = self.lake.read("rollouts", filter=(pc.field("iteration") == iteration)
+                                & (pc.field("problem_id") == problem_id), columns=["sample_idx"], raw=True)
+        return 0 if stored.is_empty() else int(stored["sample_idx"].max()) + 1
+
+    def stored_rollouts(self) -> int:
+        """The run's responses in the lake (where a restarted OpenRLHF server numbers its steps on from)."""
+        if not self.lake.exists("runs") or not self.lake.exists("rollouts"):
+            return 0
+        mine = self.lake.read("runs", filter=pc.field("flow") == self.flow, columns=["run_id"])["run_id"].to_list()
+        return self.lake.read("rollouts", filter=pc.field("run_id").isin(pa.array(mine, pa.string())),
+                              columns=["rollout_id"]).height
 
     def _groups(self, iteration: int) -> pl.DataFrame:
         """The iteration's groups from every response stored there and the reward its trainer was given (the
@@ -152,11 +181,11 @@ class ExternalRun:
             "rollout_id", "group_id", "problem_id", "model_version").agg(pl.col("reward").sum(), pl.col("correct").max())
         return scored.group_by("group_id", "problem_id").agg(
             model_version=pl.col("model_version").min(), n_samples=pl.len(), mean_reward=pl.col("reward").mean(),
-            std_reward=pl.col("reward").std(ddof=0), min_reward=pl.col("reward").min(),
+            std_reward=pl.col("reward").std(ddof=1).fill_null(0.0), min_reward=pl.col("reward").min(),
             max_reward=pl.col("reward").max(), solve_rate=pl.col("correct").cast(pl.Float64).mean(),
         ).with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True)).sort("group_id")
 
-    def _check_owner(self, iteration: int) -> None:
+    def check_owner(self, iteration: int) -> None:
         if iteration in self._owned:
             return
         writers = self.lake.read("rollouts", filter=pc.field("iteration") == iteration,

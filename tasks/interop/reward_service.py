@@ -14,8 +14,10 @@ Two routes:
 Concurrent requests are answered by one committer thread in group commits: whatever arrived within
 `commit_interval` seconds (or `max_batch` responses) is scored in one pass over the verifier pool (code in the
 sandbox, each item within `item_timeout`) and recorded as one stage run per trainer run; a request is answered
-only once its rows are committed, so a crash loses no acknowledged reward. A failed commit answers 500 to every
-request of the batch, and none of its rows becomes visible.
+only once its rows are committed, so a crash loses no acknowledged reward. A run whose commit fails answers 500
+to its own requests, and none of its rows becomes visible; the batch's other runs stand. What can be checked
+before queueing (the run's name, a problem the bank lacks with no label, an iteration another run holds) is a
+400 to the request that asked for it, never a failure of the others.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Item:
     domain: str | None = None
     verifier: str | None = None
     response_token_ids: list[int] | None = None
+    problem: dict | None = None                   # the bank's row (or the label's), resolved before queueing
 
 
 @dataclass
@@ -86,6 +89,7 @@ class RewardService:
         self.runs: dict[str, ExternalRun] = {}
         self._pending: list[Job] = []
         self._lock = threading.Condition()
+        self._runs_lock = threading.Lock()
         self._received = 0                            # OpenRLHF's rollouts so far: their steps
         self._stopping = False
         self._pool = None
@@ -94,7 +98,7 @@ class RewardService:
 
     def start(self) -> "RewardService":
         self._pool = verifier_pool(self.config).start()
-        ExternalRun(self.lake, self.run, self.trainer, self.offset)      # the names are checked before serving
+        self._received = self._external(self.run).stored_rollouts()    # a restarted server numbers its steps on
         self._thread = threading.Thread(target=self._commit_loop, name="reward-commits", daemon=True)
         self._thread.start()
         return self
@@ -143,7 +147,9 @@ class RewardService:
                 "lake_run_id": job.run_ids.get(run)}
 
     def submit(self, items: list[Item]) -> Job:
-        """Queue the items for the next group commit and wait until they are committed (or failed)."""
+        """Check the items (a bad one is a 400 for its own request, never a failure of the whole group commit),
+        queue them for the next group commit and wait until they are committed (or failed)."""
+        self._prepare(items)
         job = Job(items)
         with self._lock:
             if self._stopping:
@@ -154,6 +160,17 @@ class RewardService:
         if job.error is not None:
             raise RuntimeError(job.error)
         return job
+
+    def _prepare(self, items: list[Item]) -> None:
+        try:
+            for item in items:
+                item.problem = self.bank.resolve(item.prompt, item.label, item.problem_id, item.domain, item.verifier)
+            with self._runs_lock:
+                for run, step in sorted({(item.run, item.step) for item in items}):
+                    recorder = self._external(run)
+                    recorder.check_owner(recorder.iteration(step))
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
 
     def _step_of(self, index: int) -> int:
         return index // self.rollouts_per_step if self.rollouts_per_step else 0
@@ -174,33 +191,47 @@ class RewardService:
             self._commit(jobs)
 
     def _commit(self, jobs: list[Job]) -> None:
+        """Score every job's items in one pass, then record each trainer run's jobs as its own stage run: a run
+        that fails answers 500 to its own requests only (its rows stay invisible); the others stand."""
         items = [item for job in jobs for item in job.items]
         try:
-            problems = [self.bank.resolve(item.prompt, item.label, item.problem_id, item.domain, item.verifier)
-                        for item in items]
-            rewards = score(problems, [item.response for item in items], self.config, self._pool)
-            run_ids = {}
-            for run in sorted({item.run for item in items}):
-                mine = [i for i, item in enumerate(items) if item.run == run]
-                attempts = [Attempt(items[i].step, items[i].model, items[i].prompt, items[i].response,
-                                    problems[i]["problem_id"], items[i].response_token_ids) for i in mine]
-                mine_rewards = rewards[mine].with_columns(rollout_id=pl.Series([str(k) for k in range(len(mine))]))
-                run_ids[run] = self._external(run).record(attempts, mine_rewards)
-            self.commits += 1
-            rows = rewards.select("reward", "correct", "verifier").to_dicts()
-        except Exception as error:                    # every request of the batch learns why; nothing is visible
-            for job in jobs:
-                job.error = f"{type(error).__name__}: {error}"
-                job.done.set()
+            scored = score([item.problem for item in items], [item.response for item in items], self.config,
+                           self._pool).select("verifier", "verifier_version", "reward", "correct", "format_reward",
+                                              "process_reward", "details")
+        except Exception as error:                    # noqa: BLE001 - every request learns why
+            self._answer(jobs, None, f"{type(error).__name__}: {error}")
             return
-        start = 0
+        starts, position = [], 0
         for job in jobs:
-            job.result, job.run_ids = rows[start:start + len(job.items)], run_ids
-            start += len(job.items)
+            starts.append(position)
+            position += len(job.items)
+        for run in sorted({job.items[0].run for job in jobs}):
+            mine = [(job, start) for job, start in zip(jobs, starts) if job.items[0].run == run]
+            rows = [start + k for job, start in mine for k in range(len(job.items))]
+            attempts = [Attempt(items[i].step, items[i].model, items[i].prompt, items[i].response,
+                                items[i].problem["problem_id"], items[i].response_token_ids) for i in rows]
+            rewards = scored[rows].with_columns(rollout_id=pl.Series([str(k) for k in range(len(rows))]))
+            try:
+                run_id = self._external(run).record(attempts, rewards)
+            except Exception as error:                # noqa: BLE001 - this run's requests learn why
+                self._answer([job for job, _ in mine], None, f"{type(error).__name__}: {error}")
+                continue
+            self.commits += 1
+            verdicts = rewards.select("reward", "correct", "verifier").to_dicts()
+            offset = 0
+            for job, _ in mine:
+                job.run_ids = {run: run_id}
+                self._answer([job], verdicts[offset:offset + len(job.items)], None)
+                offset += len(job.items)
+
+    @staticmethod
+    def _answer(jobs: list[Job], rows: list[dict] | None, error: str | None) -> None:
+        for job in jobs:
+            job.result, job.error = rows, error
             job.done.set()
 
     def _external(self, run: str) -> ExternalRun:
-        if run not in self.runs:
+        if run not in self.runs:                      # a bad name raises ValueError: a 400 from `_prepare`
             self.runs[run] = ExternalRun(self.lake, run, self.trainer if run == self.run else "native", self.offset)
         return self.runs[run]
 
@@ -220,8 +251,11 @@ def _item(run: str, step: int, model: str, entry, index: int) -> Item:
     if label is None and problem_id is None:
         raise BadRequest(f"items[{index}]: needs a `label` (ground truth) or the bank's `problem_id`")
     ids = entry.get("response_token_ids")
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                                 for i in ids)):
+        raise BadRequest(f"items[{index}]: `response_token_ids` must be a list of integers")
     return Item(run, step, model, entry["prompt"], entry["response"], None if label is None else str(label),
-                problem_id, entry.get("domain"), entry.get("verifier"), ids if isinstance(ids, list) else None)
+                problem_id, entry.get("domain"), entry.get("verifier"), ids)
 
 
 class RewardServer(ThreadingHTTPServer):
