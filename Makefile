@@ -3,12 +3,14 @@
 #   make test        install everything into .venv and run the test suite (all but the `slow` tests)
 #   make test-slow   the `slow` tests: long end-to-end runs (kills, Postgres workers, self-play); CI runs both
 #   make mlflow-server  an MLflow server in .venv-mlflow of its own, for the tests of `rlvr track` (CI makes it)
+#   make older-transformers  transformers 5.17 in build/, for the GPU check's test on an older API (CI makes it)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MLFLOW_VENV ?= .venv-mlflow
+OLDER_TRANSFORMERS ?= build/transformers-older
 
-.PHONY: install demo test test-slow bench mlflow-server
+.PHONY: install demo test test-slow bench mlflow-server older-transformers
 
 $(BIN)/rlvr: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +30,15 @@ $(MLFLOW_VENV)/bin/mlflow: requirements/mlflow-server.txt
 	touch $@
 
 mlflow-server: $(MLFLOW_VENV)/bin/mlflow
+
+# Beside the platform, never in it: tests/test_gpu_check.py puts it ahead of a GPU host's packages for one test
+# (and skips that test, saying so, without it).
+$(OLDER_TRANSFORMERS)/transformers: requirements/transformers-older.txt $(BIN)/rlvr
+	rm -rf $(OLDER_TRANSFORMERS)
+	$(BIN)/pip install --quiet --no-warn-conflicts --target $(OLDER_TRANSFORMERS) -r requirements/transformers-older.txt
+	touch $@
+
+older-transformers: $(OLDER_TRANSFORMERS)/transformers
 
 demo: install
 	$(BIN)/rlvr run --config configs/demo.yaml

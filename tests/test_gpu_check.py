@@ -54,10 +54,12 @@ def site(tmp_path_factory) -> Path:
     return folder
 
 
-def run_check(site, tmp_path, *args: str, script: Path = CHECK, fail: str = "", returncode: int = 0):
+def run_check(site, tmp_path, *args: str, script: Path = CHECK, fail: str = "", returncode: int = 0,
+              ahead: Path | None = None):
     """check.py (or a script that runs it) in the bare Python, on the tiny shape: its parts by name, and its
-    stdout and stderr. Every stdout line must be JSON."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(site), "RLVR_TORCH_THREADS": "1",
+    stdout and stderr. Every stdout line must be JSON. `ahead`: a folder of packages found before the site's."""
+    path = f"{ahead}:{site}" if ahead else str(site)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": path, "RLVR_TORCH_THREADS": "1",
            "RLVR_GPU_CHECK_FAIL": fail}
     result = subprocess.run([sys.executable, "-S", str(script), "--shape", "tiny", *SMALL, *args],
                             capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
@@ -75,6 +77,53 @@ def test_the_gpu_check_needs_only_what_torch_and_transformers_install(site, tmp_
     parallel = parts["data_parallel"]
     assert parallel["processes"] == 2 and parallel["backend"] == "gloo" and parallel["ok"], parallel
     assert all(part["ok"] for part in parts.values()), parts
+
+
+OLDER_TRANSFORMERS = ROOT / "build" / "transformers-older"
+
+
+@pytest.mark.skipif(not (OLDER_TRANSFORMERS / "transformers").exists(),
+                    reason="no transformers 5.17 in build/transformers-older: `make older-transformers` (CI makes it)")
+def test_the_hf_sampler_runs_on_a_transformers_from_before_the_cache_rename(site, tmp_path):
+    """The first run on a GPU host (H200, transformers 5.17) found the hf sampler reading `output.cache`, a
+    name transformers took only in 5.24 (`past_key_values` before): sampling failed there. On 5.17 it now
+    samples, and its behaviour log-probs agree with the trainer's recomputation."""
+    parts, _ = run_check(site, tmp_path, ahead=OLDER_TRANSFORMERS)
+    assert parts["device"]["transformers"] == "5.17.0"
+    sampler = parts["hf_sampler"]
+    assert sampler["ok"] and sampler["ratio_to_generate"] > 0 and sampler["max_abs_gap"] < 1e-4, sampler
+    assert all(part.get("ok", True) for part in parts.values()), parts
+
+
+FORGETFUL = """
+    # check.py with a model whose forward drops the KV cache it is given (as a forward swallows a cache
+    # passed under a name it does not know): each step then sees one token without its context.
+    import functools, runpy, sys
+
+    import transformers
+
+    forward = transformers.Qwen2ForCausalLM.forward
+
+    @functools.wraps(forward)
+    def forgetful(self, *args, **kwargs):
+        kwargs.pop("cache", None)
+        kwargs.pop("past_key_values", None)
+        return forward(self, *args, **kwargs)
+
+    transformers.Qwen2ForCausalLM.forward = forgetful
+    sys.argv[0] = CHECK
+    runpy.run_path(CHECK, run_name="__main__")
+"""
+
+
+def test_a_sampler_that_loses_its_cache_fails_the_check(site, tmp_path):
+    """The hf sampler's part compares its behaviour log-probs with the trainer's: a lost cache is a gap far
+    past 1e-3, the part is not ok and the exit status is 1, though nothing raised."""
+    script = tmp_path / "forgetful.py"
+    script.write_text(f"CHECK = {str(CHECK)!r}\n" + textwrap.dedent(FORGETFUL))
+    parts, _ = run_check(site, tmp_path, script=script, returncode=1)
+    assert parts["hf_sampler"]["ok"] is False and parts["hf_sampler"]["max_abs_gap"] > 1e-2, parts["hf_sampler"]
+    assert "error" not in parts["hf_sampler"] and parts["training"]["ok"]
 
 
 NOISY = """

@@ -7,7 +7,9 @@ Parts, each printed as one JSON line (`"part"`, `"ok"`, the numbers):
 - `sampling`: transformers' `generate` with scores on the batch: tokens/s, and the sampled batch the
   later parts use.
 - `hf_sampler`: the project's hf sampler (`tasks/rollout/hf.py`) on the same model and batch: tokens/s
-  and its ratio to `generate`'s; `skipped` when it cannot import (e.g. no pydantic).
+  and its ratio to `generate`'s, and the gap between its behaviour log-probs and the trainer's
+  recomputation (a sampler that lost its KV cache shows there); `skipped` when it cannot import (e.g.
+  no pydantic).
 - `logprob_gap`: behaviour log-probs of the sampled tokens against the trainer's recomputation
   (`tasks/rollout/logprobs.py`), the quantity the importance ratio depends on.
 - `training`: optimizer steps with the trainer's loss (`trainers/loss.py`: dapo, clip 0.2 / 0.28) under
@@ -22,7 +24,8 @@ call the project uses, CUDA running out of memory, ...) becomes that part's line
 stderr, and the next part runs; a part that needs an earlier part's output (`logprob_gap`, `training`
 and `data_parallel` need the sampled batch) says it was skipped because that part failed. The exit
 status is 1 when a part failed, else 0. To test the isolation, `RLVR_GPU_CHECK_FAIL=sampling` (a
-comma-separated list of part names) makes those parts raise a RuntimeError as they start.
+comma-separated list of part names) makes those parts raise a RuntimeError as they start. A part that ran
+but whose check failed (`"ok": false`, e.g. a log-prob gap past 1e-3) also makes the exit status 1.
 
 stdout holds the JSON lines only: everything else written to stdout (prints, C libraries, logging
 handlers bound to it) goes to stderr, and so do warnings, transformers' logging and tracebacks.
@@ -129,8 +132,9 @@ class Ids:
         return None
 
 
-def sample_with_project(model, prompts: torch.Tensor, new_tokens: int) -> float:
-    """The project's hf sampler on the model and batch: tokens/s."""
+def sample_with_project(model, prompts: torch.Tensor, new_tokens: int) -> dict:
+    """The project's hf sampler on the model and batch: tokens/s, the sampled token ids and their behaviour
+    log-probs."""
     from tasks.rollout.hf import HFPolicy
     from tasks.rollout.sampling import SamplerConfig
 
@@ -142,7 +146,21 @@ def sample_with_project(model, prompts: torch.Tensor, new_tokens: int) -> float:
     groups = policy.generate(texts, 1, sampler, seed=0, model_version=0)
     sync(model.device)
     seconds = time.perf_counter() - started
-    return sum(len(group[0].token_ids) for group in groups) / seconds
+    samples = [group[0] for group in groups]
+    return {"tokens_per_s": sum(len(sample.token_ids) for sample in samples) / seconds,
+            "tokens": [sample.token_ids for sample in samples], "behaviour": [sample.logprobs for sample in samples]}
+
+
+def behaviour_gap(model, prompts: torch.Tensor, tokens: list[list[int]], behaviour) -> float:
+    """The largest gap between sampled tokens' behaviour log-probs and the trainer's recomputation
+    (`tasks/rollout/logprobs.py`) over the real tokens: a sampler that lost its KV cache shows here."""
+    from tasks.rollout.logprobs import response_logprobs
+
+    with torch.no_grad():
+        again, mask, _ = response_logprobs(model, prompts.tolist(), tokens)
+    width = again.shape[1]
+    sampled = torch.tensor([list(row) + [0.0] * (width - len(row)) for row in behaviour])
+    return float(((again.cpu() - sampled).abs() * mask.cpu()).max())
 
 
 def loss_of(model, prompts, tokens, behaviour, advantages, token_normaliser, dtype):
@@ -246,6 +264,7 @@ class Check:
         self.out, self.fail = out, fail
         self.results: dict[str, object] = {}
         self.failed: dict[str, str] = {}         # part -> "failed" or "skipped"
+        self.unhealthy: list[str] = []           # parts that ran and reported "ok": false (a gap too large)
 
     def emit(self, record: dict) -> None:
         self.out.write(json.dumps(record) + "\n")
@@ -280,6 +299,8 @@ class Check:
         if "skipped" not in record:
             record.setdefault("ok", True)
         self.emit({"part": name, **record})
+        if record.get("ok") is False:
+            self.unhealthy.append(name)
         self.results[name] = value
         return value
 
@@ -364,20 +385,18 @@ def main() -> int:
         except ImportError as error:
             return {"skipped": f"the project's sampler needs {error.name}"}, None
         sample_with_project(built, prompts[:2], 4)                   # warm-up
-        tokens_per_s = sample_with_project(built, prompts, args.new_tokens)
+        sampled = sample_with_project(built, prompts, args.new_tokens)
         generated = check.results.get("sampling")
-        return {"tokens_per_s": round(tokens_per_s, 1),
-                "ratio_to_generate": round(tokens_per_s / generated["tokens_per_s"], 3) if generated else None}, None
+        gap = behaviour_gap(built, prompts, sampled["tokens"], sampled["behaviour"])
+        return {"tokens_per_s": round(sampled["tokens_per_s"], 1),
+                "ratio_to_generate": round(sampled["tokens_per_s"] / generated["tokens_per_s"], 3) if generated
+                else None, "max_abs_gap": gap, "ok": gap < 1e-3}, None
 
     generated = check.part("sampling", sampling, needs=("model",))
     check.part("hf_sampler", hf_sampler, needs=("model",))
 
     def logprob_gap():
-        from tasks.rollout.logprobs import response_logprobs
-
-        with torch.no_grad():
-            again, mask, _ = response_logprobs(built, prompts.tolist(), generated["tokens"].tolist())
-        gap = float(((again.cpu() - generated["behaviour"]).abs() * mask.cpu()).max())
+        gap = behaviour_gap(built, prompts, generated["tokens"].tolist(), generated["behaviour"].tolist())
         return {"max_abs_gap": gap, "ok": gap < 1e-3}, None
 
     check.part("logprob_gap", logprob_gap, needs=("model", "sampling"))
@@ -419,7 +438,7 @@ def main() -> int:
         check.emit({"part": "data_parallel", "skipped": reason})
     else:
         check.part("data_parallel", parallel, needs=("sampling",))
-    return 1 if "failed" in check.failed.values() else 0
+    return 1 if "failed" in check.failed.values() or check.unhealthy else 0
 
 
 if __name__ == "__main__":

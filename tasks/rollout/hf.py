@@ -78,6 +78,7 @@ class HFPolicy:
             # the prompt's last position only: logits for every prompt token would cost B × P × V
             output = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions,
                            use_cache=True, logits_to_keep=1)
+            cache_field = kv_cache_field(output)
             for step in range(steps):
                 logits = output.logits[:, -1].float()                                      # [B, V]
                 raw = torch.log_softmax(logits, dim=-1)
@@ -107,7 +108,7 @@ class HFPolicy:
                 positions = positions[:, -1:] + 1
                 output = model(input_ids=token[:, None], attention_mask=attention[:, :width + step + 1],
                                position_ids=positions,
-                               cache=output.cache, use_cache=True)
+                               use_cache=True, **{cache_field: output[cache_field]})
         kept = lengths.tolist()                            # one transfer for the whole batch, not one per token
         token_rows, logprob_rows = tokens[:, :used].tolist(), logprobs[:, :used].tolist()
         ended, certainties = stopped.tolist(), certainty.tolist()
@@ -132,6 +133,17 @@ class HFPolicy:
             hits[row] = any(s in text for s in stop)
         return hits
 
+
+
+def kv_cache_field(output) -> str:
+    """The name under which this transformers passes the KV cache in and out of a forward: `cache` since 5.24,
+    `past_key_values` before (a GPU image's transformers is often older than ours). Read off the output, not
+    the forward's signature, so a wrapped model (peft) answers the same; a cache passed under the other name
+    would be swallowed by `**kwargs` and every step would see one token without its context."""
+    for name in ("cache", "past_key_values"):
+        if output.get(name) is not None:
+            return name
+    raise RuntimeError("the model returned no KV cache with use_cache=True: the hf sampler needs one")
 
 
 def _cut(text: str, stop: list[str]) -> str:
