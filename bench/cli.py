@@ -358,6 +358,29 @@ def bench_reward_serve(
              lambda: reward_serve.run_benchmark(problems, samples, clients, batch, workers))
 
 
+@app.command("lake-scale")
+def bench_lake_scale(
+    context: typer.Context,
+    iterations: Annotated[int, typer.Option(min=1, help="iterations the synthetic run writes")] = 2000,
+    rollouts: Annotated[int, typer.Option(min=16, help="rollouts an iteration (groups of 16)")] = 8192,
+    max_tokens: Annotated[int, typer.Option(min=16, help="longest response in tokens (lengths are long-tailed "
+                                            "below it)")] = 16384,
+    problems: Annotated[int, typer.Option(min=0, help="bank size (0: four iterations' worth of groups, at least "
+                                          "400)")] = 0,
+    s3_iterations: Annotated[int, typer.Option(min=0, help="iterations written to a lake on moto's S3 server to "
+                                               "count requests (0: none)")] = 20,
+    seed: Annotated[int, typer.Option(help="seed of the synthetic responses")] = 0,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
+) -> None:
+    """What a long run's lake costs: bookkeeping per iteration as it ages, `rlvr sql` and lineage times, bytes
+    against plain Parquet, S3 requests an iteration."""
+    from bench import lake_scale
+
+    measured(context, "lake-scale", lake_scale,
+             lambda: lake_scale.run_benchmark(iterations, rollouts, max_tokens, problems, s3_iterations, seed))
+
+
 @app.command("startup")
 def bench_startup(
     context: typer.Context,

@@ -112,7 +112,7 @@ MODULES = {"startup": "startup", "dedup": "dedup_scaling", "verify": "verify_thr
            "advantages": "advantages_scale", "sandbox": "sandbox_rate", "sandbox-files": "sandbox_files",
            "sandbox-hostile": "sandbox_hostile", "train": "train_throughput", "sampling": "sampling",
            "learning": "learning", "peer": "peer", "async": "overlap", "orchestration": "orchestration",
-           "faults": "faults", "publish": "publish_time", "reward-serve": "reward_serve",
+           "faults": "faults", "publish": "publish_time", "reward-serve": "reward_serve", "lake-scale": "lake_scale",
            "train-ranks": "train_ranks"}
 
 

@@ -42,7 +42,7 @@ from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-ex
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
 from storage.runs_table import sql_literal
-from storage.schemas import TABLES, TableSpec
+from storage.schemas import PARQUET_WRITER, TABLES, TableSpec
 
 RowData = pl.DataFrame | pa.Table | Iterable[pa.RecordBatch]
 Condition = Callable[[DeltaTable | None], None]
@@ -394,7 +394,7 @@ class Lake:
                 predicate=predicate if existing is not None else None,
                 partition_by=list(spec.partition_by) or None,
                 schema_mode="merge" if grows else None,       # the contract gained nullable columns since
-                storage_options=self.location.storage_options(),
+                storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
                 commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage},
                                                    max_commit_retries=0 if conditions else None),
             )
@@ -575,7 +575,7 @@ class Lake:
         def write(table: DeltaTable | None) -> bool:
             if insert or table is None:
                 write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
-                                storage_options=self.location.storage_options())
+                                storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER)
                 return True
             # the run's row replaced in one commit that lands right on this snapshot (or is retried on a fresh
             # one), so the status read here still holds when it lands. Not a MERGE: delta-rs writes the file a
@@ -588,7 +588,7 @@ class Lake:
                 if status != ["running"]:
                     return False
             write_deltalake(table, data, mode="overwrite", predicate=predicate,
-                            storage_options=self.location.storage_options(),
+                            storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
                             commit_properties=CommitProperties(max_commit_retries=0))
             return True
 

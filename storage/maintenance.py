@@ -32,7 +32,7 @@ from deltalake.transaction import CommitProperties
 from pydantic import BaseModel, Field
 
 from storage.lake import Lake
-from storage.schemas import TABLES
+from storage.schemas import PARQUET_WRITER, TABLES
 
 FLOW = "lake-maintenance"
 LEASE = "maintenance"                           # two maintenances of one lake never overlap
@@ -134,7 +134,7 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
 def _compact(table: DeltaTable, config: MaintenanceConfig) -> str:
     try:
         metrics = table.optimize.compact(target_size=int(config.target_file_mb * MB),    # one commit, all partitions
-                                         commit_properties=CommitProperties(
+                                         writer_properties=PARQUET_WRITER, commit_properties=CommitProperties(
                                              custom_metadata={"stage": "lake-maintenance"}, max_commit_retries=0))
     except CommitFailedError:
         return "refused: another writer committed meanwhile"

@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+from deltalake import WriterProperties
+
+# Every Parquet file the lake writes (stage writes, the runs table, compaction): zstd, not delta-rs's default
+# snappy. Measured on rollouts with token ids and behaviour log-probs (`rlvr bench lake-scale`, docs/guarantees.md
+# "What a long run's lake costs"): smaller files, and no slower to write or read.
+PARQUET_WRITER = WriterProperties(compression="ZSTD")
 
 
 @dataclass(frozen=True)
