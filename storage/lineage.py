@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import polars as pl
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.lake import Lake
@@ -72,32 +74,57 @@ def _origin(row: dict[str, Any]) -> dict[str, Any]:
 
 def model_version_lineage(lake: Lake, version: int) -> list[dict[str, Any]]:
     """The chain from `version` back to its base: per version, its training run and what its batches held
-    (rollouts, the versions that sampled them, the problems and bank versions, the stage runs)."""
+    (rollouts, the versions that sampled them, the problems and bank versions, the stage runs). The batches,
+    rollouts and problems of the whole chain are read once each, pruned to the chain's iterations: a walk back
+    over a long run costs three reads, not three a version."""
     versions = {row["model_version"]: row for row in lake.read("model_versions").iter_rows(named=True)}
     if version not in versions:
         raise ValueError(f"model version {version} is not registered in {lake.uri}")
-    chain: list[dict[str, Any]] = []
+    rows, missing = [], None
     current: int | None = version
     while current is not None and current in versions:
-        row = versions[current]
+        rows.append(versions[current])
+        current = versions[current]["parent_version"]
+        if current is not None and current not in versions:
+            missing = current
+    batches, rollouts, problems = _chain_batches(lake, rows)
+    chain: list[dict[str, Any]] = []
+    for row in rows:
         entry = {key: row[key] for key in ("model_version", "parent_version", "kind", "iteration", "checkpoint_uri",
                                            "batch_ids", "run_id", "created_at")}
         entry["metrics"] = json.loads(row["metrics"] or "{}")
-        batch = (lake.read("batches", filter=pc.field("batch_id").isin(row["batch_ids"])) if row["batch_ids"]
-                 else None)
+        batch = batches.filter(pl.col("batch_id").is_in(row["batch_ids"])) if row["batch_ids"] else None
         if batch is not None and batch.is_empty():
             entry["replaced_batches"] = list(row["batch_ids"])   # the iteration's advantages were re-run since
         elif batch is not None:
-            rollouts = lake.read("rollouts", filter=pc.field("rollout_id").isin(batch["rollout_id"].to_list()),
-                                 columns=["rollout_id", "problem_id", "model_version", "run_id"])
-            problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
-                                 columns=["problem_id", "bank_version"])
-            entry |= {"rollouts": batch.height, "problems": rollouts["problem_id"].n_unique(),
-                      "sampled_by": sorted(set(rollouts["model_version"].to_list())),
-                      "bank_versions": sorted(set(problems["bank_version"].to_list())),
-                      "runs": sorted(set(batch["run_id"].to_list()) | set(rollouts["run_id"].to_list()))}
+            sampled = rollouts.filter(pl.col("rollout_id").is_in(batch["rollout_id"].implode()))
+            banked = problems.filter(pl.col("problem_id").is_in(sampled["problem_id"].unique().implode()))
+            entry |= {"rollouts": batch.height, "problems": sampled["problem_id"].n_unique(),
+                      "sampled_by": sorted(set(sampled["model_version"].to_list())),
+                      "bank_versions": sorted(set(banked["bank_version"].to_list())),
+                      "runs": sorted(set(batch["run_id"].to_list()) | set(sampled["run_id"].to_list()))}
         chain.append(entry)
-        current = row["parent_version"]
-        if current is not None and current not in versions:
-            chain.append({"model_version": current, "missing": True})
+    if missing is not None:
+        chain.append({"model_version": missing, "missing": True})
     return chain
+
+
+def _chain_batches(lake: Lake, rows: list[dict[str, Any]]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The batches the chain's versions consumed, their rollouts and those rollouts' problems, one read each
+    (batches and rollouts pruned to the iterations the batches came from)."""
+    def among(column: str, values, type_: pa.DataType) -> pc.Expression:
+        return pc.field(column).isin(pa.array(sorted(set(values)), type_))     # typed: the set may be empty
+
+    batch_ids = [batch_id for row in rows for batch_id in row["batch_ids"] or []]
+    trained_at = [row["iteration"] for row in rows if row["iteration"] is not None]
+    batches = lake.read("batches", filter=among("iteration", trained_at, pa.int64()) & among("batch_id", batch_ids,
+                                                                                             pa.string()))
+    missed = set(batch_ids) - set(batches["batch_id"].to_list())
+    if missed:                                       # a batch of another iteration than its version's, or replaced
+        batches = pl.concat([batches, lake.read("batches", filter=among("batch_id", missed, pa.string()))])
+    rollouts = lake.read("rollouts", filter=among("iteration", batches["iteration"].to_list(), pa.int64())
+                         & among("rollout_id", batches["rollout_id"].to_list(), pa.string()),
+                         columns=["rollout_id", "problem_id", "model_version", "run_id"])
+    problems = lake.read("problems", filter=among("problem_id", rollouts["problem_id"].to_list(), pa.string()),
+                         columns=["problem_id", "bank_version"])
+    return batches, rollouts, problems
