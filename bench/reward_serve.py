@@ -32,15 +32,20 @@ BIN = Path(sys.executable).parent
 
 
 def start_server(lake_uri: str, *options: str) -> tuple[subprocess.Popen, str]:
+    """`rlvr reward serve` on a free port, in a session of its own (killed with its verifier processes as one
+    group); its address read from the line it prints, its output drained from then on."""
     process = subprocess.Popen([str(BIN / "rlvr"), "reward", "serve", "--lake", lake_uri, "--port", "0", *options],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    seen = []
     for line in process.stdout:
+        seen.append(line)
         found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
         if found:
             threading.Thread(target=process.stdout.read, daemon=True).start()
             return process, found.group(1)
-    raise RuntimeError("rlvr reward serve did not start: " + (process.stdout.read() or ""))
+    process.wait(10)
+    raise RuntimeError("rlvr reward serve did not start:\n" + "".join(seen))
 
 
 def percentile(values: list[float], share: float) -> float:

@@ -6,7 +6,6 @@ none of them, and the iterations re-scored with `rlvr stage verify`."""
 import json
 import os
 from collections import Counter
-import re
 import signal
 import subprocess
 import threading
@@ -18,7 +17,8 @@ import polars as pl
 import pyarrow.compute as pc
 import pytest
 
-from conftest import BIN, ROOT, run_cli
+from bench.reward_serve import start_server
+from conftest import run_cli
 from flows.curation import curate_bank
 from storage.lake import Lake
 
@@ -43,21 +43,6 @@ def bank(tmp_path):
     assert run_cli("export", "--to", "openrlhf", "--out", str(exported), "--lake", lake_uri).returncode == 0
     rows = [json.loads(line) for line in exported.read_text().splitlines()]
     return lake_uri, [row for row in rows if row["domain"] == "math"]
-
-
-def start_server(lake_uri: str, *options: str) -> tuple[subprocess.Popen, str]:
-    server = subprocess.Popen([str(BIN / "rlvr"), "reward", "serve", "--lake", lake_uri, "--port", "0", *options],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"}, start_new_session=True)
-    seen = []
-    for line in server.stdout:
-        seen.append(line)
-        found = re.search(r"on (http://127\.0\.0\.1:\d+)", line)
-        if found:
-            threading.Thread(target=server.stdout.read, daemon=True).start()     # keep the pipe drained
-            return server, found.group(1)
-    server.wait(10)
-    raise AssertionError("the reward server did not start:\n" + "".join(seen))
 
 
 def stop(server: subprocess.Popen, sig=signal.SIGINT) -> None:

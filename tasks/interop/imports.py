@@ -26,7 +26,6 @@ import re
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.lake import Lake
@@ -136,8 +135,7 @@ def seen_responses(lake: Lake, run: ExternalRun) -> set[tuple]:
     its rows, not by its step."""
     if not lake.exists("rollouts") or not lake.exists("advantages"):
         return set()
-    mine = pa.array(lake.read("runs", filter=pc.field("flow") == run.flow, columns=["run_id"])["run_id"].to_list(),
-                    pa.string())
+    mine = run.run_ids()
     stored = lake.read("rollouts", filter=pc.field("run_id").isin(mine), columns=["rollout_id", "prompt", "response"])
     advantages = lake.read("advantages", filter=pc.field("run_id").isin(mine), columns=["rollout_id", "advantage"])
     joined = stored.join(advantages, on="rollout_id")

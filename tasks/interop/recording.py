@@ -161,13 +161,18 @@ class ExternalRun:
                                 & (pc.field("problem_id") == problem_id), columns=["sample_idx"], raw=True)
         return 0 if stored.is_empty() else int(stored["sample_idx"].max()) + 1
 
+    def run_ids(self) -> pa.Array:
+        """The stage runs of this run's flow `external:NAME`: what its rows in every table are tagged with."""
+        if not self.lake.exists("runs"):
+            return pa.array([], pa.string())
+        return pa.array(self.lake.read("runs", filter=pc.field("flow") == self.flow, columns=["run_id"])["run_id"]
+                        .to_list(), pa.string())
+
     def stored_rollouts(self) -> int:
         """The run's responses in the lake (where a restarted OpenRLHF server numbers its steps on from)."""
-        if not self.lake.exists("runs") or not self.lake.exists("rollouts"):
+        if not self.lake.exists("rollouts"):
             return 0
-        mine = self.lake.read("runs", filter=pc.field("flow") == self.flow, columns=["run_id"])["run_id"].to_list()
-        return self.lake.read("rollouts", filter=pc.field("run_id").isin(pa.array(mine, pa.string())),
-                              columns=["rollout_id"]).height
+        return self.lake.read("rollouts", filter=pc.field("run_id").isin(self.run_ids()), columns=["rollout_id"]).height
 
     def _groups(self, iteration: int) -> pl.DataFrame:
         """The iteration's groups from every response stored there and the reward its trainer was given (the

@@ -40,7 +40,7 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from storage.schemas import TableSpec, register
+from storage.schemas import TableSpec, column, register
 from tasks.config import Strict
 
 # ---- config ----------------------------------------------------------------------------------------------------
@@ -83,28 +83,24 @@ class TrackingError(RuntimeError):
 # ---- the lake's record -----------------------------------------------------------------------------------------
 
 
-def _field(name: str, type_: pa.DataType, nullable: bool = True, doc: str = "") -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata={"doc": doc} if doc else None)
-
-
 TRACKED_RUNS = register(TableSpec(
     name="tracked_runs",
     partition_by=(),
     description="Each pass of `rlvr track`: the tracker run (MLflow or TensorBoard) the lake's run is logged to, "
                 "and the iterations that pass logged there (step = iteration).",
     schema=pa.schema([
-        _field("tracker", pa.string(), False, "mlflow or tensorboard"),
-        _field("tracker_uri", pa.string(), False, "the MLflow server's address or the TensorBoard log folder"),
-        _field("tracker_run_id", pa.string(), False, "the MLflow run id, or the TensorBoard run's folder name"),
-        _field("experiment", pa.string(), True, "the MLflow experiment's name"),
-        _field("link", pa.string(), True, "where to look: the run's page in the MLflow UI, or its event folder"),
-        _field("lake_uri", pa.string(), False, "the lake whose run it is"),
-        _field("lake_run_id", pa.string(), False, "the lake's run: its first stage run that belongs to an iteration"),
-        _field("first_iteration", pa.int64(), False, "first iteration (step) this pass logged"),
-        _field("last_iteration", pa.int64(), False, "last iteration (step) this pass logged"),
-        _field("plots", pa.int64(), True, "report plots logged with it (0 when none could be)"),
-        _field("run_id", pa.string(), False, "the `rlvr track` run that wrote the row"),
-        _field("created_at", pa.timestamp("us", tz="UTC"), False),
+        column("tracker", pa.string(), False, "mlflow or tensorboard"),
+        column("tracker_uri", pa.string(), False, "the MLflow server's address or the TensorBoard log folder"),
+        column("tracker_run_id", pa.string(), False, "the MLflow run id, or the TensorBoard run's folder name"),
+        column("experiment", pa.string(), True, "the MLflow experiment's name"),
+        column("link", pa.string(), True, "where to look: the run's page in the MLflow UI, or its event folder"),
+        column("lake_uri", pa.string(), False, "the lake whose run it is"),
+        column("lake_run_id", pa.string(), False, "the lake's run: its first stage run that belongs to an iteration"),
+        column("first_iteration", pa.int64(), False, "first iteration (step) this pass logged"),
+        column("last_iteration", pa.int64(), False, "last iteration (step) this pass logged"),
+        column("plots", pa.int64(), True, "report plots logged with it (0 when none could be)"),
+        column("run_id", pa.string(), False, "the `rlvr track` run that wrote the row"),
+        column("created_at", pa.timestamp("us", tz="UTC"), False),
     ]),
 ))
 
