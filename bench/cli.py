@@ -370,6 +370,12 @@ def bench_lake_scale(
     s3_iterations: Annotated[int, typer.Option(min=0, help="iterations written to a lake on moto's S3 server to "
                                                "count requests (0: none)")] = 20,
     seed: Annotated[int, typer.Option(help="seed of the synthetic responses")] = 0,
+    maintain_every: Annotated[int, typer.Option(min=0, help="run `rlvr lake maintain`'s maintenance after every "
+                                                "this many iterations, as the scheduled deployment would (0: "
+                                                "never)")] = 10,
+    retention_hours: Annotated[float, typer.Option(min=0, help="the scheduled maintenance's retention (time "
+                                                   "travel kept; the synthetic run lasts minutes, so a week's "
+                                                   "retention would keep everything)")] = 0.0,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -378,7 +384,8 @@ def bench_lake_scale(
     from bench import lake_scale
 
     measured(context, "lake-scale", lake_scale,
-             lambda: lake_scale.run_benchmark(iterations, rollouts, max_tokens, problems, s3_iterations, seed))
+             lambda: lake_scale.run_benchmark(iterations, rollouts, max_tokens, problems, s3_iterations, seed,
+                                              maintain_every, retention_hours))
 
 
 @app.command("startup")

@@ -19,6 +19,10 @@ Measured:
 - bytes: the iteration tables' live files against the same rows written once as plain zstd Parquet;
 - S3: a second lake on moto's server (loopback) for `s3_iterations` iterations, its requests counted from
   moto's access log per iteration.
+
+Maintenance runs on a schedule, as the `lake-maintenance` deployment runs it beside a loop: after every
+`maintain_every` iterations (in between, not timed as bookkeeping; its own times are reported), with the
+retention given (the synthetic run lasts hours, not the weeks a real retention spans).
 """
 
 from __future__ import annotations
@@ -320,9 +324,10 @@ def vocabulary():
 
 
 def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int = 16384, problems: int = 0,
-                  s3_iterations: int = 20, seed: int = 0) -> dict:
+                  s3_iterations: int = 20, seed: int = 0, maintain_every: int = 10, retention_hours: float = 0.0) -> dict:
     import numpy as np
 
+    from storage.maintenance import MaintenanceConfig, maintain
     from storage.registry import latest_version
     from tasks.progress import track
 
@@ -333,11 +338,15 @@ def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int 
         lake, bank = seeded_lake(lake_uri, problems, seed)
         rng, words = np.random.default_rng(seed), vocabulary()
         checkpoints = sorted({c for c in CHECKPOINTS if c <= iterations} | {iterations})
-        clocks = []
+        clocks, maintenances = [], []
         started = time.perf_counter()
         for iteration in track(range(1, iterations + 1), "lake-scale iterations", total=iterations):
             clocks.append(write_iteration(lake, bank, rng, iteration, rollouts, max_tokens, words, work))
-        write_seconds = time.perf_counter() - started
+            if maintain_every and iteration % maintain_every == 0:
+                began = time.perf_counter()
+                maintain(lake, MaintenanceConfig(retention_hours=retention_hours))
+                maintenances.append(time.perf_counter() - began)
+        write_seconds = time.perf_counter() - started - sum(maintenances)
         growth = []
         for checkpoint in checkpoints:
             window = clocks[max(0, checkpoint - WINDOW):checkpoint]
@@ -369,6 +378,10 @@ def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int 
         "max_query_seconds_after_maintenance": max(v for k, v in queries_after.items() if k != "lineage"),
         "lineage_seconds": queries["lineage"], "bytes": sizes, "maintenance_seconds": maintenance_seconds,
         "files_after_maintenance": files_after,
+        "scheduled_maintenance": {"every": maintain_every, "retention_hours": retention_hours, "runs": len(maintenances),
+                                  "first_seconds": maintenances[0] if maintenances else None,
+                                  "last_seconds": maintenances[-1] if maintenances else None,
+                                  "total_seconds": sum(maintenances)},
         "bytes_per_rollout": delta / stored_rollouts.height, "plain_bytes_per_rollout": plain / stored_rollouts.height,
         "bytes_ratio": delta / plain,
         "s3": s3, "s3_requests_per_iteration": s3["requests_per_iteration"] if s3 else None,
@@ -383,6 +396,10 @@ def report(figures: dict) -> None:
                   f"({figures['rollouts']:,} rollouts, {figures['tokens']:,} tokens, mean "
                   f"{figures['mean_response_tokens']:.0f} a response) written in {figures['write_seconds']:.0f} s")
     console.print(f"bookkeeping per iteration: {growth} (×{figures['bookkeeping_growth']:.2f})")
+    scheduled = figures["scheduled_maintenance"]
+    if scheduled["runs"]:
+        console.print(f"maintenance every {scheduled['every']} iterations: {scheduled['runs']} runs, the first "
+                      f"{scheduled['first_seconds']:.2f} s, the last {scheduled['last_seconds']:.2f} s")
     console.print("rlvr sql: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures["queries_seconds"].items())
                   + f"; after maintenance, the slowest {figures['max_query_seconds_after_maintenance']:.2f} s")
     console.print(f"storage: {figures['bytes_per_rollout']:,.0f} bytes a rollout, plain zstd Parquet "

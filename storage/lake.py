@@ -115,6 +115,13 @@ def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") 
     return pads.FileSystemDataset([fragments[path] for path in paths], schema, previous.format, previous.filesystem)
 
 
+def _partitions(spec: TableSpec, existing: DeltaTable | None) -> list[str] | None:
+    """The partition columns a write uses: the table's own once it exists (a lake made when the iteration tables
+    were partitioned keeps them so), the contract's for a new one."""
+    columns = existing.metadata().partition_columns if existing is not None else list(spec.partition_by)
+    return list(columns) or None
+
+
 def _not_completed(runs: DeltaTable) -> frozenset[str]:
     known = runs_table.not_completed(runs)
     if known is not None:
@@ -313,8 +320,8 @@ class Lake:
         run (how numbers such as model versions are allocated); an orphan slice, left by a run that never
         completed, is replaced."""
         spec = TABLES[name]
-        if not spec.partition_by or not set(spec.partition_by) <= set(key):
-            raise LakeError(f"{name}: a replace key {sorted(key)} must include the partition columns {list(spec.partition_by)}")
+        if not spec.replace_key or not set(spec.replace_key) <= set(key):
+            raise LakeError(f"{name}: a replace key {sorted(key)} must include the slice columns {list(spec.replace_key)}")
         conditions = [self._slice_empty(spec, key, run)] if only_if_empty else []
         return self._write(spec, rows, run, key=key, predicate=_key_predicate(key), conditions=conditions)
 
@@ -392,7 +399,7 @@ class Lake:
                 reader,
                 mode="overwrite" if predicate and existing is not None else "append",
                 predicate=predicate if existing is not None else None,
-                partition_by=list(spec.partition_by) or None,
+                partition_by=_partitions(spec, existing),
                 schema_mode="merge" if grows else None,       # the contract gained nullable columns since
                 storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
                 commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage},

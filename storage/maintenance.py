@@ -8,7 +8,9 @@ JSON file a commit; reads list and open them all. Maintenance, per table:
    a commit by any other writer in between refuses it, and the next maintenance tries again. So a compaction
    never commits over a concurrent writer's rows, and a live loop beside it loses and duplicates nothing. The
    `runs` table is left to its own compaction (storage/runs_table.py), which its reads depend on.
-2. **Checkpoint** the log at its current version: readers then start from one Parquet file, not every commit.
+2. **Checkpoint** the log at its current version: readers then start from one Parquet file, not every commit;
+   commit files older than both the checkpoint and `retention_hours` are removed (the table's log retention is
+   set to it), so a table's log holds the retention's commits, not the run's.
 3. **Vacuum** files no version newer than `retention_hours` references: time travel (`rlvr sql --as-of`) keeps
    working inside the retention; before it, the versions' files are gone. A reader holding a snapshot older
    than the retention would lose its files, so keep the retention longer than any query or run step.
@@ -76,6 +78,7 @@ class TableMaintenance:
     compacted: str = "skipped"                 # done, nothing to do, refused (a concurrent commit), or skipped
     checkpoint: int | None = None
     vacuumed_files: int = 0
+    log_files: int = 0                         # commit files left in the log (those inside the retention)
     notes: list[str] = field(default_factory=list)
 
 
@@ -125,10 +128,31 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
             done.notes.append(f"vacuum: {error}")
         table = lake.table(name)
     if config.checkpoint:
+        _keep_history_for(table, config.retention_hours)
         table.create_checkpoint()
         done.checkpoint = table.version()
+        table.cleanup_metadata()
+    done.log_files = _commit_files(lake, name)
     done.files_after = len(lake.table(name).file_uris())
     return done
+
+
+def _commit_files(lake: Lake, name: str) -> int:
+    log = lake.location.table_uri(name).removeprefix("s3://") + "/_delta_log"
+    lake.location.filesystem.invalidate_cache(log)            # s3fs caches listings
+    return sum(path.endswith(".json") for path in lake.location.filesystem.ls(log, detail=False))
+
+
+def _keep_history_for(table: DeltaTable, retention_hours: float) -> None:
+    """Make the table's own retentions the maintenance's: its log files (`cleanup_metadata` removes those older
+    than the latest checkpoint and than this) and its removed files' records in checkpoints. Delta's defaults
+    (30 days, 7 days) kept a commit file for every write of a month: `runs` takes ten commits an iteration, and
+    delta-rs lists the log on each write (45 ms a write at 2,700 commit files on local disk, 4 ms after)."""
+    interval = f"interval {math.ceil(retention_hours)} hours"
+    wanted = {"delta.logRetentionDuration": interval, "delta.deletedFileRetentionDuration": interval}
+    if {key: table.metadata().configuration.get(key) for key in wanted} != wanted:
+        table.alter.set_table_properties(wanted, raise_if_not_exists=False, commit_properties=CommitProperties(
+            custom_metadata={"stage": "lake-maintenance"}))
 
 
 def _compact(table: DeltaTable, config: MaintenanceConfig) -> str:

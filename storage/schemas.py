@@ -1,7 +1,14 @@
 """The table contract: one explicit Arrow schema per lake table.
 
-A table is replaced per key (its `partition_by` columns): re-running a stage for the same bank
-version or iteration replaces exactly that slice. Later stages add their tables here.
+A table is replaced per key (its `slice_by` columns): re-running a stage for the same bank version or
+iteration replaces exactly that slice. Later stages add their tables here.
+
+Only the bank's tables are partitioned (by bank version: few, large slices). A table that gains a slice every
+iteration or training step is not: partitioned, it would hold a file per slice for ever (maintenance cannot merge
+files across partitions), and delta-rs pays for each file on every write and read, so a long run's bookkeeping
+grew with its age (`rlvr bench lake-scale`, docs/guarantees.md "What a long run's lake costs"). Unpartitioned,
+`rlvr lake maintain` compacts the slices into a few files, and reads of one slice prune on the files' statistics.
+A lake written before keeps the partitioning its tables were made with (a write follows the table's own).
 """
 
 from __future__ import annotations
@@ -21,9 +28,15 @@ PARQUET_WRITER = WriterProperties(compression="ZSTD")
 class TableSpec:
     name: str
     schema: pa.Schema
-    partition_by: tuple[str, ...]
+    partition_by: tuple[str, ...]       # physical partitions of a table made new (an existing one keeps its own)
     description: str
     unique: tuple[str, ...] = ()        # columns no two visible rows may share (a write that would is refused)
+    slice_by: tuple[str, ...] = ()      # the key a replace swaps out, when not the partition columns
+
+    @property
+    def replace_key(self) -> tuple[str, ...]:
+        """The columns a replace's key must give: the slice one stage run owns."""
+        return self.slice_by or self.partition_by
 
 
 def column(name: str, type_: pa.DataType, nullable: bool = True, doc: str = "") -> pa.Field:
@@ -119,7 +132,8 @@ RUNS = TableSpec(
 
 ROLLOUTS = TableSpec(
     name="rollouts",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Sampled responses: one row per (problem, sample) of an iteration's groups.",
     schema=pa.schema([
         column("rollout_id", pa.string(), False),
@@ -153,7 +167,8 @@ ROLLOUTS = TableSpec(
 
 REWARDS = TableSpec(
     name="rewards",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Verifier verdicts on rollouts; one row per (rollout, verifier, verifier version).",
     schema=pa.schema([
         column("iteration", pa.int64(), False),
@@ -197,7 +212,8 @@ VERIFIER_NOISE = TableSpec(
 
 GROUPS = TableSpec(
     name="groups",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="One row per sampled group: reward statistics, solve rate, and what dynamic sampling did with it.",
     schema=pa.schema([
         column("iteration", pa.int64(), False),
@@ -219,7 +235,8 @@ GROUPS = TableSpec(
 
 ADVANTAGES = TableSpec(
     name="advantages",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Per-rollout advantage with the estimator, the shaped reward and the freshness that produced it.",
     schema=pa.schema([
         column("iteration", pa.int64(), False),
@@ -241,7 +258,8 @@ ADVANTAGES = TableSpec(
 
 BATCHES = TableSpec(
     name="batches",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Exactly what a training step consumes: rollouts, their advantages and weights.",
     schema=pa.schema([
         column("batch_id", pa.string(), False),
@@ -256,7 +274,8 @@ BATCHES = TableSpec(
 
 DBB_STATE = TableSpec(
     name="dbb_state",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Discounted Beta-Bernoulli success state per problem after each iteration.",
     schema=pa.schema([
         column("iteration", pa.int64(), False, "the state holds after this iteration"),
@@ -269,7 +288,8 @@ DBB_STATE = TableSpec(
 
 MODEL_VERSIONS = TableSpec(
     name="model_versions",
-    partition_by=("model_version",),
+    partition_by=(),
+    slice_by=("model_version",),
     description="The model registry: one row per policy version, with its parent and what produced it.",
     schema=pa.schema([
         column("model_version", pa.int64(), False),
@@ -299,7 +319,8 @@ def register(spec: TableSpec) -> TableSpec:
 
 EVALUATIONS = register(TableSpec(
     name="evaluations",
-    partition_by=("model_version",),
+    partition_by=(),
+    slice_by=("model_version",),
     description="Held-out solve rate of a model version, per source and level (sampled responses).",
     schema=pa.schema([
         column("model_version", pa.int64(), False),
@@ -323,7 +344,8 @@ EVALUATIONS = register(TableSpec(
 
 EVAL_ROLLOUTS = register(TableSpec(
     name="eval_rollouts",
-    partition_by=("model_version",),
+    partition_by=(),
+    slice_by=("model_version",),
     description="Every held-out response an evaluation sampled, with its score: what lets an evaluation be "
                 "re-scored with another verifier without sampling again, and pass@k be computed.",
     schema=pa.schema([
@@ -350,7 +372,8 @@ EVAL_ROLLOUTS = register(TableSpec(
 
 ITERATION_METRICS = register(TableSpec(
     name="iteration_metrics",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="One row per loop iteration: sampling, filtering, training and evaluation at a glance.",
     schema=pa.schema([
         column("iteration", pa.int64(), False),
@@ -375,7 +398,8 @@ ITERATION_METRICS = register(TableSpec(
 
 CURRICULUM = register(TableSpec(
     name="curriculum",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Each rebalancing of the level mix: the measured solve rate and the old and new weight per level.",
     schema=pa.schema([
         column("iteration", pa.int64(), False, "the mix applies from the next iteration on"),
@@ -390,7 +414,8 @@ CURRICULUM = register(TableSpec(
 
 GYM_CURRICULUM = register(TableSpec(
     name="gym_curriculum",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     description="Each difficulty decision for a reasoning-gym source: its solve rate at its current curriculum "
                 "step, the step before and after, and the bank version holding the new step's problems.",
     schema=pa.schema([
@@ -461,7 +486,8 @@ LOGPROB_CHECKS = register(TableSpec(
 
 PROPOSALS = register(TableSpec(
     name="proposals",
-    partition_by=("iteration",),
+    partition_by=(),
+    slice_by=("iteration",),
     unique=("proposal_id",),
     description="Every task a model proposed (self-play, tasks/selfplay): who proposed it, what the executor "
                 "said of it, the problem a valid one became, and the solver's solve rate once solved.",

@@ -12,7 +12,7 @@ KEYS = {"bookkeeping_growth", "max_query_seconds", "lineage_seconds", "bytes_rat
 
 def test_the_lake_scale_benchmark_runs_through_the_loops_write_paths(tmp_path):
     result = subprocess.run([str(BIN / "rlvr"), "bench", "lake-scale", "--iterations", "3", "--rollouts", "32",
-                             "--max-tokens", "256", "--s3-iterations", "2", "--format", "json"],
+                             "--max-tokens", "256", "--s3-iterations", "2", "--maintain-every", "2", "--format", "json"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)["figures"]
@@ -23,8 +23,10 @@ def test_the_lake_scale_benchmark_runs_through_the_loops_write_paths(tmp_path):
                                                "problem_history", "tokens_by_model_version", "lineage"}
     tables = figures["bytes"]
     assert set(tables) == {"rollouts", "rewards", "groups", "advantages", "batches", "dbb_state", "iteration_metrics"}
-    assert all(entry["delta_bytes"] > 0 and entry["plain_bytes"] > 0 and entry["files"] >= 3 for entry in tables.values())
-    assert figures["files_after_maintenance"]["rollouts"] >= 3             # one partition an iteration
+    assert all(entry["delta_bytes"] > 0 and entry["plain_bytes"] > 0 and entry["files"] == 2 for entry in tables.values())
+    # two files a table before the last maintenance: iterations 1-2 compacted by the scheduled one, and 3
+    assert figures["scheduled_maintenance"]["runs"] == 1                   # after iteration 2
+    assert figures["files_after_maintenance"] == dict.fromkeys(tables, 1)  # three iterations' files compacted as one
     s3 = figures["s3"]
     assert len(s3["requests"]) == 2 and all(count > 0 for count in s3["requests"])
     assert s3["requests_by_method"]["PUT"] > 0 and s3["requests_by_method"]["GET"] > 0

@@ -122,7 +122,7 @@ def test_schema_is_enforced(lake):
             lake.replace("quarantine", quarantine_rows(1, ["x"]).drop("reason"), {"bank_version": 1}, run)
         with pytest.raises(LakeError, match="not in the table's schema"):
             lake.replace("quarantine", quarantine_rows(1, ["x"]).with_columns(surprise=1), {"bank_version": 1}, run)
-        with pytest.raises(LakeError, match="must include the partition columns"):
+        with pytest.raises(LakeError, match="must include the slice columns"):
             lake.replace("quarantine", quarantine_rows(1, ["x"]), {"source": "x"}, run)
     assert not lake.exists("quarantine")
     written = lake.table("runs")
@@ -339,3 +339,46 @@ def test_run_statuses_read_off_the_files_agree_with_the_table(lake, monkeypatch)
         write(lake, version, ["s"])
         check()
     assert read_files                                 # some answers came from a compacted file's contents
+
+
+def groups_of(iteration: int, names: list[str]) -> pl.DataFrame:
+    return pl.DataFrame({"iteration": [iteration] * len(names), "group_id": names, "problem_id": names,
+                         "n_samples": [4] * len(names), "kept": [True] * len(names)})
+
+
+def replace_groups(lake, iteration: int, names: list[str]) -> None:
+    with lake.run("test-flow", "test-stage", {}, iteration=iteration) as run:
+        lake.replace("groups", groups_of(iteration, names), {"iteration": iteration}, run)
+
+
+def test_an_iteration_table_is_one_slice_an_iteration_in_files_compaction_merges(lake):
+    """Iteration tables are not partitioned: maintenance compacts many iterations into one file, and a replace of
+    an old iteration then swaps exactly its rows out of that file."""
+    from storage.maintenance import MaintenanceConfig, maintain
+
+    for iteration in (1, 2, 3):
+        replace_groups(lake, iteration, [f"g{iteration}-a", f"g{iteration}-b"])
+    assert lake.table("groups").metadata().partition_columns == [] and len(lake.table("groups").file_uris()) == 3
+    maintain(lake, MaintenanceConfig(tables=["groups"]))
+    assert len(lake.table("groups").file_uris()) == 1
+    replace_groups(lake, 2, ["g2-again"])
+    assert sorted(lake.read("groups")["group_id"]) == ["g1-a", "g1-b", "g2-again", "g3-a", "g3-b"]
+    with lake.run("test-flow", "test-stage", {}, iteration=3) as run:
+        lake.clear("groups", {"iteration": 3}, run)
+    assert sorted(lake.read("groups")["group_id"]) == ["g1-a", "g1-b", "g2-again"]
+
+
+def test_a_lake_whose_iteration_tables_were_made_partitioned_keeps_them_so(lake):
+    """A lake written before the iteration tables lost their partitions: each write follows the table's own."""
+    from deltalake import write_deltalake
+
+    from storage.schemas import TABLES
+
+    write_deltalake(lake.location.table_uri("groups"), TABLES["groups"].schema.empty_table(), partition_by=["iteration"],
+                    storage_options=lake.location.storage_options())
+    for iteration, names in ((1, ["a"]), (2, ["b", "c"]), (1, ["d"])):
+        replace_groups(lake, iteration, names)
+    table = lake.table("groups")
+    assert table.metadata().partition_columns == ["iteration"]
+    assert all("iteration=" in uri for uri in table.file_uris())
+    assert sorted(lake.read("groups").select("iteration", "group_id").rows()) == [(1, "d"), (2, "b"), (2, "c")]

@@ -25,7 +25,7 @@ def groups_rows(iteration: int, n: int) -> pl.DataFrame:
 def test_maintain_compacts_checkpoints_and_vacuums_keeping_time_travel(cli, tmp_path):
     lake_uri = str(tmp_path / "lake")
     lake = Lake.open(lake_uri)
-    for commit in range(12):                                   # twelve small files in two partitions
+    for commit in range(12):                                   # twelve small files of two iterations
         with lake.run("test", "write", {"commit": commit}) as run:
             lake.append("groups", groups_rows(commit % 2, 3 + commit), run)
     before = lake.read("groups").sort("run_id", "group_id", "iteration")
@@ -38,7 +38,7 @@ def test_maintain_compacts_checkpoints_and_vacuums_keeping_time_travel(cli, tmp_
     kept = cli("lake", "maintain", "--lake", lake_uri, "--format", "json")
     assert kept.returncode == 0, kept.stderr
     by_table = {row["table"]: row for row in map(json.loads, kept.stdout.splitlines())}
-    assert by_table["groups"]["files"] == "12 → 2" and by_table["groups"]["compaction"] == "done"
+    assert by_table["groups"]["files"] == "12 → 1" and by_table["groups"]["compaction"] == "done"   # across iterations
     assert by_table["groups"]["vacuumed"] == 0                 # inside the week's retention: kept for time travel
     assert by_table["runs"]["compaction"] == "skipped"         # the runs table compacts itself
     assert lake.read("groups").sort("run_id", "group_id", "iteration").equals(before)
@@ -52,13 +52,18 @@ def test_maintain_compacts_checkpoints_and_vacuums_keeping_time_travel(cli, tmp_
     findings = {row["subject"]: row["finding"] for row in map(json.loads, doctor.stdout.splitlines())}
     assert findings["maintenance"].startswith("last maintained") and "groups" not in findings["layout"].split(";")[0]
 
+    log = tmp_path / "lake" / "groups" / "_delta_log"
+    assert len(list(log.glob("*.json"))) > 12                  # a week's retention keeps every commit file
     gone = maintain(lake, MaintenanceConfig(retention_hours=0, tables=["groups"]))
     assert gone[0].vacuumed_files == 12 and lake.read("groups").sort("run_id", "group_id", "iteration").equals(before)
+    assert gone[0].log_files == len(list(log.glob("*.json"))) == 1    # the checkpoint's commit: the rest expired
+    assert Lake.open(lake_uri).read("groups").sort("run_id", "group_id", "iteration").equals(before)   # from a fresh open
     from flows.maintenance import lake_maintenance               # the scheduled deployment's flow
 
     ran = lake_maintenance({"tables": ["groups"]}, lake_uri)
-    assert ran == [{"table": "groups", "files_before": 2, "files_after": 2, "compacted": "nothing to do",
-                    "checkpoint": lake.table("groups").version(), "vacuumed_files": 0, "notes": []}]
+    assert ran == [{"table": "groups", "files_before": 1, "files_after": 1, "compacted": "nothing to do",
+                    "checkpoint": lake.table("groups").version(), "vacuumed_files": 0,
+                    "log_files": 2, "notes": []}]        # the last checkpoint's commit and the retention's change
     refused = cli("lake", "maintain", "--table", "nope", "--lake", lake_uri)
     assert refused.returncode == 2 and "not in the lake's contract" in refused.stderr
 

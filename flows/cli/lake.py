@@ -76,6 +76,7 @@ def lake_maintain(
         fail(str(error), 2)
     show_table(pl.DataFrame([{"table": r.table, "files": f"{r.files_before} → {r.files_after}",
                               "compaction": r.compacted, "checkpoint": r.checkpoint, "vacuumed": r.vacuumed_files,
+                              "log_files": r.log_files,
                               "notes": "; ".join(r.notes)} for r in results]),
                title=f"maintained {len(results)} tables (retention {settings.retention_hours:g} h)", part="maintained")
 
