@@ -87,26 +87,42 @@ def model_version_lineage(lake: Lake, version: int) -> list[dict[str, Any]]:
         current = versions[current]["parent_version"]
         if current is not None and current not in versions:
             missing = current
-    batches, rollouts, problems = _chain_batches(lake, rows)
+    consumed = _consumed(lake, rows)
     chain: list[dict[str, Any]] = []
     for row in rows:
         entry = {key: row[key] for key in ("model_version", "parent_version", "kind", "iteration", "checkpoint_uri",
                                            "batch_ids", "run_id", "created_at")}
         entry["metrics"] = json.loads(row["metrics"] or "{}")
-        batch = batches.filter(pl.col("batch_id").is_in(row["batch_ids"])) if row["batch_ids"] else None
-        if batch is not None and batch.is_empty():
+        if row["batch_ids"] and row["model_version"] not in consumed:
             entry["replaced_batches"] = list(row["batch_ids"])   # the iteration's advantages were re-run since
-        elif batch is not None:
-            sampled = rollouts.filter(pl.col("rollout_id").is_in(batch["rollout_id"].implode()))
-            banked = problems.filter(pl.col("problem_id").is_in(sampled["problem_id"].unique().implode()))
-            entry |= {"rollouts": batch.height, "problems": sampled["problem_id"].n_unique(),
-                      "sampled_by": sorted(set(sampled["model_version"].to_list())),
-                      "bank_versions": sorted(set(banked["bank_version"].to_list())),
-                      "runs": sorted(set(batch["run_id"].to_list()) | set(sampled["run_id"].to_list()))}
+        elif row["batch_ids"]:
+            entry |= consumed[row["model_version"]]
         chain.append(entry)
     if missing is not None:
         chain.append({"model_version": missing, "missing": True})
     return chain
+
+
+def _consumed(lake: Lake, rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per version of the chain whose batches are still there: its rollouts, their problems, the versions that
+    sampled them, the bank versions and the stage runs — one join and one grouping over the whole chain, not a
+    scan of it a version."""
+    batches, rollouts, problems = _chain_batches(lake, rows)
+    trained = pl.DataFrame({"model_version": [row["model_version"] for row in rows for _ in row["batch_ids"] or []],
+                            "batch_id": [batch_id for row in rows for batch_id in row["batch_ids"] or []]},
+                           schema={"model_version": pl.Int64, "batch_id": pl.String})
+    sampled = (trained.join(batches.select("batch_id", "rollout_id", "run_id"), on="batch_id")
+               .join(rollouts.rename({"model_version": "sampled_by", "run_id": "sampler_run_id"}), on="rollout_id",
+                     how="left"))
+    by_version = sampled.group_by("model_version").agg(
+        rollouts=pl.len(), problems=pl.col("problem_id").drop_nulls().n_unique(),
+        sampled_by=pl.col("sampled_by").drop_nulls().unique().sort(),
+        runs=pl.col("run_id").append(pl.col("sampler_run_id").drop_nulls()).unique().sort())
+    banked = (sampled.select("model_version", "problem_id").unique().join(problems, on="problem_id")
+              .group_by("model_version").agg(bank_versions=pl.col("bank_version").unique().sort()))
+    summary = by_version.join(banked, on="model_version", how="left")
+    return {row.pop("model_version"): {**row, "bank_versions": row["bank_versions"] or []}
+            for row in summary.iter_rows(named=True)}
 
 
 def _chain_batches(lake: Lake, rows: list[dict[str, Any]]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
