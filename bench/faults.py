@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
+from bench.moto import start_moto
 from bench.results import ALL_CODE
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
@@ -286,29 +286,10 @@ def _generated_ids(bench: Bench, kind: str, source_lists: list[list[str]]) -> se
 
 
 # ---- running it ---------------------------------------------------------------------------------------------
-def start_moto(work: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(150):
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
-            return process, endpoint
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError("moto_server did not start")
-
-
 def run_cases(lakes: list[str], run_points: list[str], curate_points: list[str], concurrency: bool,
               report=print) -> list[Outcome]:
     work = Path(tempfile.mkdtemp(prefix="rlvr-faults-"))
-    moto, endpoint = start_moto(work) if "s3" in lakes else (None, None)
+    moto, endpoint = start_moto() if "s3" in lakes else (None, None)
     bench = Bench(work, endpoint)
     outcomes: list[Outcome] = []
     try:

@@ -254,27 +254,6 @@ def stored_bytes(lake, folder: Path) -> dict[str, dict[str, int]]:
     return sizes
 
 
-def start_moto(work: Path) -> tuple[subprocess.Popen, str, Path]:
-    import socket
-    import urllib.request
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = work / "moto.log"
-    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
-            return process, endpoint, log
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("moto_server did not start")
-
-
 REQUEST = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) ')
 
 
@@ -283,7 +262,10 @@ def s3_requests(iterations: int, rollouts: int, max_tokens: int, problems: int, 
     import boto3
     import numpy as np
 
-    moto, endpoint, log = start_moto(work)
+    from bench.moto import start_moto
+
+    log = work / "moto.log"
+    moto, endpoint = start_moto(log)
     aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
     saved = {name: os.environ.get(name) for name in aws}

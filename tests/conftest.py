@@ -66,11 +66,9 @@ def stop_group(process: subprocess.Popen, signum: int = signal.SIGTERM, timeout:
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """moto's S3 server in its own process on loopback (in-process, delta-rs calls that hold the GIL would deadlock)."""
-    port = free_port()
-    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    wait_for(endpoint + "/moto-api/", process, 30, "moto_server")
+    from bench.moto import start_moto
+
+    process, endpoint = start_moto()
     yield endpoint
     process.terminate()
     process.wait(10)
