@@ -15,7 +15,8 @@ Measured:
   advantage stage's reads (the iteration's scored rollouts, the last DBB state) and `iteration_row`; the
   median over the five iterations ending at each checkpoint (10, 100, 1,000, 2,000 and the last);
 - the standard analytics as `rlvr sql` wall times (a process each, as a user runs them) and `rlvr lineage
-  model-version` of the last version, before and after `rlvr lake maintain --retention-hours 0`;
+  model-version` of the last version, before and after `rlvr lake maintain --retention-hours 0`; beside them a
+  `select 1` (a process's start-up: the floor of every command) and the lineage walk in-process;
 - bytes: the iteration tables' live files against the same rows written once as plain zstd Parquet;
 - S3: a second lake on moto's server (loopback) for `s3_iterations` iterations, its requests counted from
   moto's access log per iteration.
@@ -236,6 +237,26 @@ def query_seconds(lake_uri: str, problem: str, last_version: int) -> dict[str, f
     return seconds
 
 
+LINEAGE_WALK = """
+import sys, time
+from storage.lake import Lake
+from storage.lineage import model_version_lineage
+lake = Lake.open(sys.argv[1])
+started = time.perf_counter()
+model_version_lineage(lake, int(sys.argv[2]))
+print(time.perf_counter() - started)
+"""
+
+
+def lineage_in_process(lake_uri: str, last_version: int) -> float:
+    """The lineage walk itself, timed inside a fresh process (its imports and start-up not counted)."""
+    result = subprocess.run([sys.executable, "-c", LINEAGE_WALK, lake_uri, str(last_version)], capture_output=True,
+                            text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
+    if result.returncode != 0:
+        raise RuntimeError(f"the lineage walk failed: {result.stderr[-2000:]}")
+    return float(result.stdout.split()[-1])
+
+
 def stored_bytes(lake, folder: Path) -> dict[str, dict[str, int]]:
     """Per iteration table: its live data files' bytes, its log's bytes, and the same rows written once as plain
     zstd Parquet."""
@@ -342,6 +363,8 @@ def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int 
         problem = bank["problem_id"][0]
         last = latest_version(lake)
         queries = query_seconds(lake_uri, problem, last)
+        startup = cli("sql", "--format", "json", "select 1 as one", lake_uri=lake_uri)
+        lineage_walk = lineage_in_process(lake_uri, last)
         sizes = stored_bytes(lake, work)
         maintenance_seconds = cli("lake", "maintain", "--retention-hours", "0", lake_uri=lake_uri)
         queries_after = query_seconds(lake_uri, problem, last)
@@ -358,7 +381,8 @@ def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int 
         "queries_seconds": queries, "queries_seconds_after_maintenance": queries_after,
         "max_query_seconds": max(v for k, v in queries.items() if k != "lineage"),
         "max_query_seconds_after_maintenance": max(v for k, v in queries_after.items() if k != "lineage"),
-        "lineage_seconds": queries["lineage"], "bytes": sizes, "maintenance_seconds": maintenance_seconds,
+        "lineage_seconds": queries["lineage"], "lineage_in_process_seconds": lineage_walk,
+        "trivial_query_seconds": startup, "bytes": sizes, "maintenance_seconds": maintenance_seconds,
         "files_after_maintenance": files_after,
         "scheduled_maintenance": {"every": maintain_every, "retention_hours": retention_hours, "runs": len(maintenances),
                                   "first_seconds": maintenances[0] if maintenances else None,
@@ -383,7 +407,9 @@ def report(figures: dict) -> None:
         console.print(f"maintenance every {scheduled['every']} iterations: {scheduled['runs']} runs, the first "
                       f"{scheduled['first_seconds']:.2f} s, the last {scheduled['last_seconds']:.2f} s")
     console.print("rlvr sql: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures["queries_seconds"].items())
-                  + f"; after maintenance, the slowest {figures['max_query_seconds_after_maintenance']:.2f} s")
+                  + f"; after maintenance, the slowest {figures['max_query_seconds_after_maintenance']:.2f} s; "
+                  f"`select 1` {figures['trivial_query_seconds']:.2f} s; the lineage walk in-process "
+                  f"{figures['lineage_in_process_seconds']:.2f} s")
     console.print(f"storage: {figures['bytes_per_rollout']:,.0f} bytes a rollout, plain zstd Parquet "
                   f"{figures['plain_bytes_per_rollout']:,.0f} (×{figures['bytes_ratio']:.2f})")
     if figures["s3"]:

@@ -26,6 +26,7 @@ def test_the_lake_scale_benchmark_runs_through_the_loops_write_paths(tmp_path):
     assert all(entry["delta_bytes"] > 0 and entry["plain_bytes"] > 0 and entry["files"] == 2 for entry in tables.values())
     # two files a table before the last maintenance: iterations 1-2 compacted by the scheduled one, and 3
     assert figures["scheduled_maintenance"]["runs"] == 1                   # after iteration 2
+    assert 0 < figures["lineage_in_process_seconds"] and 0 < figures["trivial_query_seconds"]
     assert figures["files_after_maintenance"] == dict.fromkeys(tables, 1)  # three iterations' files compacted as one
     s3 = figures["s3"]
     assert len(s3["requests"]) == 2 and all(count > 0 for count in s3["requests"])
