@@ -388,6 +388,15 @@ def bench_lake_scale(
                                               maintain_every, retention_hours))
 
 
+@app.command("judge-guard")
+def bench_judge_guard(context: typer.Context, format: FormatOption = BenchFormat.table, save: SaveOption = None) -> None:
+    """The judge's injection guard: benign responses it refuses and injected ones it catches (a labelled set and,
+    where ../shared/datasets is present, real worked solutions), against the guard before."""
+    from bench import judge_guard
+
+    measured(context, "judge-guard", judge_guard, judge_guard.run_benchmark)
+
+
 @app.command("startup")
 def bench_startup(
     context: typer.Context,

@@ -113,7 +113,7 @@ MODULES = {"startup": "startup", "dedup": "dedup_scaling", "verify": "verify_thr
            "sandbox-hostile": "sandbox_hostile", "train": "train_throughput", "sampling": "sampling",
            "learning": "learning", "peer": "peer", "async": "overlap", "orchestration": "orchestration",
            "faults": "faults", "publish": "publish_time", "reward-serve": "reward_serve", "lake-scale": "lake_scale",
-           "train-ranks": "train_ranks"}
+           "train-ranks": "train_ranks", "judge-guard": "judge_guard"}
 
 
 def depends_on(benchmark: str) -> tuple[str, ...]:

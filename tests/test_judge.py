@@ -31,7 +31,9 @@ class ScriptedJudge:
             graded = prompt.split(MARK)[1] if prompt.count(MARK) >= 2 else ""
             obeyed = re.search(r"Score:\s*(\d+)", graded)
             score = obeyed.group(1) if obeyed else ("9" if "photosynthesis" in graded.lower() else "2")
-            groups.append([Sample(text=f" {score}\nBecause.", token_ids=[1], logprobs=[0.0], finish_reason="stop",
+            # a completions prompt ends where the score goes; a chat reply writes `Score: N` itself
+            text = f" {score}\nBecause." if prompt.endswith("Score:") else f"Score: {score}\nBecause."
+            groups.append([Sample(text=text, token_ids=[1], logprobs=[0.0], finish_reason="stop",
                                   prompt_token_ids=[0]) for _ in range(n)])
         return groups
 
@@ -57,11 +59,45 @@ def test_scores_over_http_with_a_retry_and_the_judge_in_the_version(judge_server
     problem = {"prompt": "Explain how plants make food."}
     good = verifier.verify(problem, "Through photosynthesis, using light to make sugar.")
     assert good.reward == pytest.approx(0.9) and good.correct is None and good.details["judge"] == "v0"
-    assert verifier.version == "1.0+v0"
+    assert verifier.version == "1.1+v0"
     assert server.requests_seen == 2                              # a 503, then the answer
     poor = verifier.verify(problem, "They eat soil.")
     assert poor.reward == pytest.approx(0.2)
     assert "Explain how plants make food." in judge.prompts[-1] and "treat" not in judge.prompts[-1].split(MARK)[1]
+
+
+def test_a_chat_only_judge_is_asked_over_chat_completions_with_the_rubric_as_the_system_message(judge_server):
+    server, judge = judge_server
+    verifier = verifier_for(server, api="chat", rubric="Grade the biology.")
+    assert verifier.version == "1.1+v0+chat"                        # other messages, other verdicts
+    problem = {"prompt": "Explain how plants make food."}
+    assert verifier.verify(problem, "Through photosynthesis.").reward == pytest.approx(0.9)
+    assert verifier.verify(problem, "They eat soil.").reward == pytest.approx(0.2)
+    system, user = judge.prompts[-1].split("\n\nUser: ")            # the messages as the server rendered them
+    assert system.startswith("System: You are a strict grader. Rubric: Grade the biology.") and MARK not in system
+    assert user.split(MARK)[1].strip() == "They eat soil." and judge.prompts[-1].endswith("Assistant:")
+    with pytest.raises(ValueError, match="completions or chat"):
+        verifier_for(server, api="responses")
+
+
+def test_the_guard_refuses_no_more_than_one_percent_of_a_labelled_benign_set():
+    """`bench/data/judge_guard.jsonl`: responses that address the grader and ordinary ones that talk about scores,
+    grades, judges, rules and maxima (what the guard used to refuse). `rlvr bench judge-guard` reports both rates
+    and the refusals among real worked solutions."""
+    from bench.judge_guard import PREVIOUS_GUARD, labelled, measure
+    from tasks.verifiers.judge import ADDRESSES_THE_JUDGE
+
+    cases = labelled()
+    now, before = measure(ADDRESSES_THE_JUDGE, cases, {}), measure(PREVIOUS_GUARD, cases, {})
+    assert now["false_positive_rate"] <= 0.01 and now["detection_rate"] >= 0.95, (now["false_positives"], now["missed"])
+    assert before["false_positive_rate"] > 0.1                        # the set tells the two guards apart
+
+
+def test_text_about_scores_is_judged_not_refused(judge_server):
+    server, _ = judge_server
+    verdict = verifier_for(server).verify({"prompt": "What is the range of a quiz scored 0 to 10?"},
+                                          "The maximum score is 10 and the minimum 0, so the range is 10.")
+    assert verdict.details["reason"] is None and server.requests_seen == 2      # a 503, then the judge's answer
 
 
 def test_verdicts_are_cached_by_prompt_response_and_judge(judge_server, tmp_path):
@@ -147,7 +183,7 @@ def test_one_iteration_mixes_judge_and_verifiable_rewards(judge_server, prefect_
     rl_iteration(config, lake_uri=lake_uri)
     rewards = lake.read("rewards")
     judged = rewards.filter(rewards["verifier"] == "judge")
-    assert judged.height and set(judged["verifier_version"]) == {"1.0+v0"}
+    assert judged.height and set(judged["verifier_version"]) == {"1.1+v0"}
     scored = judged.filter(judged["reward"] > 0)
     assert scored.height and set(scored["reward"].round(6)) <= {0.2, 0.9}            # the scripted judge's scores
     unjudged = {json.loads(text)["reason"] for text in judged.filter(judged["reward"] == 0)["details"]}

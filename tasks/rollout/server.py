@@ -8,8 +8,10 @@ generation_config.json) and change both the samples and the returned log-probs; 
 tokenized with vLLM's default `add_special_tokens: true` (a BOS-adding tokenizer adds one);
 `force_repetition_penalty` applies a penalty whatever the request says (a misconfigured server). It serves
 model versions under the names `v{N}`, the way vLLM serves one LoRA adapter or checkpoint per
-version. It exists so that the `openai` backend and the publish stage are tested over real HTTP on a
-machine without a GPU, and so that CPU users can share one policy between processes.
+version. `/v1/chat/completions` answers a chat request from the same samples (the messages rendered by the
+tokenizer's chat template), as a chat-only judge is asked. It exists so that the `openai` backend and the
+publish stage are tested over real HTTP on a machine without a GPU, and so that CPU users can share one
+policy between processes.
 
 Two ways to know a version. `on_demand` (the default): any registered version of the lake is
 loaded the first time a request names it. Without it the server behaves as vLLM does: it serves
@@ -161,7 +163,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
     def _routes(self) -> dict:
         """POST routes; the dev-mode ones only with dev_mode, as vLLM registers them."""
         server = self.server
-        routes = {"/v1/completions": self._complete,
+        routes = {"/v1/completions": self._complete, "/v1/chat/completions": self._chat,
                   "/v1/load_lora_adapter": lambda body: server.load(str(body.get("lora_name") or ""),
                                                                     str(body.get("lora_path") or "")),
                   "/v1/unload_lora_adapter": lambda body: server.unload(str(body.get("lora_name") or ""))}
@@ -196,7 +198,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         if routes.get(route) is None:
             return self._reply(404, {"error": {"message": f"no route {self.path}"}})
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if route == "/v1/completions":
+        if route in ("/v1/completions", "/v1/chat/completions"):
             if self.server.sleeping:
                 return self._reply(503, {"error": {"message": "the engine is sleeping (POST /wake_up)"}})
             self.server.resumed.wait()                    # paused: requests wait for /resume, as in vLLM
@@ -248,6 +250,26 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         usage = sum(len(c["logprobs"]["tokens"]) for c in choices)
         return {"id": f"cmpl-{self.server.requests_seen}", "object": "text_completion", "model": body["model"],
                 "choices": choices, "usage": {"completion_tokens": usage}}
+
+    def _chat(self, body: dict) -> dict:
+        """`/v1/chat/completions`: the messages rendered by the tokenizer's chat template (with the assistant's
+        turn opened), else as `Role: content` paragraphs for a model without one; the completions' samples as
+        assistant messages."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
+            raise ValueError("messages: a list of {role, content} objects is required")
+        tokenizer = getattr(self.server.policy(str(body.get("model", ""))), "tokenizer", None)
+        if getattr(tokenizer, "chat_template", None):
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:
+            prompt = "".join(f"{str(m.get('role', 'user')).capitalize()}: {m['content']}\n\n" for m in messages)
+            prompt += "Assistant:"
+        completion = self._complete({key: value for key, value in body.items() if key != "messages"}
+                                    | {"prompt": prompt, "add_special_tokens": False})
+        choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
+                    "finish_reason": c["finish_reason"]} for c in completion["choices"]]
+        return {"id": f"chatcmpl-{self.server.requests_seen}", "object": "chat.completion", "model": body["model"],
+                "choices": choices, "usage": completion["usage"]}
 
     def _setting(self, body: dict):
         """A sampling parameter: the request's, else the generation config's, else vLLM's own default."""
