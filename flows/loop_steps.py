@@ -31,7 +31,7 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
                        columns=["problem_id", "level"]).unique("problem_id")
     by_level = groups.join(levels, on="problem_id").group_by("level").agg(pl.col("solve_rate").mean()).sort("level")
     staleness = lake.read("advantages", filter=this, columns=["staleness"])["staleness"]
-    rollouts = lake.read("rollouts", filter=this, columns=["model_version", "round"])
+    rollouts = lake.read("rollouts", filter=this, columns=["model_version", "round", "self_certainty"])
     rewards = lake.read("rewards", filter=this, columns=["reward"])["reward"]
     trained = lake.read("model_versions", filter=this & (pc.field("kind") != BRANCH),
                         columns=["model_version", "metrics"]).sort("model_version")
@@ -48,7 +48,7 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
         "mean_staleness": float(staleness.mean()) if staleness.len() else None,
         "loss": training.get("loss"), "clip_fraction": training.get("clip_fraction"), "entropy": training.get("entropy"),
         "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
-        "created_at": datetime.now(timezone.utc)}
+        "created_at": datetime.now(timezone.utc), "mean_self_certainty": rollouts["self_certainty"].mean()}
 
 
 def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:

@@ -393,6 +393,8 @@ ITERATION_METRICS = register(TableSpec(
         column("eval_solve_rate", pa.float64(), True, "held-out sampled solve rate of trained_version"),
         column("run_id", pa.string(), False),
         column("created_at", pa.timestamp("us", tz="UTC"), False),
+        column("mean_self_certainty", pa.float64(), True, "INTUITOR's self-certainty, mean over the iteration's "
+               "rollouts that have one"),
     ]),
 ))
 

@@ -39,8 +39,9 @@ class ScriptedPolicy:
     """Stands in for a model that writes SCRIPT's turns: the episode loop, the sandbox and the storage are
     what this exercises (the real backends' token-id continuation is tested below)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, certainties=None):
         self.tokenizer, self.calls, self.prompts_seen = tokenizer, 0, []
+        self.certainties = certainties            # each turn's self-certainty (None: the backend gives none)
 
     def generate(self, prompts, n, sampler, seed, model_version):
         text = SCRIPT[self.calls]
@@ -52,7 +53,9 @@ class ScriptedPolicy:
         for prompt in prompts:
             prompt_ids = prompt if isinstance(prompt, list) else self.tokenizer(prompt, add_special_tokens=False).input_ids
             out.append([Sample(text=text, token_ids=list(ids), logprobs=[-0.5] * len(ids), finish_reason="stop",
-                               prompt_token_ids=list(prompt_ids), backend="scripted") for _ in range(n)])
+                               prompt_token_ids=list(prompt_ids), backend="scripted",
+                               self_certainty=self.certainties[self.calls - 1] if self.certainties else None)
+                        for _ in range(n)])
         return out
 
 
@@ -83,6 +86,19 @@ def test_an_episode_with_two_tool_calls_is_stored_and_masked(tokenizer, tool):
     assert row["loss_mask"] == episode.loss_mask and row["tool_calls"] == 2 and row["tool_errors"] == 1
     assert [t["role"] for t in json.loads(row["turns"])] == ["model", "tool", "model", "tool", "model"]
     assert row["n_tokens"] == sum(episode.loss_mask) < len(episode.token_ids)       # the model's tokens only
+
+
+def test_an_episodes_self_certainty_is_the_mean_over_every_model_turns_tokens(tokenizer, tool):
+    """INTUITOR's reward of an episode: all its model turns, token-weighted (not the first turn's value); a turn
+    without one leaves the episode without one (the reward then stops or falls back, as configured)."""
+    tools = ToolConfig(enabled=True, max_turns=3, max_tool_calls=2)
+    [[episode]] = run_episodes(ScriptedPolicy(tokenizer, certainties=[1.0, 2.0, 4.0]), tokenizer, tool, ["q"], 1,
+                               SamplerConfig(max_new_tokens=64), seed=0, model_version=0, tools=tools)
+    tokens = [turn["tokens"] for turn in episode.turns if turn["role"] == "model"]
+    assert episode.self_certainty == pytest.approx((1.0 * tokens[0] + 2.0 * tokens[1] + 4.0 * tokens[2]) / sum(tokens))
+    [[unknown]] = run_episodes(ScriptedPolicy(tokenizer, certainties=[1.0, None, 4.0]), tokenizer, tool, ["q"], 1,
+                               SamplerConfig(max_new_tokens=64), seed=0, model_version=0, tools=tools)
+    assert unknown.self_certainty is None
 
 
 def test_episode_budgets_end_an_episode():

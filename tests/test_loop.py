@@ -45,6 +45,9 @@ def test_loop_records_every_iteration_and_resumes_after_crashes(flows, tmp_path)
     assert [r["model_version"] for r in rows] == [0, 1]          # each iteration sampled by the previous step's model
     metrics = lake.read("iteration_metrics").sort("iteration")
     assert metrics["eval_solve_rate"].null_count() == 0 and metrics["loss"].null_count() == 0
+    for iteration, certainty in zip(metrics["iteration"], metrics["mean_self_certainty"]):   # INTUITOR's, recorded
+        stored = lake.read("rollouts", filter=pc.field("iteration") == iteration)["self_certainty"].mean()
+        assert certainty == pytest.approx(stored) and certainty > 0
     evaluations = lake.read("evaluations")
     assert sorted(set(evaluations["model_version"])) == [1, 2]
     assert evaluations.group_by("model_version").agg(pl.col("problems").sum())["problems"].to_list() == [12, 12]

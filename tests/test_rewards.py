@@ -48,7 +48,11 @@ def test_a_default_mapping_and_a_domain_mapping():
 
 def test_the_self_certainty_kind_is_that_component_alone_in_place_of_the_verifier():
     intuitor = RewardConfig(kind="self_certainty")
-    assert compose(ROWS, intuitor)["composed_reward"].to_list() == [0.2, 0.0, 0.1, 0.4]   # no value: 0, as any
+    with pytest.raises(ValueError, match="1 of 4 rollouts have no self-certainty"):      # not a silent 0
+        compose(ROWS, intuitor)
+    assert compose(ROWS.drop_nulls("self_certainty"), intuitor)["composed_reward"].to_list() == [0.2, 0.1, 0.4]
+    fallback = RewardConfig(kind="self_certainty", self_certainty_missing="zero")      # the fallback, named
+    assert compose(ROWS, fallback)["composed_reward"].to_list() == [0.2, 0.0, 0.1, 0.4]
     assert RewardConfig.model_validate(intuitor.model_dump()) == intuitor                 # a stored config reloads
     assert RewardConfig(kind="verifiable").is_default() and not intuitor.is_default()
     with pytest.raises(ValueError, match="reward.kind self_certainty is the self_certainty component alone"):

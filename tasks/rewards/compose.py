@@ -13,7 +13,9 @@ Components (each a column of the scored rollouts the advantage stage reads):
 
 `mapping` maps a component's [0, 1] score per domain onto values, linearly: `{correct: 1, wrong: -1}`
 makes a math answer +1 or −1 and partial credit 0.5 of a code run 0. A component with no value for a
-row (no process reward, no self-certainty, no judge score) contributes 0 there and is recorded as null.
+row (no process reward, no judge score) contributes 0 there and is recorded as null; a missing
+self-certainty stops the stage unless `self_certainty_missing: zero` says to score it 0 (INTUITOR's reward
+is self-certainty alone: a silent 0 would train on it).
 The default, `{verifier: {weight: 1}}`, is the verifier's reward unchanged. Pure: no lake, no Prefect.
 """
 
@@ -60,6 +62,9 @@ class RewardConfig(Strict):
         default_factory=lambda: {"verifier": RewardComponent()},
         description="named components and their weights: verifier, corrected, format, process, self_certainty, "
                     "length, or verifier:NAME for another verifier's reward")
+    self_certainty_missing: Literal["error", "zero"] = Field(
+        "error", description="a rollout without a self-certainty (its backend gave no full distribution): error "
+        "stops the stage naming how many; zero scores the component 0 there")
     free_tokens: int = Field(0, ge=0, description="length: tokens that cost nothing")
     scale_tokens: int = Field(1000, gt=0, description="length: tokens past free_tokens per unit of the component")
 
@@ -122,6 +127,12 @@ def compose(scored: pl.DataFrame, config: RewardConfig) -> pl.DataFrame:
         if column not in scored.columns:
             raise ValueError(f"reward component {name!r} needs column {column!r}, which the scored rollouts lack")
         value = pl.col(column).cast(pl.Float64)
+        if name == "self_certainty" and config.self_certainty_missing == "error":
+            missing = scored[column].null_count()
+            if missing:
+                raise ValueError(f"{missing} of {scored.height} rollouts have no self-certainty (their backend gave no "
+                                 "full next-token distribution): compute it (rollout.self_certainty: true with the "
+                                 "openai backend) or set reward.self_certainty_missing: zero")
         if name == "corrected":                      # no audit of this verifier version: its reward as it is
             value = pl.coalesce(value, pl.col("reward").cast(pl.Float64))
         if name == "length":

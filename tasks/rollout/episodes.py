@@ -78,8 +78,11 @@ class Episode:
     tool_errors: int = 0
     finish_reason: str = "stop"
     pending_call: str | None = None        # the code of a tool call the last model turn ended with
-    self_certainty: float | None = None
+    self_certainty: float | None = None     # over every model turn's tokens; None when a turn had none
     backend: str = ""
+    _certainty_sum: float = 0.0
+    _certainty_tokens: int = 0
+    _certainty_missing: bool = False
 
     def add_model(self, sample: Sample, tokenizer, tools: ToolConfig) -> None:
         text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
@@ -89,8 +92,13 @@ class Episode:
         self.turns.append({"role": "model", "text": text, "tokens": len(sample.token_ids)})
         self.finish_reason = sample.finish_reason
         self.backend = sample.backend
-        if self.self_certainty is None:
-            self.self_certainty = sample.self_certainty
+        if sample.self_certainty is None:
+            self._certainty_missing = True
+        else:
+            self._certainty_sum += sample.self_certainty * len(sample.token_ids)
+            self._certainty_tokens += len(sample.token_ids)
+        self.self_certainty = (None if self._certainty_missing or not self._certainty_tokens
+                               else self._certainty_sum / self._certainty_tokens)
         self.pending_call = tool_call(text, tools) if sample.finish_reason == "stop" else None
 
     def add_tool(self, result: ToolResult, tokenizer, tools: ToolConfig) -> None:
