@@ -81,7 +81,26 @@ def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: i
         rebalance(lake, settings, iteration)
     if settings.selfplay.enabled:
         check_collapse(lake, settings, iteration, row["eval_solve_rate"])
+    if not settings.reward.has_external_verifier():
+        check_self_reward(lake, settings, iteration)
     return row
+
+
+def check_self_reward(lake: Lake, settings: RunConfig, iteration: int) -> None:
+    """The tripwire of a reward no verifier grounds (tasks/rewards/collapse.py), after the iteration is recorded:
+    the loop stops with what fired; a later `rlvr run` (with the tripwire lowered or off) resumes."""
+    from tasks.rewards.collapse import collapsed, self_reward_health
+    from tasks.selfplay.health import CollapseDetected
+
+    metrics = lake.read("iteration_metrics", columns=["iteration", "entropy"])
+    first = int(metrics.filter(pl.col("iteration") > 0)["iteration"].min())             # 0: the warm-up, no rollouts
+    compared = pc.field("iteration").isin([first, iteration])
+    health = self_reward_health(lake.read("rollouts", filter=compared, columns=["iteration", "response", "n_tokens"]),
+                                metrics)
+    fired = collapsed(health, iteration, settings.reward.tripwire)
+    if fired:
+        raise CollapseDetected(f"the self-rewarded run stopped after iteration {iteration}: " + "; ".join(fired) +
+                               " (the reward has no verifier; see `rlvr sql \"select * from iteration_metrics\"`)")
 
 
 def check_collapse(lake: Lake, settings: RunConfig, iteration: int, eval_solve_rate: float | None) -> None:

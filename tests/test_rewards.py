@@ -99,3 +99,38 @@ def test_the_composed_reward_reaches_the_advantages_end_to_end(flows, lake, lake
     again = lake.read("advantages").join(rewards.select("rollout_id", "reward"), on="rollout_id", suffix="_stored")
     assert again.select((pl.col("reward") - 3 * pl.col("reward_stored")).abs().max()).item() < 1e-9
     assert lake.read("runs").filter(pl.col("stage") == "verify").height == scored_before
+
+
+def test_the_self_reward_tripwire_names_each_signal_that_fell_below_its_bound():
+    from tasks.rewards.collapse import SelfRewardTripwire, collapsed, self_reward_health
+
+    rollouts = pl.DataFrame({"iteration": [1, 1, 1, 1, 3, 3, 3, 3], "n_tokens": [40, 60, 50, 50, 10, 10, 10, 10],
+                             "response": ["x\n#### 1", "y\n#### 2", "#### 3", "z\n\n#### 4", *["#### 7\n"] * 4]})
+    metrics = pl.DataFrame({"iteration": [0, 1, 3], "entropy": [None, 0.9, 0.01]})
+    health = self_reward_health(rollouts, metrics)
+    assert health.rows() == [(1, 50.0, 1.0, 0.9), (3, 10.0, 0.25, 0.01)]   # tokens, diversity, entropy
+    assert collapsed(health, 3, SelfRewardTripwire(min_answer_diversity=0.5)) == [
+        "training entropy 0.010 nats below reward.tripwire.min_entropy 0.05",
+        "mean response length 20% of iteration 1's below reward.tripwire.min_length_ratio 0.25",
+        "answer diversity 25.0% below reward.tripwire.min_answer_diversity 0.5"]
+    off = SelfRewardTripwire(min_entropy=None, min_length_ratio=None, min_answer_diversity=None)
+    assert collapsed(health, 3, off) == [] and collapsed(health, 1, SelfRewardTripwire()) == []   # before `after`
+    assert RewardConfig(kind="self_certainty").has_external_verifier() is False
+    assert RewardConfig().has_external_verifier() and RewardConfig(components={"verifier:judge": {}}).has_external_verifier()
+
+
+def test_a_self_rewarded_loop_stops_when_its_tripwire_fires(prefect_api, tmp_path):
+    """INTUITOR's reward has no verifier: the tripwire runs without self-play, after the iteration is recorded."""
+    from flows.loop import rl_loop
+    from storage.lake import Lake
+    from tasks.selfplay.health import CollapseDetected
+    from test_loop import RUN, curated_with_eval
+
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    run = {**RUN, "reward": {"kind": "self_certainty", "tripwire": {"after": 1, "min_entropy": 100.0}},
+           "dynamic_sampling": {"groups_per_batch": 3, "band": [-0.1, 1.1], "max_rounds": 1}}   # as configs/intuitor.yaml
+    with pytest.raises(CollapseDetected, match=r"self-rewarded run stopped after iteration 1: training entropy "
+                                               r"[0-9.]+ nats below reward.tripwire.min_entropy 100"):
+        rl_loop(run, lake_uri=lake_uri)
+    assert Lake.open(lake_uri).read("iteration_metrics")["iteration"].to_list() == [1]

@@ -28,6 +28,7 @@ import polars as pl
 from pydantic import Field, field_validator, model_validator
 
 from tasks.config import Strict
+from tasks.rewards.collapse import SelfRewardTripwire
 
 BUILT_IN = {"verifier": "reward", "corrected": "corrected_reward", "format": "format_reward",
             "process": "process_reward", "self_certainty": "self_certainty", "length": "n_tokens"}
@@ -65,6 +66,9 @@ class RewardConfig(Strict):
     self_certainty_missing: Literal["error", "zero"] = Field(
         "error", description="a rollout without a self-certainty (its backend gave no full distribution): error "
         "stops the stage naming how many; zero scores the component 0 there")
+    tripwire: SelfRewardTripwire = Field(default_factory=SelfRewardTripwire, description="collapse checks run "
+                                         "after each iteration when no component is a verifier's "
+                                         "(tasks/rewards/collapse.py)")
     free_tokens: int = Field(0, ge=0, description="length: tokens that cost nothing")
     scale_tokens: int = Field(1000, gt=0, description="length: tokens past free_tokens per unit of the component")
 
@@ -110,6 +114,10 @@ class RewardConfig(Strict):
     def is_default(self) -> bool:
         """The verifier's reward unchanged (`kind: verifiable` included)."""
         return self.model_copy(update={"kind": "composed"}) == RewardConfig()
+
+    def has_external_verifier(self) -> bool:
+        """Whether a component is a verifier's reward (else the reward grades itself: the tripwire runs)."""
+        return any(name in ("verifier", "corrected") or name.startswith("verifier:") for name in self.components)
 
     def other_verifiers(self) -> list[str]:
         """Verifiers whose rewards the components read beside the rollout's own (`verifier:NAME`)."""

@@ -28,7 +28,8 @@ class TripwireConfig(Strict):
 
 
 class CollapseDetected(RuntimeError):
-    """A tripwire of `selfplay.tripwire` fired: the loop stops (the iteration is recorded first)."""
+    """A collapse tripwire fired (`selfplay.tripwire`, or `reward.tripwire` of a reward no verifier grounds): the
+    loop stops (the iteration is recorded first)."""
 
 
 def proposal_health(proposals: pl.DataFrame) -> pl.DataFrame:
