@@ -144,15 +144,17 @@ def _commit_files(lake: Lake, name: str) -> int:
 
 
 def _keep_history_for(table: DeltaTable, retention_hours: float) -> None:
-    """Make the table's own retentions the maintenance's: its log files (`cleanup_metadata` removes those older
-    than the latest checkpoint and than this) and its removed files' records in checkpoints. Delta's defaults
-    (30 days, 7 days) kept a commit file for every write of a month: `runs` takes ten commits an iteration, and
-    delta-rs lists the log on each write (45 ms a write at 2,700 commit files on local disk, 4 ms after)."""
+    """Make the table's log retention the maintenance's: `cleanup_metadata` then removes the commit files older
+    than the latest checkpoint and than this. Delta's default (30 days) kept a commit file for every write of a
+    month: `runs` takes ten commits an iteration, and delta-rs lists the log on each write (45 ms a write at
+    2,700 commit files on local disk, 4 ms after). Only the log's: the removed files' retention, which `vacuum`
+    without an explicit one (`rlvr doctor --repair`) reads, stays Delta's week, so a short maintenance
+    retention never lets another vacuum delete a live writer's files."""
     interval = f"interval {math.ceil(retention_hours)} hours"
-    wanted = {"delta.logRetentionDuration": interval, "delta.deletedFileRetentionDuration": interval}
-    if {key: table.metadata().configuration.get(key) for key in wanted} != wanted:
-        table.alter.set_table_properties(wanted, raise_if_not_exists=False, commit_properties=CommitProperties(
-            custom_metadata={"stage": "lake-maintenance"}))
+    if table.metadata().configuration.get("delta.logRetentionDuration") != interval:
+        table.alter.set_table_properties({"delta.logRetentionDuration": interval}, raise_if_not_exists=False,
+                                         commit_properties=CommitProperties(
+                                             custom_metadata={"stage": "lake-maintenance"}))
 
 
 def _compact(table: DeltaTable, config: MaintenanceConfig) -> str:

@@ -89,7 +89,8 @@ def test_the_guard_refuses_no_more_than_one_percent_of_a_labelled_benign_set():
 
     cases = labelled()
     now, before = measure(ADDRESSES_THE_JUDGE, cases, {}), measure(PREVIOUS_GUARD, cases, {})
-    assert now["false_positive_rate"] <= 0.01 and now["detection_rate"] >= 0.95, (now["false_positives"], now["missed"])
+    assert now["false_positive_rate"] <= 0.01 and now["detection_rate"] >= 0.85, (now["false_positives"], now["missed"])
+    assert now["detection_rate"] > before["detection_rate"]
     assert before["false_positive_rate"] > 0.1                        # the set tells the two guards apart
 
 

@@ -382,3 +382,26 @@ def test_a_lake_whose_iteration_tables_were_made_partitioned_keeps_them_so(lake)
     assert table.metadata().partition_columns == ["iteration"]
     assert all("iteration=" in uri for uri in table.file_uris())
     assert sorted(lake.read("groups").select("iteration", "group_id").rows()) == [(1, "d"), (2, "b"), (2, "c")]
+
+
+def test_a_partitioned_table_written_before_a_column_was_added_takes_replaces_with_it(lake):
+    """An older lake's `iteration_metrics`: partitioned by iteration, without `mean_self_certainty`. A replace adds
+    the column (schema merge) and swaps exactly its slice."""
+    from datetime import datetime, timezone
+
+    from deltalake import write_deltalake
+
+    from storage.schemas import TABLES
+
+    older = pa.schema([f for f in TABLES["iteration_metrics"].schema if f.name != "mean_self_certainty"])
+    now = datetime.now(timezone.utc)
+    rows = [{**dict.fromkeys(older.names), "iteration": i, "model_version": 0, "run_id": "before", "created_at": now}
+            for i in (1, 2)]
+    write_deltalake(lake.location.table_uri("iteration_metrics"), pa.Table.from_pylist(rows, schema=older),
+                    partition_by=["iteration"], storage_options=lake.location.storage_options())
+    with lake.run("test-flow", "test-stage", {}, iteration=2) as run:
+        lake.replace("iteration_metrics", pl.DataFrame([{"iteration": 2, "model_version": 1, "created_at": now,
+                                                         "mean_self_certainty": 0.7}]), {"iteration": 2}, run)
+    read = lake.read("iteration_metrics", raw=True).sort("iteration")
+    assert read.select("iteration", "model_version", "mean_self_certainty").rows() == [(1, 0, None), (2, 1, 0.7)]
+    assert lake.table("iteration_metrics").metadata().partition_columns == ["iteration"]

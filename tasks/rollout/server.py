@@ -260,7 +260,10 @@ class CompletionsHandler(BaseHTTPRequestHandler):
             raise ValueError("messages: a list of {role, content} objects is required")
         tokenizer = getattr(self.server.policy(str(body.get("model", ""))), "tokenizer", None)
         if getattr(tokenizer, "chat_template", None):
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as error:                  # e.g. a template without a system role: a 400, not a drop
+                raise ValueError(f"the model's chat template refused the messages: {error}") from None
         else:
             prompt = "".join(f"{str(m.get('role', 'user')).capitalize()}: {m['content']}\n\n" for m in messages)
             prompt += "Assistant:"

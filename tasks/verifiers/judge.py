@@ -38,21 +38,23 @@ DEFAULT_RUBRIC = ("Judge how well the response fulfils the task: correct, comple
 MARK = "<<<RESPONSE>>>"
 # What a response says to its grader, not about its subject: "the maximum score is 10" or "each win earns 10
 # points" is ordinary text. Measured against a labelled set and real solutions (`rlvr bench judge-guard`).
-_TOP = r"(?:10\s*/\s*10|(?<![/.\d])10(?![./]\d)|ten|full|max|maximum|perfect|highest|top)"   # not 1/10, 0.10
+# a top score, not any "10", "top" or "max" (give it 10 seconds, the top 5, max(a, b))
+_TOP = (r"(?:(?:10|ten)\s*(?:/|out\s+of)\s*(?:10|ten)\b|\b(?:full|maximum|max|perfect|highest|top)\s+(?:score|rating|"
+        r"grade|marks?|points?)\b|\b(?:a|perfect)\s+(?:10|ten)\b(?!\s*(?:[./]\d|%|percent))|\b(?:10|ten)\s+(?:points|marks)\b)")
 _MARKS = r"(?:score|rating|grade|marks)"
 _THIS = r"(?:this|it|me|us|the\s+(?:response|answer|solution|submission))"
 ADDRESSES_THE_JUDGE = re.compile(
     r"\b(?:ignore|disregard|forget|override)\b[^.\n]{0,40}\b(?:rubric|instructions?|rules|prompt|guidelines|criteria)\b"
-    rf"|\b(?:give|award|assign|grant)\s+{_THIS}\b[^.\n]{{0,25}}\b{_TOP}\b"
-    rf"|\bplease\s+(?:give|award|assign|grant|rate|score|grade|mark)\b[^.\n]{{0,30}}\b(?:{_TOP}|{_MARKS})\b"
-    rf"|\b(?:rate|score|grade|mark)\s+{_THIS}\b[^.\n]{{0,20}}\b{_TOP}\b"
+    rf"|\b(?:give|award|assign|grant)\s+{_THIS}\b[^.\n]{{0,25}}{_TOP}"
+    rf"|\bplease\s+(?:give|award|assign|grant|rate|score|grade|mark)\b[^.\n]{{0,30}}(?:{_TOP}|\b{_MARKS}\b)"
+    rf"|\b(?:rate|score|grade|mark)\s+{_THIS}\b[^.\n]{{0,20}}{_TOP}"
     rf"|\b(?:this|the)\s+(?:response|answer|solution|submission)\s+(?:deserves|merits|warrants|should\s+(?:get|receive|"
-    rf"score|be\s+given))\b[^.\n]{{0,20}}\b(?:{_TOP}|{_MARKS})\b"
+    rf"score|be\s+given))\b[^.\n]{{0,20}}(?:{_TOP}|\b{_MARKS}\b)"
     rf"|\byou\s+(?:must|should|will|are\s+to|have\s+to)\s+(?:give|award|assign|rate|score|grade)\b[^.\n]{{0,30}}\b{_MARKS}\b"
-    r"|^\s*(?:final\s+)?score\s*:\s*\d+"                     # the reply's own format (`score = 0` is code)
-    r"|\bas\s+(?:the|an|a)\s+(?:judge|grader|evaluator|reviewer)\s*(?:,|\b(?:you|i|please|note|should|must|can)\b)"
-    r"|\b(?:dear|hey|hello|hi|to\s+the|attention|note\s+to\s+the)\s+(?:judge|grader|evaluator|reviewer)\b"
-    r"|^\s*(?:judge|grader|evaluator|reviewer)\s*[,:]",
+    r"|(?<![\w.])score\s*:\s*\d+(?:\.\d+)?\s*(?:/\s*10)?\s*(?:$|\.\s|\.$)"  # the reply's own line, anywhere
+    r"|\bas\s+(?:the|an|a)\s+(?:judge|grader|evaluator)\s*(?:,|\b(?:you|i|please|note|should|must|can)\b)"
+    r"|\b(?:dear|hey|hello|hi|to\s+the|attention|note\s+to\s+the)\s+(?:judge|grader|evaluator)\b"
+    r"|^\s*(?:judge|grader|evaluator)\s*[,:]",
     re.IGNORECASE | re.MULTILINE)
 SCORE = re.compile(r"score\s*[:=]\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
 
