@@ -62,8 +62,10 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
     with lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run, \
             scoring(settings) as score:
         sampled = sample_task(lake, settings, iteration, version, score)
-        if sampled.proposals is not None:              # self-play: its tasks enter the bank before anything uses them
-            bank_added(lake, sampled.new_problems, iteration, "self-play problems")
+        if sampled.new_problems is not None:           # self-play's or RISE's tasks enter the bank before their rollouts
+            bank_added(lake, sampled.new_problems, iteration,
+                       "self-play problems" if sampled.proposals is not None else "verification tasks")
+        if sampled.proposals is not None:
             lake.replace("proposals", sampled.proposals, key, run)
         lake.replace("rollouts", sampled.rollouts, key, run)
         for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
@@ -72,7 +74,7 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward), iteration, True)
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
-    if settings.selfverify.enabled:                   # RISE: the next rounds draw tasks made of these rollouts
+    if settings.selfverify.enabled and settings.selfverify.mode == "lagged":   # later rounds draw these tasks
         bank_added(lake, self_verification_tasks(lake, settings, sampled), iteration, "verification tasks")
     print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
           f"{sampled.rollouts['group_id'].n_unique()} groups drawn")

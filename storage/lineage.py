@@ -56,8 +56,9 @@ def proposal_lineage(lake: Lake, proposal_id: str) -> dict[str, Any] | None:
                          columns=["rollout_id", "model_version", "prompt", "response", "run_id"])
     versions = lake.read("model_versions", filter=pc.field("model_version") == row["model_version"],
                          columns=["model_version", "kind", "parent_version", "iteration", "run_id"])
-    return {"proposal": {key: row[key] for key in ("proposal_id", "iteration", "role", "task_type", "model_version",
-                                                   "rollout_id", "document_id", "span", "verdict", "solve_rate",
+    return {"proposal": {key: row.get(key) for key in ("proposal_id", "iteration", "role", "task_type", "model_version",
+                                                   "rollout_id", "document_id", "document_source",
+                                                   "document_licence", "span", "verdict", "solve_rate",
                                                    "reward", "run_id")},
             "rollout": rollouts.row(0, named=True) if rollouts.height else None,
             "model_version": versions.row(0, named=True) if versions.height else None}

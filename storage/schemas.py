@@ -517,5 +517,7 @@ PROPOSALS = register(TableSpec(
         column("reward", pa.float64(), True, "the proposer's reward: learnability, or the invalid reward"),
         column("run_id", pa.string(), False),
         column("created_at", pa.timestamp("us", tz="UTC"), False),
+        column("document_source", pa.string(), True, "the corpus file the document came from (SPICE)"),
+        column("document_licence", pa.string(), True, "the document's licence as its corpus states it (SPICE)"),
     ]),
 ))

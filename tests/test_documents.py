@@ -1,14 +1,19 @@
 """SPICE-style document-grounded challenges: the corpus reader, every validity rule on a hand-written
-challenge, the challenger's peaked reward, and the self-play stage with a corpus: proposals that keep their
-document and span, banked questions, and lineage from a question back to its document."""
+challenge, SPICE's variance reward, corpora of real text (a folder, dataset rows, licences), and the self-play
+stage with a corpus: proposals that keep their document, its file, licence and span, banked questions, and
+lineage from a question back to its document."""
 
 import json
+import math
+from pathlib import Path
 
 import polars as pl
 import pytest
 
-from tasks.selfplay.documents import (Document, challenge_text, generate_documents, parse_challenge, peaked,
-                                      read_documents)
+from tasks.selfplay.documents import (Document, challenge_text, generate_documents, parse_challenge, read_documents,
+                                      variance_reward)
+
+DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
 DOCUMENT = Document("towns:1", "Arlen is a town of 4200 people. It has 12 bakeries and 3 schools.\n"
                                "The river through Arlen is 40 km long.")
@@ -36,9 +41,14 @@ def test_a_valid_challenge_keeps_its_span_and_a_repeat_shares_its_key():
     assert again.key == challenge.key                                  # the same question, normalised
 
 
-@pytest.mark.parametrize("rate, reward", [(None, 0.0), (0.0, 0.0), (0.25, 0.5), (0.5, 1.0), (0.75, 0.5), (1.0, 0.0)])
-def test_the_challengers_reward_peaks_at_half(rate, reward):
-    assert peaked(rate) == pytest.approx(reward)
+@pytest.mark.parametrize("rate, variance", [(0.0, 0.0), (0.25, 0.1875), (0.5, 0.25), (0.75, 0.1875), (1.0, 0.0)])
+def test_the_challengers_reward_is_a_gaussian_of_the_reasoners_correctness_variance(rate, variance):
+    # the variance of G binary outcomes with solve rate p is p(1 - p): ¼ at p = ½, the Gaussian's centre
+    expected = math.exp(-(variance - 0.25) ** 2 / (2 * 0.01))
+    assert variance_reward(rate) == pytest.approx(expected)
+    assert variance_reward(rate, width=0.001) <= variance_reward(rate)    # a narrower Gaussian is sharper
+    assert variance_reward(None) == 0.0                                   # never solved: nothing to reward
+    assert variance_reward(0.5) == 1.0 and variance_reward(0.5) > variance_reward(0.25) > variance_reward(0.0)
 
 
 def test_the_corpus_reader_takes_jsonl_and_text_and_names_bad_lines(tmp_path):
@@ -53,6 +63,33 @@ def test_the_corpus_reader_takes_jsonl_and_text_and_names_bad_lines(tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl:2: field text"):
         read_documents(bad)
     assert len({d.text for d in generate_documents(20)}) == 20
+
+
+def test_a_folder_corpus_reads_text_and_dataset_rows_with_their_licences(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("Para one.\n\nPara two.\n")
+    (tmp_path / "notes" / "LICENSE").write_text("\nCC-BY-4.0\nfull text\n")
+    (tmp_path / "rows.jsonl").write_text(json.dumps({"id": 7, "question": "How many?", "answer": "Three.\n#### 3"})
+                                         + "\n" + json.dumps({"problem": "Sum?", "solution": ["1+1", "= 2"],
+                                                               "license": "MIT"}) + "\n")
+    documents = read_documents(tmp_path)
+    assert [(d.document_id, d.licence) for d in documents] == [
+        ("notes/a:1", "CC-BY-4.0"), ("notes/a:2", "CC-BY-4.0"), ("rows:7", None), ("rows:2", "MIT")]
+    assert documents[2].text == "How many?\nThree.\n#### 3" and documents[3].text == "Sum?\n1+1\n= 2"
+    assert documents[0].source == str(tmp_path / "notes" / "a.txt")
+    (tmp_path / "rows.jsonl").write_text('{"title": "no text"}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:1: field text"):
+        read_documents(tmp_path)
+
+
+@pytest.mark.skipif(not DATASETS.is_dir(), reason="../shared/datasets is not here (a user's clone)")
+def test_the_projects_datasets_are_a_corpus_with_every_licence_recorded():
+    documents = read_documents(DATASETS)
+    from_datasets = [d for d in documents if Path(d.source).parent != DATASETS]     # the folder's README aside
+    assert len(from_datasets) > 10_000 and len({d.document_id for d in documents}) == len(documents)
+    assert all(d.licence for d in from_datasets)
+    gsm8k = next(d for d in from_datasets if d.document_id == "gsm8k/train:1")
+    assert gsm8k.licence == "MIT License" and gsm8k.text.startswith("Natalia sold clips") and "#### 72" in gsm8k.text
 
 
 class Replay:
@@ -78,7 +115,7 @@ def test_the_stage_grounds_questions_in_their_documents_and_lineage_finds_the_sp
     from tasks.verification import score_with_components, verifier_pool
 
     corpus = tmp_path / "towns.jsonl"
-    corpus.write_text(json.dumps({"id": DOCUMENT.document_id, "text": DOCUMENT.text}) + "\n")
+    corpus.write_text(json.dumps({"id": DOCUMENT.document_id, "text": DOCUMENT.text, "license": "CC0"}) + "\n")
     config = IterationConfig.model_validate({
         "rollout": {"group_size": 4}, "verify": {"workers": 0},
         "selfplay": {"enabled": True, "task_types": ["deduction"], "proposer_groups": 1, "proposer_group_size": 4,
@@ -101,11 +138,13 @@ def test_the_stage_grounds_questions_in_their_documents_and_lineage_finds_the_sp
     assert (challenges["document_id"] == DOCUMENT.document_id).all()
     valid = challenges.row(0, named=True)
     assert valid["span"] == "It has 12 bakeries and 3 schools." and valid["solve_rate"] == 0.25
-    assert valid["reward"] == pytest.approx(peaked(0.25))
+    assert valid["reward"] == pytest.approx(variance_reward(0.25))
+    assert (valid["document_source"], valid["document_licence"]) == (str(corpus), "CC0")
     assert challenges["reward"].to_list()[1:] == [-0.5, -0.5, -1.0]
     question = sampled.new_problems.filter(pl.col("problem_id") == valid["problem_id"]).row(0, named=True)
     assert (question["prompt"], question["answer"], question["verifier"]) == (
         "How many bakeries does Arlen have?", "12", "qa")                  # asked without the document
+    assert json.loads(question["metadata"])["document_licence"] == "CC0"
     bank_added(lake, sampled.new_problems, 1, "self-play problems")
     with lake.run("test", "rollout", {}, iteration=1) as run:
         lake.replace("proposals", sampled.proposals, {"iteration": 1}, run)
@@ -113,3 +152,51 @@ def test_the_stage_grounds_questions_in_their_documents_and_lineage_finds_the_sp
     found = problem_lineage(lake, valid["problem_id"])["proposal"]["proposal"]
     assert (found["document_id"], found["span"], found["role"]) == (DOCUMENT.document_id, valid["span"],
                                                                      "challenger")
+    assert (found["document_source"], found["document_licence"]) == (str(corpus), "CC0")
+
+
+def test_the_warm_up_challenges_are_valid_and_the_drill_corpus_is_reproducible():
+    import random
+
+    from tasks.generators.grounded import challenger_example, drill_documents
+    from tasks.verifiers.selfplay import ChallengeVerifier
+
+    verifier, kinds = ChallengeVerifier(), set()
+    for seed in range(40):
+        example = challenger_example(random.Random(seed))
+        problem = {"answer": example.answer}
+        assert verifier.verify(problem, example.solution).reward == 1.0        # every worked challenge is valid
+        kinds.add(example.params["kind"])
+        wrong = example.solution.replace("```span\n", "```span\nNot in the document. ")
+        assert verifier.verify(problem, wrong).details["reason"] == "span_not_in_document"
+    assert kinds == {"whole", "step"}                 # whole problems and (easier) single steps
+    committed = Path(__file__).resolve().parents[1] / "configs" / "data" / "drill-documents.jsonl"
+    assert [json.loads(line) for line in committed.read_text().splitlines()] == drill_documents(500)
+
+
+def test_spice_on_the_tiny_model_records_each_challenge_with_its_document(prefect_api, tmp_path):
+    """One SPICE iteration with a real (untrained) tiny policy: every challenger rollout is a proposal carrying its
+    document's id, file and licence, rewarded by the validity rules, and the step trains on them."""
+    from flows.curation import curate_bank
+    from flows.loop import rl_loop
+    from storage.lake import Lake
+    from test_iteration import SMALL_POLICY
+
+    corpus = Path(__file__).resolve().parents[1] / "configs" / "data" / "drill-documents.jsonl"
+    lake_uri = str(tmp_path / "lake")
+    curate_bank({"sources": [{"kind": "generator", "generator": "two_step", "count": 40, "seed": 0}]}, lake_uri)
+    config = {"rollout": {"group_size": 4, "sampler": {"max_new_tokens": 16}, "base_policy": SMALL_POLICY},
+              "selfplay": {"enabled": True, "task_types": [], "documents": str(corpus), "challenger_groups": 3,
+                           "proposer_group_size": 4, "proposal_tokens": 24},
+              "dynamic_sampling": {"band": [-0.1, 1.1], "groups_per_batch": 8, "max_rounds": 1, "oversample": 1.0},
+              "verify": {"workers": 0}, "train": {"micro_batch_size": 8},
+              "loop": {"iterations": 1, "evaluate_every": 0}}
+    rl_loop(config, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    proposals = lake.read("proposals")
+    assert proposals.height == 3 * 4 and set(proposals["role"]) == {"challenger"}
+    assert proposals["document_id"].str.starts_with("drill:").all() and proposals["document_id"].n_unique() == 3
+    assert set(proposals["document_source"]) == {str(corpus)}
+    assert proposals["document_licence"].str.contains("tasks/generators/grounded.py").all()
+    assert proposals.filter(pl.col("verdict") == "invalid")["reward"].is_in([-1.0, -0.5]).all()
+    assert lake.read("model_versions")["model_version"].max() == 1                # the challenger's groups trained

@@ -168,7 +168,8 @@ def test_two_step_drill_and_its_heldout_quarter_never_overlap():
 
 def test_the_other_domains_are_named_families_outside_the_math_mix():
     others = {name: g for name, g in GENERATORS.items() if g.domain != "math"}
-    assert {g.verifier for g in others.values()} == {"sat", "game", "translation", "selfplay", "proposal", "self_verify"}
+    assert {g.verifier for g in others.values()} == {"sat", "game", "translation", "selfplay", "proposal", "self_verify",
+                                                              "challenge"}
     assert not any(g.in_mix for g in others.values())
     assert {g.name for g in families("mix")}.isdisjoint(others)
     assert [g.level for g in families("sat")] == [1, 2, 3, 4]

@@ -55,11 +55,10 @@ def test_tasks_are_balanced_between_right_and_wrong_rollouts_and_never_made_of_v
     assert len({row["problem_id"] for row in rows}) == 4
 
 
-def test_the_loop_makes_tasks_of_its_rollouts_and_draws_them_at_the_ratio(prefect_api, tmp_path):
+def drill_loop(tmp_path, selfverify: dict, extra: dict) -> str:
+    """Two loop iterations of a small tiny model on the drill, 8 groups of 4 a batch, with `selfverify`."""
     from flows.curation import curate_bank
     from flows.loop import rl_loop
-    from storage.catalog import open_catalog
-    from storage.lake import Lake
     from test_iteration import SMALL_POLICY
 
     lake_uri = str(tmp_path / "lake")
@@ -68,11 +67,18 @@ def test_the_loop_makes_tasks_of_its_rollouts_and_draws_them_at_the_ratio(prefec
                           "mix": {"level_weights": {1: 1.0}}},
               "dynamic_sampling": {"groups_per_batch": 8, "max_rounds": 1, "oversample": 1.0,
                                    "band": [-0.1, 1.1]},
-              "verify": {"workers": 0}, "train": {"micro_batch_size": 8},
-              "selfverify": {"enabled": True, "tasks_per_iteration": 6, "ratio": 0.25},
-              "evaluation": {"max_problems": 10, "split": "train", "sampler": {"max_new_tokens": 8}},
-              "loop": {"iterations": 2, "evaluate_every": 2}}
+              "verify": {"workers": 0}, "train": {"micro_batch_size": 8}, "selfverify": selfverify, **extra}
     rl_loop(config, lake_uri=lake_uri)
+    return lake_uri
+
+
+def test_lagged_the_loop_makes_tasks_of_its_rollouts_and_draws_them_at_the_ratio(prefect_api, tmp_path):
+    from storage.catalog import open_catalog
+    from storage.lake import Lake
+
+    lake_uri = drill_loop(tmp_path, {"enabled": True, "mode": "lagged", "tasks_per_iteration": 6, "ratio": 0.25},
+                          {"evaluation": {"max_problems": 10, "split": "train", "sampler": {"max_new_tokens": 8}},
+                           "loop": {"iterations": 2, "evaluate_every": 2}})
     lake = Lake.open(lake_uri)
     tasks = lake.read("problems").filter(pl.col("source") == "self-verify")
     assert tasks.height == 12 and set(tasks["verifier"]) == {"self_verify"}     # 6 from each iteration
@@ -84,3 +90,36 @@ def test_the_loop_makes_tasks_of_its_rollouts_and_draws_them_at_the_ratio(prefec
     report = open_catalog(lake).sql("select * from self_verification order by iteration").pl()
     assert report["verification_rollouts"].to_list() == [0, 8]
     assert report["solve_rate"].is_not_null().all() and report["verification_accuracy"][1] is not None
+
+
+def test_in_batch_the_same_policy_verifies_its_own_batch_and_both_train_in_one_update(prefect_api, tmp_path):
+    """RISE as published: the verification prompts are built from this iteration's kept solutions, sampled by
+    the same model version in the same iteration, scored against the verifier's verdicts, and trained in the
+    same batch (outside `groups_per_batch`, so the solver's groups all stay)."""
+    from storage.lake import Lake
+    from tasks.advantages.dynamic_sampling import VERIFICATION_ROUND
+
+    lake_uri = drill_loop(tmp_path, {"enabled": True, "tasks_per_iteration": 6},
+                          {"loop": {"iterations": 2, "evaluate_every": 0}})
+    lake = Lake.open(lake_uri)
+    rollouts = lake.read("rollouts")
+    tasks = lake.read("problems").filter(pl.col("source") == "self-verify")
+    assert tasks.height == 12 and set(tasks["verifier"]) == {"self_verify"}         # 6 an iteration
+    made_from = rollouts.join(tasks.select(rollout_id=pl.col("source_uri").str.split(":").list.get(1),
+                                           task=pl.col("problem_id")), on="rollout_id")
+    answered = rollouts.filter(pl.col("round") == VERIFICATION_ROUND)
+    assert answered["problem_id"].n_unique() == 12 and answered.height == 12 * 4
+    for iteration in (1, 2):                      # verified in the iteration that sampled them, by the same version
+        solutions = made_from.filter(pl.col("iteration") == iteration)
+        verifying = answered.filter(pl.col("problem_id").is_in(solutions["task"].implode()))
+        assert verifying.height == 6 * 4 and set(verifying["iteration"]) == {iteration}
+        assert set(verifying["model_version"]) == set(solutions["model_version"]) == {iteration - 1}
+        assert (solutions["round"] == 1).all()                                    # from the solver's own batch
+    rewards = lake.read("rewards").join(answered.select("rollout_id"), on="rollout_id", how="semi")
+    assert rewards.height == answered.height and set(rewards["verifier"]) == {"self_verify"}
+    batch = lake.read("batches").filter(pl.col("iteration") == 1).join(
+        rollouts.select("rollout_id", "round"), on="rollout_id")
+    assert batch.filter(pl.col("round") == 1)["group_id"].n_unique() == 8        # every solver group stays
+    assert batch.filter(pl.col("round") == VERIFICATION_ROUND)["group_id"].n_unique() == 6   # and both train
+    version_1 = lake.read("model_versions").filter(pl.col("model_version") == 1).row(0, named=True)
+    assert version_1["iteration"] == 1                                          # one update for the whole batch

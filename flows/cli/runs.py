@@ -24,8 +24,8 @@ def run(
                                                                   "the config's loop.iterations]")] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
-    documents: Annotated[Optional[Path], typer.Option(help="SPICE: a corpus (JSONL or text) self-play's challenger "
-                                                           "reads (sets selfplay.documents)")] = None,
+    documents: Annotated[Optional[Path], typer.Option(help="SPICE: a corpus (JSONL, text, or a folder of "
+                                                           "them) self-play's challenger reads (sets selfplay.documents)")] = None,
     format: FormatOption = TableFormat.table,
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
@@ -44,9 +44,13 @@ def run(
         from tasks.selfplay.documents import read_documents
 
         try:
-            read_documents(documents)                 # a bad corpus fails here, naming its file and line
+            corpus = read_documents(documents)        # a bad corpus fails here, naming its file and line
         except ValueError as error:
             fail(str(error), 2)
+        unlicensed = sum(document.licence is None for document in corpus)
+        console.print(f"[dim]{len(corpus)} documents from {documents}"
+                      + (f"; {unlicensed} with no licence found (no LICENSE file beside them)" if unlicensed else "")
+                      + "[/dim]")
         settings.selfplay.documents = str(documents.resolve())
     opened = Lake.open(lake)
     with loop_writer(lake, wait):

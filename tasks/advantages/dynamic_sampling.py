@@ -24,6 +24,9 @@ LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
 
 
+VERIFICATION_ROUND = 99    # RISE's in-batch verification groups: after every resampling round, outside the count
+
+
 class BatchShortfall(RuntimeError):
     """The generation-round bound was reached before the batch was full, and the config says fail."""
 
@@ -38,7 +41,7 @@ class DynamicSamplingConfig(Strict):
     groups_per_batch: int = Field(16, ge=1, description="informative groups a training step consumes")
     band: tuple[float, float] = Field((0.0, 1.0), description="keep groups whose solve rate lies strictly inside "
                                       "(0-1 drops only all-wrong and all-correct groups, as DAPO does)")
-    max_rounds: int = Field(4, ge=1, le=99, description="generation rounds before the batch is declared short")
+    max_rounds: int = Field(4, ge=1, le=VERIFICATION_ROUND - 1, description="generation rounds before the batch is declared short")
     oversample: float = Field(1.5, ge=1.0, description="groups drawn per round, relative to the groups still missing")
     on_shortfall: Literal["train_smaller", "fail"] = Field("train_smaller", description="when the round bound is "
                                                            "reached: train on the groups kept so far, or fail")

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from storage.lake import Lake
 from storage.runs import Run
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
+from tasks.advantages.dynamic_sampling import VERIFICATION_ROUND, DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
 from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
                                       truncated_importance_weight)
@@ -178,9 +178,13 @@ def with_importance_weights(rows: pl.DataFrame, logprob_sums: pl.DataFrame | Non
 
 
 def mark_surplus(groups: pl.DataFrame, groups_per_batch: int) -> pl.DataFrame:
-    """Informative groups past the first `groups_per_batch` (in group-id order) become `surplus`."""
-    rank = pl.col("kept").cast(pl.Int64).cum_sum().over(order_by="group_id")
-    surplus = pl.col("kept") & (rank > groups_per_batch)
+    """Informative groups past the first `groups_per_batch` (in group-id order) become `surplus`. RISE's in-batch
+    verification groups (round `VERIFICATION_ROUND`) verify this batch's solutions: they join it outside the count."""
+    counted = pl.col("kept")
+    if "round" in groups.columns:
+        counted = counted & (pl.col("round").fill_null(0) != VERIFICATION_ROUND)
+    rank = counted.cast(pl.Int64).cum_sum().over(order_by="group_id")
+    surplus = counted & (rank > groups_per_batch)
     return groups.with_columns(filter_reason=pl.when(surplus).then(pl.lit("surplus")).otherwise("filter_reason"),
                                kept=pl.col("kept") & ~surplus)
 

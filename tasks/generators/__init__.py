@@ -5,7 +5,8 @@ competition style, level 4 a few hard counting and number-theory problems. Other
 by name only (`gen:sat:N`, or `sat_level3` for one level): `sat` (CNF satisfiability with a proof,
 verifier `sat`), `tictactoe` and `connect4` (a move that keeps the best result, verifier `game`),
 `translation` (English → French against a rule-built reference, verifier `translation`), and
-self-play's warm-up examples (`selfplay_solver`, `selfplay_proposer`, `tasks/generators/programs.py`). Every
+self-play's warm-up examples (`selfplay_solver`, `selfplay_proposer`, `tasks/generators/programs.py`; SPICE's
+`spice_challenger`, `tasks/generators/grounded.py`). Every
 problem is reproducible from (generator, seed) alone, and records both.
 
 May import: tasks.selfplay, tasks.verifiers (a generator checks its own answers with them); no storage.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from functools import partial
 
-from tasks.generators import algebra, arithmetic, competition, games, logic, programs, translation
+from tasks.generators import algebra, arithmetic, competition, games, grounded, logic, programs, translation
 from tasks.generators.base import Generated, derive_seed
 
 
@@ -70,6 +71,8 @@ GENERATORS: dict[str, Generator] = {
         Generator("selfplay_proposer", 1, programs.proposer_example, False, "code", "proposal"),
         Generator("selfplay_proposer_eval", 1, programs.proposer_example_eval, False, "code", "proposal"),
         Generator("selfplay_proposer_bare", 1, programs.proposer_example_bare, False, "code", "proposal"),
+        Generator("spice_challenger", 1, grounded.challenger_example, False, "qa", "challenge"),
+        Generator("spice_challenger_eval", 1, grounded.challenger_example_eval, False, "qa", "challenge"),
     ]
 }
 

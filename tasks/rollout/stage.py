@@ -19,7 +19,7 @@ import polars as pl
 from pydantic import Field
 
 from storage.lake import Lake
-from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
+from tasks.advantages.dynamic_sampling import VERIFICATION_ROUND, BatchShortfall, DynamicSamplingConfig, fill_batch
 from tasks.advantages.guided_sampling import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
 from tasks.advantages.shaping import success
 from tasks.advantages.stage import AdvantageConfig
@@ -35,8 +35,8 @@ from tasks.rollout.prompts import PromptConfig, format_prompt
 from tasks.rollout.rows import rollout_rows
 from tasks.rollout.sampling import Policy, SamplerConfig
 from tasks.rewards.compose import RewardConfig
-from tasks.selfplay.self_verify import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig
-from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay
+from tasks.selfplay.self_verify import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig, verification_problems
+from tasks.selfplay.stage import SelfPlayConfig, problem_rows, sample_selfplay, solve_frame, solve_problems
 from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
                                 with_composition, with_noise_correction)
 from tasks.rollout.base_policy import BasePolicyConfig
@@ -167,14 +167,37 @@ class GroupSampler:
             own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
 
 
+    def verify_own(self, groups: pl.DataFrame) -> pl.DataFrame:
+        """RISE in the batch: verification tasks from the kept groups' own solutions (tasks/selfplay/self_verify.py),
+        answered now by the same policy in round `VERIFICATION_ROUND`; their rollouts and rewards join the
+        iteration's. Returns the tasks, for the bank."""
+        kept = groups.filter("kept")["group_id"]
+        solutions = pl.concat(self.rollouts).filter(pl.col("group_id").is_in(kept.implode()))["rollout_id"]
+        scored = pl.concat(self.scored, how="diagonal_relaxed").filter(pl.col("rollout_id").is_in(solutions.implode()))
+        verdicts = own_rewards(pl.concat(self.rewards, how="diagonal_relaxed"), scored, self.config.verify.verifier)
+        frame = scored.join(verdicts.select("rollout_id", "correct"), on="rollout_id").join(
+            self.bank.select("problem_id", "source").unique("problem_id"), on="problem_id", how="left")
+        tasks = problem_rows(verification_problems(frame, self.config.selfverify, self.iteration)).unique(
+            "problem_id", keep="first", maintain_order=True)
+        if tasks.is_empty():
+            return tasks
+        problems = tasks.select(*PROBLEM_FIELDS, "level")
+        rows, rewards = solve_problems(problems, self.config, self.iteration, self.model_version, self.policy,
+                                       self.tokenizer, self.score, round_=VERIFICATION_ROUND, role="verifier")
+        self.rollouts.append(rows)
+        self.rewards.append(rewards)
+        self.scored.append(solve_frame(rows, problems))
+        return tasks
+
     def _drawn(self, available: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
         """`n` problems by the training mix; with self-verification, `selfverify.ratio` of them are verification
         tasks (as many as the bank holds), the rest the mix's."""
         mix, verify = self.config.rollout.mix, self.config.selfverify
+        lagged = verify.enabled and verify.mode == "lagged"
         is_task = pl.col("source") == SELF_VERIFY_SOURCE
-        tasks = available.filter(is_task) if verify.enabled else available.clear()
+        tasks = available.filter(is_task) if lagged else available.clear()
         others = available.filter(~is_task)
-        n_tasks = min(tasks.height, round(n * verify.ratio)) if verify.enabled else 0
+        n_tasks = min(tasks.height, round(n * verify.ratio)) if lagged else 0
         n_others = min(others.height, n - n_tasks)
         if self.ranked is not None:          # guided: the likeliest-kept candidates of `plan`
             parts = [self.ranked.head(n_others).select(others.columns)] if n_others else []
@@ -257,7 +280,7 @@ class SampledIteration:
     short_by: int
     failure: Exception | None        # a shortfall the config says must fail, or a backend error mid-way
     proposals: pl.DataFrame | None = None      # self-play: every proposal, with its verdict and reward
-    new_problems: pl.DataFrame | None = None   # self-play: proposer prompts and valid tasks not yet in the bank
+    new_problems: pl.DataFrame | None = None   # self-play's prompts and valid tasks, RISE's in-batch tasks, for the bank
 
 
 def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int,
@@ -270,6 +293,7 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     already paid for are written before the iteration fails.
     """
     policy, tokenizer = open_policy(lake, config.rollout, model_version)
+    verification_tasks = None
     if needs_self_certainty(config):
         policy = with_self_certainty(lake, policy, config.rollout, model_version)
     if config.selfplay.enabled:
@@ -285,6 +309,8 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
             try:
                 filled = fill_batch(sampler.draw, config.dynamic_sampling, sampler.plan if guided else None)
                 rounds, short_by = filled.rounds, filled.short_by
+                if config.selfverify.enabled and config.selfverify.mode == "in_batch":
+                    verification_tasks = sampler.verify_own(filled.groups)
             except BatchShortfall as error:
                 rounds, short_by, failure = error.rounds, error.short_by, error
             except Exception as error:
@@ -299,7 +325,8 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     if config.verify.noise_correction:             # the correction reaches training through the reward config
         rewards = with_noise_correction(lake, rewards)
     rewards = with_composition(rewards, pl.concat(sampler.scored), config.reward, config.verify.verifier)
-    return SampledIteration(pl.concat(sampler.rollouts), rewards, rounds, short_by, failure)
+    return SampledIteration(pl.concat(sampler.rollouts, how="vertical_relaxed"), rewards, rounds, short_by, failure,
+                            new_problems=verification_tasks)
 
 
 def _selfplay_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int, policy: Policy,

@@ -5,14 +5,21 @@ document. Pure: documents and responses in, tasks or rejections out.
 A challenge is three fenced blocks, ```question```, ```answer``` and ```span```. It is valid when the
 span is a passage of the document (whitespace aside), the answer appears in the span (so the span
 supports it), the question does not give the answer away, and the question was not asked before of
-that document. The challenger's reward peaks for tasks the reasoner solves half the time:
-1 − 2·|solve rate − ½|.
+that document. The challenger's reward is SPICE's: a Gaussian of the variance of the reasoner's
+correctness over its G attempts, exp(−(p(1−p) − ¼)² / (2·width)) for solve rate p — 1 at p = ½ (the
+variance of a fair coin, ¼), falling off as the task gets too easy or too hard.
+
+A corpus is any user's text: a JSONL file, a text file, or a folder of both; dataset rows (GSM8K's
+`question`/`answer`, MATH's `problem`/`solution`, `prompt`/`answer`) become documents of statement and
+solution. Each document keeps the file it came from and its licence (a row's `license`, else the
+first line of the nearest LICENSE, LICENCE or COPYING file), so every task grounded in it can say so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -25,10 +32,18 @@ BLOCK = re.compile(r"```[ \t]*(question|answer|span)[ \t]*\n(.*?)```", re.DOTALL
 MAX_CHARS = 400
 
 
+LICENCE_FILES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENCE", "COPYING")
+TEXT_SUFFIXES = (".txt", ".md")
+DATASET_FIELDS = (("problem", "solution"), ("question", "solution"), ("question", "answer"),
+                  ("prompt", "canonical_solution"), ("prompt", "solution"), ("prompt", "answer"))
+
+
 @dataclass(frozen=True)
 class Document:
     document_id: str
     text: str
+    source: str | None = None     # the file it came from
+    licence: str | None = None    # its licence, as the corpus states it (None: none found)
 
 
 @dataclass(frozen=True)
@@ -40,29 +55,75 @@ class Challenge:
 
 
 def read_documents(path: str | Path) -> list[Document]:
-    """A corpus: JSONL (one `{"id": ..., "text": ...}` per line) or text (paragraphs between blank lines).
-    Bad lines are errors naming the file, the line and the field."""
+    """A corpus: a JSONL file (one `{"id": ..., "text": ...}` or dataset row per line), a text file
+    (paragraphs between blank lines), or a folder of them (read in name order, recursively). Bad lines
+    are errors naming the file, the line and the field."""
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"{path}: no such documents file")
-    if path.suffix == ".jsonl":
-        documents = []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON: {error.msg}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str) or not row["text"].strip():
-                raise ValueError(f"{path}:{number}: field text: a non-empty string is needed")
-            documents.append(Document(str(row.get("id", f"{path.stem}:{number}")), row["text"].strip()))
+        raise ValueError(f"{path}: no such documents file or folder")
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in (".jsonl", *TEXT_SUFFIXES)
+                       and f.name not in LICENCE_FILES)
+        documents = [document for file in files for document in _read_file(file, path, in_folder=True)]
     else:
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", path.read_text()) if p.strip()]
-        documents = [Document(f"{path.stem}:{index}", text) for index, text in enumerate(paragraphs, start=1)]
+        documents = _read_file(path, path.parent, in_folder=False)
     if not documents:
         raise ValueError(f"{path}: holds no documents")
     return documents
+
+
+def _read_file(path: Path, root: Path, in_folder: bool) -> list[Document]:
+    """A file's documents; in a folder, ids are prefixed by the file's path in it (ids stay unique)."""
+    name = path.relative_to(root).with_suffix("").as_posix()
+    licence = licence_of(path, root)
+    if path.suffix != ".jsonl":
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", path.read_text()) if p.strip()]
+        return [Document(f"{name}:{index}", text, str(path), licence) for index, text in enumerate(paragraphs, 1)]
+    documents = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON: {error.msg}") from None
+        text = _row_text(row)
+        if text is None:
+            raise ValueError(f"{path}:{number}: field text: a non-empty string is needed (or a dataset row's "
+                             "statement and solution: question/answer, problem/solution, prompt/answer …)")
+        row_licence = row.get("license", row.get("licence"))
+        row_id = f"{name}:{row['id']}" if in_folder and "id" in row else str(row.get("id", f"{name}:{number}"))
+        documents.append(Document(row_id, text, str(path),
+                                  str(row_licence) if row_licence else licence))
+    return documents
+
+
+def _row_text(row) -> str | None:
+    """A row's document: its `text`, or a dataset row's statement and solution."""
+    if not isinstance(row, dict):
+        return None
+    if isinstance(row.get("text"), str) and row["text"].strip():
+        return row["text"].strip()
+    for statement, solution in DATASET_FIELDS:
+        answer = row.get(solution)
+        answer = "\n".join(map(str, answer)) if isinstance(answer, list) else \
+            str(answer) if isinstance(answer, (int, float)) and not isinstance(answer, bool) else answer
+        if isinstance(row.get(statement), str) and isinstance(answer, str) and row[statement].strip():
+            return f"{row[statement].strip()}\n{answer.strip()}"
+    return None
+
+
+def licence_of(path: Path, root: Path) -> str | None:
+    """The first non-empty line of the nearest licence file from `path`'s folder up to `root`."""
+    folder = path.parent
+    while True:
+        for name in LICENCE_FILES:
+            if (folder / name).is_file():
+                lines = [line.strip() for line in (folder / name).read_text(errors="replace").splitlines()]
+                return next((line for line in lines if line), None)
+        if folder == root or folder == folder.parent or root not in folder.parents:
+            return None
+        folder = folder.parent
 
 
 TOWNS = ["Arlen", "Bexley", "Corran", "Dunmore", "Elsby", "Farrow", "Glenna", "Hollis", "Ivers", "Jarrow"]
@@ -114,8 +175,10 @@ def challenge_text(question: str, answer: str, span: str) -> str:
     return f"```question\n{question}\n```\n```answer\n{answer}\n```\n```span\n{span}\n```\n"
 
 
-def peaked(solve_rate: float | None) -> float:
-    """The challenger's reward for a valid task: 1 at a solve rate of ½, falling to 0 at 0 and at 1."""
+def variance_reward(solve_rate: float | None, width: float = 0.01) -> float:
+    """SPICE's challenger reward for a valid task: a Gaussian of the variance p(1−p) of the reasoner's
+    correctness, centred on ¼ (p = ½), with variance `width`; 0 when the task was not solved at all."""
     if solve_rate is None:
         return 0.0
-    return max(0.0, 1.0 - 2.0 * abs(solve_rate - 0.5))
+    variance = solve_rate * (1.0 - solve_rate)
+    return math.exp(-((variance - 0.25) ** 2) / (2.0 * width))

@@ -6,12 +6,18 @@ The answer is the verifier's verdict on that rollout (answer level) and, where t
 true equality (process level). The `self_verify` verifier scores a policy's judgement against it:
 1 for the right verdict (and the right step, where there is one), 0.5 for the right verdict with the
 wrong or no step, else 0.
+
+RISE proper (`mode: in_batch`) verifies the batch just sampled: the rollout stage builds these tasks
+from the kept groups' solutions and the same policy answers them in the same iteration (round
+`VERIFICATION_ROUND`), so solving and verifying train in one update. `lagged` banks them for later
+rounds instead (verifying older policies' solutions).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Literal
 
 import polars as pl
 from pydantic import Field
@@ -72,10 +78,15 @@ def judgement_reward(response: str, answer: str) -> tuple[float, bool | None, di
 class SelfVerifyConfig(Strict):
     """RISE: the policy also learns to verify solutions, from tasks made of its own rollouts."""
 
-    enabled: bool = Field(False, description="build verification tasks from each iteration's rollouts and mix them in")
+    enabled: bool = Field(False, description="build verification tasks from each iteration's rollouts")
+    mode: Literal["in_batch", "lagged"] = Field("in_batch", description="in_batch (RISE): the same policy verifies "
+                                                "this batch's own solutions in the same iteration and both train in "
+                                                "one update; lagged: the tasks enter the bank and later rounds draw "
+                                                "`ratio` of their groups from them")
     tasks_per_iteration: int = Field(32, ge=1, description="verification tasks made from an iteration's rollouts "
-                                     "(half from correct, half from wrong ones where it has both)")
-    ratio: float = Field(0.25, ge=0, lt=1, description="share of the groups drawn each round that are "
+                                     "(half from correct, half from wrong ones where it has both); in_batch: from "
+                                     "the batch's kept groups, each task one group of `rollout.group_size`")
+    ratio: float = Field(0.25, ge=0, lt=1, description="lagged: share of the groups drawn each round that are "
                          "verification tasks (once the bank holds any)")
     seed: int = Field(0, description="seed of the rollouts picked")
 

@@ -13,6 +13,9 @@ its task proved. The rest of the iteration (advantages, the training step) is th
    `solver_tasks`; the solver's rollouts are scored like any others.
 4. A proposer rollout's reward: learnability (1 − solve rate, when strictly between 0 and 1) for a valid
    task, `invalid_reward` for one that broke a rule, `format_error_reward` for one that does not parse.
+   A challenger's (SPICE, with `documents`): the Gaussian of its reasoner's correctness variance for a
+   valid task (tasks/selfplay/documents.py), the same penalties otherwise; its document's id, file and
+   licence go with the proposal and the task it became.
 
 Returns the rollouts and rewards of both roles, with the proposals and the new problems to write.
 """
@@ -41,7 +44,8 @@ from tasks.rollout.rows import rollout_rows
 from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
                                        proposer_prompt, shape_key, solver_prompt)
 from tasks.selfplay.code_tasks import Rejection
-from tasks.selfplay.documents import Challenge, Document, challenger_prompt, parse_challenge, peaked, read_documents
+from tasks.selfplay.documents import (Challenge, Document, challenger_prompt, parse_challenge, read_documents,
+                                      variance_reward)
 from tasks.selfplay.executor import Validated, validate_all
 from tasks.selfplay.health import TripwireConfig
 from tasks.verification import PROBLEM_FIELDS, own_rewards
@@ -65,9 +69,11 @@ class SelfPlayConfig(Strict):
     proposal_tokens: int = Field(160, ge=16, description="response cap of a proposal, in tokens")
     format_error_reward: float = Field(-1.0, description="a proposal that does not parse")
     invalid_reward: float = Field(-0.5, description="a proposal that parses but breaks another rule")
-    documents: str | None = Field(None, description="SPICE: a corpus (JSONL or text) a challenger reads to write "
-                                  "document-grounded questions (`rlvr run --documents PATH`)")
+    documents: str | None = Field(None, description="SPICE: a corpus (JSONL, text, or a folder of them) a challenger "
+                                  "reads to write document-grounded questions (`rlvr run --documents PATH`)")
     challenger_groups: int = Field(2, ge=1, description="documents a challenger reads an iteration (one group each)")
+    challenger_width: float = Field(0.01, gt=0, description="SPICE: the variance of the Gaussian over the reasoner's "
+                                    "correctness variance that rewards the challenger (smaller: sharper at ½)")
     seed: int = Field(0, description="seed of the reference and document draws")
     tripwire: TripwireConfig = Field(default_factory=TripwireConfig, description="collapse checks that stop the "
                                      "loop (tasks/selfplay/health.py)")
@@ -165,7 +171,8 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
                                        LEVELS[GROUNDED], {"task_type": GROUNDED},
                                        {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
                                         "proposer_model_version": model_version,
-                                        "document_id": read_from[rollout_row["problem_id"]]}, domain="qa")
+                                        **document_lineage(documents[read_from[rollout_row["problem_id"]]])},
+                                       domain="qa")
             task_problems.append(problem)
         elif task is not None:
             problem = selfplay_problem(solver_prompt(task), task.to_json(), "selfplay", SOURCE, f"proposal:{proposal_id}",
@@ -177,7 +184,8 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         proposal_rows.append({
             "proposal_id": proposal_id, "iteration": iteration, "role": "proposer" if code else "challenger",
             "task_type": types[rollout_row["problem_id"]], "model_version": model_version,
-            "rollout_id": rollout_row["rollout_id"], "document_id": read_from[rollout_row["problem_id"]],
+            "rollout_id": rollout_row["rollout_id"],
+            **document_lineage(documents.get(read_from[rollout_row["problem_id"]])),
             "span": task.span if isinstance(task, Challenge) else None,
             "verdict": "valid" if task is not None else "invalid",
             "reason": result.rejection.reason if result.rejection else None,
@@ -196,7 +204,8 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         earlier = lake.read("problems", filter=pc.field("problem_id").isin(older["problem_id"].to_list()),
                             columns=[*PROBLEM_FIELDS, "level"]).unique("problem_id")
         solve = pl.concat([solve, earlier.select(solve.columns)], how="vertical_relaxed")
-    solver_rollouts, solver_rewards = _solve(solve, config, iteration, model_version, policy, tokenizer, score)
+    solver_rollouts, solver_rewards = solve_problems(solve, config, iteration, model_version, policy, tokenizer,
+                                                     score)
 
     # 4. the proposer's rewards from the solver's solve rates
     rate_of = {} if solver_rollouts.is_empty() else dict(
@@ -204,11 +213,12 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         .agg(pl.col("correct").fill_null(False).cast(pl.Float64).mean()).iter_rows())
     for row in proposal_rows:
         row["solve_rate"] = rate_of.get(row["problem_id"]) if row["problem_id"] else None
-        valid_reward = peaked if row["role"] == "challenger" else learnability
-        row["reward"] = (valid_reward(row["solve_rate"]) if row["verdict"] == "valid" else
+        valid_reward = (variance_reward(row["solve_rate"], selfplay.challenger_width) if row["role"] == "challenger"
+                        else learnability(row["solve_rate"]))
+        row["reward"] = (valid_reward if row["verdict"] == "valid" else
                          selfplay.format_error_reward if row["reason"] == "unparseable" else selfplay.invalid_reward)
     proposals = pl.DataFrame(proposal_rows, schema_overrides={name: pl.String for name in (
-        "document_id", "span", "reason", "detail", "task_key", "shape_key", "program", "inputs", "outputs", "problem_id")} |
+        "document_id", "document_source", "document_licence", "span", "reason", "detail", "task_key", "shape_key", "program", "inputs", "outputs", "problem_id")} |
         {"solve_rate": pl.Float64, "reward": pl.Float64})
     proposer_rewards = proposals.select(
         "iteration", "rollout_id", problem_id=pl.col("rollout_id").replace_strict(
@@ -221,6 +231,13 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
                           pl.concat([proposer_rewards, *(solver_rewards for _ in solved)], how="diagonal_relaxed"),
                           proposals, pl.concat([proposers, new_tasks], how="vertical_relaxed").unique(
                               "problem_id", keep="first", maintain_order=True))
+
+
+def document_lineage(document: Document | None) -> dict:
+    """Where a grounded task's document came from: its id, file and licence (the proposal row's columns)."""
+    return {"document_id": document.document_id if document else None,
+            "document_source": document.source if document else None,
+            "document_licence": document.licence if document else None}
 
 
 def grounded(text: str, document: Document, seen: set[str]) -> Validated:
@@ -242,14 +259,17 @@ def solve_frame(rollouts: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
         problems.select(PROBLEM_FIELDS).unique("problem_id"), on="problem_id", how="left")
 
 
-def _solve(problems: pl.DataFrame, config, iteration: int, model_version: int, policy, tokenizer,
-           score: Callable[[pl.DataFrame], pl.DataFrame]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def solve_problems(problems: pl.DataFrame, config, iteration: int, model_version: int, policy, tokenizer,
+                   score: Callable[[pl.DataFrame], pl.DataFrame], *, round_: int = 2,
+                   role: str = "solver") -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One group per problem from the policy, as `role` in `round_`, and their rewards (the self-play solver's
+    round; RISE's in-batch verification round)."""
     rollout = config.rollout
     prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in problems["prompt"]]
-    seed = derive_seed(rollout.seed, iteration, "solve")
+    seed = derive_seed(rollout.seed, iteration, "solve" if role == "solver" else role)
     if not prompts:
         return pl.DataFrame(), pl.DataFrame()
     groups = policy.generate(prompts, rollout.group_size, rollout.sampler, seed, model_version)
-    rows = rollout_rows(problems, prompts, groups, iteration=iteration, round_=2, model_version=model_version,
-                        sampler={"role": "solver", **rollout.sampler.model_dump()}, seed=seed)
+    rows = rollout_rows(problems, prompts, groups, iteration=iteration, round_=round_, model_version=model_version,
+                        sampler={"role": role, **rollout.sampler.model_dump()}, seed=seed)
     return rows, score(solve_frame(rows, problems))

@@ -1,6 +1,7 @@
 """Self-play code tasks (Absolute Zero): the solver's answer judged by execution in the sandbox
 (`selfplay`), and a proposer's response judged by the validity rules (`proposal`, for held-out
-evaluation of the proposer: 1 when the proposal is valid, else 0 with the rule it broke).
+evaluation of the proposer: 1 when the proposal is valid, else 0 with the rule it broke); SPICE's
+challenger likewise against its document (`challenge`).
 
 A self-play problem's `answer` is its `CodeTask` as JSON (program, inputs, the outputs the sandbox
 computed when the proposal was validated, how many induction pairs are shown); the solver answers
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.sandbox.client import Sandbox
-from tasks.selfplay.code_tasks import TASK_TYPES, CodeTask, last_block, parse_proposal
+from tasks.selfplay.code_tasks import TASK_TYPES, CodeTask, Rejection, last_block, parse_proposal
 from tasks.selfplay.executor import PROPOSAL_LIMITS, judge_answer, validate
 from tasks.errors import VerifierUnavailable
 from tasks.verifiers.base import Verdict, register
@@ -76,6 +77,27 @@ class ProposalVerifier:
     def close(self) -> None:
         for sandbox in self._sandboxes or ():
             sandbox.close()
+
+
+@register("challenge")
+@dataclass
+class ChallengeVerifier:
+    """A SPICE challenger's response judged by the validity rules against its document (the problem's `answer`):
+    1 when the challenge is valid, else 0 with the rule it broke (held-out evaluation of the challenger)."""
+
+    name: str = "challenge"
+    version: str = "1.0"
+
+    def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
+        from tasks.selfplay.documents import Document, parse_challenge
+
+        document = problem.get("answer")
+        if not document:
+            return Verdict(0.0, None, {"reason": "the problem holds no document"})
+        challenge = parse_challenge(response, Document("held-out", document))
+        if isinstance(challenge, Rejection):
+            return Verdict(0.0, False, {"reason": challenge.reason, "detail": challenge.detail})
+        return Verdict(1.0, True, {"reason": None, "question": challenge.question, "answer": challenge.answer})
 
 
 @register("learnability")
