@@ -67,13 +67,14 @@ VIEWS = [
         with ordered as (
             select *, task_key is not null and row_number() over (partition by task_key order by iteration,
                        proposal_id) = 1 as new_task,
-                   verdict = 'valid' and row_number() over (partition by shape_key order by iteration,
-                       proposal_id) > 1 as repeated_shape
+                   verdict = 'valid' and shape_key is not null and row_number() over (partition by shape_key
+                       order by iteration, proposal_id) > 1 as repeated_shape
             from proposals)
         select iteration, count(*) as proposals, sum((verdict = 'valid')::int) as valid,
                avg((verdict = 'valid')::double) as valid_rate,
                sum(new_task::int) / nullif(sum((task_key is not null)::int), 0) as distinct_rate,
-               sum(repeated_shape::int) / nullif(sum((verdict = 'valid')::int), 0) as near_duplicate_rate,
+               sum(repeated_shape::int) / nullif(sum((verdict = 'valid' and shape_key is not null)::int), 0)
+                   as near_duplicate_rate,
                avg(solve_rate) filter (where verdict = 'valid') as mean_solve_rate,
                stddev_samp(solve_rate) filter (where verdict = 'valid') as solve_rate_std
         from ordered group by 1 order by 1""",

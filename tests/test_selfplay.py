@@ -190,16 +190,22 @@ def test_collapse_metrics_by_hand_and_the_sql_view_agrees(tmp_path):
     assert (first["valid_rate"], first["distinct_rate"], first["near_duplicate_rate"]) == (0.75, 1.0, pytest.approx(1 / 3))
     assert first["mean_solve_rate"] == pytest.approx(7 / 12)
     assert (second["valid_rate"], second["distinct_rate"], second["near_duplicate_rate"]) == (0.25, 0.5, 1.0)
+    # a valid SPICE challenge has no program, so no shape: it is not a near-duplicate of anything
+    challenge = proposal_row(1, 4, "valid", "c1", None, 0.5)
+    with_challenge = proposal_health(pl.DataFrame([*HISTORY, challenge])).row(0, named=True)
+    assert (with_challenge["valid_rate"], with_challenge["distinct_rate"], with_challenge["near_duplicate_rate"]) == (
+        0.8, 1.0, pytest.approx(1 / 3))
     lake = Lake.open(str(tmp_path / "lake"))
     full = [{**row, "role": "proposer", "task_type": "deduction", "model_version": 1, "rollout_id": row["proposal_id"],
-             "created_at": datetime.now(timezone.utc)} for row in HISTORY]
+             "created_at": datetime.now(timezone.utc)} for row in [*HISTORY, challenge]]
     for iteration in (1, 2):
         with lake.run("test", "rollout", {}, iteration=iteration) as run:
             lake.replace("proposals", pl.DataFrame([r for r in full if r["iteration"] == iteration]),
                          {"iteration": iteration}, run)
     sql = open_catalog(lake).sql("select * from proposal_health").pl()
+    expected = proposal_health(pl.DataFrame([*HISTORY, challenge]))
     for column in ("valid_rate", "distinct_rate", "near_duplicate_rate", "mean_solve_rate", "solve_rate_std"):
-        assert sql[column].to_list() == pytest.approx(health[column].to_list()), column
+        assert sql[column].to_list() == pytest.approx(expected[column].to_list()), column
     rejections = open_catalog(lake).sql("select * from proposal_rejections where iteration = 2").pl()
     assert dict(zip(rejections["outcome"], rejections["proposals"])) == {"unparseable": 2, "duplicate": 1, "valid": 1}
 

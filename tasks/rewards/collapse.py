@@ -12,6 +12,8 @@ Pure: frames in, sentences out; `flows/loop_steps.py` wires it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import polars as pl
 from pydantic import Field
 
@@ -41,6 +43,25 @@ def self_reward_health(rollouts: pl.DataFrame, metrics: pl.DataFrame) -> pl.Data
     return per_iteration.join(metrics.select("iteration", "entropy"), on="iteration", how="left").sort("iteration")
 
 
+class Check(NamedTuple):
+    """One tripwire check: a signal's value against its configured bound (None: not measured, or off)."""
+
+    label: str
+    value: float | None
+    bound: float | None
+    field: str
+    shown: str = "{:.1%}"           # how the value reads
+    bound_shown: str = "{:g}"       # how the bound reads
+    is_max: bool = False            # fires above the bound (else below)
+
+
+def fired(checks: list[Check], section: str) -> list[str]:
+    """A sentence for each check past its bound, naming the signal, its value and `section`.field with the bound."""
+    return [f"{c.label} {c.shown.format(c.value)} {'above' if c.is_max else 'below'} {section}.{c.field} "
+            f"{c.bound_shown.format(c.bound)}" for c in checks
+            if c.bound is not None and c.value is not None and ((c.value > c.bound) if c.is_max else (c.value < c.bound))]
+
+
 def collapsed(health: pl.DataFrame, iteration: int, config: SelfRewardTripwire) -> list[str]:
     """What fired at `iteration` (empty: nothing), each naming the signal, its value and the bound."""
     if iteration < config.after or health.filter(pl.col("iteration") == iteration).is_empty():
@@ -48,11 +69,8 @@ def collapsed(health: pl.DataFrame, iteration: int, config: SelfRewardTripwire) 
     now = health.filter(pl.col("iteration") == iteration).row(0, named=True)
     first = health.row(0, named=True)
     ratio = now["mean_tokens"] / first["mean_tokens"] if first["mean_tokens"] else None
-    checks = [("training entropy", now["entropy"], config.min_entropy, "min_entropy", "{:.3f} nats"),
-              ("mean response length", ratio, config.min_length_ratio, "min_length_ratio",
-               "{:.0%} of iteration " + str(first["iteration"]) + "'s"),
-              ("answer diversity", now["answer_diversity"], config.min_answer_diversity, "min_answer_diversity",
-               "{:.1%}")]
-    return [f"{label} {shown.format(value)} below reward.tripwire.{field} {bound:g}"
-            for label, value, bound, field, shown in checks
-            if bound is not None and value is not None and value < bound]
+    return fired([Check("training entropy", now["entropy"], config.min_entropy, "min_entropy", "{:.3f} nats"),
+                  Check("mean response length", ratio, config.min_length_ratio, "min_length_ratio",
+                        "{:.0%} of iteration " + str(first["iteration"]) + "'s"),
+                  Check("answer diversity", now["answer_diversity"], config.min_answer_diversity,
+                        "min_answer_diversity")], "reward.tripwire")

@@ -3,8 +3,8 @@ and does the policy still hold up on the human bank? Pure (frames in, frames out
 SQL view (storage/views.py) computes the same columns for `rlvr sql`, and the tripwire stops the loop.
 
 Per iteration: proposals, valid_rate (valid / proposed), distinct_rate (parsed proposals whose task,
-program and inputs, was never proposed before / parsed proposals), near_duplicate_rate (valid tasks whose shape, the program with constants abstracted, was proposed
-validly before: in an earlier iteration or earlier in this one), mean_solve_rate and solve_rate_std
+program and inputs, was never proposed before / parsed proposals), near_duplicate_rate (valid code tasks whose shape, the program with constants abstracted, was proposed
+validly before: in an earlier iteration or earlier in this one; a SPICE challenge has no shape), mean_solve_rate and solve_rate_std
 (the solver's solve rate over the valid tasks it tried: the proposals' difficulty and its spread).
 """
 
@@ -14,6 +14,7 @@ import polars as pl
 from pydantic import Field
 
 from tasks.config import Strict
+from tasks.rewards.collapse import Check, fired
 
 
 class TripwireConfig(Strict):
@@ -38,7 +39,8 @@ def proposal_health(proposals: pl.DataFrame) -> pl.DataFrame:
     parsed = pl.col("task_key").is_not_null()
     ordered = proposals.sort("iteration", "proposal_id").with_columns(
         new_task=parsed & (pl.col("task_key").cum_count().over("task_key") == 1),
-        repeated_shape=valid & (pl.col("shape_key").cum_count().over("shape_key") > 1))
+        repeated_shape=valid & pl.col("shape_key").is_not_null()
+        & (pl.col("shape_key").cum_count().over("shape_key") > 1))
 
     def share(part: pl.Expr, whole: pl.Expr) -> pl.Expr:
         return pl.when(whole.sum() > 0).then(part.sum() / whole.sum())
@@ -48,7 +50,7 @@ def proposal_health(proposals: pl.DataFrame) -> pl.DataFrame:
         valid=valid.sum(),
         valid_rate=valid.mean(),
         distinct_rate=share(pl.col("new_task"), parsed),
-        near_duplicate_rate=share(pl.col("repeated_shape"), valid),
+        near_duplicate_rate=share(pl.col("repeated_shape"), valid & pl.col("shape_key").is_not_null()),
         mean_solve_rate=pl.col("solve_rate").filter(valid).mean(),
         solve_rate_std=pl.col("solve_rate").filter(valid).std(),
     ).sort("iteration")
@@ -63,15 +65,11 @@ def tripped(health: pl.DataFrame, eval_solve_rate: float | None, iteration: int,
     if row.is_empty():
         return []
     values = row.row(0, named=True)
-    checks = [("valid-proposal rate", values["valid_rate"], config.min_valid_rate, "min_valid_rate", False),
-              ("distinct-task rate", values["distinct_rate"], config.min_distinct_rate, "min_distinct_rate", False),
-              ("near-duplicate rate", values["near_duplicate_rate"], config.max_near_duplicate_rate,
-               "max_near_duplicate_rate", True),
-              ("held-out solve rate", eval_solve_rate, config.min_eval_solve_rate, "min_eval_solve_rate", False)]
-    fired = []
-    for label, value, bound, field, is_max in checks:
-        if bound is None or value is None:
-            continue
-        if (value > bound) if is_max else (value < bound):
-            fired.append(f"{label} {value:.1%} {'above' if is_max else 'below'} selfplay.tripwire.{field} {bound:.0%}")
-    return fired
+    return fired([Check("valid-proposal rate", values["valid_rate"], config.min_valid_rate, "min_valid_rate",
+                        bound_shown="{:.0%}"),
+                  Check("distinct-task rate", values["distinct_rate"], config.min_distinct_rate, "min_distinct_rate",
+                        bound_shown="{:.0%}"),
+                  Check("near-duplicate rate", values["near_duplicate_rate"], config.max_near_duplicate_rate,
+                        "max_near_duplicate_rate", bound_shown="{:.0%}", is_max=True),
+                  Check("held-out solve rate", eval_solve_rate, config.min_eval_solve_rate, "min_eval_solve_rate",
+                        bound_shown="{:.0%}")], "selfplay.tripwire")

@@ -128,12 +128,9 @@ class JudgeVerifier:
     def _ask(self, prompt: str, response: str) -> dict:
         import httpx
 
-        if self.api == "chat":
-            body = {"model": self.model, "messages": list(self.judge_messages(prompt, response)), "max_tokens": 16,
-                    "temperature": 0.0, "n": 1, "seed": 0}
-        else:
-            body = {"model": self.model, "prompt": self.judge_prompt(prompt, response), "max_tokens": 16,
-                    "temperature": 0.0, "n": 1, "seed": 0}
+        asked = ({"messages": list(self.judge_messages(prompt, response))} if self.api == "chat" else
+                 {"prompt": self.judge_prompt(prompt, response)})
+        body = {"model": self.model, **asked, "max_tokens": 16, "temperature": 0.0, "n": 1, "seed": 0}
         route = "chat/completions" if self.api == "chat" else "completions"
         headers = {"Authorization": f"Bearer {os.environ[self.api_key_env]}"} if os.environ.get(self.api_key_env) else {}
         errors = []
