@@ -18,6 +18,7 @@ from flows.evaluation import evaluate_model
 from flows.run_config import EvaluationRunConfig, RunConfig
 from storage.lake import Lake
 from storage.registry import BRANCH
+from storage.schemas import VERIFICATION_ROUND
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
 from tasks.evaluation import overall_solve_rate
@@ -26,7 +27,8 @@ from tasks.evaluation import overall_solve_rate
 def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:
     """The iteration's metrics, read back from its tables (so a resumed iteration is recorded the same way)."""
     this = pc.field("iteration") == iteration
-    groups = lake.read("groups", filter=this)
+    groups = lake.read("groups", filter=this)      # the mix's groups: RISE's in-batch verification groups apart
+    groups = groups.filter(pl.col("round").fill_null(0) != VERIFICATION_ROUND) if "round" in groups.columns else groups
     levels = lake.read("problems", filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()),
                        columns=["problem_id", "level"]).unique("problem_id")
     by_level = groups.join(levels, on="problem_id").group_by("level").agg(pl.col("solve_rate").mean()).sort("level")
@@ -40,7 +42,7 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
     return {
         "iteration": iteration, "model_version": int(rollouts["model_version"].min()) if rollouts.height else -1,
         "trained_version": int(trained["model_version"][-1]) if trained.height else None,
-        "rounds": int(rollouts["round"].max()) if rollouts.height else None, "groups": groups.height,
+        "rounds": drawn_rounds(rollouts["round"]), "groups": groups.height,
         "groups_kept": int(groups["kept"].sum()), "filtered_share": sampling.get("filtered_share"),
         "learning_zone_share": sampling.get("learning_zone_share"),
         "mean_reward": float(rewards.mean()) if rewards.len() else None,
@@ -49,6 +51,12 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
         "loss": training.get("loss"), "clip_fraction": training.get("clip_fraction"), "entropy": training.get("entropy"),
         "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
         "created_at": datetime.now(timezone.utc), "mean_self_certainty": rollouts["self_certainty"].mean()}
+
+
+def drawn_rounds(rounds: pl.Series) -> int | None:
+    """The generation rounds an iteration took (RISE's verification round is not one)."""
+    drawn = rounds.filter(rounds.fill_null(0) != VERIFICATION_ROUND)
+    return int(drawn.max()) if drawn.len() and drawn.max() is not None else None
 
 
 def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 from deltalake import WriterProperties
 
+VERIFICATION_ROUND = 99    # the `round` of RISE's in-batch verification groups: after every resampling round
+
 # Every Parquet file the lake writes (stage writes, the runs table, compaction): zstd, not delta-rs's default
 # snappy. Measured on rollouts with token ids and behaviour log-probs (`rlvr bench lake-scale`, docs/guarantees.md
 # "What a long run's lake costs"): smaller files, and no slower to write or read.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from storage.schemas import VERIFICATION_ROUND
+
 
 @dataclass(frozen=True)
 class View:
@@ -18,9 +20,10 @@ class View:
 
 
 VIEWS = [
-    View("solve_rate_by_level", ("groups", "problems"), """
+    View("solve_rate_by_level", ("groups", "problems"), f"""
         select g.model_version, p.level, count(*) as groups, avg(g.solve_rate) as solve_rate
         from groups g join (select distinct problem_id, level from problems) p using (problem_id)
+        where coalesce(g.round, 0) <> {VERIFICATION_ROUND}
         group by all order by 1, 2""",
          "training groups' mean solve rate per model version and level"),
     View("eval_solve_rate_by_level", ("evaluations",), """
@@ -32,10 +35,11 @@ VIEWS = [
                sum(pass_at_k * problems) / sum(problems) as pass_at_k
         from evaluations where k is not null group by 1 order by 1""",
          "held-out pass@1 and pass@k per model version (evaluations with `evaluation.k`)"),
-    View("learning_zone_share", ("groups",), """
+    View("learning_zone_share", ("groups",), f"""
         select iteration, count(*) as groups,
                avg(case when solve_rate between 0.2 and 0.5 then 1.0 else 0.0 end) as zone_share
-        from groups where coalesce(filter_reason, '') <> 'surplus' group by 1 order by 1""",
+        from groups where coalesce(filter_reason, '') <> 'surplus' and coalesce(round, 0) <> {VERIFICATION_ROUND}
+        group by 1 order by 1""",
          "share of drawn groups in the 20-50 % learning zone, per iteration"),
     View("filter_stats", ("groups",), """
         select iteration, outcome, groups, groups / sum(groups) over (partition by iteration) as share

@@ -74,9 +74,20 @@ def test_a_folder_corpus_reads_text_and_dataset_rows_with_their_licences(tmp_pat
                                                                "license": "MIT"}) + "\n")
     documents = read_documents(tmp_path)
     assert [(d.document_id, d.licence) for d in documents] == [
-        ("notes/a:1", "CC-BY-4.0"), ("notes/a:2", "CC-BY-4.0"), ("rows:7", None), ("rows:2", "MIT")]
+        ("notes/a.txt:1", "CC-BY-4.0"), ("notes/a.txt:2", "CC-BY-4.0"), ("rows.jsonl:7", None), ("rows.jsonl:2", "MIT")]
     assert documents[2].text == "How many?\nThree.\n#### 3" and documents[3].text == "Sum?\n1+1\n= 2"
     assert documents[0].source == str(tmp_path / "notes" / "a.txt")
+    (tmp_path / "notes" / "a.md").write_text("Same stem, another file.\n")          # ids keep the suffix
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "notes.txt").write_text("not the user's text\n")           # hidden folders are skipped
+    (tmp_path / "notes" / "copying.md").write_text("GPL-3.0\n")                    # a licence, not a document
+    assert [d.document_id for d in read_documents(tmp_path)][:3] == ["notes/a.md:1", "notes/a.txt:1", "notes/a.txt:2"]
+    (tmp_path / "rows.jsonl").write_text('{"id": "x", "text": "One."}\n{"id": "x", "text": "Two."}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl: document id 'rows.jsonl:x' is also a document of"):
+        read_documents(tmp_path)
+    (tmp_path / "rows.jsonl").write_bytes(b"\xff\xfe not utf-8")
+    with pytest.raises(ValueError, match=r"rows.jsonl: not UTF-8"):
+        read_documents(tmp_path)
     (tmp_path / "rows.jsonl").write_text('{"title": "no text"}\n')
     with pytest.raises(ValueError, match=r"rows.jsonl:1: field text"):
         read_documents(tmp_path)
@@ -88,7 +99,7 @@ def test_the_projects_datasets_are_a_corpus_with_every_licence_recorded():
     from_datasets = [d for d in documents if Path(d.source).parent != DATASETS]     # the folder's README aside
     assert len(from_datasets) > 10_000 and len({d.document_id for d in documents}) == len(documents)
     assert all(d.licence for d in from_datasets)
-    gsm8k = next(d for d in from_datasets if d.document_id == "gsm8k/train:1")
+    gsm8k = next(d for d in from_datasets if d.document_id == "gsm8k/train.jsonl:1")
     assert gsm8k.licence == "MIT License" and gsm8k.text.startswith("Natalia sold clips") and "#### 72" in gsm8k.text
 
 

@@ -97,7 +97,8 @@ def test_in_batch_the_same_policy_verifies_its_own_batch_and_both_train_in_one_u
     the same model version in the same iteration, scored against the verifier's verdicts, and trained in the
     same batch (outside `groups_per_batch`, so the solver's groups all stay)."""
     from storage.lake import Lake
-    from tasks.advantages.dynamic_sampling import VERIFICATION_ROUND
+    from storage.catalog import open_catalog
+    from storage.schemas import VERIFICATION_ROUND
 
     lake_uri = drill_loop(tmp_path, {"enabled": True, "tasks_per_iteration": 6},
                           {"loop": {"iterations": 2, "evaluate_every": 0}})
@@ -123,3 +124,22 @@ def test_in_batch_the_same_policy_verifies_its_own_batch_and_both_train_in_one_u
     assert batch.filter(pl.col("round") == VERIFICATION_ROUND)["group_id"].n_unique() == 6   # and both train
     version_1 = lake.read("model_versions").filter(pl.col("model_version") == 1).row(0, named=True)
     assert version_1["iteration"] == 1                                          # one update for the whole batch
+    metrics = lake.read("iteration_metrics").filter(pl.col("iteration") >= 1).sort("iteration")
+    assert metrics["rounds"].to_list() == [1, 1] and metrics["groups"].to_list() == [8, 8]   # the mix's, not RISE's
+    zone = open_catalog(lake).sql("select * from learning_zone_share order by iteration").pl()
+    assert zone["groups"].to_list() == [8, 8]
+    report = open_catalog(lake).sql("select * from self_verification order by iteration").pl()
+    assert report["verification_rollouts"].to_list() == [24, 24]
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"selfverify": {"enabled": True, "ratio": 0.3}}, "selfverify.ratio applies to mode lagged"),
+    ({"selfverify": {"enabled": True}, "selfplay": {"enabled": True}}, "a self-play iteration samples its own"),
+])
+def test_a_config_in_batch_cannot_honour_is_refused(section, message):
+    from tasks.rollout.stage import IterationConfig
+
+    with pytest.raises(ValueError, match=message):
+        IterationConfig.model_validate(section)
+    lagged = {**section, "selfverify": {**section["selfverify"], "mode": "lagged"}}
+    assert IterationConfig.model_validate(lagged).selfverify.mode == "lagged"

@@ -19,12 +19,10 @@ from tasks.advantages.estimators import with_group_columns
 from tasks.advantages.guided_sampling import GuidanceConfig
 from tasks.advantages.shaping import filter_reason, kept
 from tasks.config import Strict
+from storage.schemas import VERIFICATION_ROUND
 
 LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-
-
-VERIFICATION_ROUND = 99    # RISE's in-batch verification groups: after every resampling round, outside the count
 
 
 class BatchShortfall(RuntimeError):

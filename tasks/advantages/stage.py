@@ -14,7 +14,8 @@ from pydantic import Field
 
 from storage.lake import Lake
 from storage.runs import Run
-from tasks.advantages.dynamic_sampling import VERIFICATION_ROUND, DynamicSamplingConfig
+from storage.schemas import VERIFICATION_ROUND
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
 from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
                                       truncated_importance_weight)

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.lake import Lake
+from storage.schemas import VERIFICATION_ROUND
 from tasks.config import Strict
 from tasks.curation.config import SourceConfig
 from tasks.curriculum.gym_difficulty import has_steps, max_step, next_difficulty, start_step
@@ -53,10 +54,12 @@ def current_level_weights(lake: Lake, configured: dict[int, float]) -> dict[int,
 
 def drawn_groups(lake: Lake, first: int, last: int) -> pl.DataFrame:
     """Problem and solve rate of the groups drawn over iterations first..last (surplus groups were
-    sampled after the batch was full: they say nothing the kept ones do not, so they are left out)."""
+    sampled after the batch was full: they say nothing the kept ones do not, so they are left out; RISE's
+    in-batch verification groups are not the mix's)."""
     groups = lake.read("groups", filter=(pc.field("iteration") >= first) & (pc.field("iteration") <= last),
-                       columns=["problem_id", "solve_rate", "filter_reason"])
-    return groups.filter(pl.col("filter_reason").fill_null("") != "surplus").drop("filter_reason")
+                       columns=["problem_id", "solve_rate", "filter_reason", "round"])
+    drawn = (pl.col("filter_reason").fill_null("") != "surplus") & (pl.col("round").fill_null(0) != VERIFICATION_ROUND)
+    return groups.filter(drawn).drop("filter_reason", "round")
 
 
 def measured_solve_rates(lake: Lake, first: int, last: int) -> dict[int, float]:

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from storage.lake import Lake
-from tasks.advantages.dynamic_sampling import VERIFICATION_ROUND, BatchShortfall, DynamicSamplingConfig, fill_batch
+from storage.schemas import VERIFICATION_ROUND
+from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
 from tasks.advantages.guided_sampling import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
 from tasks.advantages.shaping import success
 from tasks.advantages.stage import AdvantageConfig
@@ -89,7 +90,14 @@ class IterationConfig(Strict):
     selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig, description="self-play: the policy proposes "
                                      "the tasks it solves (tasks/selfplay)")
     selfverify: SelfVerifyConfig = Field(default_factory=SelfVerifyConfig, description="RISE: verification tasks "
-                                         "made of the lake's own rollouts, mixed in (tasks/selfplay/self_verify.py)")
+                                         "made of the policy's own rollouts (tasks/selfplay/self_verify.py)")
+
+    @model_validator(mode="after")
+    def _verification_has_a_batch(self):
+        if self.selfplay.enabled and self.selfverify.enabled and self.selfverify.mode == "in_batch":
+            raise ValueError("selfverify.mode in_batch verifies the rollout stage's batch, and a self-play iteration "
+                             "samples its own: use selfverify.mode lagged with self-play, or turn one of them off")
+        return self
 
 
 @dataclass

@@ -32,7 +32,7 @@ BLOCK = re.compile(r"```[ \t]*(question|answer|span)[ \t]*\n(.*?)```", re.DOTALL
 MAX_CHARS = 400
 
 
-LICENCE_FILES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "LICENCE", "COPYING")
+LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")       # any suffix, any case: LICENSE.txt, copying.md
 TEXT_SUFFIXES = (".txt", ".md")
 DATASET_FIELDS = (("problem", "solution"), ("question", "solution"), ("question", "answer"),
                   ("prompt", "canonical_solution"), ("prompt", "solution"), ("prompt", "answer"))
@@ -62,25 +62,39 @@ def read_documents(path: str | Path) -> list[Document]:
     if not path.exists():
         raise ValueError(f"{path}: no such documents file or folder")
     if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in (".jsonl", *TEXT_SUFFIXES)
-                       and f.name not in LICENCE_FILES)
+        files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in (".jsonl", *TEXT_SUFFIXES)
+                       and not is_licence(f) and not any(part.startswith(".") for part in f.relative_to(path).parts))
         documents = [document for file in files for document in _read_file(file, path, in_folder=True)]
     else:
         documents = _read_file(path, path.parent, in_folder=False)
     if not documents:
         raise ValueError(f"{path}: holds no documents")
+    seen: dict[str, str] = {}
+    for document in documents:
+        if document.document_id in seen:
+            raise ValueError(f"{document.source}: document id {document.document_id!r} is also a document of "
+                             f"{seen[document.document_id]} (ids must be unique)")
+        seen[document.document_id] = document.source
     return documents
 
 
+def is_licence(path: Path) -> bool:
+    return path.name.split(".")[0].upper() in LICENCE_NAMES
+
+
 def _read_file(path: Path, root: Path, in_folder: bool) -> list[Document]:
-    """A file's documents; in a folder, ids are prefixed by the file's path in it (ids stay unique)."""
-    name = path.relative_to(root).with_suffix("").as_posix()
+    """A file's documents; in a folder, ids are prefixed by the file's path in it."""
+    name = path.relative_to(root).as_posix()
     licence = licence_of(path, root)
-    if path.suffix != ".jsonl":
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", path.read_text()) if p.strip()]
+    try:
+        content = path.read_text()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if path.suffix.lower() != ".jsonl":
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", content) if p.strip()]
         return [Document(f"{name}:{index}", text, str(path), licence) for index, text in enumerate(paragraphs, 1)]
     documents = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -92,7 +106,8 @@ def _read_file(path: Path, root: Path, in_folder: bool) -> list[Document]:
             raise ValueError(f"{path}:{number}: field text: a non-empty string is needed (or a dataset row's "
                              "statement and solution: question/answer, problem/solution, prompt/answer …)")
         row_licence = row.get("license", row.get("licence"))
-        row_id = f"{name}:{row['id']}" if in_folder and "id" in row else str(row.get("id", f"{name}:{number}"))
+        given = row.get("id")
+        row_id = f"{name}:{number}" if given is None else f"{name}:{given}" if in_folder else str(given)
         documents.append(Document(row_id, text, str(path),
                                   str(row_licence) if row_licence else licence))
     return documents
@@ -114,12 +129,13 @@ def _row_text(row) -> str | None:
 
 
 def licence_of(path: Path, root: Path) -> str | None:
-    """The first non-empty line of the nearest licence file from `path`'s folder up to `root`."""
+    """The first non-empty line of the nearest licence file (LICENSE, LICENCE or COPYING, any suffix) from `path`'s
+    folder up to `root` (a single file: its own folder)."""
     folder = path.parent
     while True:
-        for name in LICENCE_FILES:
-            if (folder / name).is_file():
-                lines = [line.strip() for line in (folder / name).read_text(errors="replace").splitlines()]
+        for candidate in sorted(folder.iterdir()):
+            if candidate.is_file() and is_licence(candidate):
+                lines = [line.strip() for line in candidate.read_text(errors="replace").splitlines()]
                 return next((line for line in lines if line), None)
         if folder == root or folder == folder.parent or root not in folder.parents:
             return None
@@ -177,7 +193,8 @@ def challenge_text(question: str, answer: str, span: str) -> str:
 
 def variance_reward(solve_rate: float | None, width: float = 0.01) -> float:
     """SPICE's challenger reward for a valid task: a Gaussian of the variance p(1−p) of the reasoner's
-    correctness, centred on ¼ (p = ½), with variance `width`; 0 when the task was not solved at all."""
+    correctness, centred on ¼ (p = ½), with variance `width` (exp(−3.125) ≈ 0.04 at p = 0 or 1 for the
+    default width); 0 when the reasoner never tried it (no solve rate)."""
     if solve_rate is None:
         return 0.0
     variance = solve_rate * (1.0 - solve_rate)

@@ -20,7 +20,7 @@ import re
 from typing import Literal
 
 import polars as pl
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tasks.config import Strict
 from tasks.curation.records import problem_id
@@ -89,6 +89,13 @@ class SelfVerifyConfig(Strict):
     ratio: float = Field(0.25, ge=0, lt=1, description="lagged: share of the groups drawn each round that are "
                          "verification tasks (once the bank holds any)")
     seed: int = Field(0, description="seed of the rollouts picked")
+
+    @model_validator(mode="after")
+    def _ratio_is_lagged(self):
+        if self.enabled and self.mode == "in_batch" and self.ratio != type(self).model_fields["ratio"].default:
+            raise ValueError("selfverify.ratio applies to mode lagged (later rounds drawing banked tasks); in_batch "
+                             "verifies tasks_per_iteration of the batch's own solutions: drop ratio or set mode lagged")
+        return self
 
 
 def verification_problems(scored: pl.DataFrame, config: SelfVerifyConfig, iteration: int) -> list[dict]:
