@@ -94,6 +94,8 @@ class IterationConfig(Strict):
 
     @model_validator(mode="after")
     def _verification_has_a_batch(self):
+        """`selfverify.mode: in_batch` is refused with `selfplay.enabled` (it verifies the rollout stage's batch,
+        and a self-play iteration samples its own): use `selfverify.mode: lagged` with self-play."""
         if self.selfplay.enabled and self.selfverify.enabled and self.selfverify.mode == "in_batch":
             raise ValueError("selfverify.mode in_batch verifies the rollout stage's batch, and a self-play iteration "
                              "samples its own: use selfverify.mode lagged with self-play, or turn one of them off")
