@@ -15,7 +15,9 @@ same checkpoint, with the same evaluation problems and sampling seed on both sid
 
 Every checkpoint is scored by the same code (`tasks.evaluation.evaluate`). RL wall time excludes evaluation
 on both sides; what a process pays once (Prefect's temporary server, the model stack's imports) is paid
-before either side is timed. Reported: accuracy per checkpoint as mean ± 95 % interval over the seeds and
+before either side is timed, and so is each side's setup: TRL's clock starts at `trainer.train()` (after the
+trainer is built), ours at step 1's first stage run and stops at the last step's end (after the flow has
+started and loaded the policy; every stage run and the bookkeeping between them inside). Reported: accuracy per checkpoint as mean ± 95 % interval over the seeds and
 the paired difference (ours − TRL, the same seed's problems); RL wall time and its ratio (target ≤ 1.0);
 time to accuracy — the RL seconds each side's mean curve needs to first reach TRL's final mean accuracy,
 interpolated between checkpoints — and its ratio (target ≤ 0.7).
@@ -28,7 +30,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 
 import polars as pl
 import pyarrow.compute as pc
@@ -154,14 +155,13 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     settings.rollout.seed, settings.train.seed, settings.evaluation.seed = seed, seed, seed
     settings.loop.evaluate_every = eval_every
     settings.dynamic_sampling.guidance.enabled = guided
-    began = datetime.now(timezone.utc)
-    started = time.perf_counter()
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
-    wall = time.perf_counter() - started
     lake = Lake.open(lake_uri)
-    runs = lake.read("runs", filter=pc.field("iteration") > 0).with_columns(
-        seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6,
-        since_start=(pl.col("started_at") - began).dt.total_microseconds() / 1e6)
+    runs = lake.read("runs", filter=pc.field("iteration") > 0)
+    began, ended = runs["started_at"].min(), runs["ended_at"].max()     # step 1's first stage to the last's end
+    wall = (ended - began).total_seconds()
+    runs = runs.with_columns(seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6,
+                             since_start=(pl.col("started_at") - began).dt.total_microseconds() / 1e6)
     evaluations = runs.filter(pl.col("stage") == "evaluate").sort("started_at")
     elapsed, evaluated_before = {}, 0.0
     for iteration, since_start, seconds in evaluations.select("iteration", "since_start", "seconds").rows():

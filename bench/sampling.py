@@ -2,9 +2,11 @@
 
 Both sample the same prompts at temperature 1 with top-k and top-p off, to the same length cap, on one
 thread count; `generate` also returns its per-step scores (`output_scores`), since the hf sampler
-keeps the behaviour log-probs and self-certainty of every token. The models have random weights, so
-nearly every response runs to the cap and both do the same work; the figure is generated tokens per
-second, the best of a few alternating repeats, and the ratio hf / generate (target ≥ 1).
+keeps the behaviour log-probs and self-certainty of every token. The models have random weights: about a
+quarter of the tiny model's rows end before the cap (an end token); the hf sampler drops rows that ended from
+the model's batch (tasks/rollout/hf.py `NARROW_AT`), `generate` carries them padded to the end. The figure is
+tokens generated up to each row's end per second, the best of a few alternating repeats, and the ratio
+hf / generate (target ≥ 1.05).
 
 Shapes: `tiny` is the embedded default policy; `0.5b` is a Qwen2.5-0.5B-shaped config (24 layers,
 hidden 896, vocabulary 151,936) built from scratch, which is where the per-token work over a large
@@ -84,5 +86,5 @@ def run_benchmark(shapes: list[str], repeats: int = 3) -> list[dict]:
         results.append(result)
         console.print(f"{shape}: {result['rows']} rows × ≤{max_new} tokens, {torch.get_num_threads()} threads — hf "
                       f"{result['hf_tokens_per_s']:,.0f} tokens/s, generate {result['generate_tokens_per_s']:,.0f} "
-                      f"tokens/s: ×{result['ratio']:.2f} (target ≥ 1)")
+                      f"tokens/s: ×{result['ratio']:.2f} (target ≥ 1.05)")
     return results

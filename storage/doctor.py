@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow.compute as pc
 
 from storage import leases, presence
-from storage.lake import Lake, LakeError
+from storage.lake import Lake, LakeError, retry_on_conflict
 from storage.maintenance import last_maintenance, layout
 from storage.registry import claim_record, reclaimable
 from storage.schemas import TABLES
@@ -218,7 +218,7 @@ def check_unreferenced_files(lake: Lake, readable: set[str], repair: bool) -> li
         finding = Finding(INFO, name, f"{len(removable)} file(s) no version references, older than the retention",
                           "disk space only: time travel within the retention keeps its files", "vacuum them")
         if repair:
-            table.vacuum(dry_run=False, full=True)
+            retry_on_conflict(lambda: lake.table(name).vacuum(dry_run=False, full=True), f"vacuum {name}")
             finding.repaired = True
         findings.append(finding)
     return findings

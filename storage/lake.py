@@ -340,9 +340,9 @@ class Lake:
         """Delete the rows those runs wrote (one commit): how `rlvr doctor --repair` clears rows of runs that
         never completed. Returns the new version."""
         leases.check(self.location)
-        table = self.table(name)
-        metrics = table.delete(runs_table.run_ids_predicate(run_ids), commit_properties=CommitProperties(
-            custom_metadata={"run_id": run.run_id, "stage": run.stage}))
+        metrics = retry_on_conflict(lambda: self.table(name).delete(              # idempotent: a fresh snapshot
+            runs_table.run_ids_predicate(run_ids), commit_properties=CommitProperties(
+                custom_metadata={"run_id": run.run_id, "stage": run.stage})), f"remove rows of {name}")
         version = self._committed_version(name, run.run_id)
         run.record_write(name, version, -int(metrics.get("num_deleted_rows", 0)))
         return version
@@ -359,7 +359,7 @@ class Lake:
         if spec.unique:
             conditions.append(self._unique(spec, rows, key, run))
         if isinstance(rows, (pl.DataFrame, pa.Table)):   # replayable: a commit conflict is retried
-            return _retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids,
+            return retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids,
                                                                conditions), f"write {spec.name}")
         if conditions:
             raise LakeError(f"{spec.name}: a conditional write needs its rows in memory, not a stream")
@@ -599,7 +599,7 @@ class Lake:
                             commit_properties=CommitProperties(max_commit_retries=0))
             return True
 
-        written = _retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
+        written = retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
         kept = _SNAPSHOTS.get(self._snapshot_key("runs"))     # counted on the snapshot as it is: no log lookups
         if kept is not None and len(kept.table.file_uris()) >= runs_table.COMPACT_FILES:
             self._on_snapshot("runs", runs_table.compact)
@@ -646,7 +646,7 @@ class Lake:
         return max(before)
 
 
-def _retry_on_conflict(commit, what: str, attempts: int = 30):
+def retry_on_conflict(commit, what: str, attempts: int = 30):
     """Delta's optimistic concurrency: a commit that lost a race is retried on a fresh snapshot."""
     for attempt in range(attempts):
         try:

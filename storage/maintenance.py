@@ -33,7 +33,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import CommitProperties
 from pydantic import BaseModel, Field
 
-from storage.lake import Lake
+from storage.lake import Lake, retry_on_conflict
 from storage.schemas import PARQUET_WRITER, TABLES
 
 FLOW = "lake-maintenance"
@@ -128,7 +128,8 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
             done.notes.append(f"vacuum: {error}")
         table = lake.table(name)
     if config.checkpoint:
-        _keep_history_for(table, config.retention_hours)
+        _keep_history_for(lake, name, config.retention_hours, table)
+        table = lake.table(name)
         table.create_checkpoint()
         done.checkpoint = table.version()
         table.cleanup_metadata()
@@ -143,18 +144,27 @@ def _commit_files(lake: Lake, name: str) -> int:
     return sum(path.endswith(".json") for path in lake.location.filesystem.ls(log, detail=False))
 
 
-def _keep_history_for(table: DeltaTable, retention_hours: float) -> None:
+def _keep_history_for(lake: Lake, name: str, retention_hours: float, snapshot: DeltaTable) -> None:
     """Make the table's log retention the maintenance's: `cleanup_metadata` then removes the commit files older
     than the latest checkpoint and than this. Delta's default (30 days) kept a commit file for every write of a
     month: `runs` takes ten commits an iteration, and delta-rs lists the log on each write (45 ms a write at
     2,700 commit files on local disk, 4 ms after). Only the log's: the removed files' retention, which `vacuum`
     without an explicit one (`rlvr doctor --repair`) reads, stays Delta's week, so a short maintenance
-    retention never lets another vacuum delete a live writer's files."""
+    retention never lets another vacuum delete a live writer's files.
+
+    The property change reads the whole table, so a live loop's replace of any partition since `snapshot`
+    refuses it; it is retried on a fresh snapshot (it changes no data, so landing later is safe)."""
     interval = f"interval {math.ceil(retention_hours)} hours"
-    if table.metadata().configuration.get("delta.logRetentionDuration") != interval:
-        table.alter.set_table_properties({"delta.logRetentionDuration": interval}, raise_if_not_exists=False,
-                                         commit_properties=CommitProperties(
-                                             custom_metadata={"stage": "lake-maintenance"}))
+    snapshots = iter([snapshot])
+
+    def set_once() -> None:
+        table = next(snapshots, None) or lake.table(name)
+        if table.metadata().configuration.get("delta.logRetentionDuration") != interval:
+            table.alter.set_table_properties({"delta.logRetentionDuration": interval}, raise_if_not_exists=False,
+                                             commit_properties=CommitProperties(
+                                                 custom_metadata={"stage": "lake-maintenance"}))
+
+    retry_on_conflict(set_once, f"set the log retention of table {name}")
 
 
 def _compact(table: DeltaTable, config: MaintenanceConfig) -> str:

@@ -84,6 +84,23 @@ def test_a_compaction_never_lands_over_another_writers_commit(tmp_path):
     assert _compact(lake.table("groups"), MaintenanceConfig()) == "nothing to do"
 
 
+def test_the_log_retention_lands_after_another_writers_replace(tmp_path):
+    """The retention's property change reads the whole table: a replace since its snapshot refused it, and the
+    maintenance beside a live loop failed (CI). It is retried on a fresh snapshot; the replace stands."""
+    from storage.maintenance import _keep_history_for
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    for commit in range(3):
+        with lake.run("test", "write", {"commit": commit}) as run:
+            lake.append("groups", groups_rows(0, 2), run)
+    stale = lake.table("groups")
+    with lake.run("test", "write", {"commit": "late"}) as run:
+        lake.replace("groups", groups_rows(0, 1), {"iteration": 0}, run)
+    _keep_history_for(lake, "groups", 5, stale)
+    assert lake.table("groups").metadata().configuration["delta.logRetentionDuration"] == "interval 5 hours"
+    assert lake.read("groups")["group_id"].to_list() == ["g0-0"]
+
+
 def test_maintenance_beside_a_live_loop_loses_and_duplicates_nothing(prefect_api, tmp_path):
     lake_uri = str(tmp_path / "lake")
     config = tmp_path / "run.yaml"

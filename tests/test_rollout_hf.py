@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tasks.rollout.hf import HFPolicy, _cut, sequence_logprobs
+from tasks.rollout.hf import HFPolicy, _cut, sequence_logprobs, stop_token_ids
 from tasks.rollout.sampling import SamplerConfig, sampling_logprobs, self_certainty
 from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
@@ -76,6 +76,29 @@ def test_behaviour_logprobs_are_the_full_distribution_the_trainer_recomputes(mod
     recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
     for sample, logprobs in zip(samples, recomputed):
         assert torch.allclose(torch.tensor(sample.logprobs), logprobs.detach(), atol=1e-4)
+
+
+def test_finished_rows_leave_the_models_batch_and_the_rest_keep_their_context(model, tokenizer):
+    """Rows that ended are dropped from the forward (their KV cache rows too) once they are an eighth of the
+    batch; every other row's log-probs still match a fresh forward over its own prompt and tokens, so each kept
+    its own cache rows. Stop strings end rows between end tokens, so both ways of finishing narrow it."""
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        policy = HFPolicy(model, tokenizer, model_version=0, batch_size=64)
+        groups = policy.generate(["What is 2+3?\nAnswer:", "7*8 ="], 32, SamplerConfig(max_new_tokens=40, stop=["7"]),
+                                 seed=3, model_version=0)
+    finally:
+        hook.remove()
+    samples = [s for group in groups for s in group]
+    assert widths[0] == 64 and min(widths) < 56 and widths == sorted(widths, reverse=True)   # it narrowed
+    assert {s.finish_reason for s in samples} == {"stop", "length"}
+    recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
+    for sample, logprobs in zip(samples, recomputed):
+        assert torch.allclose(torch.tensor(sample.logprobs), logprobs.detach(), atol=1e-4)
+        assert sample.finish_reason == "length" or sample.token_ids[-1] in stop_token_ids(model, tokenizer) \
+            or "7" in tokenizer.decode(sample.token_ids)
 
 
 def test_top_k_logprobs_describe_the_truncated_distribution(model, tokenizer):

@@ -13,6 +13,11 @@ from tasks.progress import track
 from tasks.rollout.sampling import NO_PENALTIES, Penalties, Sample, SamplerConfig, sampling_logprobs, self_certainty
 
 
+# The model's batch drops its finished rows once they are 1/NARROW_AT of it: the remaining rows' KV cache is
+# copied out then, so narrowing on every finish would cost more than carrying a few padded rows.
+NARROW_AT = 8
+
+
 @dataclass
 class HFPolicy:
     """Samples from a loaded (model, tokenizer) pair; `model_version` names what it holds."""
@@ -71,8 +76,11 @@ class HFPolicy:
         logprobs = torch.zeros((batch, steps), device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)                      # tokens kept per row
         certainty = torch.zeros(batch, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=device)
+        # The model's batch holds the rows still sampling: `rows` are their indices in [B], `done` marks the
+        # ones that finished since the batch was last narrowed (they ride along, padded, until then).
+        rows = torch.arange(batch, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
         used = 0
         with torch.no_grad():
             # the prompt's last position only: logits for every prompt token would cost B × P × V
@@ -80,32 +88,42 @@ class HFPolicy:
                            use_cache=True, logits_to_keep=1)
             cache_field = kv_cache_field(output)
             for step in range(steps):
-                logits = output.logits[:, -1].float()                                      # [B, V]
+                logits = output.logits[:, -1].float()                                      # [b, V]
                 raw = torch.log_softmax(logits, dim=-1)
                 adjusted = logits if neutral else penalties.penalise(logits, in_prompt, output_counts)
-                behaviour = raw if plain else sampling_logprobs(adjusted, sampler, penalties.min_p)   # [B, V]
+                behaviour = raw if plain else sampling_logprobs(adjusted, sampler, penalties.min_p)   # [b, V]
                 if sampler.temperature == 0:
                     token = adjusted.argmax(-1)
-                    token_logprob = torch.zeros(batch, device=device)
+                    token_logprob = torch.zeros(len(rows), device=device)
                 else:
-                    token = torch.multinomial(behaviour.exp(), 1, generator=generator).squeeze(-1)   # [B]
+                    token = torch.multinomial(behaviour.exp(), 1, generator=generator).squeeze(-1)   # [b]
                     token_logprob = behaviour.gather(-1, token[:, None]).squeeze(-1)
-                alive = ~finished
+                alive = ~done
                 if not neutral:
-                    output_counts[alive, token[alive]] += 1
-                tokens[:, step] = token
-                logprobs[:, step] = token_logprob
-                lengths += alive
+                    output_counts[torch.arange(len(rows), device=device), token] += alive
+                tokens[rows, step] = torch.where(done, pad, token)        # past a row's length: never read
+                logprobs[rows, step] = token_logprob
+                lengths[rows] += alive
                 used = step + 1
-                certainty += torch.where(finished, 0.0, self_certainty(logits, raw))
-                stopped |= alive & torch.isin(token, stop_ids)
+                certainty[rows] += torch.where(done, 0.0, self_certainty(logits, raw))
+                ends = alive & torch.isin(token, stop_ids)
                 if sampler.stop:
-                    stopped |= alive & self._hit_stop_string(tokens[:, :used], lengths, alive, sampler.stop)
-                finished |= stopped
-                if used == steps or bool(finished.all()):              # no forward past the cap; one host sync a step
+                    live = torch.zeros(batch, dtype=torch.bool, device=device).index_put_((rows,), alive)
+                    ends |= alive & self._hit_stop_string(tokens[:, :used], lengths, live, sampler.stop)[rows]
+                stopped[rows] |= ends
+                done |= ends
+                finished = int(done.sum())                                 # the one host sync a step
+                if used == steps or finished == len(rows):                 # no forward past the cap
                     break
-                token = torch.where(finished, pad, token)
+                token = torch.where(done, pad, token)
                 positions = positions[:, -1:] + 1
+                if finished * NARROW_AT >= len(rows) and hasattr(output[cache_field], "batch_select_indices"):
+                    keep = (~done).nonzero().flatten()                     # drop the finished rows' compute
+                    output[cache_field].batch_select_indices(keep)
+                    rows, token, positions, attention = rows[keep], token[keep], positions[keep], attention[keep]
+                    done = done[keep]
+                    if not neutral:
+                        in_prompt, output_counts = in_prompt[keep], output_counts[keep]
                 output = model(input_ids=token[:, None], attention_mask=attention[:, :width + step + 1],
                                position_ids=positions,
                                use_cache=True, **{cache_field: output[cache_field]})

@@ -58,8 +58,9 @@ class RolloutConfig(Strict):
                                "backend samples on the first; self-certainty and the agreement gate load the local "
                                "copy there); empty: [device]. A run refuses to train on one of them unless "
                                "train.share_devices")
-    batch_size: int = Field(128, ge=1, description="hf backend: sequences generated together (on 2 CPU cores the "
-                            "tiny model samples fastest at about 128)")
+    batch_size: int = Field(512, ge=1, description="hf backend: sequences generated together (rows that end "
+                            "leave the batch, so larger is faster while memory lasts: on CPU the tiny model samples a "
+                            "round fastest in one batch)")
     openai: OpenAIBackendConfig = Field(default_factory=OpenAIBackendConfig, description="openai backend: servers")
     self_certainty: bool | None = Field(None, description="openai backend: compute each rollout's self-certainty "
                                         "from a forward pass of the local copy of the version (null: only when "
@@ -94,6 +95,8 @@ class IterationConfig(Strict):
 
     @model_validator(mode="after")
     def _verification_has_a_batch(self):
+        """`selfverify.mode: in_batch` is refused with `selfplay.enabled` (it verifies the rollout stage's batch,
+        and a self-play iteration samples its own): use `selfverify.mode: lagged` with self-play."""
         if self.selfplay.enabled and self.selfverify.enabled and self.selfverify.mode == "in_batch":
             raise ValueError("selfverify.mode in_batch verifies the rollout stage's batch, and a self-play iteration "
                              "samples its own: use selfverify.mode lagged with self-play, or turn one of them off")

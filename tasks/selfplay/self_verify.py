@@ -92,6 +92,8 @@ class SelfVerifyConfig(Strict):
 
     @model_validator(mode="after")
     def _ratio_is_lagged(self):
+        """`ratio` applies to `mode: lagged` only: `mode: in_batch` with a `ratio` other than its default is refused
+        (in_batch verifies `tasks_per_iteration` of the batch's own solutions)."""
         if self.enabled and self.mode == "in_batch" and self.ratio != type(self).model_fields["ratio"].default:
             raise ValueError("selfverify.ratio applies to mode lagged (later rounds drawing banked tasks); in_batch "
                              "verifies tasks_per_iteration of the batch's own solutions: drop ratio or set mode lagged")
