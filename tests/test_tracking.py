@@ -307,6 +307,7 @@ def test_follow_logs_as_the_loop_writes_and_stops_on_ctrl_c(loop_lake, tmp_path)
             lines.append(line)
             if "iterations 1-" in line:
                 shown.set()
+        shown.set()                                      # the output ended (the follower died): stop waiting
 
     reader = threading.Thread(target=read_stdout, daemon=True)
     reader.start()
