@@ -243,6 +243,8 @@ def bench_peer(
     sweep_steps: Annotated[int, typer.Option(min=1, help="TRL steps timed per batch layout in the sweep")] = 6,
     compare_fixed: Annotated[bool, typer.Option(help="also run ours with fixed oversampling (guidance off) per "
                                                 "seed: what sampling guided by the lake changes")] = True,
+    mode: Annotated[Optional[str], typer.Option(help="ours' loop mode, sync or async (default: the config's "
+                                                "loop.mode); TRL's trainer samples and trains in turn")] = None,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -256,9 +258,11 @@ def bench_peer(
         peer.mirror(load_run_config(config))
     except peer.CannotMirror as error:
         fail(f"{config}: {error}", 2)
+    if mode not in (None, "sync", "async"):
+        fail(f"--mode {mode}: sync or async", 2)
     prefect_defaults()
     measured(context, "peer", peer, lambda: peer.run_benchmark(str(config), steps, seed, eval_every, work,
-                                                               sweep_steps, compare_fixed))
+                                                               sweep_steps, compare_fixed, mode))
 
 
 @app.command("async")

@@ -4,8 +4,10 @@ One warmed-up lake is made first (the learning config's bank and warm-up, versio
 evaluation). Both sides' settings are derived from the one config (`mirror`): what must be equal is
 printed side by side and checked, and a config that TRL cannot mirror is refused before any work.
 TRL's batch settings are then swept (micro-batch with gradient accumulation, steps per generation; one
-optimizer step per `prompts × G` rollouts always) and its fastest is used. Then, for each seed, from the
-same checkpoint, with the same evaluation problems and sampling seed on both sides:
+optimizer step per `prompts × G` rollouts always) and its fastest is used; so are ours' micro-batch sizes
+(`train.micro_batch_size`), in ours' loop mode (`--mode`: the config's `loop.mode` unless given; `async`
+samples the next steps while one trains, which TRL's trainer does not, and is said so). Then, for each seed,
+from the same checkpoint, with the same evaluation problems and sampling seed on both sides:
 
 - **ours**: `rl_loop` for `steps` iterations in a copy of the lake, everything written as usual, with
   sampling guided by the lake's history (`dynamic_sampling.guidance`);
@@ -13,8 +15,8 @@ same checkpoint, with the same evaluation problems and sampling seed on both sid
   guidance changes: rollouts sampled per kept group and per optimizer step, and accuracy;
 - **TRL**: a `GRPOTrainer` with the mirrored settings, the project's own verifier as its reward.
 
-Every checkpoint is scored by the same code (`tasks.evaluation.evaluate`). RL wall time excludes evaluation
-on both sides; what a process pays once (Prefect's temporary server, the model stack's imports) is paid
+Every checkpoint is scored by the same code (`tasks.evaluation.evaluate`), after the side's run: RL wall time
+holds no evaluation on either side; what a process pays once (Prefect's temporary server, the model stack's imports) is paid
 before either side is timed, and so is each side's setup: TRL's clock starts at `trainer.train()` (after the
 trainer is built), ours at step 1's first stage run and stops at the last step's end (after the flow has
 started and loaded the policy; every stage run and the bookkeeping between them inside). Reported: accuracy per checkpoint as mean ± 95 % interval over the seeds and
@@ -46,6 +48,8 @@ TARGET_TIME_TO_ACCURACY = 0.7
 # TRL's batch layouts swept, each one optimizer step per prompts × G rollouts:
 # (per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation) as fractions of that batch.
 TRL_LAYOUTS = ((1, 1, 1), (2, 2, 2), (4, 4, 4), (8, 8, 8), (2, 2, 4))
+# Ours' micro-batch sizes swept (sequences per forward and backward pass; the config's own is always tried).
+OURS_MICRO_BATCHES = (64, 128, 256)
 # Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval of a mean of n = df + 1 values).
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -145,15 +149,23 @@ def trl_layout(config, fractions: tuple[int, int, int]) -> dict:
             "steps_per_generation": per_generation}
 
 
-def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool) -> dict:
+def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool, micro_batch_size: int,
+         mode: str) -> dict:
     """Our loop from the warmed version in a copy of `base`: RL seconds, the curve and its RL seconds per
-    checkpoint, stage times, and what sampling drew."""
+    checkpoint, stage times, and what sampling drew.
+
+    The loop runs without evaluation and its checkpoints are scored after it, as TRL's are: so the clock holds
+    no evaluation in either loop mode (the overlapped loop would evaluate beside its next step and slow it), and
+    a checkpoint's RL seconds are those up to the end of the training step that made it."""
     from flows.loop import rl_loop
+    from tasks.evaluation import evaluate, overall_solve_rate
+    from tasks.rollout.stage import IterationConfig
 
     lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
     settings = config.model_copy(deep=True)
     settings.rollout.seed, settings.train.seed, settings.evaluation.seed = seed, seed, seed
-    settings.loop.evaluate_every = eval_every
+    settings.loop.evaluate_every, settings.loop.mode = 0, mode
+    settings.train.micro_batch_size = micro_batch_size
     settings.dynamic_sampling.guidance.enabled = guided
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
     lake = Lake.open(lake_uri)
@@ -161,20 +173,38 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     began, ended = runs["started_at"].min(), runs["ended_at"].max()     # step 1's first stage to the last's end
     wall = (ended - began).total_seconds()
     runs = runs.with_columns(seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6,
-                             since_start=(pl.col("started_at") - began).dt.total_microseconds() / 1e6)
-    evaluations = runs.filter(pl.col("stage") == "evaluate").sort("started_at")
-    elapsed, evaluated_before = {}, 0.0
-    for iteration, since_start, seconds in evaluations.select("iteration", "since_start", "seconds").rows():
-        elapsed[int(iteration)] = since_start - evaluated_before
-        evaluated_before += seconds
-    stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage") if stage != "evaluate"}
-    rl_seconds = wall - evaluated_before
-    metrics = lake.read("iteration_metrics").filter(pl.col("eval_solve_rate").is_not_null()).sort("iteration")
-    measured = {"rl_seconds": rl_seconds, "stages": stages, "outside": 1 - sum(stages.values()) / rl_seconds,
-                "curve": {int(i): float(r) for i, r in metrics.select("iteration", "eval_solve_rate").rows() if i > 0},
-                "elapsed": elapsed, "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps)}
+                             since_start=(pl.col("ended_at") - began).dt.total_microseconds() / 1e6)
+    stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage")}
+    trained = runs.filter(pl.col("stage") == "train").group_by("iteration").agg(pl.col("since_start").max())
+    elapsed = {int(i): float(t) for i, t in trained.rows() if eval_every and i % eval_every == 0}
+    measured = {"rl_seconds": wall, "stages": stages, "outside": 1 - sum(stages.values()) / wall,
+                "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps), "mode": mode,
+                "micro_batch_size": micro_batch_size, "elapsed": elapsed, "curve": {}}
+    versions = lake.read("model_versions", columns=["model_version", "iteration", "kind"]).filter(pl.col("kind") == "rl")
+    iteration_settings = IterationConfig.model_validate(settings.model_dump(include=set(IterationConfig.model_fields)))
+    for step in sorted(elapsed):                       # scored after the run: not in its wall time
+        version = int(versions.filter(pl.col("iteration") == step)["model_version"][0])
+        evaluation, _ = evaluate(lake, settings.evaluation, iteration_settings, version)
+        measured["curve"][step] = overall_solve_rate(evaluation)
     shutil.rmtree(lake_uri)                   # a version's checkpoint a step: hundreds of MB a run
     return measured
+
+
+def micro_batch_sizes(config) -> list[int]:
+    """Ours' micro-batch sizes to sweep: the swept ones up to a step's trained rows, and the config's own."""
+    rows = config.dynamic_sampling.groups_per_batch * config.rollout.group_size
+    return sorted({size for size in OURS_MICRO_BATCHES if size <= rows} | {min(config.train.micro_batch_size, rows)})
+
+
+def ours_sweep(config, base: str, steps: int, mode: str, console) -> dict:
+    """Ours at each micro-batch size for `steps` steps (seed 0, guided, no evaluation): seconds per step; the
+    fastest is the one compared, as TRL's fastest layout is."""
+    timed = []
+    for size in micro_batch_sizes(config):
+        seconds = ours(config, base, 0, steps, 0, True, size, mode)["rl_seconds"] / steps
+        timed.append({"micro_batch_size": size, "seconds_per_step": seconds})
+        console.print(f"ours, micro-batch {size} ({mode}): {seconds:.2f} s a step")
+    return {"layouts": timed, "fastest": min(timed, key=lambda row: row["seconds_per_step"])}
 
 
 def sampling_drawn(lake: Lake, steps: int) -> dict:
@@ -304,7 +334,8 @@ def sweep(config, mirrored: dict, base: str, steps: int, console) -> dict:
 
 
 def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: int, work: str | None = None,
-                  sweep_steps: int = 6, compare_fixed: bool = True) -> dict:
+                  sweep_steps: int = 6, compare_fixed: bool = True, mode: str | None = None) -> dict:
+    """The comparison; `mode` is ours' loop mode (the config's `loop.mode` unless given)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -313,6 +344,7 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     console = Console()
     config = load_run_config(config_path)
     mirrored = mirror(config)
+    mode = mode or config.loop.mode
     settings_table = Table(title="the settings both sides run with (from one config)")
     for column in ("setting", "ours", "TRL GRPOTrainer"):
         settings_table.add_column(column)
@@ -320,23 +352,28 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
         settings_table.add_row(name, str(ours_value), str(trl_value))
     console.print(settings_table)
     console.print("not mirrored, by design: ours draws extra groups and trains only on those with signal "
-                  "(dynamic sampling); each side's micro-batching is its own speed setting")
+                  "(dynamic sampling); each side's micro-batching is its own speed setting"
+                  + ("; ours samples the next steps while one trains (loop.mode async: TRL's GRPOTrainer "
+                     "samples and trains in turn)" if mode == "async" else ""))
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-peer-"), console)
     warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
     start = float(warmed["eval_solve_rate"][0])
     started_once()
     layouts = sweep(config, mirrored, base, sweep_steps, console)
+    ours_layouts = ours_sweep(config, base, sweep_steps, mode, console)
+    micro = ours_layouts["fastest"]["micro_batch_size"]
     fastest = {key: layouts["fastest"][key] for key in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                                         "steps_per_generation")}
     sides = ("ours", "fixed", "trl") if compare_fixed else ("ours", "trl")
     results = {side: [] for side in sides}
     for seed in seeds:
-        results["ours"].append(ours(config, base, seed, steps, eval_every, guided=True))
+        results["ours"].append(ours(config, base, seed, steps, eval_every, True, micro, mode))
         if compare_fixed:
-            results["fixed"].append(ours(config, base, seed, steps, eval_every, guided=False))
+            results["fixed"].append(ours(config, base, seed, steps, eval_every, False, micro, mode))
         results["trl"].append(trl(config, mirrored, fastest, base, seed, steps, eval_every))
         console.print(f"seed {seed}: " + ", ".join(f"{side} {results[side][-1]['rl_seconds']:.1f} s" for side in sides))
-    return summarize(results, start, steps, seeds, layouts, mirrored, console)
+    summary = summarize(results, start, steps, seeds, layouts, mirrored, console)
+    return {**summary, "ours_settings": {"mode": mode, **ours_layouts["fastest"], "sweep": ours_layouts["layouts"]}}
 
 
 def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts: dict, mirrored: dict,

@@ -92,13 +92,34 @@ def test_finished_rows_leave_the_models_batch_and_the_rest_keep_their_context(mo
     finally:
         hook.remove()
     samples = [s for group in groups for s in group]
-    assert widths[0] == 64 and min(widths) < 56 and widths == sorted(widths, reverse=True)   # it narrowed
+    assert widths[0] == 2                        # each prompt prefilled once, its KV cache copied to its 32 rows
+    assert widths[1] == 64 and min(widths) < 56 and widths[1:] == sorted(widths[1:], reverse=True)   # it narrowed
     assert {s.finish_reason for s in samples} == {"stop", "length"}
     recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
     for sample, logprobs in zip(samples, recomputed):
         assert torch.allclose(torch.tensor(sample.logprobs), logprobs.detach(), atol=1e-4)
         assert sample.finish_reason == "length" or sample.token_ids[-1] in stop_token_ids(model, tokenizer) \
             or "7" in tokenizer.decode(sample.token_ids)
+
+
+def test_a_groups_shared_prefill_samples_what_a_prefill_per_row_samples(model, tokenizer, monkeypatch):
+    """Rows that repeat a prompt share its prefill (one forward per distinct prompt, the KV cache spread over the
+    rows): with the same seed, the tokens and log-probs are those of prefilling every row, prompts of different
+    lengths (left padding) included."""
+    import tasks.rollout.hf as hf
+
+    prompts = ["What is 2+3?\nAnswer:", "7*8 =", "A longer prompt than the others, 12*12 ="]
+    policy = HFPolicy(model, tokenizer, model_version=0, batch_size=64)
+    sampler = SamplerConfig(max_new_tokens=24)
+    assert hf.shared_prefill([[5, 6], [7], [5, 6], [7]], "cpu")[1].tolist() == [0, 1, 0, 1]
+    assert hf.shared_prefill([[5, 6], [7]], "cpu")[1] is None
+    shared = policy.generate(prompts, 8, sampler, seed=11, model_version=0)
+    monkeypatch.setattr(hf, "shared_prefill", lambda ids, device: (torch.arange(len(ids)), None))
+    per_row = policy.generate(prompts, 8, sampler, seed=11, model_version=0)
+    for group, alone in zip(shared, per_row):
+        assert [s.token_ids for s in group] == [s.token_ids for s in alone]
+        for sample, other in zip(group, alone):
+            assert sample.logprobs == pytest.approx(other.logprobs, abs=1e-5)
 
 
 def test_top_k_logprobs_describe_the_truncated_distribution(model, tokenizer):

@@ -83,12 +83,23 @@ class HFPolicy:
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         used = 0
         with torch.no_grad():
-            # the prompt's last position only: logits for every prompt token would cost B × P × V
-            output = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions,
-                           use_cache=True, logits_to_keep=1)
+            # a group's rows share one prompt: it is prefilled once and its KV cache copied to the others
+            # (`shared_prefill`); the prompt's last position only: logits for every prompt token would cost B × P × V
+            prefill, spread = shared_prefill(prompt_ids, device)
+            output = model(input_ids=input_ids[prefill], attention_mask=attention[prefill, :width],
+                           position_ids=positions[prefill], use_cache=True, logits_to_keep=1)
             cache_field = kv_cache_field(output)
+            last = output.logits[:, -1]                                                    # [b, V]
+            if spread is not None:
+                if hasattr(output[cache_field], "batch_select_indices"):
+                    output[cache_field].batch_select_indices(spread)
+                    last = last[spread]
+                else:                                          # a cache that cannot be copied: prefill every row
+                    output = model(input_ids=input_ids, attention_mask=attention[:, :width], position_ids=positions,
+                                   use_cache=True, logits_to_keep=1)
+                    last = output.logits[:, -1]
             for step in range(steps):
-                logits = output.logits[:, -1].float()                                      # [b, V]
+                logits = last.float()                                                      # [b, V]
                 raw = torch.log_softmax(logits, dim=-1)
                 adjusted = logits if neutral else penalties.penalise(logits, in_prompt, output_counts)
                 behaviour = raw if plain else sampling_logprobs(adjusted, sampler, penalties.min_p)   # [b, V]
@@ -127,6 +138,7 @@ class HFPolicy:
                 output = model(input_ids=token[:, None], attention_mask=attention[:, :width + step + 1],
                                position_ids=positions,
                                use_cache=True, **{cache_field: output[cache_field]})
+                last = output.logits[:, -1]
         kept = lengths.tolist()                            # one transfer for the whole batch, not one per token
         token_rows, logprob_rows = tokens[:, :used].tolist(), logprobs[:, :used].tolist()
         ended, certainties = stopped.tolist(), certainty.tolist()
@@ -151,6 +163,27 @@ class HFPolicy:
             hits[row] = any(s in text for s in stop)
         return hits
 
+
+
+def shared_prefill(prompt_ids: list[list[int]], device):
+    """(rows to prefill, and the index that spreads their KV cache over the batch) when rows repeat a prompt, as a
+    group's G rows do; (every row, None) when none repeats. A prompt's KV cache is the same in each row that
+    holds it (causal attention: the prompt never sees the response), so computing it once per prompt leaves
+    the samples as they were and saves (G − 1) / G of the prefill."""
+    import torch
+
+    slots: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    spread = []
+    for row, ids in enumerate(prompt_ids):
+        key = tuple(ids)
+        if key not in slots:
+            slots[key] = len(firsts)
+            firsts.append(row)
+        spread.append(slots[key])
+    if len(firsts) == len(prompt_ids):
+        return torch.arange(len(prompt_ids), device=device), None
+    return torch.tensor(firsts, device=device), torch.tensor(spread, device=device)
 
 
 def kv_cache_field(output) -> str:
