@@ -20,7 +20,8 @@ import time
 from bench.shapes import SHAPES, build  # noqa: F401  (build: the tests build from here too)
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "tasks/rollout/hf.py", "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
+DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "tasks/rollout/hf.py", "tasks/rollout/logprobs.py",
+              "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
               "tasks/progress.py")
 
 def hf_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:

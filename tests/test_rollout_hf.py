@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tasks.rollout.hf import HFPolicy, _cut, sequence_logprobs, stop_token_ids
+from tasks.rollout import logprobs as shared_logprobs
 from tasks.rollout.sampling import SamplerConfig, sampling_logprobs, self_certainty
 from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
 
@@ -106,15 +107,13 @@ def test_a_groups_shared_prefill_samples_what_a_prefill_per_row_samples(model, t
     """Rows that repeat a prompt share its prefill (one forward per distinct prompt, the KV cache spread over the
     rows): with the same seed, the tokens and log-probs are those of prefilling every row, prompts of different
     lengths (left padding) included."""
-    import tasks.rollout.hf as hf
-
     prompts = ["What is 2+3?\nAnswer:", "7*8 =", "A longer prompt than the others, 12*12 ="]
     policy = HFPolicy(model, tokenizer, model_version=0, batch_size=64)
     sampler = SamplerConfig(max_new_tokens=24)
-    assert hf.shared_prefill([[5, 6], [7], [5, 6], [7]], "cpu")[1].tolist() == [0, 1, 0, 1]
-    assert hf.shared_prefill([[5, 6], [7]], "cpu")[1] is None
+    assert shared_logprobs.shared_prefill([[5, 6], [7], [5, 6], [7]], "cpu")[1].tolist() == [0, 1, 0, 1]
+    assert shared_logprobs.shared_prefill([[5, 6], [7]], "cpu")[1] is None
     shared = policy.generate(prompts, 8, sampler, seed=11, model_version=0)
-    monkeypatch.setattr(hf, "shared_prefill", lambda ids, device: (torch.arange(len(ids)), None))
+    monkeypatch.setattr(shared_logprobs, "shared_prefill", lambda ids, device: (torch.arange(len(ids)), None))
     per_row = policy.generate(prompts, 8, sampler, seed=11, model_version=0)
     for group, alone in zip(shared, per_row):
         assert [s.token_ids for s in group] == [s.token_ids for s in alone]

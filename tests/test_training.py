@@ -240,3 +240,62 @@ def test_a_decoupled_loss_with_the_sequence_weight_too_is_refused():
     with pytest.raises(ValueError, match="set advantages.off_policy_weight: none"):
         RunConfig.model_validate({"train": {"off_policy_loss": "decoupled"}})
     RunConfig.model_validate({"train": {"off_policy_loss": "decoupled"}, "advantages": {"off_policy_weight": "none"}})
+
+
+def grouped_rows(model, tokenizer, groups=4, group_size=6, seed=5) -> pl.DataFrame:
+    """`synthetic_rows` in groups: each prompt (of different lengths) repeated for `group_size` responses of
+    varied length, one of them empty."""
+    rows = synthetic_rows(model, tokenizer, n=groups * group_size, seed=seed)
+    prompts = [tokenizer(f"{'long ' * g}{g} * {g} =").input_ids for g in range(groups) for _ in range(group_size)]
+    responses = rows["response_token_ids"].to_list()
+    responses[1] = []
+    with torch.no_grad():
+        logprobs, _, _ = response_logprobs(model, prompts, responses)
+    return rows.with_columns(pl.Series("prompt_token_ids", prompts), pl.Series("response_token_ids", responses),
+                             pl.Series("behaviour_logprobs", [row[:len(r)].tolist() for row, r in zip(logprobs, responses)]))
+
+
+def test_a_groups_prompt_forwarded_once_gives_each_rows_logprobs_and_gradients(policy):
+    """`share_prompts`: one forward per distinct prompt, its KV cache spread over the group's rows, then the
+    responses on top: the same log-probs, entropies and gradients as forwarding every row whole."""
+    model, tokenizer = policy
+    rows = grouped_rows(model, tokenizer)
+    prompts, responses = rows["prompt_token_ids"].to_list(), rows["response_token_ids"].to_list()
+    widths, results = [], {}
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    try:
+        for shared in (False, True):
+            model.zero_grad()
+            logprobs, mask, entropy = response_logprobs(model, prompts, responses, 0.7, with_entropy=True,
+                                                        share_prompts=shared)
+            (logprobs * torch.linspace(-1, 1, logprobs.shape[1])).sum().backward()
+            results[shared] = (logprobs.detach(), mask, entropy, [p.grad.clone() for p in model.parameters()])
+    finally:
+        hook.remove()
+        model.zero_grad()
+    assert widths[0][0] == 24 and widths[1][0] == 4 and widths[2][0] == 24   # 4 prompts once, then 24 responses
+    (whole, whole_mask, whole_entropy, whole_grads), (once, once_mask, once_entropy, once_grads) = results[False], results[True]
+    assert torch.equal(whole_mask, once_mask) and whole_mask[1].sum() == 0
+    assert torch.allclose(whole, once, atol=1e-5) and torch.allclose(whole_entropy, once_entropy, atol=1e-5)
+    for a, b in zip(whole_grads, once_grads):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_step_over_groups_keeps_each_group_in_one_micro_batch_and_trains_as_rows_forwarded_whole(policy, monkeypatch):
+    from trainers.distributed import SingleDevice
+    from trainers.grpo import micro_batch_order
+
+    model, tokenizer = policy
+    rows = grouped_rows(model, tokenizer, seed=7)
+    order = micro_batch_order(rows, list(range(rows.height))[::-1], shares_prompts=True)
+    prompts = rows["prompt_token_ids"].to_list()
+    assert [prompts[i] for i in order[:6]] == [prompts[order[0]]] * 6           # a group's rows side by side
+    shared, whole = copy.deepcopy(model), copy.deepcopy(model)
+    config = TrainConfig(loss_type="dapo", micro_batch_size=12)
+    metrics_shared, _ = train_on_batch(shared, rows, config)
+    monkeypatch.setattr(SingleDevice, "shares_prompts", False)
+    metrics_whole, _ = train_on_batch(whole, rows, config)
+    assert metrics_shared["loss"] == pytest.approx(metrics_whole["loss"], abs=1e-6)
+    for a, b in zip(shared.parameters(), whole.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -17,6 +17,7 @@ class SingleDevice:
     """One process: accelerate places the model, autocasts and scales fp16 losses."""
 
     rank, world, loss_scale = 0, 1, 1.0
+    shares_prompts = True       # a micro-batch may forward a group's prompt once, then its responses
 
     def __init__(self, device: str, mixed_precision: str):
         from accelerate import Accelerator
@@ -47,6 +48,8 @@ class Distributed:
     """One rank of `world` on an initialised process group: DDP (a full copy each, gradients all-reduced) or
     FSDP2 (`fully_shard` per decoder layer and the whole model: parameters, gradients and optimizer state
     sharded, gathered layer by layer for each forward and backward)."""
+
+    shares_prompts = False      # DDP and FSDP hook one forward per backward: a micro-batch forwards each row whole
 
     def __init__(self, strategy: str, device: str, mixed_precision: str):
         import torch

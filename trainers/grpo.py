@@ -134,10 +134,10 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
     rows = rows.filter(pl.col("weight") > 0)             # masked responses (weight 0) are not in the batch at all
     order = list(range(rows.height))
     random.Random(config.seed + step).shuffle(order)
-    lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
+    shares_prompts = placement.shares_prompts
     # each mini-batch's micro-batches cut from its rows in length order: a micro-batch is padded to its longest
     # sequence, and the gradient, a sum over the mini-batch, does not depend on the order (~12 % of the step)
-    mini_batches = [sorted(order[i::config.mini_batches], key=lambda index: lengths[index])
+    mini_batches = [micro_batch_order(rows, order[i::config.mini_batches], shares_prompts)
                     for i in range(config.mini_batches) if order[i::config.mini_batches]]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
@@ -186,9 +186,10 @@ def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int
     import torch
 
     prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
+    shares_prompts = placement.shares_prompts
     with placement.autocast():
         logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
-                                                    with_entropy=True)           # [B, T] each
+                                                    with_entropy=True, share_prompts=shares_prompts)   # [B, T] each
     device = logprobs.device
     if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
         mask = mask * loss_masks(micro, mask.shape[1], device)      # episodes: the tool's tokens are out
@@ -202,7 +203,8 @@ def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int
     ref_logprobs = None
     if config.beta and reference is not None:
         with torch.no_grad():
-            ref_logprobs, _, _ = response_logprobs(reference, prompts, responses, float(micro["temperature"][0]))
+            ref_logprobs, _, _ = response_logprobs(reference, prompts, responses, float(micro["temperature"][0]),
+                                                   share_prompts=shares_prompts)
     share = micro.height / mini.height              # grpo and dr_grpo average over sequences
     out = policy_loss(logprobs, behaviour, torch.tensor(micro["advantage"].to_list(), device=device),
                       mask, loss_type=config.loss_type, epsilon_low=config.epsilon_low,
@@ -213,6 +215,20 @@ def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int
     loss = (out.loss if config.loss_type == "dapo" else out.loss * share) * (0.0 if idle else 1.0)
     placement.backward(loss * placement.loss_scale)          # DDP and FSDP average over ranks: scaled to a sum
     return out, mask, entropy, loss
+
+
+def micro_batch_order(rows: pl.DataFrame, indices: list[int], shares_prompts: bool) -> list[int]:
+    """A mini-batch's rows in the order its micro-batches are cut: by length, so each is padded little; where
+    a micro-batch forwards a repeated prompt once (`shares_prompts`), a group's rows stay together, groups
+    ordered by their longest row."""
+    lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
+    if not shares_prompts:
+        return sorted(indices, key=lambda index: lengths[index])
+    prompts = [tuple(ids) for ids in rows["prompt_token_ids"].to_list()]
+    longest: dict[tuple[int, ...], int] = {}
+    for index in indices:
+        longest[prompts[index]] = max(longest.get(prompts[index], 0), lengths[index])
+    return sorted(indices, key=lambda index: (longest[prompts[index]], prompts[index], lengths[index]))
 
 
 def rank_micro_batches(mini: pl.DataFrame, rank: int, world: int, size: int) -> list[tuple[pl.DataFrame, bool]]:

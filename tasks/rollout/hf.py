@@ -52,6 +52,8 @@ class HFPolicy:
                       penalties: Penalties = NO_PENALTIES) -> list[Sample]:
         import torch
 
+        from tasks.rollout.logprobs import kv_cache_field, shared_prefill
+
         model, tokenizer = self.model, self.tokenizer
         pad = tokenizer.pad_token_id
         stop_ids = torch.tensor(sorted(stop_token_ids(model, tokenizer)), device=model.device)
@@ -163,38 +165,6 @@ class HFPolicy:
             hits[row] = any(s in text for s in stop)
         return hits
 
-
-
-def shared_prefill(prompt_ids: list[list[int]], device):
-    """(rows to prefill, and the index that spreads their KV cache over the batch) when rows repeat a prompt, as a
-    group's G rows do; (every row, None) when none repeats. A prompt's KV cache is the same in each row that
-    holds it (causal attention: the prompt never sees the response), so computing it once per prompt leaves
-    the samples as they were and saves (G − 1) / G of the prefill."""
-    import torch
-
-    slots: dict[tuple[int, ...], int] = {}
-    firsts: list[int] = []
-    spread = []
-    for row, ids in enumerate(prompt_ids):
-        key = tuple(ids)
-        if key not in slots:
-            slots[key] = len(firsts)
-            firsts.append(row)
-        spread.append(slots[key])
-    if len(firsts) == len(prompt_ids):
-        return torch.arange(len(prompt_ids), device=device), None
-    return torch.tensor(firsts, device=device), torch.tensor(spread, device=device)
-
-
-def kv_cache_field(output) -> str:
-    """The name under which this transformers passes the KV cache in and out of a forward: `cache` since 5.24,
-    `past_key_values` before (a GPU image's transformers is often older than ours). Read off the output, not
-    the forward's signature, so a wrapped model (peft) answers the same; a cache passed under the other name
-    would be swallowed by `**kwargs` and every step would see one token without its context."""
-    for name in ("cache", "past_key_values"):
-        if output.get(name) is not None:
-            return name
-    raise RuntimeError("the model returned no KV cache with use_cache=True: the hf sampler needs one")
 
 
 def _cut(text: str, stop: list[str]) -> str:

@@ -7,10 +7,15 @@ from __future__ import annotations
 import torch
 
 
-def _response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]]):
-    """The logits that predict each response token, right-padded: (logits [B, T, V], targets [B, T], mask [B, T])."""
+def _response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]], share_prompts: bool = False):
+    """The logits that predict each response token, right-padded: (logits [B, T, V], targets [B, T], mask [B, T]).
+    `share_prompts`: rows that repeat a prompt (a group's) forward it once (`_shared_prompt_logits`)."""
     if any(not prompt for prompt in prompt_ids):
         raise ValueError("a response needs a non-empty prompt to be scored (its first token is predicted from it)")
+    if share_prompts:
+        shared = _shared_prompt_logits(model, prompt_ids, response_ids)
+        if shared is not None:
+            return shared
     sequences = [p + r for p, r in zip(prompt_ids, response_ids)]
     width = max(len(s) for s in sequences)
     longest = max(len(r) for r in response_ids)
@@ -31,13 +36,81 @@ def _response_logits(model, prompt_ids: list[list[int]], response_ids: list[list
     return picked, targets, mask
 
 
+def shared_prefill(prompt_ids: list[list[int]], device):
+    """(rows to prefill, and the index that spreads their KV cache over the batch) when rows repeat a prompt, as a
+    group's G rows do; (every row, None) when none repeats. A prompt's KV cache is the same in each row that
+    holds it (causal attention: the prompt never sees the response), so computing it once per prompt leaves
+    the samples as they were and saves (G − 1) / G of the prefill."""
+    slots: dict[tuple[int, ...], int] = {}
+    firsts: list[int] = []
+    spread = []
+    for row, ids in enumerate(prompt_ids):
+        key = tuple(ids)
+        if key not in slots:
+            slots[key] = len(firsts)
+            firsts.append(row)
+        spread.append(slots[key])
+    if len(firsts) == len(prompt_ids):
+        return torch.arange(len(prompt_ids), device=device), None
+    return torch.tensor(firsts, device=device), torch.tensor(spread, device=device)
+
+
+def kv_cache_field(output) -> str:
+    """The name under which this transformers passes the KV cache in and out of a forward: `cache` since 5.24,
+    `past_key_values` before (a GPU image's transformers is often older than ours). Read off the output, not
+    the forward's signature, so a wrapped model (peft) answers the same; a cache passed under the other name
+    would be swallowed by `**kwargs` and every step would see one token without its context."""
+    for name in ("cache", "past_key_values"):
+        if output.get(name) is not None:
+            return name
+    raise RuntimeError("the model returned no KV cache with use_cache=True: the hf sampler needs one")
+
+
+def _shared_prompt_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]]):
+    """`_response_logits` with each distinct prompt forwarded once: its KV cache, and the logits of its last
+    position (which predict the first response token), spread over the rows that repeat it, then the
+    responses forwarded on top of that cache. Gradients flow back through the spread to the one prompt pass,
+    so a group's G rows cost one prompt and G responses instead of G of each. The prompts are left-padded,
+    as the sampler lays them out. None where no prompt repeats, no response has a token, or the model's cache
+    cannot be spread."""
+    longest = max(len(r) for r in response_ids)
+    device = model.device if hasattr(model, "device") else next(model.parameters()).device
+    prefill, spread = shared_prefill(prompt_ids, device)
+    if spread is None or longest == 0:
+        return None
+    batch, width = len(prompt_ids), max(len(p) for p in prompt_ids)
+    prompts = torch.zeros((batch, width), dtype=torch.long, device=device)                     # [B, P] left-padded
+    responses = torch.zeros((batch, longest), dtype=torch.long, device=device)                 # [B, T] right-padded
+    for row, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
+        prompts[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        responses[row, :len(response)] = torch.tensor(response, device=device)
+    prompt_lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
+    offsets = torch.arange(longest, device=device)
+    mask = offsets[None, :] < torch.tensor([len(r) for r in response_ids], device=device)[:, None]   # [B, T]
+    attention = torch.cat([torch.arange(width, device=device)[None, :] >= (width - prompt_lengths)[:, None], mask],
+                          dim=1).long()                                                        # [B, P + T]
+    positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)                             # pads share 0
+    out = model(input_ids=prompts[prefill], attention_mask=attention[prefill, :width], position_ids=positions[prefill],
+                use_cache=True, logits_to_keep=1)
+    field = kv_cache_field(out)
+    if not hasattr(out[field], "batch_select_indices"):
+        return None
+    out[field].batch_select_indices(spread)
+    first = out.logits[:, -1][spread]                                                          # [B, V]: token 0
+    rest = model(input_ids=responses, attention_mask=attention, position_ids=prompt_lengths[:, None] + offsets[None, :],
+                 use_cache=True, **{field: out[field]}).logits                                 # [B, T, V]: token k+1
+    logits = torch.cat([first[:, None], rest[:, :-1]], dim=1).float()                         # [B, T, V]
+    return logits, responses, mask.float()
+
+
 def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0,
-                      with_entropy: bool = False):
-    """Log-probs of each response token under softmax(logits / temperature), right-padded.
+                      with_entropy: bool = False, share_prompts: bool = False):
+    """Log-probs of each response token under softmax(logits / temperature), right-padded; `share_prompts`
+    forwards a prompt that rows repeat once (not under DDP or FSDP: their forward is one per backward).
 
     Returns (logprobs [B, T], mask [B, T], entropy [B, T] or None), T the longest response.
     """
-    logits, targets, mask = _response_logits(model, prompt_ids, response_ids)
+    logits, targets, mask = _response_logits(model, prompt_ids, response_ids, share_prompts)
     log_softmax = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
     logprobs = log_softmax.gather(-1, targets[..., None]).squeeze(-1) * mask                   # [B, T]
     entropy = None
