@@ -3,6 +3,7 @@ requests gathered into group commits, every acknowledged reward in the lake unde
 traced back to the bank, an external model version per step, groups with solve rates), a killed server losing
 none of them, and the iterations re-scored with `rlvr stage verify`."""
 
+import http.client
 import json
 import os
 from collections import Counter
@@ -169,8 +170,8 @@ def test_a_killed_server_loses_no_acknowledged_reward_and_iterations_stay_with_t
         for _ in range(6):
             try:
                 status, _ = post(url + "/get_reward", openrlhf_request(row, f"#### {row['label']}"), timeout=30)
-            except OSError:                              # the server died under this request: not acknowledged
-                return
+            except (OSError, http.client.HTTPException, ValueError):   # the server died under this request (refused,
+                return                                   # reset, or its answer cut short): not acknowledged
             if status == 200:
                 with lock:
                     answered.append(row["problem_id"])
