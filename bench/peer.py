@@ -156,12 +156,18 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
 
     The loop runs without evaluation and its checkpoints are scored after it, as TRL's are: so the clock holds
     no evaluation in either loop mode (the overlapped loop would evaluate beside its next step and slow it), and
-    a checkpoint's RL seconds are those up to the end of the training step that made it."""
+    a checkpoint's RL seconds are those up to the end of the training step that made it. The start model is
+    loaded before the clock (into the process's checkpoint cache, where step 1 finds it), as TRL's trainer
+    loads it before its timed `train()`."""
     from flows.loop import rl_loop
+    from storage.checkpoints import load_policy
+    from storage.registry import latest_version, version_row
     from tasks.evaluation import evaluate, overall_solve_rate
     from tasks.rollout.stage import IterationConfig
 
     lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
+    start_lake = Lake.open(lake_uri)
+    load_policy(version_row(start_lake, latest_version(start_lake))["checkpoint_uri"])
     settings = config.model_copy(deep=True)
     settings.rollout.seed, settings.train.seed, settings.evaluation.seed = seed, seed, seed
     settings.loop.evaluate_every, settings.loop.mode = 0, mode

@@ -93,26 +93,70 @@ def _remember_read(key: tuple, data: pa.Table) -> None:
 def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") -> "pads.FileSystemDataset":
     """The table's Arrow dataset, built from the previous version's where it can be. delta-rs spends about 1 ms a
     file writing each file's statistics into an expression, and the loop adds a file to most tables every
-    iteration, so a full build grows with the run (50 ms a table at 50 iterations); files are immutable, so only
-    the files that are new since `previous` are built, from the partitions that hold them."""
+    iteration, so a full build grows with the run (30-60 ms a table at 50 iterations, read after each of its
+    writes: a quarter of a second a step); files are immutable, so only the files that are new since `previous`
+    are built: from the partitions that hold them, or for an unpartitioned table from their Parquet footers."""
     partitions = table.metadata().partition_columns
     schema = pa.schema(table.schema().to_arrow())
-    if previous is None or len(partitions) != 1 or not previous.schema.equals(schema):
+    if previous is None or len(partitions) > 1 or not previous.schema.equals(schema):
         return arrow_dataset(table)
     # relative paths, as the fragments name them, in delta-rs's own order (rows come back in the order a full
     # build gives them)
     paths = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
     fragments = {fragment.path: fragment for fragment in previous.get_fragments()}
     new = [path for path in paths if path not in fragments]
-    values = {unquote(path.split("/", 1)[0].partition("=")[2]) for path in new}
-    if any(not path.startswith(partitions[0] + "=") for path in new) or "__HIVE_DEFAULT_PARTITION__" in values:
-        return arrow_dataset(table)
-    if new:
+    if new and not partitions:
+        fragments.update((path, _footer_fragment(previous, path)) for path in new)
+    elif new:
+        values = {unquote(path.split("/", 1)[0].partition("=")[2]) for path in new}
+        if any(not path.startswith(partitions[0] + "=") for path in new) or "__HIVE_DEFAULT_PARTITION__" in values:
+            return arrow_dataset(table)
         built = arrow_dataset(table, file_pruning_predicate=[(partitions[0], "in", sorted(values))])
         fragments.update((fragment.path, fragment) for fragment in built.get_fragments())
     if any(path not in fragments for path in new):
         return arrow_dataset(table)
     return pads.FileSystemDataset([fragments[path] for path in paths], schema, previous.format, previous.filesystem)
+
+
+def _footer_fragment(dataset: "pads.FileSystemDataset", path: str) -> "pads.ParquetFileFragment":
+    """A new file of an unpartitioned table as a fragment, bounded by its footer's statistics as delta-rs bounds
+    a file by the log's (read once: the fragment is kept with the process's snapshot). The integer columns'
+    bounds (iteration, model_version) let a read skip the file without looking at it; other filters fall to
+    Arrow's own row-group statistics, which the footer read here also holds."""
+    fragment = dataset.format.make_fragment(path, filesystem=dataset.filesystem)
+    try:
+        fragment.ensure_complete_metadata()
+    except (OSError, pa.ArrowException):    # missing or unreadable: the read that opens it says the lake is damaged
+        return fragment
+    bounds = _integer_bounds(fragment.metadata, dataset.schema)
+    return fragment if bounds is None else dataset.format.make_fragment(
+        path, filesystem=dataset.filesystem, partition_expression=bounds)
+
+
+def _integer_bounds(metadata, schema: pa.Schema) -> pc.Expression | None:
+    """`min <= column <= max` (or null, where the file holds nulls) for each integer column whose statistics
+    every row group of the file has; None when there is none."""
+    bounds = None
+    for index in range(metadata.num_columns):
+        name = metadata.schema.column(index).path
+        if name not in schema.names or not pa.types.is_integer(schema.field(name).type):
+            continue
+        stats = [metadata.row_group(group).column(index).statistics for group in range(metadata.num_row_groups)]
+        if not stats or any(stat is None or not stat.has_min_max or stat.null_count is None for stat in stats):
+            continue
+        low, high = min(stat.min for stat in stats), max(stat.max for stat in stats)
+        within = (pc.field(name) >= low) & (pc.field(name) <= high)
+        if any(stat.null_count for stat in stats):
+            within = within | pc.field(name).is_null()
+        bounds = _and(bounds, within)
+    return bounds
+
+
+def _entry_dataset(entry: _Snapshot) -> "pads.FileSystemDataset":
+    """A snapshot's Arrow dataset at its table's version, built once per version (under the snapshot lock)."""
+    if entry.dataset is None or entry.dataset[0] != entry.table.version():
+        entry.dataset = (entry.table.version(), _next_dataset(entry.table, entry.dataset[1] if entry.dataset else None))
+    return entry.dataset[1]
 
 
 def _partitions(spec: TableSpec, existing: DeltaTable | None) -> list[str] | None:
@@ -220,10 +264,14 @@ class Lake:
             entry = self._cached(name)
             if entry is None:
                 return None
-            if entry.dataset is None or entry.dataset[0] != entry.table.version():
-                entry.dataset = (entry.table.version(),
-                                 _next_dataset(entry.table, entry.dataset[1] if entry.dataset else None))
-            return entry.table, entry.dataset[1], entry.stamp
+            return entry.table, _entry_dataset(entry), entry.stamp
+
+    def _dataset_of(self, name: str, table: DeltaTable) -> "pads.FileSystemDataset":
+        """`table`'s Arrow dataset: the process's, built on from its last, when `table` is the process's snapshot
+        (a write's conditions check the table they commit on, most often that one); else built in full."""
+        with _SNAPSHOT_LOCK:
+            entry = _SNAPSHOTS.get(self._snapshot_key(name))
+            return _entry_dataset(entry) if entry is not None and entry.table is table else arrow_dataset(table)
 
     def _snapshot_key(self, name: str) -> str:
         return self.location.table_uri(name) + "|" + json.dumps(self.location.storage_options(), sort_keys=True)
@@ -430,7 +478,7 @@ class Lake:
                              self._visible(spec.name))
             if key:
                 condition = condition & ~_key_expression(key)
-            clash = pl.from_arrow(arrow_dataset(existing).to_table(
+            clash = pl.from_arrow(self._dataset_of(spec.name, existing).to_table(
                 filter=condition, columns=list(dict.fromkeys([*columns, *key, "run_id"]))))
             clash = clash.join(values, on=columns, how="semi") if len(columns) > 1 else clash
             if clash.height:
@@ -445,7 +493,7 @@ class Lake:
             if existing is None:
                 return
             condition = _and(_key_expression(key), self._visible(spec.name)) & (pc.field("run_id") != run.run_id)
-            holders = arrow_dataset(existing).to_table(filter=condition, columns=["run_id"])["run_id"]
+            holders = self._dataset_of(spec.name, existing).to_table(filter=condition, columns=["run_id"])["run_id"]
             if len(holders):
                 slice_ = ", ".join(f"{k} = {v}" for k, v in key.items())
                 raise LakeError(f"{spec.name}: refused commit: {slice_} is already taken by run {holders[0]}")

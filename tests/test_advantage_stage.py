@@ -92,3 +92,20 @@ def test_informative_groups_past_the_batch_size_are_surplus_in_draw_order(tmp_pa
     assert groups["kept"].to_list() == [True, True, True, False, False]
     assert groups["filter_reason"].to_list() == [None, None, None, "surplus", "surplus"]
     assert set(lake.read("batches")["group_id"]) == set(groups["group_id"][:3])
+
+
+def test_the_dbb_state_a_step_starts_from_is_the_latest_earlier_one_even_across_a_gap(tmp_path):
+    """Most steps start from the step just before's state (one slice read); where steps wrote none (a skipped or
+    failed advantage stage), the latest earlier state is found, never a later one."""
+    from storage.lake import Lake
+    from tasks.advantages.stage import latest_dbb_iteration
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    for iteration, alpha in ((1, 2.0), (3, 5.0)):
+        with lake.run("test", "advantages", {}, iteration=iteration) as run:
+            lake.replace("dbb_state", pl.DataFrame({"iteration": [iteration], "problem_id": ["p"],
+                                                    "dbb_alpha": [alpha], "dbb_beta": [1.0]}),
+                         {"iteration": iteration}, run)
+    assert [latest_dbb_iteration(lake, step) for step in (1, 2, 3, 4, 6)] == [None, 1, 1, 3, 3]
+    assert latest_dbb_state(lake, 3)["dbb_alpha"].to_list() == [2.0]
+    assert latest_dbb_state(lake, 4)["dbb_alpha"].to_list() == [5.0]

@@ -236,6 +236,64 @@ def test_a_table_read_after_each_write_holds_what_a_fresh_open_reads_in_the_same
     assert full_builds.count(True) >= 5            # most versions were built from the one before
 
 
+def batch_rows(iteration: int, count: int, tag: str = "") -> pl.DataFrame:
+    return pl.DataFrame({"batch_id": [f"b{iteration}{tag}"] * count, "iteration": [iteration] * count,
+                         "rollout_id": [f"r{iteration}{tag}-{i}" for i in range(count)], "group_id": ["g"] * count,
+                         "advantage": [0.5] * count, "weight": [1.0] * count})
+
+
+def test_an_unpartitioned_table_read_after_each_write_is_built_from_its_new_files_only(lake, monkeypatch):
+    """The iteration tables are unpartitioned and gain a file a step: the process's dataset is built from the
+    previous version's plus the new files' footers (`_footer_fragment`), never again in full (a full build costs
+    ~1 ms a file, 30-60 ms a table at 50 steps). After replaces, a clear and an append, every read, whole or
+    filtered by iteration or by run, equals a fresh full build's, row for row and in order."""
+    from deltalake import DeltaTable
+
+    full_builds, original = [], DeltaTable.to_pyarrow_dataset
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", lambda self, *a, **k: full_builds.append(1) or original(
+        self, *a, **k))
+
+    def fresh(filter=None) -> pl.DataFrame:                  # a full build of the table as it is, not counted
+        table = DeltaTable(lake.location.table_uri("batches"), storage_options=lake.location.storage_options())
+        return pl.from_arrow(original(table).to_table(filter=filter))
+
+    steps = [lambda run, i=iteration: lake.replace("batches", batch_rows(i, i), {"iteration": i}, run)
+             for iteration in range(1, 6)]
+    steps += [lambda run: lake.clear("batches", {"iteration": 2}, run),
+              lambda run: lake.append("batches", batch_rows(4, 2, "extra"), run),
+              lambda run: lake.replace("batches", batch_rows(3, 1, "again"), {"iteration": 3}, run)]
+    runs = []
+    for step in steps:
+        with lake.run("test-flow", "test-stage", {}) as run:
+            step(run)
+        runs.append(run.run_id)
+        assert lake.read("batches", raw=True).equals(fresh())
+        for iteration in range(6):
+            this = pc.field("iteration") == iteration
+            assert lake.read("batches", filter=this, raw=True).equals(fresh(this))
+        by_run = pc.field("run_id").isin(runs[-2:])
+        assert lake.read("batches", filter=by_run, raw=True).equals(fresh(by_run))
+    assert len(full_builds) == 1                       # the first read's; every later version built on it
+    assert lake.read("batches").group_by("iteration").len().sort("iteration").rows() == [(1, 1), (3, 1), (4, 6),
+                                                                                         (5, 5)]
+
+
+def test_a_lost_data_file_of_an_unpartitioned_table_is_reported_as_damage(lake):
+    """A file the log names but storage lost: the footer read of a new file does not fail the snapshot; the
+    read that needs the file says which table is damaged."""
+    with lake.run("test-flow", "test-stage", {}) as run:
+        lake.replace("batches", batch_rows(1, 2), {"iteration": 1}, run)
+    assert lake.read("batches").height == 2
+    with lake.run("test-flow", "test-stage", {}) as run:
+        lake.replace("batches", batch_rows(2, 3), {"iteration": 2}, run)
+    table = lake.table("batches")
+    newest = sorted(pa.table(table.get_add_actions(flatten=True)).to_pylist(), key=lambda add: add["modification_time"])
+    fs = lake.location.filesystem
+    fs.rm(lake.location.table_uri("batches").removeprefix("s3://").removeprefix("file://") + "/" + newest[-1]["path"])
+    with pytest.raises(LakeError, match="batches"):
+        lake.read("batches")
+
+
 def test_runs_are_compacted_into_one_file_without_losing_or_repeating_a_row(lake, monkeypatch):
     """`runs` grows by a file per row written; COMPACT_FILES small files are rewritten as one with the same rows.
     A rewrite planned on a stale snapshot is refused, and delta-rs refuses an update read before a rewrite

@@ -282,14 +282,40 @@ def test_a_groups_prompt_forwarded_once_gives_each_rows_logprobs_and_gradients(p
         assert torch.allclose(a, b, atol=1e-5)
 
 
+def test_a_model_whose_cache_cannot_be_spread_forwards_rows_whole_after_one_try(policy, monkeypatch):
+    """A cache without `batch_select_indices` cannot be spread over a group's rows: the first batch finds out
+    after its prompt pass and forwards rows whole; later batches of that model class skip the prompt pass."""
+    from transformers.cache_utils import Cache
+
+    from tasks.rollout import logprobs as logprobs_module
+
+    model, tokenizer = policy
+    rows = grouped_rows(model, tokenizer)
+    prompts, responses = rows["prompt_token_ids"].to_list(), rows["response_token_ids"].to_list()
+    monkeypatch.setattr(logprobs_module, "_UNSPREADABLE", set())
+    monkeypatch.delattr(Cache, "batch_select_indices")
+    widths = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    try:
+        with torch.no_grad():
+            tried, again, whole = (response_logprobs(model, prompts, responses, share_prompts=shared)[0]
+                                   for shared in (True, True, False))
+    finally:
+        hook.remove()
+    assert widths == [4, 24, 24, 24]                   # one prompt pass wasted, once
+    assert torch.equal(tried, whole) and torch.equal(again, whole)
+
+
 def test_a_step_over_groups_keeps_each_group_in_one_micro_batch_and_trains_as_rows_forwarded_whole(policy, monkeypatch):
     from trainers.distributed import SingleDevice
     from trainers.grpo import micro_batch_order
 
     model, tokenizer = policy
     rows = grouped_rows(model, tokenizer, seed=7)
-    order = micro_batch_order(rows, list(range(rows.height))[::-1], shares_prompts=True)
-    prompts = rows["prompt_token_ids"].to_list()
+    prompts = [tuple(ids) for ids in rows["prompt_token_ids"].to_list()]
+    lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
+    order = micro_batch_order(list(range(rows.height))[::-1], lengths, prompts)
     assert [prompts[i] for i in order[:6]] == [prompts[order[0]]] * 6           # a group's rows side by side
     shared, whole = copy.deepcopy(model), copy.deepcopy(model)
     config = TrainConfig(loss_type="dapo", micro_batch_size=12)

@@ -137,7 +137,9 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
     shares_prompts = placement.shares_prompts
     # each mini-batch's micro-batches cut from its rows in length order: a micro-batch is padded to its longest
     # sequence, and the gradient, a sum over the mini-batch, does not depend on the order (~12 % of the step)
-    mini_batches = [micro_batch_order(rows, order[i::config.mini_batches], shares_prompts)
+    lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
+    prompts = [tuple(ids) for ids in rows["prompt_token_ids"].to_list()] if shares_prompts else None
+    mini_batches = [micro_batch_order(order[i::config.mini_batches], lengths, prompts)
                     for i in range(config.mini_batches) if order[i::config.mini_batches]]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
@@ -217,14 +219,12 @@ def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int
     return out, mask, entropy, loss
 
 
-def micro_batch_order(rows: pl.DataFrame, indices: list[int], shares_prompts: bool) -> list[int]:
-    """A mini-batch's rows in the order its micro-batches are cut: by length, so each is padded little; where
-    a micro-batch forwards a repeated prompt once (`shares_prompts`), a group's rows stay together, groups
-    ordered by their longest row."""
-    lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
-    if not shares_prompts:
+def micro_batch_order(indices: list[int], lengths: list[int], prompts: list[tuple[int, ...]] | None) -> list[int]:
+    """A mini-batch's rows (`indices` into the step's `lengths`) in the order its micro-batches are cut: by
+    length, so each is padded little; where a micro-batch forwards a repeated prompt once (`prompts` given:
+    each row's), a group's rows stay together, groups ordered by their longest row."""
+    if prompts is None:
         return sorted(indices, key=lambda index: lengths[index])
-    prompts = [tuple(ids) for ids in rows["prompt_token_ids"].to_list()]
     longest: dict[tuple[int, ...], int] = {}
     for index in indices:
         longest[prompts[index]] = max(longest.get(prompts[index], 0), lengths[index])

@@ -203,8 +203,12 @@ def write(lake: Lake, run: Run, iteration: int, results: dict[str, pl.DataFrame]
 
 def latest_dbb_iteration(lake: Lake, before_iteration: int) -> int | None:
     """The last iteration before `before_iteration` with a DBB state: each iteration stores the whole state, so
-    only that one is read (reading every earlier state grew with the run)."""
-    earlier = lake.read("dbb_state", filter=pc.field("iteration") < before_iteration, columns=["iteration"])
+    only that one is read (reading every earlier state grew with the run). Most often it is the one just before:
+    that slice is looked at first (one file), the whole table's iterations only when it holds none."""
+    last = before_iteration - 1
+    if not lake.read("dbb_state", filter=pc.field("iteration") == last, columns=["iteration"]).is_empty():
+        return last
+    earlier = lake.read("dbb_state", filter=pc.field("iteration") < last, columns=["iteration"])
     return None if earlier.is_empty() else int(earlier["iteration"].max())
 
 

@@ -52,7 +52,7 @@ class HFPolicy:
                       penalties: Penalties = NO_PENALTIES) -> list[Sample]:
         import torch
 
-        from tasks.rollout.logprobs import kv_cache_field, shared_prefill
+        from tasks.rollout.logprobs import kv_cache_field, left_padded_prompts, shared_prefill
 
         model, tokenizer = self.model, self.tokenizer
         pad = tokenizer.pad_token_id
@@ -60,13 +60,9 @@ class HFPolicy:
         batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
         device = model.device
         steps = sampler.max_new_tokens
-        input_ids = torch.full((batch, width), pad, dtype=torch.long, device=device)       # [B, P] left-padded
+        input_ids, prompt_attention, positions = left_padded_prompts(prompt_ids, pad, device)  # [B, P] each
         attention = torch.ones((batch, width + steps), dtype=torch.long, device=device)   # [B, P + T], sliced per step
-        attention[:, :width] = 0
-        for row, ids in enumerate(prompt_ids):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, device=device)
-            attention[row, width - len(ids):] = 1
-        positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)                     # pads share position 0
+        attention[:, :width] = prompt_attention
         neutral = penalties.neutral                                                        # asked once, not per step
         plain = sampler.top_k == 0 and sampler.top_p >= 1.0 and sampler.temperature == 1.0 and neutral
         if not neutral:                                                                    # [B, V] each

@@ -55,6 +55,19 @@ def shared_prefill(prompt_ids: list[list[int]], device):
     return torch.tensor(firsts, device=device), torch.tensor(spread, device=device)
 
 
+def left_padded_prompts(prompt_ids: list[list[int]], pad: int, device):
+    """The prompts as the sampler lays them out, left-padded to the longest: (ids [B, P], attention [B, P],
+    positions [B, P]); pads attend to nothing and share position 0, so each prompt's last token sits at P − 1
+    and a response's tokens follow at the same positions in every row."""
+    batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
+    ids = torch.full((batch, width), pad, dtype=torch.long, device=device)
+    attention = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompt_ids):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        attention[row, width - len(prompt):] = 1
+    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
 def kv_cache_field(output) -> str:
     """The name under which this transformers passes the KV cache in and out of a forward: `cache` since 5.24,
     `past_key_values` before (a GPU image's transformers is often older than ours). Read off the output, not
@@ -63,7 +76,12 @@ def kv_cache_field(output) -> str:
     for name in ("cache", "past_key_values"):
         if output.get(name) is not None:
             return name
-    raise RuntimeError("the model returned no KV cache with use_cache=True: the hf sampler needs one")
+    raise RuntimeError("the model returned no KV cache with use_cache=True: the hf sampler decodes on one, and a "
+                       "training pass that shares a group's prompt spreads one")
+
+
+# Model classes whose KV cache cannot be spread over rows (no `batch_select_indices`): learnt from one forward.
+_UNSPREADABLE: set[type] = set()
 
 
 def _shared_prompt_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]]):
@@ -76,24 +94,21 @@ def _shared_prompt_logits(model, prompt_ids: list[list[int]], response_ids: list
     longest = max(len(r) for r in response_ids)
     device = model.device if hasattr(model, "device") else next(model.parameters()).device
     prefill, spread = shared_prefill(prompt_ids, device)
-    if spread is None or longest == 0:
+    if spread is None or longest == 0 or type(model) in _UNSPREADABLE:
         return None
-    batch, width = len(prompt_ids), max(len(p) for p in prompt_ids)
-    prompts = torch.zeros((batch, width), dtype=torch.long, device=device)                     # [B, P] left-padded
-    responses = torch.zeros((batch, longest), dtype=torch.long, device=device)                 # [B, T] right-padded
-    for row, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
-        prompts[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+    prompts, prompt_attention, positions = left_padded_prompts(prompt_ids, 0, device)         # [B, P] each
+    responses = torch.zeros((len(prompt_ids), longest), dtype=torch.long, device=device)       # [B, T] right-padded
+    for row, response in enumerate(response_ids):
         responses[row, :len(response)] = torch.tensor(response, device=device)
     prompt_lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
     offsets = torch.arange(longest, device=device)
     mask = offsets[None, :] < torch.tensor([len(r) for r in response_ids], device=device)[:, None]   # [B, T]
-    attention = torch.cat([torch.arange(width, device=device)[None, :] >= (width - prompt_lengths)[:, None], mask],
-                          dim=1).long()                                                        # [B, P + T]
-    positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)                             # pads share 0
-    out = model(input_ids=prompts[prefill], attention_mask=attention[prefill, :width], position_ids=positions[prefill],
+    attention = torch.cat([prompt_attention, mask.long()], dim=1)                              # [B, P + T]
+    out = model(input_ids=prompts[prefill], attention_mask=prompt_attention[prefill], position_ids=positions[prefill],
                 use_cache=True, logits_to_keep=1)
     field = kv_cache_field(out)
     if not hasattr(out[field], "batch_select_indices"):
+        _UNSPREADABLE.add(type(model))                 # known now: the next batches skip the wasted prompt pass
         return None
     out[field].batch_select_indices(spread)
     first = out.logits[:, -1][spread]                                                          # [B, V]: token 0
