@@ -166,15 +166,14 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     from tasks.rollout.stage import IterationConfig
 
     lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
-    start_lake = Lake.open(lake_uri)
-    load_policy(version_row(start_lake, latest_version(start_lake))["checkpoint_uri"])
+    lake = Lake.open(lake_uri)
+    load_policy(version_row(lake, latest_version(lake))["checkpoint_uri"])
     settings = config.model_copy(deep=True)
     settings.rollout.seed, settings.train.seed, settings.evaluation.seed = seed, seed, seed
     settings.loop.evaluate_every, settings.loop.mode = 0, mode
     settings.train.micro_batch_size = micro_batch_size
     settings.dynamic_sampling.guidance.enabled = guided
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
-    lake = Lake.open(lake_uri)
     runs = lake.read("runs", filter=pc.field("iteration") > 0)
     began, ended = runs["started_at"].min(), runs["ended_at"].max()     # step 1's first stage to the last's end
     wall = (ended - began).total_seconds()

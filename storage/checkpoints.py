@@ -133,11 +133,13 @@ def import_model_code() -> None:
                               Qwen2Config, Qwen2ForCausalLM)
 
 
-def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
+def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False, read_only: bool = False):
     """(model, tokenizer) from a checkpoint URI, in eval mode.
 
     A LoRA adapter checkpoint is applied to its base: merged into it for sampling, or kept as a
-    trainable adapter (`trainable_adapter`) so that training continues the same adapter.
+    trainable adapter (`trainable_adapter`) so that training continues the same adapter. `read_only`: the
+    caller only samples from the model, never changes it, so a CPU model held in memory is handed over as it
+    is, not copied (on another device, `.to` would move the kept one).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,7 +149,8 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False):
     use_given_cores()                                  # every torch stage loads a policy first
     folder = local_checkpoint(uri)
     base = adapter_base(uri)
-    kept = policy_cache.recall("policy", folder) if base is None else None     # a full checkpoint held in memory
+    shared = read_only and device == "cpu"
+    kept = policy_cache.recall("policy", folder, shared) if base is None else None   # a full checkpoint held in memory
     if kept is not None:
         model, tokenizer = kept
     else:

@@ -463,3 +463,43 @@ def test_a_partitioned_table_written_before_a_column_was_added_takes_replaces_wi
     read = lake.read("iteration_metrics", raw=True).sort("iteration")
     assert read.select("iteration", "model_version", "mean_self_certainty").rows() == [(1, 0, None), (2, 1, 0.7)]
     assert lake.table("iteration_metrics").metadata().partition_columns == ["iteration"]
+
+
+def _operations(lake, name: str) -> list[str]:
+    """Each commit of a table, oldest first: its operation and (for a write) its mode."""
+    history = reversed(lake.table(name).history())
+    return [f"{commit['operation']}:{commit.get('operationParameters', {}).get('mode', '')}" for commit in history]
+
+
+def test_a_replace_of_a_bare_slice_is_an_append_that_lands_on_the_snapshot_it_checked(lake):
+    """A fresh iteration's slice holds no row: its replace commits as an append (no scan for the predicate's
+    rows, about a third of the cost); a slice that holds rows, visible or not, is overwritten as before."""
+    for iteration in (1, 2):
+        with lake.run("test-flow", "test-stage", {}) as run:
+            lake.replace("batches", batch_rows(iteration, 2), {"iteration": iteration}, run)
+    with lake.run("test-flow", "test-stage", {}) as run:
+        lake.replace("batches", batch_rows(1, 3, "again"), {"iteration": 1}, run)
+    assert _operations(lake, "batches") == ["WRITE:Append", "WRITE:Append", "WRITE:Overwrite"]
+    assert lake.read("batches").group_by("iteration").len().sort("iteration").rows() == [(1, 3), (2, 2)]
+
+
+def test_a_bare_slice_filled_by_another_writer_meanwhile_is_replaced_not_doubled(lake):
+    """The append lands right on the snapshot whose slice was bare, or not at all: when another process's
+    commit filled the slice in between, the replace is retried on a fresh snapshot as an overwrite, so the
+    slice ends with this replace's rows only."""
+    from deltalake import DeltaTable, write_deltalake
+
+    with lake.run("test-flow", "test-stage", {}) as run:
+        lake.replace("batches", batch_rows(1, 2), {"iteration": 1}, run)
+    lake.read("batches")                                   # the process's snapshot, at version 0
+    with lake.run("test-flow", "test-stage", {}) as other:
+        rows = lake._snapshot("batches")[1].to_table().slice(0, 1)
+    rows = rows.set_column(rows.schema.get_field_index("iteration"), "iteration", pa.array([2], pa.int64()))
+    rows = rows.set_column(rows.schema.get_field_index("run_id"), "run_id", pa.array([other.run_id]))
+    behind = DeltaTable(lake.location.table_uri("batches"), storage_options=lake.location.storage_options())
+    write_deltalake(behind, rows, mode="append")           # behind the process snapshot's back
+    with lake.run("test-flow", "test-stage", {}) as run:
+        lake.replace("batches", batch_rows(2, 3, "mine"), {"iteration": 2}, run)
+    assert _operations(lake, "batches") == ["WRITE:Append", "WRITE:Append", "WRITE:Overwrite"]
+    slice_ = lake.read("batches", filter=pc.field("iteration") == 2)
+    assert slice_.height == 3 and set(slice_["run_id"]) == {run.run_id}

@@ -56,6 +56,20 @@ def test_every_load_is_a_copy_so_training_in_place_changes_nothing_kept(saved):
     assert load_training_state(uri)["step"] == state["step"]
 
 
+def test_a_read_only_load_shares_the_kept_model_and_a_training_load_still_copies_it(saved):
+    """A sampler only reads its model: it gets the kept one itself, not a copy (10-40 ms a load); a trainer's
+    load is still a copy of its own, so its steps never reach what the sampler or a later load holds."""
+    uri, model, _ = saved
+    sampled, _ = load_policy(uri, read_only=True)
+    assert load_policy(uri, read_only=True)[0] is sampled and same(weights(sampled), weights(model))
+    trained, _ = load_policy(uri)
+    assert trained is not sampled
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(1.0)
+    assert same(weights(sampled), weights(model)) and same(weights(load_policy(uri)[0]), weights(model))
+
+
 def test_a_folder_whose_checkpoint_changed_is_read_again(saved):
     uri, model, _ = saved
     other, _ = load_policy(uri)                                      # cached now

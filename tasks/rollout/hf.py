@@ -57,10 +57,10 @@ class HFPolicy:
         model, tokenizer = self.model, self.tokenizer
         pad = tokenizer.pad_token_id
         stop_ids = torch.tensor(sorted(stop_token_ids(model, tokenizer)), device=model.device)
-        batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
         device = model.device
         steps = sampler.max_new_tokens
         input_ids, prompt_attention, positions = left_padded_prompts(prompt_ids, pad, device)  # [B, P] each
+        batch, width = input_ids.shape
         attention = torch.ones((batch, width + steps), dtype=torch.long, device=device)   # [B, P + T], sliced per step
         attention[:, :width] = prompt_attention
         neutral = penalties.neutral                                                        # asked once, not per step

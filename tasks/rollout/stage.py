@@ -247,7 +247,7 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
         from tasks.rollout.hf import HFPolicy
         from storage.checkpoints import load_policy
 
-        model, tokenizer = load_policy(checkpoint, config.sampling_device())
+        model, tokenizer = load_policy(checkpoint, config.sampling_device(), read_only=True)
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
     else:
         import os
