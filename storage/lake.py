@@ -36,13 +36,13 @@ import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
-from storage import faults, leases, presence, runs_table
+from storage import faults, fragment_reads, leases, presence, runs_table
 from storage.arrow_reads import arrow_dataset
 from storage.errors import LakeError, LeaseHeld, LeaseLost  # noqa: F401  (re-exported: callers catch them here)
 from storage.location import LakeLocation
 from storage.runs import Run, utc_now
 from storage.runs_table import sql_literal
-from storage.schemas import PARQUET_WRITER, TABLES, TableSpec
+from storage.schemas import PARQUET_WRITER, POST_COMMIT, TABLES, TableSpec
 
 RowData = pl.DataFrame | pa.Table | Iterable[pa.RecordBatch]
 Condition = Callable[[DeltaTable | None], None]
@@ -235,7 +235,8 @@ class Lake:
         data = _recent_reads(key) if stamp is not None else None
         if data is None:
             try:
-                data = snapshot[1].to_table(filter=filter, columns=read)
+                data = snapshot[1].to_table(filter=filter, columns=read) if stamp is None else fragment_reads.scan(
+                    self.location.table_uri(name), snapshot[1], filter, read)   # the new files' parts only
             except (DeltaError, OSError) as error:     # a data file the log names is missing or unreadable
                 raise self.damaged(name, error) from None
             if stamp is not None:
@@ -392,8 +393,9 @@ class Lake:
         never completed. Returns the new version."""
         leases.check(self.location)
         metrics = retry_on_conflict(lambda: self.table(name).delete(              # idempotent: a fresh snapshot
-            runs_table.run_ids_predicate(run_ids), commit_properties=CommitProperties(
-                custom_metadata={"run_id": run.run_id, "stage": run.stage})), f"remove rows of {name}")
+            runs_table.run_ids_predicate(run_ids), post_commithook_properties=POST_COMMIT,
+            commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage})),
+            f"remove rows of {name}")
         version = self._committed_version(name, run.run_id)
         run.record_write(name, version, -int(metrics.get("num_deleted_rows", 0)))
         return version
@@ -442,7 +444,8 @@ class Lake:
         return version
 
     def _commit_rows(self, spec: TableSpec, reader, existing: DeltaTable | None, predicate: str | None, run: Run,
-                     conditions: list[Condition] | None, counter: dict[str, Any], on_snapshot_only: bool = False) -> None:
+                     conditions: list[Condition] | None, counter: dict[str, Any],
+                     on_snapshot_only: bool = False) -> None:
         """Commit the rows: an overwrite of the `predicate`'s rows, else an append. `on_snapshot_only` (as with
         conditions): the commit lands right on `existing`'s version or is refused (CommitFailedError), so that
         what was checked on that snapshot still holds when it lands."""
@@ -458,6 +461,7 @@ class Lake:
                 partition_by=_partitions(spec, existing),
                 schema_mode="merge" if grows else None,       # the contract gained nullable columns since
                 storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
+                post_commithook_properties=POST_COMMIT,
                 commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage},
                                                    max_commit_retries=0 if conditions or on_snapshot_only else None),
             )
@@ -651,7 +655,8 @@ class Lake:
         def write(table: DeltaTable | None) -> bool:
             if insert or table is None:
                 write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
-                                storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER)
+                                storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
+                                post_commithook_properties=POST_COMMIT)
                 return True
             # the run's row replaced in one commit that lands right on this snapshot (or is retried on a fresh
             # one), so the status read here still holds when it lands. Not a MERGE: delta-rs writes the file a
@@ -665,6 +670,7 @@ class Lake:
                     return False
             write_deltalake(table, data, mode="overwrite", predicate=predicate,
                             storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
+                            post_commithook_properties=POST_COMMIT,
                             commit_properties=CommitProperties(max_commit_retries=0))
             return True
 

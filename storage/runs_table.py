@@ -26,7 +26,7 @@ from deltalake.exceptions import CommitFailedError
 
 from storage.arrow_reads import arrow_dataset
 from storage.errors import LakeError
-from storage.schemas import PARQUET_WRITER
+from storage.schemas import PARQUET_WRITER, POST_COMMIT
 
 COMPACT_FILES = 16           # this many small files of `runs` are rewritten as one
 SETTLED_ROWS = 2048          # a file with this many rows is no longer rewritten
@@ -144,6 +144,7 @@ def compact(table: DeltaTable | None) -> None:
     landing = CommitProperties(custom_metadata={"stage": "compact-runs"}, max_commit_retries=0)
     try:
         write_deltalake(table, rows, mode="overwrite", predicate=run_ids_predicate(rows["run_id"].to_pylist()),
-                        commit_properties=landing, writer_properties=PARQUET_WRITER)
+                        commit_properties=landing, writer_properties=PARQUET_WRITER,
+                        post_commithook_properties=POST_COMMIT)
     except CommitFailedError:
         pass

@@ -503,3 +503,25 @@ def test_a_bare_slice_filled_by_another_writer_meanwhile_is_replaced_not_doubled
     assert _operations(lake, "batches") == ["WRITE:Append", "WRITE:Append", "WRITE:Overwrite"]
     slice_ = lake.read("batches", filter=pc.field("iteration") == 2)
     assert slice_.height == 3 and set(slice_["run_id"]) == {run.run_id}
+
+
+def test_a_read_after_a_write_opens_only_the_files_new_since_the_last_read(lake, monkeypatch):
+    """A table read whole after each of its writes (the latest model version, the recorded iterations) opened
+    every file each time, so the read grew with the run; each file's part is read once per filter and kept
+    (storage/fragment_reads.py). A run that fails after writing changes the visibility rule, so its rows are
+    not served from a part read while it ran."""
+    from storage import fragment_reads
+
+    fragment_reads.forget()
+    opened, original = [], fragment_reads._keep
+    monkeypatch.setattr(fragment_reads, "_keep", lambda key, part: opened.append(key[1]) or original(key, part))
+    for iteration in range(1, 6):
+        with lake.run("test-flow", "test-stage", {}) as run:
+            lake.replace("batches", batch_rows(iteration, 2), {"iteration": iteration}, run)
+        assert sorted(lake.read("batches", columns=["iteration"])["iteration"]) == sorted([*range(1, iteration + 1)] * 2)
+    assert len(opened) == 5 == len(set(opened))             # each file once, though read 1 + 2 + ... + 5 times
+    with pytest.raises(RuntimeError), lake.run("test-flow", "test-stage", {}) as run:
+        lake.replace("batches", batch_rows(6, 2), {"iteration": 6}, run)
+        assert lake.read("batches", columns=["iteration"]).height == 12     # its own rows, while it runs
+        raise RuntimeError("the stage fails after its write")
+    assert lake.read("batches", columns=["iteration"]).height == 10
