@@ -20,9 +20,45 @@ import pyarrow.dataset as pads
 
 KEPT_BYTES = 256 * 1024 * 1024
 
-_PARTS: "OrderedDict[tuple, pa.Table]" = OrderedDict()
-_LOCK = threading.Lock()
-_kept_bytes = 0
+
+class KeptTables:
+    """Arrow tables kept by key, the least recently used dropped first past `entries` tables or `max_bytes`
+    bytes in all (a table over a quarter of `max_bytes` is not kept)."""
+
+    def __init__(self, entries: int | None = None, max_bytes: int | None = None):
+        self.entries, self.max_bytes = entries, max_bytes
+        self._kept: "OrderedDict[tuple, pa.Table]" = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> pa.Table | None:
+        with self._lock:
+            table = self._kept.get(key)
+            if table is not None:
+                self._kept.move_to_end(key)
+            return table
+
+    def put(self, key: tuple, table: pa.Table) -> None:
+        size = table.nbytes if self.max_bytes is not None else 0
+        if self.max_bytes is not None and size > self.max_bytes // 4:
+            return
+        with self._lock:
+            if key in self._kept:
+                return
+            self._kept[key] = table
+            self._bytes += size
+            while ((self.entries is not None and len(self._kept) > self.entries)
+                   or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+                _, dropped = self._kept.popitem(last=False)
+                self._bytes -= dropped.nbytes if self.max_bytes is not None else 0
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
+
+
+_PARTS = KeptTables(max_bytes=KEPT_BYTES)
 
 
 def scan(table_uri: str, dataset: pads.FileSystemDataset, filter: pc.Expression | None,
@@ -33,41 +69,15 @@ def scan(table_uri: str, dataset: pads.FileSystemDataset, filter: pc.Expression 
     parts = []
     for fragment in dataset.get_fragments(filter=filter) if filter is not None else dataset.get_fragments():
         key = (table_uri, fragment.path, condition, tuple(columns))
-        part = _kept(key)
+        part = _PARTS.get(key)
         if part is None:
             part = fragment.to_table(filter=filter, columns=columns, schema=dataset.schema)
-            _keep(key, part)
+            _PARTS.put(key, part)
         parts.append(part)
     if not parts:
         return dataset.to_table(filter=filter, columns=columns)
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
-def _kept(key: tuple) -> pa.Table | None:
-    with _LOCK:
-        part = _PARTS.get(key)
-        if part is not None:
-            _PARTS.move_to_end(key)
-        return part
-
-
-def _keep(key: tuple, part: pa.Table) -> None:
-    global _kept_bytes
-    size = part.nbytes
-    if size > KEPT_BYTES // 4:
-        return
-    with _LOCK:
-        if key in _PARTS:
-            return
-        _PARTS[key] = part
-        _kept_bytes += size
-        while _kept_bytes > KEPT_BYTES:
-            _, dropped = _PARTS.popitem(last=False)
-            _kept_bytes -= dropped.nbytes
-
-
 def forget() -> None:
-    global _kept_bytes
-    with _LOCK:
-        _PARTS.clear()
-        _kept_bytes = 0
+    _PARTS.clear()

@@ -22,7 +22,6 @@ import os
 import random
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -68,26 +67,9 @@ _SNAPSHOT_LOCK = threading.RLock()
 # The same slice is read again and again within an iteration (the latest model version, the iteration's
 # groups, the bank's problems): a table version is immutable, so a small result is kept per (table, version,
 # filter with the visibility rule, columns) and handed out again; a new commit is a new key.
-_READS: "OrderedDict[tuple, pa.Table]" = OrderedDict()
 READ_CACHE_ENTRIES = 256
 READ_CACHE_MAX_ROWS = 20_000
-
-
-def _recent_reads(key: tuple) -> pa.Table | None:
-    with _SNAPSHOT_LOCK:
-        data = _READS.get(key)
-        if data is not None:
-            _READS.move_to_end(key)
-        return data
-
-
-def _remember_read(key: tuple, data: pa.Table) -> None:
-    if data.num_rows > READ_CACHE_MAX_ROWS:
-        return
-    with _SNAPSHOT_LOCK:
-        _READS[key] = data
-        while len(_READS) > READ_CACHE_ENTRIES:
-            _READS.popitem(last=False)
+_READS = fragment_reads.KeptTables(entries=READ_CACHE_ENTRIES)
 
 
 def _next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") -> "pads.FileSystemDataset":
@@ -232,15 +214,15 @@ class Lake:
         read = [c for c in wanted if c in present]
         stamp = snapshot[2]                            # None when time-travelled: not cached
         key = (self.location.table_uri(name), stamp, str(filter), tuple(read))
-        data = _recent_reads(key) if stamp is not None else None
+        data = _READS.get(key) if stamp is not None else None
         if data is None:
             try:
                 data = snapshot[1].to_table(filter=filter, columns=read) if stamp is None else fragment_reads.scan(
                     self.location.table_uri(name), snapshot[1], filter, read)   # the new files' parts only
             except (DeltaError, OSError) as error:     # a data file the log names is missing or unreadable
                 raise self.damaged(name, error) from None
-            if stamp is not None:
-                _remember_read(key, data)
+            if stamp is not None and data.num_rows <= READ_CACHE_MAX_ROWS:
+                _READS.put(key, data)
         for column in wanted:                          # a column added to the contract after this table was written
             if column not in present:
                 field = TABLES[name].schema.field(column)

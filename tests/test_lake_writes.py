@@ -513,8 +513,8 @@ def test_a_read_after_a_write_opens_only_the_files_new_since_the_last_read(lake,
     from storage import fragment_reads
 
     fragment_reads.forget()
-    opened, original = [], fragment_reads._keep
-    monkeypatch.setattr(fragment_reads, "_keep", lambda key, part: opened.append(key[1]) or original(key, part))
+    opened, original = [], fragment_reads._PARTS.put
+    monkeypatch.setattr(fragment_reads._PARTS, "put", lambda key, part: opened.append(key[1]) or original(key, part))
     for iteration in range(1, 6):
         with lake.run("test-flow", "test-stage", {}) as run:
             lake.replace("batches", batch_rows(iteration, 2), {"iteration": iteration}, run)
