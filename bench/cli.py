@@ -243,8 +243,8 @@ def bench_peer(
     sweep_steps: Annotated[int, typer.Option(min=1, help="TRL steps timed per batch layout in the sweep")] = 6,
     compare_fixed: Annotated[bool, typer.Option(help="also run ours with fixed oversampling (guidance off) per "
                                                 "seed: what sampling guided by the lake changes")] = True,
-    mode: Annotated[Optional[str], typer.Option(help="ours' loop mode, sync or async (default: the config's "
-                                                "loop.mode); TRL's trainer samples and trains in turn")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="ours' loop mode, sync or async (default: both swept, the "
+                                                "faster compared); TRL's trainer samples and trains in turn")] = None,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:

@@ -5,8 +5,10 @@ evaluation). Both sides' settings are derived from the one config (`mirror`): wh
 printed side by side and checked, and a config that TRL cannot mirror is refused before any work.
 TRL's batch settings are then swept (micro-batch with gradient accumulation, steps per generation; one
 optimizer step per `prompts × G` rollouts always) and its fastest is used; so are ours' micro-batch sizes
-(`train.micro_batch_size`), in ours' loop mode (`--mode`: the config's `loop.mode` unless given; `async`
-samples the next steps while one trains, which TRL's trainer does not, and is said so). Then, for each seed,
+(`train.micro_batch_size`) in each of ours' loop modes (`--mode` to fix one): `sync` samples and trains in
+turn, as TRL's trainer does; `async` samples the next step while one trains, one version behind, with the
+overlapped loop's objective (`overlapped`: configs/async.yaml's), which TRL's trainer cannot, and is said so.
+Then, for each seed,
 from the same checkpoint, with the same evaluation problems and sampling seed on both sides:
 
 - **ours**: `rl_loop` for `steps` iterations in a copy of the lake, everything written as usual, with
@@ -50,6 +52,8 @@ TARGET_TIME_TO_ACCURACY = 0.7
 TRL_LAYOUTS = ((1, 1, 1), (2, 2, 2), (4, 4, 4), (8, 8, 8), (2, 2, 4))
 # Ours' micro-batch sizes swept (sequences per forward and backward pass; the config's own is always tried).
 OURS_MICRO_BATCHES = (64, 128, 256)
+# Ours' loop modes swept: in turn as TRL's trainer, or overlapped (the next step sampled while one trains).
+OURS_MODES = ("sync", "async")
 # Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval of a mean of n = df + 1 values).
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -149,6 +153,18 @@ def trl_layout(config, fractions: tuple[int, int, int]) -> dict:
             "steps_per_generation": per_generation}
 
 
+def in_mode(config, mode: str):
+    """A copy of the run config in one loop mode. `async` takes the overlapped loop's objective unless the config
+    has its own off-policy correction: AReaL's decoupled loss, each token weighted from the training step's own
+    forward pass, no extra pass in the advantage stage (configs/async.yaml). On a step's own fresh rollouts (the
+    sync loop) it is the same loss: the proximal policy is the behaviour policy, every weight 1."""
+    settings = config.model_copy(deep=True)
+    settings.loop.mode = mode
+    if mode == "async" and settings.train.off_policy_loss != "decoupled":
+        settings.train.off_policy_loss, settings.advantages.off_policy_weight = "decoupled", "none"
+    return settings
+
+
 def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool, micro_batch_size: int,
          mode: str) -> dict:
     """Our loop from the warmed version in a copy of `base`: RL seconds, the curve and its RL seconds per
@@ -168,9 +184,9 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
     lake = Lake.open(lake_uri)
     load_policy(version_row(lake, latest_version(lake))["checkpoint_uri"])
-    settings = config.model_copy(deep=True)
+    settings = in_mode(config, mode)
     settings.rollout.seed, settings.train.seed, settings.evaluation.seed = seed, seed, seed
-    settings.loop.evaluate_every, settings.loop.mode = 0, mode
+    settings.loop.evaluate_every = 0
     settings.train.micro_batch_size = micro_batch_size
     settings.dynamic_sampling.guidance.enabled = guided
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
@@ -201,14 +217,15 @@ def micro_batch_sizes(config) -> list[int]:
     return sorted({size for size in OURS_MICRO_BATCHES if size <= rows} | {min(config.train.micro_batch_size, rows)})
 
 
-def ours_sweep(config, base: str, steps: int, mode: str, console) -> dict:
-    """Ours at each micro-batch size for `steps` steps (seed 0, guided, no evaluation): seconds per step; the
-    fastest is the one compared, as TRL's fastest layout is."""
+def ours_sweep(config, base: str, steps: int, modes: tuple[str, ...], console) -> dict:
+    """Ours at each loop mode and micro-batch size for `steps` steps (seed 0, guided, no evaluation): seconds
+    per step; the fastest is the one compared, as TRL's fastest layout is."""
     timed = []
-    for size in micro_batch_sizes(config):
-        seconds = ours(config, base, 0, steps, 0, True, size, mode)["rl_seconds"] / steps
-        timed.append({"micro_batch_size": size, "seconds_per_step": seconds})
-        console.print(f"ours, micro-batch {size} ({mode}): {seconds:.2f} s a step")
+    for mode in modes:
+        for size in micro_batch_sizes(config):
+            seconds = ours(config, base, 0, steps, 0, True, size, mode)["rl_seconds"] / steps
+            timed.append({"mode": mode, "micro_batch_size": size, "seconds_per_step": seconds})
+            console.print(f"ours, {mode}, micro-batch {size}: {seconds:.2f} s a step")
     return {"layouts": timed, "fastest": min(timed, key=lambda row: row["seconds_per_step"])}
 
 
@@ -340,7 +357,7 @@ def sweep(config, mirrored: dict, base: str, steps: int, console) -> dict:
 
 def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: int, work: str | None = None,
                   sweep_steps: int = 6, compare_fixed: bool = True, mode: str | None = None) -> dict:
-    """The comparison; `mode` is ours' loop mode (the config's `loop.mode` unless given)."""
+    """The comparison; `mode` fixes ours' loop mode (else the faster of `OURS_MODES` over the sweep)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -349,7 +366,6 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     console = Console()
     config = load_run_config(config_path)
     mirrored = mirror(config)
-    mode = mode or config.loop.mode
     settings_table = Table(title="the settings both sides run with (from one config)")
     for column in ("setting", "ours", "TRL GRPOTrainer"):
         settings_table.add_column(column)
@@ -357,16 +373,16 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
         settings_table.add_row(name, str(ours_value), str(trl_value))
     console.print(settings_table)
     console.print("not mirrored, by design: ours draws extra groups and trains only on those with signal "
-                  "(dynamic sampling); each side's micro-batching is its own speed setting"
-                  + ("; ours samples the next steps while one trains (loop.mode async: TRL's GRPOTrainer "
-                     "samples and trains in turn)" if mode == "async" else ""))
+                  "(dynamic sampling); each side's micro-batching is its own speed setting, and so is ours' loop "
+                  "mode (async samples the next step while one trains: TRL's GRPOTrainer samples and trains in turn)")
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-peer-"), console)
     warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
     start = float(warmed["eval_solve_rate"][0])
     started_once()
     layouts = sweep(config, mirrored, base, sweep_steps, console)
-    ours_layouts = ours_sweep(config, base, sweep_steps, mode, console)
-    micro = ours_layouts["fastest"]["micro_batch_size"]
+    ours_layouts = ours_sweep(config, base, sweep_steps, (mode,) if mode else OURS_MODES, console)
+    mode, micro = ours_layouts["fastest"]["mode"], ours_layouts["fastest"]["micro_batch_size"]
+    console.print(f"ours runs {mode}, micro-batch {micro}; TRL {layouts['fastest']}")
     fastest = {key: layouts["fastest"][key] for key in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                                         "steps_per_generation")}
     sides = ("ours", "fixed", "trl") if compare_fixed else ("ours", "trl")
@@ -378,7 +394,7 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
         results["trl"].append(trl(config, mirrored, fastest, base, seed, steps, eval_every))
         console.print(f"seed {seed}: " + ", ".join(f"{side} {results[side][-1]['rl_seconds']:.1f} s" for side in sides))
     summary = summarize(results, start, steps, seeds, layouts, mirrored, console)
-    return {**summary, "ours_settings": {"mode": mode, **ours_layouts["fastest"], "sweep": ours_layouts["layouts"]}}
+    return {**summary, "ours_settings": {**ours_layouts["fastest"], "sweep": ours_layouts["layouts"]}}
 
 
 def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts: dict, mirrored: dict,

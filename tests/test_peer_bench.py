@@ -3,10 +3,10 @@ what TRL will really run read back from its GRPOConfig, the paired intervals, an
 
 import pytest
 
-from bench.peer import (CannotMirror, T_975, check_trl_arguments, interval, mean_curve, mirror, time_to_accuracy,
-                        trl_arguments, trl_layout)
+from bench.peer import (CannotMirror, T_975, check_trl_arguments, in_mode, interval, mean_curve, mirror,
+                        time_to_accuracy, trl_arguments, trl_layout)
 from conftest import ROOT, run_cli
-from flows.run_config import load_run_config
+from flows.run_config import RunConfig, load_run_config
 
 
 @pytest.fixture
@@ -43,6 +43,22 @@ def test_a_config_trl_cannot_mirror_is_refused_naming_each_field(learning_config
     result = run_cli("bench", "peer", "--config", str(mine), "--work", str(tmp_path / "work"))
     assert result.returncode == 2 and "advantages.estimator rloo" in result.stderr
     assert not (tmp_path / "work").exists()                   # refused before any work
+
+
+def test_ours_overlapped_mode_takes_the_async_objective_and_changes_nothing_else(learning_config):
+    """The sweep's `async` copy runs the overlapped loop's decoupled objective (a valid run config), the `sync` copy
+    only the mode; a config with its own decoupled loss keeps it, and the config given is not touched. (On a step's
+    own rollouts the decoupled loss trains as the plain one: tests/test_training.py.)"""
+    overlapped, in_turn = in_mode(learning_config, "async"), in_mode(learning_config, "sync")
+    assert overlapped.loop.mode == "async" and overlapped.train.off_policy_loss == "decoupled"
+    assert overlapped.advantages.off_policy_weight == "none"
+    RunConfig.model_validate(overlapped.model_dump(mode="json"))
+    assert in_turn.model_dump() == learning_config.model_copy(update={"loop": in_turn.loop}).model_dump()
+    assert in_turn.loop.mode == "sync" and in_turn.train.off_policy_loss == learning_config.train.off_policy_loss
+    assert learning_config.loop.mode == "sync" and learning_config.train.off_policy_loss != "decoupled"
+    own = learning_config.model_copy(deep=True)
+    own.train.off_policy_loss, own.advantages.off_policy_weight, own.train.importance_cap = "decoupled", "none", 3.0
+    assert in_mode(own, "async").train.importance_cap == 3.0
 
 
 def test_intervals_are_students_t_over_the_seeds():
