@@ -7,7 +7,7 @@ TRL's batch settings are then swept (micro-batch with gradient accumulation, ste
 optimizer step per `prompts × G` rollouts always) and its fastest is used; so are ours' micro-batch sizes
 (`train.micro_batch_size`) in each of ours' loop modes (`--mode` to fix one): `sync` samples and trains in
 turn, as TRL's trainer does; `async` samples the next step while one trains, one version behind, with the
-overlapped loop's objective (`overlapped`: configs/async.yaml's), which TRL's trainer cannot, and is said so.
+overlapped loop's objective (`in_mode`: configs/async.yaml's), which TRL's trainer cannot, and is said so.
 Then, for each seed,
 from the same checkpoint, with the same evaluation problems and sampling seed on both sides:
 
