@@ -4,13 +4,14 @@
 #   make test-slow   the `slow` tests: long end-to-end runs (kills, Postgres workers, self-play); CI runs both
 #   make mlflow-server  an MLflow server in .venv-mlflow of its own, for the tests of `rlvr track` (CI makes it)
 #   make older-transformers  transformers 5.17 in build/, for the GPU check's test on an older API (CI makes it)
+#   make bench-refresh  re-run every saved benchmark result measured on older code (`rlvr bench stale`), render the docs
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 MLFLOW_VENV ?= .venv-mlflow
 OLDER_TRANSFORMERS ?= build/transformers-older
 
-.PHONY: install demo test test-slow bench mlflow-server older-transformers
+.PHONY: install demo test test-slow bench bench-refresh mlflow-server older-transformers
 
 $(BIN)/rlvr: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +49,7 @@ test: install
 	@echo "make test: the suite without the slow tests (pytest -m 'not slow'; make test-slow runs those)"
 	@start=$$(date +%s); $(BIN)/python -m pytest -m "not slow"; status=$$?; \
 	  echo "make test: $$(( ($$(date +%s) - start) / 60 )) min $$(( ($$(date +%s) - start) % 60 )) s, exit status $$status"; \
+	  $(BIN)/rlvr bench stale || true; \
 	  exit $$status
 
 test-slow: install
@@ -58,3 +60,7 @@ test-slow: install
 
 bench: install
 	$(BIN)/rlvr bench dedup --sizes 100000,200000
+
+# Information, never a failure: figures carry their commit and date. This re-runs the stale ones one at a time.
+bench-refresh: install
+	$(BIN)/python -m bench.stale --refresh

@@ -4,6 +4,7 @@ its benchmark only when it runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -414,3 +415,46 @@ def bench_startup(
     from bench import startup
 
     measured(context, "startup", startup, lambda: startup.run_benchmark(against, repeats))
+
+
+@app.command("stale")
+def bench_stale(format: FormatOption = BenchFormat.table) -> None:
+    """Saved results measured on code older than the working tree: each with its commit, the files that changed
+    since and the command that refreshes it (`make bench-refresh` re-runs them all). Information: exit 0."""
+    from bench.stale import describe, stale
+
+    entries = stale()
+    if format is BenchFormat.json:
+        sys.stdout.write(json.dumps([dataclasses.asdict(entry) for entry in entries]) + "\n")
+    else:
+        print(describe(entries))
+
+
+@app.command("compare")
+def bench_compare(
+    base: Annotated[str, typer.Option(help="the commit to compare with (a git worktree of it is made for the run)")]
+        = "main",
+    only: Annotated[Optional[list[str]], typer.Option(help="a fast benchmark to compare (repeatable) [default: "
+                                                    "advantages, verify, sandbox, train, sampling, startup]")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="alternating runs of each side (median), after a warm-up")] = 3,
+    threshold: Annotated[float, typer.Option(min=0, help="a slowdown past 1 + this is a regression (exit 1)")] = 0.15,
+    format: FormatOption = BenchFormat.table,
+) -> None:
+    """The fast benchmarks on BASE's code and on this working tree, alternating in one run: exit 1 when a figure
+    got slower by more than the threshold. The step before merging a change to loop code."""
+    from bench.compare import PROBES, compare
+
+    names = list(only or PROBES)
+    try:
+        outcome = compare(base, names, repeats, threshold,
+                          say=lambda line: errors.print(line, highlight=False, soft_wrap=True))
+    except (ValueError, RuntimeError) as error:
+        fail(str(error), 2)
+    if format is BenchFormat.json:
+        sys.stdout.write(json.dumps(outcome) + "\n")
+    else:
+        print(f"{len(outcome['rows'])} figures compared with {outcome['base'][:7]}: "
+              + (f"regressed past ×{1 + threshold:.2f}: {', '.join(outcome['regressed'])}" if outcome["regressed"]
+                 else f"none slower than ×{1 + threshold:.2f}"))
+    if outcome["regressed"]:
+        raise typer.Exit(1)

@@ -3,7 +3,8 @@
 `rlvr bench … --format json` prints it; `--save NAME` writes it to `bench/results/NAME.json`, the one source of the
 figures in docs/benchmarks.md and the README (`python -m bench.docs` renders them). A result names the files its
 figures depend on (the benchmark module's `DEPENDS_ON`): once one of them changes after the result's commit, the
-result is stale and the suite says so (tests/test_bench_results.py)."""
+result describes older code, and `rlvr bench stale` lists it with the command that refreshes it (bench/stale.py);
+a regression is found by comparing two commits in one run (`rlvr bench compare`, bench/compare.py)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def changed_since(result: dict[str, Any], also: tuple[str, ...] = ()) -> list[st
     """The files the result depends on (as recorded, and `also`: what its benchmark names today) that changed
     between its commit and the working tree (uncommitted changes count: the figures no longer describe them)."""
     paths = sorted(set(result["depends_on"]) | set(also))
-    return sorted(set(git("diff", "--name-only", result["commit"], "--", *paths).split()))
+    untracked = git("ls-files", "--others", "--exclude-standard", "--", *paths).split()
+    return sorted(set(git("diff", "--name-only", result["commit"], "--", *paths).split()) | set(untracked))
 
 
 # Each result's benchmark (the `benchmark` field, the name `rlvr bench` records) and the module that measures it.

@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.worktrees import worktree
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py). Here what
 # `rlvr --help` and `rlvr sql` import: the command tree, the bench group (its entry point), the lake.
-DEPENDS_ON = ("bench/startup.py", "bench/__init__.py", "bench/cli.py", "flows/__init__.py", "flows/cli/",
-              "flows/display.py", "storage/", "tasks/__init__.py", "tasks/errors.py")
+DEPENDS_ON = ("bench/startup.py", "bench/worktrees.py", "bench/__init__.py", "bench/cli.py", "flows/__init__.py",
+              "flows/cli/", "flows/display.py", "storage/", "tasks/__init__.py", "tasks/errors.py")
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -50,32 +51,21 @@ def heavy_imports(arguments: list[str], lake: str) -> list[str]:
     return result.stderr.strip().splitlines()[-1].split() if result.stderr.strip() else []
 
 
-def worktree(revision: str, folder: Path) -> str:
-    """A detached worktree of `revision` in `folder`; returns its full commit id."""
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(folder), revision],
-                   check=True)
-    return subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
 def run_benchmark(against: str, repeats: int) -> dict:
     """Median start-up seconds of each command here and at `against`, their ratios, and the heavy imports."""
     work = Path(tempfile.mkdtemp(prefix="rlvr-bench-startup-"))
     lake = str(work / "lake")
-    baseline = work / "baseline"
+    times: dict[str, dict[str, list[float]]] = {name: {"here": [], "baseline": []} for name in COMMANDS}
     try:
-        baseline_commit = worktree(against, baseline)
-        times: dict[str, dict[str, list[float]]] = {name: {"here": [], "baseline": []} for name in COMMANDS}
-        for name, arguments in COMMANDS.items():
-            seconds(arguments, ROOT, lake)                   # warm the file cache and bytecode on both sides
-            seconds(arguments, baseline, lake)
-            for _ in range(repeats):
-                times[name]["here"].append(seconds(arguments, ROOT, lake))
-                times[name]["baseline"].append(seconds(arguments, baseline, lake))
+        with worktree(against) as (baseline, baseline_commit):
+            for name, arguments in COMMANDS.items():
+                seconds(arguments, ROOT, lake)               # warm the file cache and bytecode on both sides
+                seconds(arguments, baseline, lake)
+                for _ in range(repeats):
+                    times[name]["here"].append(seconds(arguments, ROOT, lake))
+                    times[name]["baseline"].append(seconds(arguments, baseline, lake))
         heavy = {name: heavy_imports(arguments, lake) for name, arguments in COMMANDS.items()}
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)],
-                       stderr=subprocess.DEVNULL)
         shutil.rmtree(work, ignore_errors=True)
     figures: dict = {"against": baseline_commit, "repeats": repeats}
     for name in COMMANDS:

@@ -12,7 +12,7 @@ import pytest
 
 import bench.results
 from bench.docs import PAGES, REGION, FigureError, commands, literal_figures, main, render, templates
-from bench.results import MODULES, ROOT, changed_since, depends_on, envelope, load_results
+from bench.results import MODULES, ROOT, changed_since, envelope, load_results
 from conftest import BIN
 
 HAS_HISTORY = shutil.which("git") is not None and (ROOT / ".git").exists()
@@ -110,22 +110,18 @@ def test_the_generator_renders_pages_from_a_results_folder(tmp_path, capsys):
 
 @pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")
 @pytest.mark.parametrize("name", sorted(load_results()) or ["(none)"])
-def test_each_result_is_from_the_code_it_measures(name):
-    """A result's commit is in the history, its run had no uncommitted change to what it measures, and none of the
-    files it depends on changed since: else re-run it (`rlvr bench … --save NAME`)."""
+def test_each_result_names_the_committed_code_it_measured(name):
+    """A result's commit is in the history and its run had no uncommitted change to what it measures: its
+    provenance is true. Whether code changed since is information (`rlvr bench stale`), never a failure."""
     if name == "(none)":
         pytest.skip("no result on record")
     result = load_results()[name]
-    command = commands("".join(page.read_text() for page in PAGES)).get(name, f"rlvr bench … --save {name}")
-    rerun = f"re-run `{command}`"
+    rerun = f"re-run `{commands(''.join(page.read_text() for page in PAGES)).get(name, f'rlvr bench … --save {name}')}`"
     assert result["benchmark"] in MODULES, f"bench/results/{name}.json: no benchmark {result['benchmark']!r}"
     known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{result['commit']}^{{commit}}"],
                            capture_output=True)
     assert known.returncode == 0, f"bench/results/{name}.json: commit {result['commit']} is not in history; {rerun}"
     assert result["dirty"] is False, f"bench/results/{name}.json was measured on uncommitted code; {rerun}"
-    changed = changed_since(result, also=depends_on(result["benchmark"]))
-    assert changed == [], (f"bench/results/{name}.json (commit {result['commit'][:7]}) is stale, changed since: "
-                           f"{changed}; {rerun}")
 
 
 @pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")
