@@ -5,12 +5,16 @@ model version, the recorded iterations): a scan opens every file, so such a read
 0.15-0.3 ms a file: 7-17 ms for `model_versions` at 50 steps). A data file never changes, so what a filtered,
 projected scan of one file returns never changes either: a read is the files' kept parts, in the dataset's
 order, and only the files new since the last read of the same filter are opened. The filter includes the
-visibility rule, so a run completing or failing makes new keys, not stale answers. Parts are kept up to
-KEPT_BYTES in all, least recently used first out.
+visibility rule, so a run completing or failing makes new keys, not stale answers. A key names a filter by its
+whole serialized structure (`filter_key`), never by its text: Arrow prints a value set of more than twenty as
+its first and last ten, so two filters that differ only in the middle of a set (the runs hidden from readers,
+a list of problem ids) print alike. Parts are kept up to KEPT_BYTES in all, least recently used first out.
 """
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import threading
 from collections import OrderedDict
 
@@ -61,14 +65,26 @@ class KeptTables:
 _PARTS = KeptTables(max_bytes=KEPT_BYTES)
 
 
-def scan(table_uri: str, dataset: pads.FileSystemDataset, filter: pc.Expression | None,
+def filter_key(filter: pc.Expression | None) -> bytes | None:
+    """What identifies a filter exactly: a digest of its serialized expression, every value of every value set
+    included (its text does not: see the module's docstring)."""
+    return None if filter is None else hashlib.blake2b(pickle.dumps(filter), digest_size=20).digest()
+
+
+def schema_key(schema: pa.Schema) -> bytes:
+    return hashlib.blake2b(schema.serialize().to_pybytes(), digest_size=16).digest()
+
+
+def scan(table: str, dataset: pads.FileSystemDataset, filter: pc.Expression | None,
          columns: list[str]) -> pa.Table:
     """`dataset.to_table(filter=filter, columns=columns)`, the same rows in the same order, from the parts of
-    its files read before (`table_uri` and each file's path name a part; a file's path is unique in a table)."""
-    condition = str(filter)
+    its files read before. A part is valid for as long as what it was read from and with is the same: the
+    table (`table`: its location, storage options included), the file (its path is unique in a table and its
+    bytes never change), the exact filter, the columns and the schema they are read with."""
+    condition, schema = filter_key(filter), schema_key(dataset.schema)
     parts = []
-    for fragment in dataset.get_fragments(filter=filter) if filter is not None else dataset.get_fragments():
-        key = (table_uri, fragment.path, condition, tuple(columns))
+    for fragment in dataset.get_fragments(filter=filter):
+        key = (table, fragment.path, condition, tuple(columns), schema)
         part = _PARTS.get(key)
         if part is None:
             part = fragment.to_table(filter=filter, columns=columns, schema=dataset.schema)

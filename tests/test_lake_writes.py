@@ -472,8 +472,8 @@ def _operations(lake, name: str) -> list[str]:
 
 
 def test_a_replace_of_a_bare_slice_is_an_append_that_lands_on_the_snapshot_it_checked(lake):
-    """A fresh iteration's slice holds no row: its replace commits as an append (no scan for the predicate's
-    rows, about a third of the cost); a slice that holds rows, visible or not, is overwritten as before."""
+    """A fresh iteration's slice holds no row: its replace commits as an append (without the scan for the
+    predicate's rows an overwrite plans); a slice that holds rows, visible or not, is overwritten as before."""
     for iteration in (1, 2):
         with lake.run("test-flow", "test-stage", {}) as run:
             lake.replace("batches", batch_rows(iteration, 2), {"iteration": iteration}, run)
