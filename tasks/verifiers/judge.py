@@ -128,10 +128,13 @@ class JudgeVerifier:
     def _ask(self, prompt: str, response: str) -> dict:
         import httpx
 
-        asked = ({"messages": list(self.judge_messages(prompt, response))} if self.api == "chat" else
-                 {"prompt": self.judge_prompt(prompt, response)})
-        body = {"model": self.model, **asked, "max_tokens": 16, "temperature": 0.0, "n": 1, "seed": 0}
-        route = "chat/completions" if self.api == "chat" else "completions"
+        chat = self.api == "chat"
+        body = {"model": self.model, "max_tokens": 16, "temperature": 0.0, "n": 1, "seed": 0}
+        if chat:
+            body["messages"] = list(self.judge_messages(prompt, response))
+        else:
+            body["prompt"] = self.judge_prompt(prompt, response)
+        route = "chat/completions" if chat else "completions"
         headers = {"Authorization": f"Bearer {os.environ[self.api_key_env]}"} if os.environ.get(self.api_key_env) else {}
         errors = []
         for attempt in range(self.retries + 1):
@@ -140,9 +143,9 @@ class JudgeVerifier:
                                     timeout=self.timeout_seconds)
                 if answer.status_code == 200:
                     choice = answer.json()["choices"][0]
-                    text = choice["message"]["content"] if self.api == "chat" else choice["text"]
+                    text = choice["message"]["content"] if chat else choice["text"]
                     # the completions prompt ends in "Score:"; a chat reply writes it itself
-                    return {"score": self._score_of(text if self.api == "chat" else "Score:" + text),
+                    return {"score": self._score_of(text if chat else "Score:" + text),
                             "reply": text[:300]}
                 errors.append(f"HTTP {answer.status_code}")
                 if answer.status_code < 500:
