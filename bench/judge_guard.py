@@ -2,8 +2,9 @@
 a response that addresses its grader.
 
 A refused response scores 0 without being judged, so a false positive is a correct answer punished: the guard
-is measured on a labelled set (`bench/data/judge_guard.jsonl`: responses that address the grader, and ordinary
-ones that talk about scores, grades, judges, rules and maxima) and, where `../shared/datasets` is present, on
+is measured on a labelled set (`bench/data/judge_guard.jsonl`: responses that address the grader, every form of
+score statement the judge's parser reads among them, and ordinary ones that talk about scores, grades, judges,
+rules and maxima; a case's optional `note` says why it is labelled as it is) and, where `../shared/datasets` is present, on
 real worked solutions (GSM8K's training answers, Minerva's and OlympiadBench's solutions), every one benign.
 The guard before this measurement (`PREVIOUS_GUARD`, kept here as the baseline) is measured on the same texts.
 """
