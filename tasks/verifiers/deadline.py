@@ -28,13 +28,15 @@ _withdraw_from = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p
 
 
 class Watchdog:
-    """One background thread that bounds successive `within(seconds)` blocks of any thread."""
+    """One background thread that bounds successive `within(seconds)` blocks of any thread, until `close()`
+    (each in-process scoring call makes one: without it, a loop would leave a thread behind per round)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._armed: tuple[int, float] | None = None      # (thread id, deadline)
         self._fired: int | None = None
+        self._closed = False
         self._thread = threading.Thread(target=self._watch, name="rlvr-verify-watchdog", daemon=True)
         self._thread.start()
 
@@ -55,9 +57,17 @@ class Watchdog:
                     _withdraw_from(me, None)
                     self._fired = None
 
+    def close(self) -> None:
+        """End the thread (a block still running is no longer bounded) and wait for it."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
     def _watch(self) -> None:
         with self._lock:
-            while True:
+            while not self._closed:
                 if self._armed is None:
                     self._wake.wait()
                     continue

@@ -136,6 +136,8 @@ class VerifierSet:
         for verifier in self._built.values():
             if hasattr(verifier, "close"):
                 verifier.close()
+        if self._watchdog is not None:
+            self._watchdog.close()
 
 
 def _worker_main(connection: Connection, options: dict, worker: int, max_response_chars: int) -> None:
