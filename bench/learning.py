@@ -16,11 +16,13 @@ import time
 import polars as pl
 import pyarrow.compute as pc
 
-from storage.lake import Lake
 from bench.results import LOOP_CODE
+from bench.stage_time import outside_share
+from storage.lake import Lake
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/learning.py", "configs/demo-learn.yaml", "configs/demo.yaml", *LOOP_CODE)
+DEPENDS_ON = ("bench/learning.py", "bench/stage_time.py", "configs/demo-learn.yaml", "configs/demo.yaml",
+              *LOOP_CODE)
 
 TARGET_POINTS = 15.0
 
@@ -42,8 +44,6 @@ def learning_report(lake: Lake) -> dict:
     rl_runs = lake.read("runs", filter=pc.field("iteration") > 0, columns=["stage", "started_at", "ended_at"]
                         ).drop_nulls("ended_at")
     rl_span = (rl_runs["ended_at"].max() - rl_runs["started_at"].min()).total_seconds() if rl_runs.height else 0.0
-    in_stages = float(rl_runs.select((pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds().sum()).item()
-                      or 0) / 1e6
     warm = lake.read("model_versions", filter=pc.field("kind") == "warmup", columns=["metrics"])
     return {
         "warmup_solve_rate": start, "warmup_steps": json.loads(warm["metrics"][0])["steps"] if warm.height else None,
@@ -52,7 +52,7 @@ def learning_report(lake: Lake) -> dict:
         "gain_points": 100 * (float(after["eval_solve_rate"][-1]) - start) if after.height else None,
         "iterations": int(metrics["iteration"].max()), "curve": curve.rows(),
         "stage_seconds": seconds, "rl_seconds": rl_span,
-        "outside_share": 1 - in_stages / rl_span if rl_span else None,   # the loop's own time between stage runs
+        "outside_share": outside_share(rl_runs),      # the loop's own time between stage runs
         "eval_problems": int(lake.read("evaluations", filter=pc.field("iteration") == 0)
                                                       ["problems"].sum()),
     }

@@ -39,11 +39,13 @@ import polars as pl
 import pyarrow.compute as pc
 
 from bench.results import LOOP_CODE
+from bench.stage_time import outside_share
 from bench.warm import copy_of, started_once, warmed_once
 from storage.lake import Lake
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/peer.py", "bench/warm.py", "configs/demo-learn.yaml", "configs/demo.yaml", *LOOP_CODE)
+DEPENDS_ON = ("bench/peer.py", "bench/warm.py", "bench/stage_time.py", "configs/demo-learn.yaml",
+              "configs/demo.yaml", *LOOP_CODE)
 
 TARGET_RATIO = 1.0
 TARGET_TIME_TO_ACCURACY = 0.7
@@ -198,7 +200,7 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage")}
     trained = runs.filter(pl.col("stage") == "train").group_by("iteration").agg(pl.col("since_start").max())
     elapsed = {int(i): float(t) for i, t in trained.rows() if eval_every and i % eval_every == 0}
-    measured = {"rl_seconds": wall, "stages": stages, "outside": 1 - sum(stages.values()) / wall,
+    measured = {"rl_seconds": wall, "stages": stages, "outside": outside_share(runs),
                 "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps), "mode": mode,
                 "micro_batch_size": micro_batch_size, "elapsed": elapsed, "curve": {}}
     versions = lake.read("model_versions", columns=["model_version", "iteration", "kind"]).filter(pl.col("kind") == "rl")
