@@ -10,6 +10,8 @@ import pytest
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig, fill_batch
 from tasks.advantages.guided_sampling import (GuidanceConfig, beta_prior, groups_to_draw, keep_probability,
                                               ranked_candidates)
+from tasks.curation.mix import sample_mix
+from tasks.generators.base import derive_seed
 
 
 def exact_keep(alpha: float, beta: float, group_size: int, band=(0.0, 1.0), points: int = 200_001) -> float:
@@ -82,12 +84,26 @@ def test_fill_batch_draws_what_the_plan_says():
         return pl.DataFrame([{"group_id": f"r{round_}-g{g}", "problem_id": f"p{round_}-{g}", "reward": float(i % 2),
                               "correct": bool(i % 2), "model_version": 0} for g in range(n_groups) for i in range(4)])
 
-    def plan(missing):
-        planned.append(missing)
+    def plan(missing, round_):
+        planned.append((missing, round_))
         return missing + 1
 
     batch = fill_batch(draw, DynamicSamplingConfig(groups_per_batch=5, oversample=3.0), plan)
-    assert planned == [5] and asked == [6] and batch.short_by == 0
+    assert planned == [(5, 1)] and asked == [6] and batch.short_by == 0
+
+
+def test_each_round_is_planned_under_the_round_fill_batch_counts():
+    """A round the plan sized without guidance (no pool could be drawn) still counts: the next round's pool is
+    drawn with the next round's seed, not the same one again."""
+    planned = []
+
+    def draw(n_groups, round_):                  # every group all wrong: nothing kept, every round is drawn
+        return pl.DataFrame([{"group_id": f"r{round_}-g{g}", "problem_id": f"p{round_}-{g}", "reward": 0.0,
+                              "correct": False, "model_version": 0} for g in range(n_groups) for _ in range(4)])
+
+    fill_batch(draw, DynamicSamplingConfig(groups_per_batch=2, max_rounds=3), lambda missing, round_:
+               planned.append(round_) or 2)
+    assert planned == [1, 2, 3]
 
 
 def test_the_sampler_plans_from_its_history():
@@ -104,13 +120,33 @@ def test_the_sampler_plans_from_its_history():
     config = IterationConfig.model_validate({"rollout": {"group_size": 8}, "dynamic_sampling": {
         "groups_per_batch": 6, "guidance": {"enabled": True, "pool": 3.0}}})
     sampler = GroupSampler(config, None, None, None, bank, 7, 1, history=history)
-    n = sampler.plan(6)
+    n = sampler.plan(6, 2)
     keep = sampler.ranked["keep_probability"].to_list()
     assert sampler.ranked.height == 18 and n == groups_to_draw(keep, 6, 0.8, 18)
     assert not set(sampler.ranked.head(n)["problem_id"]) & set(solved)    # the solved ones are passed over
-    assert sampler.planned == [{"round": 1, "groups": n, "expected_kept": pytest.approx(sum(keep[:n]))}]
+    assert sampler.planned == [{"round": 2, "groups": n, "expected_kept": pytest.approx(sum(keep[:n]))}]
+    pool = sample_mix(bank, 18, derive_seed(config.rollout.seed, 7, 2, "draw"), config.rollout.mix.level_weights,
+                      config.rollout.mix.domain_weights)
+    assert set(sampler.ranked["problem_id"]) == set(pool["problem_id"])  # drawn with the round's own seed
     fresh = GroupSampler(config, None, None, None, bank, 1, 0, history=history.clear())
-    assert fresh.plan(6) == math.ceil(6 * 1.5) and fresh.ranked is None   # no history: the fixed oversampling
+    assert fresh.plan(6, 1) == math.ceil(6 * 1.5) and fresh.ranked is None   # no history: the fixed oversampling
+
+
+def test_the_prior_of_a_source_comes_from_its_past_groups_in_the_bank_not_among_the_candidates():
+    """Most problems of past groups are not among a round's candidates: the prior per (source, level) takes
+    their source and level from the bank. Source `hard` was solved about 10 % of the time, `easy` about 90 %;
+    a fresh candidate of each, with no history of its own, inherits its source's prior."""
+    past = [f"h{i}" for i in range(12)] + [f"e{i}" for i in range(12)]
+    bank = pl.DataFrame({"problem_id": past + ["new-hard", "new-easy"], "level": [1] * 26,
+                         "source": ["hard"] * 12 + ["easy"] * 12 + ["hard", "easy"]})
+    history = pl.DataFrame({"problem_id": past, "iteration": [4] * 24, "n_samples": [8] * 24,
+                            "solve_rate": [0.125, 0.0, 0.25] * 4 + [0.875, 1.0, 0.75] * 4})
+    candidates = bank.filter(pl.col("problem_id").str.starts_with("new"))
+    ranked = ranked_candidates(candidates, history, 5, 8, (0.0, 1.0), GuidanceConfig(enabled=True), bank)
+    rate = dict(zip(ranked["problem_id"], ranked["posterior_solve_rate"]))
+    assert rate["new-hard"] < 0.2 and rate["new-easy"] > 0.8
+    alone = ranked_candidates(candidates, history, 5, 8, (0.0, 1.0), GuidanceConfig(enabled=True))
+    assert alone["posterior_solve_rate"].n_unique() == 1                # without the bank: the one fallback prior
 
 
 def test_a_guided_loop_fills_its_batches_and_stores_everything(prefect_api, tmp_path):

@@ -56,9 +56,10 @@ class FilledBatch:
 
 
 def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicSamplingConfig,
-               plan: Callable[[int], int] | None = None) -> FilledBatch:
+               plan: Callable[[int, int], int] | None = None) -> FilledBatch:
     """Rounds of `draw_groups(n, round)` until `groups_per_batch` informative groups are kept or the round bound
-    is hit. `plan(missing)` says how many groups a round draws (guided sampling); else `oversample` × missing."""
+    is hit. `plan(missing, round)` says how many groups a round draws (guided sampling); else `oversample` ×
+    missing."""
     kept_parts: list[pl.DataFrame] = []
     group_parts: list[pl.DataFrame] = []
     have = 0
@@ -66,7 +67,7 @@ def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicS
     while have < config.groups_per_batch and rounds < config.max_rounds:
         rounds += 1
         missing = config.groups_per_batch - have
-        wanted = plan(missing) if plan else math.ceil(missing * config.oversample)
+        wanted = plan(missing, rounds) if plan else math.ceil(missing * config.oversample)
         scored = with_group_columns(draw_groups(wanted, rounds))
         groups = (scored.group_by("group_id", maintain_order=True)
                   .agg(pl.col("problem_id").first(), pl.col("solve_rate").first(), n_samples=pl.len())

@@ -91,7 +91,8 @@ def problem_evidence(history: pl.DataFrame, iteration: int, discount: float) -> 
 
 def fitted_priors(history: pl.DataFrame, problems: pl.DataFrame, latest: int, group_size: int) -> pl.DataFrame:
     """(source, level, prior_alpha, prior_beta) from the groups of the `latest` iterations with history, with a
-    row of null source and level for the whole of them (the fallback)."""
+    row of null source and level for the whole of them (the fallback). `problems` says each history problem's
+    source and level: the bank, not a round's candidates, which hold few of the problems of past groups."""
     recent_iterations = history["iteration"].unique().sort(descending=True).head(latest)
     recent = (history.filter(pl.col("iteration").is_in(recent_iterations.implode()) & pl.col("solve_rate").is_not_null())
               .join(problems.select("problem_id", "source", "level"), on="problem_id", how="left"))
@@ -109,10 +110,13 @@ def _prior_row(rates: pl.Series, group_size: int) -> dict:
 
 
 def ranked_candidates(candidates: pl.DataFrame, history: pl.DataFrame, iteration: int, group_size: int,
-                      band: tuple[float, float], config: GuidanceConfig) -> pl.DataFrame:
+                      band: tuple[float, float], config: GuidanceConfig,
+                      bank: pl.DataFrame | None = None) -> pl.DataFrame:
     """`candidates` (problem_id, source, level; in the mix's random order) with their posterior (alpha, beta),
-    `posterior_solve_rate` and `keep_probability`, likeliest to be kept first (ties keep the mix's order)."""
-    priors = fitted_priors(history, candidates, config.prior_iterations, group_size)
+    `posterior_solve_rate` and `keep_probability`, likeliest to be kept first (ties keep the mix's order). The
+    priors are fitted to the history's groups by the source and level the `bank` gives them (default: the
+    candidates')."""
+    priors = fitted_priors(history, bank if bank is not None else candidates, config.prior_iterations, group_size)
     fallback = priors.filter(pl.col("source").is_null()).row(0, named=True)
     evidence = problem_evidence(history, iteration, config.discount)
     frame = (candidates.with_row_index("mix_order")

@@ -122,17 +122,17 @@ class GroupSampler:
     ranked: pl.DataFrame | None = None      # guided sampling: this round's candidates, likeliest kept first
     planned: list[dict] = field(default_factory=list)   # guided sampling: per round, groups drawn and expected kept
 
-    def plan(self, missing: int) -> int:
+    def plan(self, missing: int, round_: int) -> int:
         """Guided sampling: rank a pool of candidates drawn by the mix by their predicted keep probability, and
         draw as many as those predictions need to fill the batch (tasks/advantages/guided_sampling.py). Without
-        history (a first iteration) the round is `oversample` × missing, drawn by the mix."""
+        history (a first iteration) the round is `oversample` × missing, drawn by the mix. `round_` is the
+        generation round it plans (its pool's seed), as `fill_batch` counts them."""
         sampling, rollout = self.config.dynamic_sampling, self.config.rollout
         guidance = sampling.guidance
         self.ranked = None
         if self.history is None or self.history.is_empty():
             return math.ceil(missing * sampling.oversample)
         available = self._available().filter(pl.col("source") != SELF_VERIFY_SOURCE)
-        round_ = len(self.planned) + 1
         pool = min(available.height, math.ceil(missing * guidance.pool))
         try:
             candidates = sample_mix(available, pool, derive_seed(rollout.seed, self.iteration, round_, "draw"),
@@ -140,7 +140,7 @@ class GroupSampler:
         except ValueError:                   # the mix's levels hold fewer: draw as an unguided round does
             return math.ceil(missing * sampling.oversample)
         self.ranked = ranked_candidates(candidates, self.history, self.iteration, rollout.group_size,
-                                        sampling.band, guidance)
+                                        sampling.band, guidance, self.bank)
         keep = self.ranked["keep_probability"].to_list()
         n = groups_to_draw(keep, missing, guidance.confidence, cap=len(keep))
         self.planned.append({"round": round_, "groups": n, "expected_kept": float(sum(keep[:n]))})
