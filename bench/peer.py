@@ -69,7 +69,8 @@ SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none", "batch_std": "batch"}
 
 def mirror(config) -> dict:
     """Both sides' settings from one run config: {"rows": [(setting, ours, TRL)], "trl": GRPOConfig keywords
-    without the batch layout}. Raises CannotMirror naming every field TRL cannot be given the same way."""
+    without the batch layout, "rollouts_per_step": what an optimizer step trains on, on both sides}. Raises
+    CannotMirror naming every field TRL cannot be given the same way."""
     rollout, train, sampler = config.rollout, config.train, config.rollout.sampler
     refused = [why for why in (
         config.advantages.estimator not in SCALE_REWARDS and f"advantages.estimator {config.advantages.estimator} "
@@ -119,7 +120,7 @@ def mirror(config) -> dict:
             ("weight decay", train.weight_decay, trl["weight_decay"]),
             ("gradient clip", train.max_grad_norm, trl["max_grad_norm"]),
             ("precision", "fp32", "fp32" if not (trl["bf16"] or trl["fp16"]) else "mixed")]
-    return {"rows": rows, "trl": trl}
+    return {"rows": rows, "trl": trl, "rollouts_per_step": prompts * group}
 
 
 def check_trl_arguments(args, mirrored: dict) -> None:
@@ -447,7 +448,7 @@ def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts
     for side, drawn in sampling.items():
         console.print(f"{side}: {drawn['per_kept_group']:.2f} rollouts sampled per kept group, {drawn['per_step']:.0f} "
                       f"per optimizer step, {drawn['rounds_per_step']:.2f} generation rounds a step (TRL samples "
-                      f"{mirrored['rows'][0][2].split()[0]} a step and trains on all of them)")
+                      f"{mirrored['rollouts_per_step']} a step and trains on all of them)")
     intact = all(r["lake_intact"] for side in results if side != "trl" for r in results[side])
     console.print(f"every sampled rollout in the lake with its reward, one version per step: {'yes' if intact else 'no'}")
     return {"warmup_solve_rate": start, "seeds": seeds, "steps": steps, "checkpoints": checkpoints,

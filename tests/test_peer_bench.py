@@ -21,6 +21,7 @@ def test_the_learning_config_is_mirrored_and_trl_runs_exactly_it(learning_config
     rows = {name: (ours, trl) for name, ours, trl in mirrored["rows"]}
     assert rows["responses per prompt (G)"] == (8, 8) and rows["clip ε low / high"] == ((0.2, 0.28), (0.2, 0.28))
     assert rows["loss aggregation"] == ("dapo", "dapo") and rows["advantage scaling"] == ("grpo", "group")
+    assert mirrored["rollouts_per_step"] == 32 * 8                   # a number, not read back from a row's text
     for fractions in ((1, 1, 1), (4, 4, 4), (2, 2, 4)):
         layout = trl_layout(learning_config, fractions)
         assert layout["per_device_train_batch_size"] * layout["gradient_accumulation_steps"] == 32 * 8
