@@ -289,9 +289,19 @@ class Lake:
             entry = _SNAPSHOTS[key] = _Snapshot(table, self._commit_stamp(name, table.version()))
         return entry
 
+    def log_path(self, name: str, file: str = "") -> str:
+        """Where a table's Delta log (or `file` in it) is, on the lake's filesystem (`location.filesystem`)."""
+        return self.location.table_uri(name).removeprefix("s3://") + "/_delta_log" + (f"/{file}" if file else "")
+
+    def commit_files(self, name: str) -> list[str]:
+        """The paths of a table's commit files, newest first, listed afresh (s3fs caches listings)."""
+        fs, log = self.location.filesystem, self.log_path(name)
+        fs.invalidate_cache(log)
+        return sorted((path for path in fs.ls(log, detail=False) if path.endswith(".json")), reverse=True)
+
     def _log_file(self, name: str, version: int):
         """(filesystem, path) of a table's commit file `version`, with s3fs's cached details of it dropped."""
-        path = self.location.table_uri(name).removeprefix("s3://") + f"/_delta_log/{version:020d}.json"
+        path = self.log_path(name, f"{version:020d}.json")
         fs = self.location.filesystem
         if self.location.is_s3:
             fs.invalidate_cache(path)
@@ -515,10 +525,7 @@ class Lake:
         down from the latest, which mislabels them when writers race.
         """
         fs = self.location.filesystem
-        log = self.location.table_uri(name).removeprefix("s3://") + "/_delta_log"
-        fs.invalidate_cache(log)                       # s3fs caches listings
-        commits = sorted((p for p in fs.ls(log, detail=False) if p.endswith(".json")), reverse=True)
-        for path in commits[:200]:
+        for path in self.commit_files(name)[:200]:
             with fs.open(path, "rb") as handle:
                 for line in handle:
                     info = json.loads(line).get("commitInfo")

@@ -17,7 +17,7 @@ JSON file a commit; reads list and open them all. Maintenance, per table:
 
 Each maintenance is a stage run of flow `lake-maintenance` (what it did in its parameters), so `rlvr doctor`
 can say when the last one ran; it holds the lake's `maintenance` lease, not the loop's, so it runs beside a live
-loop but never beside another maintenance. The loop never imports this module (`maintenance-beside-the-loop` contract).
+loop but never beside another maintenance. The loop never imports this module (`upkeep-beside-the-loop` contract).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def layout(lake: Lake, name: str, small_file_mb: float = 8.0) -> TableLayout | N
 
 
 def last_checkpoint(lake: Lake, name: str) -> int | None:
-    path = lake.location.table_uri(name).removeprefix("s3://") + "/_delta_log/_last_checkpoint"
+    path = lake.log_path(name, "_last_checkpoint")
     try:
         with lake.location.filesystem.open(path, "rb") as handle:
             return int(json.loads(handle.read())["version"])
@@ -133,15 +133,9 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
         table.create_checkpoint()
         done.checkpoint = table.version()
         table.cleanup_metadata()
-    done.log_files = _commit_files(lake, name)
+    done.log_files = len(lake.commit_files(name))
     done.files_after = len(lake.table(name).file_uris())
     return done
-
-
-def _commit_files(lake: Lake, name: str) -> int:
-    log = lake.location.table_uri(name).removeprefix("s3://") + "/_delta_log"
-    lake.location.filesystem.invalidate_cache(log)            # s3fs caches listings
-    return sum(path.endswith(".json") for path in lake.location.filesystem.ls(log, detail=False))
 
 
 def _keep_history_for(lake: Lake, name: str, retention_hours: float, snapshot: DeltaTable) -> None:

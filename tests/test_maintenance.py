@@ -105,7 +105,7 @@ def test_expired_commit_files_are_removed_by_maintenance_not_by_every_commit(tmp
     """delta-rs's default sweep after a commit lists the whole log to remove the commit files older than the
     retention (8 ms a commit at 900 files, growing with the log, ten commits a step to `runs`); the lake's
     commits leave that to `rlvr lake maintain`, which removes them after its own checkpoint."""
-    from storage.maintenance import _commit_files, _keep_history_for
+    from storage.maintenance import _keep_history_for
 
     lake = Lake.open(str(tmp_path / "lake"))
     for commit in range(3):
@@ -115,12 +115,12 @@ def test_expired_commit_files_are_removed_by_maintenance_not_by_every_commit(tmp
     lake.table("groups").create_checkpoint()
     time.sleep(1.1)                                              # older than the retention, by the log's clock
     for name in ("groups", "runs"):
-        before = _commit_files(lake, name)
+        before = len(lake.commit_files(name))
         with lake.run("test", "write", {"commit": "after"}) as run:
             lake.replace("groups", groups_rows(0, 1), {"iteration": 0}, run)
-        assert _commit_files(lake, name) >= before + 1           # nothing swept by the commits
+        assert len(lake.commit_files(name)) >= before + 1           # nothing swept by the commits
     maintain(lake, MaintenanceConfig(tables=["groups"], retention_hours=0, compact=False, vacuum=False))
-    assert _commit_files(lake, "groups") == 1                    # the new checkpoint's commit only
+    assert len(lake.commit_files("groups")) == 1                    # the new checkpoint's commit only
     assert lake.read("groups")["group_id"].to_list() == ["g0-0"]
 
 
