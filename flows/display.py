@@ -154,6 +154,10 @@ def print_lineage(lineage: dict[str, Any]) -> None:
                           f"code {run['code_version']}, started {run['started_at']:%Y-%m-%d %H:%M:%S} UTC)")
         console.print(f"  prompt        {_cell(problem['prompt'], 200)}")
         console.print(f"  answer        {_cell(problem['answer'], 200)}")
+    elif lineage.get("proposal"):                     # a self-play task the bank's gate refused: its proposal
+        proposal = lineage["proposal"]["proposal"]
+        origin = {"uri": f"proposal:{proposal['proposal_id']}", "parameters": {"task_type": proposal["task_type"]}}
+        _print_proposal(origin, lineage["proposal"])
     for line in _drop_lines(lineage["problem_id"], lineage["dropped"]):
         console.print(line)
 

@@ -9,7 +9,7 @@ another band) over the rollouts and rewards already stored.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import polars as pl
@@ -25,6 +25,7 @@ from flows.stage_plans import (advantages_key, latest_bank_version, rollout_key,
 from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
+from tasks.curation.gate import admit_made, refused_but_drawn
 from tasks.rollout.stage import IterationConfig, current_model_version, next_iteration, sample_iteration
 from trainers.grpo import TrainConfig
 from storage.registry import latest_version
@@ -64,7 +65,8 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
         sampled = sample_task(lake, settings, iteration, version, score)
         if sampled.new_problems is not None:           # self-play's or RISE's tasks enter the bank before their rollouts
             bank_added(lake, sampled.new_problems, iteration,
-                       "self-play problems" if sampled.proposals is not None else "verification tasks")
+                       "self-play problems" if sampled.proposals is not None else "verification tasks",
+                       drawn=sampled.rollouts["problem_id"].unique().to_list())
         if sampled.proposals is not None:
             lake.replace("proposals", sampled.proposals, key, run)
         lake.replace("rollouts", sampled.rollouts, key, run)
@@ -86,26 +88,19 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
             "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
 
 
-def bank_added(lake: Lake, problems, iteration: int, what: str) -> int | None:
-    """Problems an iteration made (self-play's proposer prompts and valid tasks, self-verification tasks) as a
-    bank version of their own: a curate run under the `bank` lease, as any curation, so bank versions stay
-    one per completed curation. Problems the bank holds already (a re-run makes the same) are left out."""
-    from storage.leases import BANK
-    from tasks.curation.stage import next_bank_version
-
-    known = lake.read("problems", columns=["problem_id"])["problem_id"].to_list()
-    problems = problems.filter(~pl.col("problem_id").is_in(known))
-    if problems.is_empty():
+def bank_added(lake: Lake, problems, iteration: int, what: str, drawn: Iterable[str] = ()) -> int | None:
+    """Problems an iteration made (self-play's proposer prompts and tasks, self-verification tasks) through the
+    bank's gate (tasks/curation/gate.py), as a bank version of their own: validation, exact and near-duplicates,
+    decontamination, the `bank` lease, as any curation. Fails if one the iteration `drawn` was refused."""
+    admitted = admit_made(lake, problems, "rl-iteration", {"added_by_iteration": iteration, "what": what},
+                          iteration=iteration, prefect_flow_run_id=flow_run.id)
+    if admitted is None:
         return None
-    with contextlib.ExitStack() as critical:           # the lease is left only after the run completed
-        with lake.run("rl-iteration", "curate", {"added_by_iteration": iteration, "what": what}, iteration=iteration,
-                      prefect_flow_run_id=flow_run.id) as run:
-            critical.enter_context(lake.lease(BANK, wait=True))
-            run.bank_version = version = next_bank_version(lake)
-            lake.replace("problems", problems.with_columns(bank_version=pl.lit(version, pl.Int64)),
-                         {"bank_version": version}, run)
-    print(f"iteration {iteration}: {problems.height} {what} added as bank version {version}")
-    return version
+    refused = f"; {len(admitted.refused)} refused (rlvr bank stats)" if admitted.refused else ""
+    print(f"iteration {iteration}: {admitted.kept.height} {what} added as bank version {admitted.bank_version}"
+          + refused)
+    refused_but_drawn(admitted, drawn)
+    return admitted.bank_version
 
 
 def self_verification_tasks(lake: Lake, settings: IterationConfig, sampled) -> pl.DataFrame:

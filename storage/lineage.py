@@ -33,6 +33,9 @@ def problem_lineage(lake: Lake, problem_id: str) -> dict[str, Any] | None:
                                    "source_uri", "source_line", "run_id")}
         for row in dropped.iter_rows(named=True)
     ]
+    refused_task = next((uri for uri in dropped["source_uri"] if uri.startswith("proposal:")), None)
+    if "proposal" not in lineage and refused_task is not None:   # a self-play task the bank's gate refused
+        lineage["proposal"] = proposal_lineage(lake, refused_task.split(":", 1)[1])
     return lineage
 
 

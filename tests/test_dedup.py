@@ -60,7 +60,7 @@ def candidates(rows):
 
 def existing(rows):
     frame = candidates(rows)
-    return frame.select("problem_id", "source", "source_kind", "domain", "split", "prompt")
+    return frame.select("problem_id", "source", "source_kind", "source_uri", "domain", "split", "prompt")
 
 
 def test_exact_duplicates_by_normalised_text_keep_the_first():

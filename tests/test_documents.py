@@ -32,6 +32,31 @@ def test_each_rule_rejects_a_hand_written_challenge(text, reason):
     assert parse_challenge(text, DOCUMENT).reason == reason
 
 
+@pytest.mark.parametrize("question, answer, span, reason", [
+    # a word of the copied sentence is not an answer (the old substring rule took each of these)
+    ("How many bakeries does Arlen have?", "has", "It has 12 bakeries and 3 schools.", "trivial_answer"),
+    ("How many bakeries does Arlen have?", "schools", "It has 12 bakeries and 3 schools.", "answer_not_a_number"),
+    # a sub-word is not a span: "2" is in "12", "bake" in "bakeries"
+    ("How many bakeries does Arlen have?", "2", "It has 12 bakeries and 3 schools.", "answer_not_in_span"),
+    ("What does Arlen have 12 of?", "bake", "It has 12 bakeries and 3 schools.", "answer_not_in_span"),
+    ("How many people live in Arlen?", "4200 people", "4200 people", "answer_is_span"),
+    ("How long is the river?", "40", "The river through Arlen is 40 km long.", "valid"),
+    ("What is the town?", "Arlen is a town of 4200 people", "Arlen is a town of 4200 people.", "answer_is_span"),
+    ("What is it?", "12", "It has 12 bakeries and 3 schools.", "question_not_about_span"),
+    ("What does Arlen have 12 of?", "bakeries", "It has 12 bakeries and 3 schools.", "valid"),
+    ("How many schools are in Arlen?", "3", "It has 12 bakeries and 3 schools.", "valid"),   # a digit is a number
+    ("How long is the river through Arlen?", "40 km", "The river through Arlen is 40 km long.", "valid"),
+])
+def test_the_answer_must_be_a_span_of_whole_words_the_question_asks_for(question, answer, span, reason):
+    found = parse_challenge(challenge_text(question, answer, span), DOCUMENT)
+    assert getattr(found, "reason", "valid") == reason
+
+
+def test_a_span_cut_inside_a_word_is_not_a_passage():
+    text = challenge_text("How many bakeries does Arlen have?", "12", "has 12 bakeri")   # a substring, cut mid-word
+    assert parse_challenge(text, DOCUMENT).reason == "span_not_in_document"
+
+
 def test_a_valid_challenge_keeps_its_span_and_a_repeat_shares_its_key():
     text = challenge_text("How many bakeries does Arlen have?", "12", "It has 12 bakeries\n  and 3 schools.")
     challenge = parse_challenge(text, DOCUMENT)
@@ -100,7 +125,9 @@ def test_the_projects_datasets_are_a_corpus_with_every_licence_recorded():
     assert len(from_datasets) > 10_000 and len({d.document_id for d in documents}) == len(documents)
     assert all(d.licence for d in from_datasets)
     gsm8k = next(d for d in from_datasets if d.document_id == "gsm8k/train.jsonl:1")
-    assert gsm8k.licence == "MIT License" and gsm8k.text.startswith("Natalia sold clips") and "#### 72" in gsm8k.text
+    assert gsm8k.licence == "MIT" and gsm8k.text.startswith("Natalia sold clips") and "#### 72" in gsm8k.text
+    by_folder = {Path(d.source).parent.name: d.licence for d in from_datasets}     # read from each file's text
+    assert (by_folder["humaneval"], by_folder["math500"]) == ("MIT", "Apache-2.0")   # "The MIT License", "Apache …"
 
 
 class Replay:
@@ -211,3 +238,69 @@ def test_spice_on_the_tiny_model_records_each_challenge_with_its_document(prefec
     assert proposals["document_licence"].str.contains("tasks/generators/grounded.py").all()
     assert proposals.filter(pl.col("verdict") == "invalid")["reward"].is_in([-1.0, -0.5]).all()
     assert lake.read("model_versions")["model_version"].max() == 1                # the challenger's groups trained
+
+
+MIT_TEXT = """Copyright (c) 2021 Some One
+
+Permission is hereby granted, free of charge, to any person obtaining a copy
+of this software and associated documentation files (the "Software"), to deal
+in the Software without restriction, including without limitation the rights
+to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+copies of the Software, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+"""
+BSD_TEXT = """Copyright (c) 2019, Some One
+All rights reserved.
+
+Redistribution and use in source and binary forms, with or without
+modification, are permitted provided that the following conditions are met:
+
+1. Redistributions of source code must retain the above copyright notice.
+2. Redistributions in binary form must reproduce the above copyright notice.
+"""
+BSD3_CLAUSE = """3. Neither the name of the copyright holder nor the names of its
+   contributors may be used to endorse or promote products derived from
+   this software without specific prior written permission.
+"""
+
+
+@pytest.mark.parametrize("text, spdx", [
+    (MIT_TEXT, "MIT"),                                                       # the first line is a copyright line
+    ("The MIT License (MIT)\n\n" + MIT_TEXT, "MIT"),                         # or a title
+    (MIT_TEXT.replace("The above copyright notice and this permission notice shall be included", "Nothing"), "MIT-0"),
+    (BSD_TEXT, "BSD-2-Clause"),
+    (BSD_TEXT + BSD3_CLAUSE, "BSD-3-Clause"),
+    ("\n\n                    Apache License\n              Version 2.0, January 2004\n", "Apache-2.0"),
+    ("GNU GENERAL PUBLIC LICENSE\n   Version 3, 29 June 2007\n\n Copyright (C) 2007 Free Software Foundation",
+     "GPL-3.0-only"),
+    ("GNU GENERAL PUBLIC LICENSE\n   Version 2, June 1991\n", "GPL-2.0-only"),
+    ("GNU LESSER GENERAL PUBLIC LICENSE\n Version 2.1, February 1999\n ... the GNU General Public License version 3",
+     "LGPL-2.1-only"),                                                       # names the GPL: the LGPL still wins
+    ("Creative Commons\n\nAttribution-ShareAlike 4.0 International\n\nCreative Commons Corporation", "CC-BY-SA-4.0"),
+    ("Attribution 4.0 International\n\n=======\n\nCreative Commons Attribution 4.0 International Public License",
+     "CC-BY-4.0"),
+    ("Creative Commons Legal Code\n\nCC0 1.0 Universal\n", "CC0-1.0"),
+    ("Copyright 2020 X\n\nPermission to use, copy, modify, and/or distribute this software for any purpose with or "
+     "without fee is hereby granted, provided that the above copyright notice and this permission notice appear in "
+     "all copies.", "ISC"),
+    ("Copyright 2020 X\nSPDX-License-Identifier: MPL-2.0\n", "MPL-2.0"),    # a tag says it outright
+    ("\nCC-BY-4.0\nfull text\n", "CC-BY-4.0"),                              # a file holding only the id
+    ("Copyright (c) 2020 Some One. All rights reserved.\n", None),           # not a licence we know
+])
+def test_a_licence_is_read_from_its_files_text_not_its_first_line(text, spdx):
+    from tasks.selfplay.licences import spdx_of
+
+    assert spdx_of(text) == spdx
+
+
+def test_a_corpus_licence_file_with_a_copyright_first_line_is_named_by_its_text(tmp_path):
+    (tmp_path / "mit").mkdir()
+    (tmp_path / "mit" / "a.txt").write_text("One.\n")
+    (tmp_path / "mit" / "LICENSE").write_text(MIT_TEXT)
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "b.txt").write_text("Two.\n")
+    (tmp_path / "own" / "LICENCE.md").write_text("Copyright (c) 2020 Some One\n\nYou may read this, nothing more.\n")
+    assert [(d.document_id, d.licence) for d in read_documents(tmp_path)] == [
+        ("mit/a.txt:1", "MIT"), ("own/b.txt:1", f"LicenseRef-unknown ({tmp_path / 'own' / 'LICENCE.md'})")]

@@ -48,8 +48,10 @@ def run(
         except ValueError as error:
             fail(str(error), 2)
         unlicensed = sum(document.licence is None for document in corpus)
+        unread = sum(document.licence_unread for document in corpus)
         console.print(f"[dim]{len(corpus)} documents from {documents}"
                       + (f"; {unlicensed} with no licence found (no LICENSE file beside them)" if unlicensed else "")
+                      + (f"; {unread} whose licence file's text is not a licence it knows" if unread else "")
                       + "[/dim]")
         settings.selfplay.documents = str(documents.resolve())
     opened = Lake.open(lake)

@@ -11,6 +11,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from tasks.config import Strict
 
 FILE_KINDS = ("gsm8k", "math", "olympiad", "humaneval", "mapped")
+# A self-play task's source_uri begins so (`proposal:<id>`): text a model wrote, checked for near-duplicates and
+# contamination like a file's rows, in the bank as when it enters it.
+PROPOSAL_URI = "proposal:"
 MAPPABLE_FIELDS = {"prompt", "answer", "solution", "tests", "entry_point"}
 PROCEDURAL_KINDS = ("generator", "gym")
 SourceKind = Literal["gsm8k", "math", "olympiad", "humaneval", "mapped", "generator", "gym", "workspaces"]

@@ -9,11 +9,17 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tasks.curation.config import DecontaminationConfig, DedupConfig, FILE_KINDS
+from tasks.curation.config import DecontaminationConfig, DedupConfig, FILE_KINDS, PROPOSAL_URI
 from tasks.curation.dedup import near_duplicates, ngram_overlap
 from tasks.curation.records import normalise_text
 
 DROP_COLUMNS = ["problem_id", "source", "source_uri", "source_line", "seed", "reason", "duplicate_of", "similarity", "prompt"]
+
+
+def checked_in_bank() -> pl.Expr:
+    """Which of the bank's rows take part in near-duplicate and contamination checks: file rows and self-play's
+    tasks (both free text; procedural rows are templates, told apart by their numbers only)."""
+    return pl.col("source_kind").is_in(list(FILE_KINDS)) | pl.col("source_uri").str.starts_with(PROPOSAL_URI)
 
 
 def _drops(rows: pl.DataFrame, reason: str, duplicate_of: list, similarity) -> pl.DataFrame:
@@ -27,7 +33,7 @@ def deduplicate(candidates: pl.DataFrame, existing: pl.DataFrame, config: DedupC
     new = candidates.with_row_index("_row").sort(pl.col("split") != "eval", "_row")
     pool = pl.concat([
         existing.select("problem_id", "domain", "split", "prompt", _row=pl.lit(None, pl.UInt32),
-                        similarity_checks=pl.col("source_kind").is_in(list(FILE_KINDS))),
+                        similarity_checks=checked_in_bank()),
         new.select("problem_id", "domain", "split", "prompt", "_row", "similarity_checks"),
     ])
     is_new = pool["_row"].is_not_null().to_numpy()
@@ -44,7 +50,7 @@ def deduplicate(candidates: pl.DataFrame, existing: pl.DataFrame, config: DedupC
     duplicate_of[exact], similarity[exact], reason[exact] = first_of[exact], 1.0, "exact_duplicate"
     if config.near:
         eligible = np.flatnonzero(pool["similarity_checks"].to_numpy() & (reason == None))  # noqa: E711 (object array)
-        if len(eligible):
+        if is_new[eligible].any():                           # else nothing new could be dropped: skip the MinHash
             split_codes = (pool["split"].to_numpy()[eligible] == "eval").astype(np.int64)
             found = near_duplicates([pool["prompt"][int(i)] for i in eligible], split_codes, config.threshold,
                                     config.ngram, config.num_perm)
@@ -85,7 +91,7 @@ def decontaminate(candidates: pl.DataFrame, eval_sets: dict[str, list[str]], con
     new_eval = {name: texts for name, texts in eval_sets.items()
                 if name in set(candidates.filter(pl.col("split") == "eval")["source"].to_list())}
     if existing is not None and new_eval:
-        old_train = existing.filter((pl.col("split") == "train") & pl.col("source_kind").is_in(list(FILE_KINDS)))
+        old_train = existing.filter((pl.col("split") == "train") & checked_in_bank())
         old_best, old_set = _best_overlap(old_train["prompt"].to_list(), new_eval, config)
         old_hits = old_best >= config.min_overlap
         dropped.append(_drops(old_train.filter(pl.Series(old_hits)), "contaminated_later", list(old_set[old_hits]),

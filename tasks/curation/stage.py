@@ -52,9 +52,9 @@ def identical_curation(lake: Lake, config: CurationConfig) -> dict | None:
     return matches.row(-1, named=True) if matches.height else None
 
 
-def existing_bank(lake: Lake, bank_version: int) -> pl.DataFrame:
-    """Problems of every other bank version: what new problems are deduplicated against."""
-    return lake.read("problems", filter=pc.field("bank_version") != bank_version,
+def existing_bank(lake: Lake, bank_version: int | None = None) -> pl.DataFrame:
+    """Problems of every other bank version (None: every version): what new problems are deduplicated against."""
+    return lake.read("problems", filter=None if bank_version is None else pc.field("bank_version") != bank_version,
                      columns=["problem_id", "source", "source_kind", "source_uri", "source_line", "seed", "domain",
                               "split", "prompt"])
 

@@ -1,8 +1,8 @@
 """SPICE's warm-up on the tiny model: worked challenges over drill documents. A document is one a*b+c drill
-problem with its worked solution; a challenge asks either the whole problem (answer: the final line) or
-one of its steps (answer: that step's result), citing the line it rests on. The step questions are easier
-for the reasoner than the whole problem, so the challenger has a real choice of difficulty to learn from
-the variance reward. `drill_documents` writes the corpus `configs/data/drill-documents.jsonl` holds.
+problem with its worked solution; a challenge asks either the whole problem (answer: the final line's, citing
+the last step and that line) or one of its steps (answer: that step's result, citing the step). The step
+questions are easier for the reasoner than the whole problem, so the challenger has a real choice of difficulty
+to learn from the variance reward. `drill_documents` writes the corpus `configs/data/drill-documents.jsonl` holds.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def drill_document(rng: random.Random, heldout: bool = False) -> tuple[str, list
 
     drill = (arithmetic.two_step_eval if heldout else arithmetic.two_step)(rng)
     text = f"{drill.prompt}\n{drill.solution}"
-    candidates = [(drill.prompt, drill.answer, f"#### {drill.answer}")]
+    candidates = [(drill.prompt, drill.answer, "\n".join(text.splitlines()[-2:]))]   # the last step and its result
     for step in drill.steps:
         expression, result = step.split("=")
         candidates.append((f"What is {expression}?", result, step.replace("=", " = ")))
@@ -43,7 +43,7 @@ def challenger_example(rng: random.Random, heldout: bool = False) -> Generated:
             break
     question, answer, span = rng.choice(valid)
     return Generated(challenger_prompt(Document("drill", text)), text, challenge_text(question, answer, span), [],
-                     {"kind": "whole" if span.startswith("####") else "step"})
+                     {"kind": "whole" if "####" in span else "step"})
 
 
 def challenger_example_eval(rng: random.Random) -> Generated:

@@ -2,17 +2,21 @@
 and the span of the document it rests on; the reasoner then answers the question without the
 document. Pure: documents and responses in, tasks or rejections out.
 
-A challenge is three fenced blocks, ```question```, ```answer``` and ```span```. It is valid when the
-span is a passage of the document (whitespace aside), the answer appears in the span (so the span
-supports it), the question does not give the answer away, and the question was not asked before of
-that document. The challenger's reward is SPICE's: a Gaussian of the variance of the reasoner's
-correctness over its G attempts, exp(−(p(1−p) − ¼)² / (2·width)) for solve rate p — 1 at p = ½ (the
-variance of a fair coin, ¼), falling off as the task gets too easy or too hard.
+A challenge is three fenced blocks, ```question```, ```answer``` and ```span```. It is valid when the span
+is a passage of the document (whitespace aside, cut at word boundaries) and the answer passes SPICE's
+challenger filter as far as it is cheap to check (`answer_issue`): a run of whole words of the span (not a
+sub-word: "2" is not in "12"), not stop words only or a single letter, not the whole span (the span is the
+evidence around the answer), at most `MAX_ANSWER_WORDS` words, a number where the question asks how many, how
+much, how long or what year, not in the question, and the question shares a content word with the span; and the
+question was not asked before of that document. The challenger's reward is SPICE's: a Gaussian of the variance
+of the reasoner's correctness over its G attempts, exp(−(p(1−p) − ¼)² / (2·width)) for solve rate p — 1 at
+p = ½ (the variance of a fair coin, ¼), falling off as the task gets too easy or too hard.
 
 A corpus is any user's text: a JSONL file, a text file, or a folder of both; dataset rows (GSM8K's
 `question`/`answer`, MATH's `problem`/`solution`, `prompt`/`answer`) become documents of statement and
-solution. Each document keeps the file it came from and its licence (a row's `license`, else the
-first line of the nearest LICENSE, LICENCE or COPYING file), so every task grounded in it can say so.
+solution. Each document keeps the file it came from and its licence (a row's `license`, else the SPDX id the
+text of the nearest LICENSE, LICENCE or COPYING file is, tasks/selfplay/licences.py), so every task grounded in
+it can say so.
 """
 
 from __future__ import annotations
@@ -22,14 +26,32 @@ import json
 import math
 import random
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.selfplay.code_tasks import Rejection
+from tasks.selfplay.licences import UNKNOWN, licence_of_file
 from tasks.verifiers.qa import normalise_answer
 
 BLOCK = re.compile(r"```[ \t]*(question|answer|span)[ \t]*\n(.*?)```", re.DOTALL)
 MAX_CHARS = 400
+MAX_ANSWER_WORDS = 8                  # SPICE's answers are short: a number, a name, a phrase
+TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W_]+")
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+ARTICLES = frozenset({"a", "an", "the"})
+STOP_WORDS = frozenset("""a an the and or but if of to in on at by for with from as into onto about than then so
+    is are was were be been being am do does did has have had it its this that these those there here he she
+    they we you i me him her them us my your his our their what which who whom whose when where why how not no yes
+    all any some each every can could will would shall should may might must also only very just""".split())
+NUMBER_WORDS = frozenset("""zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+    fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred
+    thousand million billion dozen half""".split())
+NUMBER_QUESTION = re.compile(r"\b(?:how (?:many|much|long|old|far|tall)|"
+                             r"(?:what|which) (?:year|number|percentage|percent|amount))\b")
+GROUNDED_REASONS = ("unparseable", "span_not_in_document", "answer_not_in_span", "trivial_answer", "answer_is_span",
+                    "answer_too_long", "answer_not_a_number", "answer_in_question", "question_not_about_span",
+                    "duplicate")
 
 
 LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")       # any suffix, any case: LICENSE.txt, copying.md
@@ -43,7 +65,12 @@ class Document:
     document_id: str
     text: str
     source: str | None = None     # the file it came from
-    licence: str | None = None    # its licence, as the corpus states it (None: none found)
+    licence: str | None = None    # its licence: a row's own, or an SPDX id read from a licence file (None: none found)
+
+    @property
+    def licence_unread(self) -> bool:
+        """A licence file is there, but its text is no licence `licences.py` knows (`LicenseRef-unknown (<file>)`)."""
+        return (self.licence or "").startswith(UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -129,14 +156,14 @@ def _row_text(row) -> str | None:
 
 
 def licence_of(path: Path, root: Path) -> str | None:
-    """The first non-empty line of the nearest licence file (LICENSE, LICENCE or COPYING, any suffix) from `path`'s
-    folder up to `root` (a single file: its own folder)."""
+    """The SPDX id of the nearest licence file (LICENSE, LICENCE or COPYING, any suffix) from `path`'s folder up to
+    `root` (a single file: its own folder), read from its text (tasks/selfplay/licences.py), or
+    `LicenseRef-unknown (<file>)` when the text is not one it knows; None when there is no licence file."""
     folder = path.parent
     while True:
         for candidate in sorted(folder.iterdir()):
             if candidate.is_file() and is_licence(candidate):
-                lines = [line.strip() for line in candidate.read_text(errors="replace").splitlines()]
-                return next((line for line in lines if line), None)
+                return licence_of_file(candidate.read_text(errors="replace"), str(candidate))
         if folder == root or folder == folder.parent or root not in folder.parents:
             return None
         folder = folder.parent
@@ -168,6 +195,39 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
+def words(text: str) -> list[str]:
+    """Whole tokens, case and width aside, without articles: numbers keep their inner separators (3.5, 1,000), so
+    neither "5" nor "000" is a token of them; punctuation is no token."""
+    return [token for token in TOKEN.findall(unicodedata.normalize("NFKC", text).lower()) if token not in ARTICLES]
+
+
+def holds(tokens: list[str], part: list[str]) -> bool:
+    """`part` is a contiguous run of whole `tokens`."""
+    return bool(part) and any(tokens[start:start + len(part)] == part for start in range(len(tokens) - len(part) + 1))
+
+
+def answer_issue(question: str, answer: str, span: str) -> Rejection | None:
+    """SPICE's challenger filter, as far as it is cheap to check: the answer is a run of whole words of the span,
+    neither trivial nor the whole span nor longer than a short answer, a number where the question asks how many,
+    how much or what year, not in the question, and the question is about the span (they share a content word)."""
+    said, cited, asked = words(answer), words(span), words(question)
+    if not holds(cited, said):
+        return Rejection("answer_not_in_span", f"the answer {answer[:80]!r} is not a run of whole words of the span")
+    if all(w in STOP_WORDS for w in said) or (len(said) == 1 and len(said[0]) == 1 and not said[0].isdigit()):
+        return Rejection("trivial_answer", f"the answer {answer[:80]!r} is stop words only or a single letter")
+    if said == cited:
+        return Rejection("answer_is_span", "the span is the answer alone: it must be the passage that supports it")
+    if len(said) > MAX_ANSWER_WORDS:
+        return Rejection("answer_too_long", f"the answer has {len(said)} words (at most {MAX_ANSWER_WORDS})")
+    if NUMBER_QUESTION.search(" ".join(asked)) and not any(NUMBER.fullmatch(w) or w in NUMBER_WORDS for w in said):
+        return Rejection("answer_not_a_number", "the question asks for a number and the answer holds none")
+    if holds(asked, said):
+        return Rejection("answer_in_question", "the question gives its answer away")
+    if not (set(asked) - STOP_WORDS) & set(cited):
+        return Rejection("question_not_about_span", "the question shares no content word with its span")
+    return None
+
+
 def parse_challenge(text: str, document: Document) -> Challenge | Rejection:
     """The challenge in a challenger's response, or the rule it breaks."""
     blocks = {kind: body.strip() for kind, body in BLOCK.findall(text)}
@@ -176,12 +236,11 @@ def parse_challenge(text: str, document: Document) -> Challenge | Rejection:
     question, answer, span = blocks["question"], blocks["answer"], blocks["span"]
     if max(len(question), len(answer), len(span)) > MAX_CHARS:
         return Rejection("unparseable", f"a block longer than {MAX_CHARS} characters")
-    if _squash(span) not in _squash(document.text):
+    if _squash(span) not in _squash(document.text) or not holds(words(document.text), words(span)):
         return Rejection("span_not_in_document", f"the span {span[:80]!r} is not a passage of {document.document_id}")
-    if normalise_answer(answer) not in normalise_answer(span):
-        return Rejection("answer_not_in_span", f"the answer {answer[:80]!r} is not in the span it cites")
-    if normalise_answer(answer) in normalise_answer(question):
-        return Rejection("answer_in_question", "the question gives its answer away")
+    issue = answer_issue(question, answer, span)
+    if issue is not None:
+        return issue
     key = hashlib.sha256(json.dumps([document.document_id, normalise_answer(question)]).encode()).hexdigest()[:24]
     return Challenge(question, answer, _squash(span), key)
 

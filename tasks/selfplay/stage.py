@@ -35,6 +35,8 @@ from pydantic import Field
 
 from storage.lake import Lake
 from tasks.config import Strict
+from tasks.curation.config import PROPOSAL_URI
+from tasks.curation.gate import refusals
 from tasks.curation.load import CANDIDATE_SCHEMA
 from tasks.curation.records import problem_id
 from tasks.generators.base import derive_seed
@@ -98,17 +100,45 @@ def earlier_tasks(lake: Lake, before: int) -> pl.DataFrame:
 
 
 def problem_rows(rows: list[dict]) -> pl.DataFrame:
-    """Problems in the curation's candidate schema (the bank's write path)."""
+    """Problems in the curation's candidate schema (the bank's gate takes them as a source's rows); only rows
+    that say so take part in near-duplicate and contamination checks."""
     filled = [{name: row.get(name) for name in CANDIDATE_SCHEMA} for row in rows]
-    return pl.DataFrame(filled, schema=CANDIDATE_SCHEMA).drop("similarity_checks")
+    return pl.DataFrame(filled, schema=CANDIDATE_SCHEMA).with_columns(pl.col("similarity_checks").fill_null(False))
 
 
 def selfplay_problem(prompt: str, answer: str, verifier: str, source: str, uri: str, level: int,
                      params: dict, metadata: dict, domain: str = "code") -> dict:
+    """A bank row of self-play's; a task (`proposal:<id>`, text the model wrote) is checked for near-duplicates and
+    contamination as a file's rows are, a proposer's prompt (a template around earlier tasks) for exact repeats."""
     return {"problem_id": problem_id("train", domain, prompt, answer, None), "source": source,
             "source_kind": "selfplay", "source_uri": uri, "split": "train", "domain": domain, "level": level,
             "prompt": prompt, "answer": answer, "verifier": verifier, "params": json.dumps(params, sort_keys=True),
-            "metadata": json.dumps(metadata, sort_keys=True)}
+            "metadata": json.dumps(metadata, sort_keys=True), "similarity_checks": uri.startswith(PROPOSAL_URI)}
+
+
+def proposer_problems(selfplay: SelfPlayConfig, history: pl.DataFrame,
+                      rng: random.Random) -> tuple[pl.DataFrame, dict[str, Document]]:
+    """The proposer's prompts, `proposer_groups` per task type, each showing earlier valid tasks of that type (a
+    generated one before there are any), and a challenger's per document drawn (SPICE); the documents drawn."""
+    rows = []
+    for task_type in selfplay.task_types:
+        buffer = [CodeTask.from_json(text) for text in history.filter(pl.col("task_type") == task_type)["answer"]]
+        for _ in range(selfplay.proposer_groups):
+            references = (rng.sample(buffer, min(selfplay.references, len(buffer))) if buffer else
+                          [draw_task(rng, False, task_type) for _ in range(selfplay.references)])
+            rows.append(selfplay_problem(proposer_prompt(task_type, references), task_type, "learnability",
+                                         PROPOSER_SOURCE, f"proposer:{task_type}", LEVELS[task_type],
+                                         {"task_type": task_type}, {}))
+    documents = {}
+    if selfplay.documents:                            # SPICE: a challenger reads a document per group
+        corpus = read_documents(selfplay.documents)
+        for document in rng.sample(corpus, min(selfplay.challenger_groups, len(corpus))):
+            documents[document.document_id] = document
+            rows.append(selfplay_problem(
+                challenger_prompt(document), GROUNDED, "learnability", PROPOSER_SOURCE,
+                f"challenger:{document.document_id}", LEVELS[GROUNDED],
+                {"task_type": GROUNDED, "document_id": document.document_id}, {}, domain="qa"))
+    return problem_rows(rows).unique("problem_id", keep="first", maintain_order=True), documents
 
 
 def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, policy, tokenizer,
@@ -120,27 +150,9 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
     seen = set(history["task_key"].to_list())
     rng = random.Random(derive_seed(selfplay.seed, iteration, "references"))
 
-    # 1. the proposer's prompts and proposals
-    proposer_problems = []
-    for task_type in selfplay.task_types:
-        buffer = [CodeTask.from_json(text) for text in history.filter(pl.col("task_type") == task_type)["answer"]]
-        for _ in range(selfplay.proposer_groups):
-            references = (rng.sample(buffer, min(selfplay.references, len(buffer))) if buffer else
-                          [draw_task(rng, False, task_type) for _ in range(selfplay.references)])
-            text = proposer_prompt(task_type, references)
-            proposer_problems.append(selfplay_problem(text, task_type, "learnability", PROPOSER_SOURCE,
-                                                      f"proposer:{task_type}", LEVELS[task_type],
-                                                      {"task_type": task_type}, {}))
-    documents = {}
-    if selfplay.documents:                            # SPICE: a challenger reads a document per group
-        corpus = read_documents(selfplay.documents)
-        for document in rng.sample(corpus, min(selfplay.challenger_groups, len(corpus))):
-            documents[document.document_id] = document
-            proposer_problems.append(selfplay_problem(
-                challenger_prompt(document), GROUNDED, "learnability", PROPOSER_SOURCE,
-                f"challenger:{document.document_id}", LEVELS[GROUNDED],
-                {"task_type": GROUNDED, "document_id": document.document_id}, {}, domain="qa"))
-    proposers = problem_rows(proposer_problems).unique("problem_id", keep="first", maintain_order=True)
+    # 1. the proposer's prompts (through the bank's gate: one it refuses is not sampled) and proposals
+    proposers, documents = proposer_problems(selfplay, history, rng)
+    proposers = proposers.filter(~pl.col("problem_id").is_in(list(refusals(lake, proposers))))
     proposer_sampler = rollout.sampler.model_copy(update={"max_new_tokens": selfplay.proposal_tokens})
     prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in proposers["prompt"]]
     seed = derive_seed(rollout.seed, iteration, "propose")
@@ -159,42 +171,16 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
     validated = [next(checked) if code else grounded(text, documents[read_from[pid]], seen)
                  for text, pid, code in zip(proposed["response"], proposed["problem_id"], is_code)]
 
-    # 3. valid tasks become problems; the solver solves them and earlier ones
+    # 3. valid tasks become problems, through the bank's gate: one it would refuse is an invalid proposal, never solved
+    made = [task_problem(row, result.task, model_version, documents.get(read_from[row["problem_id"]]))
+            for row, result in zip(proposed.iter_rows(named=True), validated)]
+    refused = refusals(lake, problem_rows([problem for problem in made if problem])) if any(made) else {}
+    validated = [gated(result, problem, refused) for result, problem in zip(validated, made)]
     now = datetime.now(timezone.utc)
-    proposal_rows, task_problems = [], []
-    for rollout_row, result in zip(proposed.iter_rows(named=True), validated):
-        proposal_id = f"p-{rollout_row['rollout_id']}"
-        task = result.task
-        problem = None
-        if isinstance(task, Challenge):
-            problem = selfplay_problem(task.question, task.answer, "qa", SOURCE, f"proposal:{proposal_id}",
-                                       LEVELS[GROUNDED], {"task_type": GROUNDED},
-                                       {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
-                                        "proposer_model_version": model_version,
-                                        **document_lineage(documents[read_from[rollout_row["problem_id"]]])},
-                                       domain="qa")
-            task_problems.append(problem)
-        elif task is not None:
-            problem = selfplay_problem(solver_prompt(task), task.to_json(), "selfplay", SOURCE, f"proposal:{proposal_id}",
-                                       LEVELS[task.task_type], {"task_type": task.task_type},
-                                       {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
-                                        "proposer_model_version": model_version})
-            task_problems.append(problem)
-        code = not isinstance(task, Challenge) and types[rollout_row["problem_id"]] != GROUNDED
-        proposal_rows.append({
-            "proposal_id": proposal_id, "iteration": iteration, "role": "proposer" if code else "challenger",
-            "task_type": types[rollout_row["problem_id"]], "model_version": model_version,
-            "rollout_id": rollout_row["rollout_id"],
-            **document_lineage(documents.get(read_from[rollout_row["problem_id"]])),
-            "span": task.span if isinstance(task, Challenge) else None,
-            "verdict": "valid" if task is not None else "invalid",
-            "reason": result.rejection.reason if result.rejection else None,
-            "detail": result.rejection.detail if result.rejection else None, "task_key": result.key or None,
-            "shape_key": shape_key(task.program) if code and task else None,
-            "program": task.program if code and task else None,
-            "inputs": json.dumps(list(task.inputs)) if code and task else None,
-            "outputs": json.dumps(list(task.outputs)) if code and task else None,
-            "problem_id": problem["problem_id"] if problem else None, "created_at": now})
+    proposal_rows = [proposal_row(row, result, problem, iteration, model_version, types[row["problem_id"]],
+                                  documents.get(read_from[row["problem_id"]]), now)
+                     for row, result, problem in zip(proposed.iter_rows(named=True), validated, made)]
+    task_problems = [problem for problem, result in zip(made, validated) if problem and result.rejection is None]
     new_tasks = problem_rows(task_problems) if task_problems else problem_rows([])
     fill = max(0, selfplay.solver_tasks - new_tasks.height)
     older = history.sample(min(fill, history.height), seed=derive_seed(selfplay.seed, iteration, "older") % 2**32) \
@@ -227,10 +213,52 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
         correct=pl.col("reward") > 0, details=pl.struct(
             "verdict", "reason", "solve_rate", "task_type").struct.json_encode())
     solved = [solver_rollouts] if not solver_rollouts.is_empty() else []
+    to_bank = pl.concat([proposers, problem_rows([problem for problem in made if problem])], how="vertical_relaxed")
     return SelfPlaySample(pl.concat([proposed, *solved], how="vertical_relaxed"),
                           pl.concat([proposer_rewards, *(solver_rewards for _ in solved)], how="diagonal_relaxed"),
-                          proposals, pl.concat([proposers, new_tasks], how="vertical_relaxed").unique(
-                              "problem_id", keep="first", maintain_order=True))
+                          proposals, to_bank.unique("problem_id", keep="first", maintain_order=True))
+
+
+def task_problem(rollout_row: dict, task, model_version: int, document: Document | None) -> dict | None:
+    """The bank row a valid proposal's task becomes (None for an invalid proposal)."""
+    if task is None:
+        return None
+    proposal_id = f"p-{rollout_row['rollout_id']}"
+    lineage = {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
+               "proposer_model_version": model_version}
+    if isinstance(task, Challenge):
+        return selfplay_problem(task.question, task.answer, "qa", SOURCE, f"{PROPOSAL_URI}{proposal_id}",
+                                LEVELS[GROUNDED], {"task_type": GROUNDED}, {**lineage, **document_lineage(document)},
+                                domain="qa")
+    return selfplay_problem(solver_prompt(task), task.to_json(), "selfplay", SOURCE, f"{PROPOSAL_URI}{proposal_id}",
+                            LEVELS[task.task_type], {"task_type": task.task_type}, lineage)
+
+
+def gated(result: Validated, problem: dict | None, refused: dict[str, tuple[str, str]]) -> Validated:
+    """A valid proposal whose task the bank's gate refuses (a near-duplicate of a bank problem, an evaluation set's
+    overlap, a validation rule) is invalid, for the gate's reason; its task stays on the proposal as data."""
+    if problem is None or problem["problem_id"] not in refused:
+        return result
+    return Validated(result.key, result.task, Rejection(*refused[problem["problem_id"]]))
+
+
+def proposal_row(rollout_row: dict, result: Validated, problem: dict | None, iteration: int, model_version: int,
+                 task_type: str, document: Document | None, now: datetime) -> dict:
+    """One `proposals` row per proposer rollout, valid or not (its reward is filled once the solver has tried)."""
+    task = result.task
+    code = task_type != GROUNDED and task is not None
+    return {
+        "proposal_id": f"p-{rollout_row['rollout_id']}", "iteration": iteration,
+        "role": "challenger" if task_type == GROUNDED else "proposer", "task_type": task_type,
+        "model_version": model_version, "rollout_id": rollout_row["rollout_id"], **document_lineage(document),
+        "span": task.span if isinstance(task, Challenge) else None,
+        "verdict": "valid" if result.rejection is None else "invalid",
+        "reason": result.rejection.reason if result.rejection else None,
+        "detail": result.rejection.detail if result.rejection else None, "task_key": result.key or None,
+        "shape_key": shape_key(task.program) if code else None, "program": task.program if code else None,
+        "inputs": json.dumps(list(task.inputs)) if code else None,
+        "outputs": json.dumps(list(task.outputs)) if code else None,
+        "problem_id": problem["problem_id"] if problem else None, "created_at": now}
 
 
 def document_lineage(document: Document | None) -> dict:

@@ -86,7 +86,7 @@ class ChallengeVerifier:
     1 when the challenge is valid, else 0 with the rule it broke (held-out evaluation of the challenger)."""
 
     name: str = "challenge"
-    version: str = "1.0"
+    version: str = "1.1"                  # 1.1: the answer must be a span of whole words the question asks for
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         from tasks.selfplay.documents import Document, parse_challenge
