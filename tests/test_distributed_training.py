@@ -72,6 +72,18 @@ def test_fsdp_ranks_train_as_one_process_and_write_a_checkpoint_transformers_loa
     assert state["step"] == 1 and len(state["optimizer"]["state"]) == len(list(loaded.parameters()))
 
 
+def test_the_decoupled_proximal_pass_runs_on_fsdp_ranks_as_in_one_process(sampled):
+    """Two optimizer steps a batch with the decoupled objective: π_prox is a no-grad pass before the first update,
+    a forward per micro-batch on every rank (FSDP's forwards are collectives: idle ones keep them in step)."""
+    from flows.iteration import train_policy
+
+    settings = {"micro_batch_size": 5, "mini_batches": 2, "off_policy_loss": "decoupled", "learning_rate": 0.01}
+    one = train_policy(1, settings, sampled)
+    sharded = train_policy(1, {**settings, "processes": 2, "strategy": "fsdp"}, sampled, parent=0)
+    assert one["optimizer_steps"] == 2 and one["clip_fraction"] > 0
+    assert_same_step(one, sharded)
+
+
 def test_ranks_stay_up_between_steps_with_the_model_and_optimizer_in_memory(sampled):
     from flows.iteration import rl_iteration, train_policy
     from trainers.workers import GROUPS

@@ -234,6 +234,36 @@ def test_the_decoupled_loss_weights_each_off_policy_token_from_the_same_forward_
     assert capped["loss"] == pytest.approx(2 * plain["loss"], rel=1e-5) and capped["clip_fraction"] == 0.0
 
 
+def test_the_decoupled_clip_acts_on_later_mini_batches_against_the_policy_at_the_batch_start(policy, monkeypatch):
+    """With two mini-batches the second is trained after the first's update. Its ratio is to π_prox, the policy
+    before the batch's first update (AReaL), so the clip can fire; taken to the same forward pass, detached, the
+    ratio is 1 on every token and the clip never acts, whatever the update did."""
+    import trainers.grpo as grpo
+
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer, n=16, seed=7)
+    start = copy.deepcopy(model)
+    calls = []
+    real = grpo.micro_batch_loss
+
+    def recorded(model, micro, *args, **kwargs):
+        calls.append((micro, args[-1] if len(args) >= 8 else kwargs.get("proximal")))
+        return real(model, micro, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "micro_batch_loss", recorded)
+    config = TrainConfig(micro_batch_size=16, mini_batches=2, learning_rate=0.05, off_policy_loss="decoupled")
+    metrics, _ = train_on_batch(copy.deepcopy(model), rows, config)
+    assert metrics["optimizer_steps"] == 2 and metrics["clip_fraction"] > 0
+    (first, first_proximal), (second, second_proximal) = calls
+    assert first_proximal is None                           # the first update's own forward is the start policy
+    with torch.no_grad():
+        expected, _, _ = response_logprobs(start, second["prompt_token_ids"].to_list(),
+                                           second["response_token_ids"].to_list())
+    assert torch.allclose(second_proximal, expected, atol=1e-6)
+    one, _ = train_on_batch(copy.deepcopy(model), rows, config.model_copy(update={"mini_batches": 1}))
+    assert one["clip_fraction"] == 0.0                      # one update: every ratio is exactly 1
+
+
 def test_a_decoupled_loss_with_the_sequence_weight_too_is_refused():
     from flows.run_config import RunConfig
 

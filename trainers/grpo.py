@@ -59,9 +59,11 @@ class TrainConfig(Strict):
     off_policy_loss: Literal["behaviour", "decoupled"] = Field("behaviour", description="behaviour: the ratio "
                                                                 "to the stored behaviour log-probs is clipped (PPO "
                                                                 "with π_old = π_behaviour); decoupled (AReaL): the "
-                                                                "ratio to the policy at the step's start is clipped "
-                                                                "and each token weighted by its truncated "
-                                                                "π_start / π_behaviour, from the same forward pass")
+                                                                "ratio to the proximal policy, the one at the "
+                                                                "batch's start, is clipped and each token weighted "
+                                                                "by its truncated π_prox / π_behaviour (π_prox from "
+                                                                "a no-grad pass before the batch's first update "
+                                                                "when it takes several optimizer steps)")
     importance_cap: float = Field(2.0, gt=0, description="decoupled: truncation of the per-token weight")
     strategy: Literal["single", "ddp", "fsdp"] = Field("single", description="single: this process trains; ddp: "
                                                       "`processes` persistent ranks on torch.distributed, a full copy "
@@ -143,8 +145,11 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
                     for i in range(config.mini_batches) if order[i::config.mini_batches]]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
+    # ---- the decoupled objective's proximal policy: the one at the batch's start, kept for every update ----
+    proximal = proximal_logprobs(model, rows, mini_batches, config, placement) \
+        if config.off_policy_loss == "decoupled" else {}
 
-    for indices in mini_batches:
+    for number, indices in enumerate(mini_batches):
         # ---- one optimizer step: the mini-batch in micro-batches, gradients accumulated ----
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, (step + 1) / max(config.warmup_steps, 1))
@@ -155,7 +160,7 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
         for index, (micro, idle) in enumerate(micro_batches):
             with placement.accumulating(model, last=index == len(micro_batches) - 1):   # ranks sync on the last
                 out, mask, entropy, loss = micro_batch_loss(model, micro, mini, tokens, longest, config, placement,
-                                                            reference, idle)
+                                                            reference, idle, proximal.get((number, index)))
             if idle:
                 continue
             micro_tokens = float(mask.sum())
@@ -182,9 +187,33 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
     return metrics, step
 
 
+def proximal_logprobs(model, rows: pl.DataFrame, mini_batches: list[list[int]], config: TrainConfig,
+                      placement) -> dict:
+    """The proximal policy's log-probs (AReaL's π_prox, the policy before the batch's first update) of every
+    micro-batch this rank forwards after that update, by (mini-batch, micro-batch): a no-grad pass now, before
+    any step. The first mini-batch's are its own forward's, detached (the model has not moved yet). Every rank
+    runs the same number of forwards (idle micro-batches included): FSDP's are collectives."""
+    import torch
+
+    kept = {}
+    with torch.no_grad():
+        for number, indices in enumerate(mini_batches[1:], start=1):
+            for index, (micro, _) in enumerate(rank_micro_batches(rows[indices], placement.rank, placement.world,
+                                                                  config.micro_batch_size)):
+                with placement.autocast():
+                    logprobs, _, _ = response_logprobs(model, micro["prompt_token_ids"].to_list(),
+                                                       micro["response_token_ids"].to_list(),
+                                                       float(micro["temperature"][0]),
+                                                       share_prompts=placement.shares_prompts)   # [B, T]
+                kept[(number, index)] = logprobs.float()
+    return kept
+
+
 def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int, longest: int, config: TrainConfig,
-                     placement, reference=None, idle: bool = False):
-    """Forward, the policy loss and its backward for one micro-batch: (loss output, mask, entropy, loss)."""
+                     placement, reference=None, idle: bool = False, proximal=None):
+    """Forward, the policy loss and its backward for one micro-batch: (loss output, mask, entropy, loss).
+    `proximal`: the decoupled objective's π_prox log-probs of these rows ([B, T]; None: this forward's own,
+    the model not having moved since the batch began)."""
     import torch
 
     prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
@@ -198,8 +227,8 @@ def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int
         entropy = entropy * mask
     behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
     token_weights = None
-    if config.off_policy_loss == "decoupled":    # the policy before this step is the proximal one
-        proximal = logprobs.detach()
+    if config.off_policy_loss == "decoupled":    # the policy before the batch's first update is the proximal one
+        proximal = logprobs.detach() if proximal is None else proximal * mask
         token_weights = torch.clamp(torch.exp(proximal - behaviour), max=config.importance_cap) * mask
         behaviour = proximal
     ref_logprobs = None
