@@ -22,6 +22,7 @@ from storage.checkpoints import load_policy
 from storage.lake import Lake
 from storage.registry import version_row
 from storage.runs import utc_now
+from tasks.endpoints import server_root
 from tasks.generators import generate
 from tasks.rollout.agreement import Agreement, GateFailed, check_endpoint, describe
 from tasks.rollout.prompts import format_prompt
@@ -103,6 +104,7 @@ def append_agreements(lake: Lake, run, agreements: list[Agreement]) -> None:
 def check_policy(lake: Lake, rollout: RolloutConfig, endpoint: str, model: str | None = None) -> Agreement:
     """`rlvr policy check`: the gate on one endpoint for the version served as `model` (default: the newest
     registered version), recorded in `logprob_checks` like the loop's."""
+    endpoint = server_root(endpoint)                    # `http://host:8000/v1`, as the judge's is written, too
     registered = lake.read("model_versions").sort("model_version")
     if registered.is_empty():
         raise ValueError(f"the lake at {lake.uri} has no model versions: run `rlvr policy init` first")

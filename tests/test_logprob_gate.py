@@ -116,10 +116,12 @@ def test_the_gate_fails_on_a_server_that_forces_a_penalty_and_names_it(lake, for
     code, figures, stderr = check(lake, generation_config_server, "v1")     # stated neutral, so no penalty
     assert code == 0, stderr
     assert figures["passed"] is True and figures["mean_abs_delta"] < 1e-4
+    code, figures, stderr = check(lake, generation_config_server + "/v1/", "v1")   # the OpenAI convention's URL
+    assert code == 0 and figures["passed"] is True, stderr                # (it answered 404 no route /v1/v1/...)
 
     recorded = lake.read("logprob_checks").sort("created_at")
-    assert recorded["endpoint"].to_list()[-2:] == [forced_server, generation_config_server]
-    assert recorded["passed"].to_list()[-2:] == [False, True]
+    assert recorded["endpoint"].to_list()[-3:] == [forced_server, generation_config_server, generation_config_server]
+    assert recorded["passed"].to_list()[-3:] == [False, True, True]
 
 
 def test_a_bos_adding_tokenizer_gets_one_bos_on_both_backends(lake, generation_config_server):

@@ -87,7 +87,7 @@ def policy_serve(
 
 @app.command("check")
 def policy_check(
-    url: Annotated[str, typer.Argument(help="the server's base URL (without /v1), e.g. http://127.0.0.1:8000")],
+    url: Annotated[str, typer.Argument(help="the server's base URL, with or without /v1, e.g. http://127.0.0.1:8000")],
     model: Annotated[Optional[str], typer.Option(help="the served model name to check (default: the newest "
                                                  "registered version's)")] = None,
     config: ConfigOption = None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from tasks.endpoints import server_root
 from tasks.rollout.logprobs import response_logprobs
 from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
 from tasks.rollout.sampling import Sample, SamplerConfig
@@ -104,7 +105,7 @@ def check_endpoint(config: OpenAIBackendConfig, endpoint: str, served_name: str,
                    samples_per_prompt: int = 2, max_new_tokens: int = 48) -> Agreement:
     """Sample `samples_per_prompt` short responses to each prompt from one endpoint, and measure them."""
     short = sampler.model_copy(update={"max_new_tokens": min(sampler.max_new_tokens, max_new_tokens)})
-    one = config.model_copy(update={"endpoints": [endpoint], "max_retries": min(config.max_retries, 2)})
+    one = config.model_copy(update={"endpoints": [server_root(endpoint)], "max_retries": min(config.max_retries, 2)})
     client = OpenAIPolicy(one, api_key, {model_version: served_name})
     try:
         groups = client.generate(prompts, samples_per_prompt, short, seed=0, model_version=model_version)

@@ -26,9 +26,10 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import httpx
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tasks.config import Strict
+from tasks.endpoints import server_root
 from tasks.generators.base import derive_seed
 from tasks.rollout.sampling import NEUTRAL, Sample, SamplerConfig
 
@@ -39,7 +40,8 @@ class OpenAIBackendConfig(Strict):
     """Where the inference servers are and how hard to try them."""
 
     endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"],
-                                 description="base URLs of the servers (without /v1); requests spread over all")
+                                 description="base URLs of the servers (a trailing /v1 is allowed and dropped); "
+                                 "requests spread over all")
     model_name: str = Field("v{model_version}", description="served model name per version: a LoRA adapter "
                             "or checkpoint name, formatted with {model_version}")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the bearer token, if any")
@@ -62,6 +64,12 @@ class OpenAIBackendConfig(Strict):
     sleep_while_training: bool = Field(False, description="put the servers to sleep during each training step "
                                        "(POST /sleep?level=1: weights to CPU, KV cache freed) and wake them after; "
                                        "serve.sh SLEEP=1. Sync loop only")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _roots(cls, endpoints: list[str]) -> list[str]:
+        """Each server's root: `http://host:8000/v1` (the OpenAI convention) and `http://host:8000` alike."""
+        return [server_root(endpoint) for endpoint in endpoints]
 
 
 class BackendUnavailable(RuntimeError):
@@ -139,7 +147,7 @@ class OpenAIPolicy:
         body = completion_request(model, prompts, n, sampler, seed)
         errors: list[str] = []
         for attempt in range(self.config.max_retries + 1):
-            endpoint = endpoints[(index + attempt) % len(endpoints)].rstrip("/")
+            endpoint = server_root(endpoints[(index + attempt) % len(endpoints)])
             try:
                 response = self._client.post(f"{endpoint}/v1/completions", json=body)
                 if response.status_code == 200:
@@ -178,7 +186,7 @@ def server_routes(client: httpx.Client, endpoint: str) -> set[str]:
     """The routes a server offers, from its `GET /openapi.json` (vLLM's FastAPI lists every registered route,
     dev-mode ones included when on); empty when it does not say."""
     try:
-        response = client.get(f"{endpoint.rstrip('/')}/openapi.json")
+        response = client.get(f"{server_root(endpoint)}/openapi.json")
         return set((response.json().get("paths") or {})) if response.status_code == 200 else set()
     except (httpx.HTTPError, ValueError, AttributeError):
         return set()
@@ -188,7 +196,7 @@ def held_versions(client: httpx.Client, endpoint: str) -> list[int] | None:
     """The model version each worker of a one-model server holds (the worker extension's
     `rlvr_loaded_version`, through dev mode's `/collective_rpc`); None when the server cannot say."""
     try:
-        response = client.post(f"{endpoint.rstrip('/')}/collective_rpc", json={"method": "rlvr_loaded_version"})
+        response = client.post(f"{server_root(endpoint)}/collective_rpc", json={"method": "rlvr_loaded_version"})
         results = response.json().get("results") if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
@@ -197,7 +205,7 @@ def held_versions(client: httpx.Client, endpoint: str) -> list[int] | None:
 
 def served_models(client: httpx.Client, endpoint: str) -> list[str]:
     """The model names an endpoint lists in `GET /v1/models`."""
-    response = client.get(f"{endpoint.rstrip('/')}/v1/models")
+    response = client.get(f"{server_root(endpoint)}/v1/models")
     response.raise_for_status()
     return [str(entry.get("id")) for entry in response.json().get("data") or []]
 

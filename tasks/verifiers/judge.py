@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.endpoints import openai_base
 from tasks.errors import VerifierUnavailable
 from tasks.verifiers.base import Verdict, register
 
@@ -85,7 +86,7 @@ class JudgeUnavailable(VerifierUnavailable):
 class JudgeVerifier:
     """Reward = the judge's score / max_score; `correct` is null (a judgement, not a check)."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"     # the judge's endpoint (OpenAI-compatible, ending in /v1)
+    base_url: str = "http://127.0.0.1:8000/v1"     # the judge's endpoint (OpenAI-compatible; /v1 may be left off)
     model: str = "judge"                           # the served judge model; part of the verifier version
     rubric: str = DEFAULT_RUBRIC
     max_score: int = 10
@@ -157,7 +158,7 @@ class JudgeVerifier:
         errors = []
         for attempt in range(self.retries + 1):
             try:
-                answer = httpx.post(f"{self.base_url.rstrip('/')}/{route}", json=body, headers=headers,
+                answer = httpx.post(f"{openai_base(self.base_url)}/{route}", json=body, headers=headers,
                                     timeout=self.timeout_seconds)
                 if answer.status_code == 200:
                     choice = answer.json()["choices"][0]
