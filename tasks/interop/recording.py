@@ -12,7 +12,8 @@ step registered as an `external` model version (one per model and step, each the
 - The platform's own loop takes the newest registered version for its policy, so a lake whose registry holds the
   platform's versions is refused: external runs are recorded into a lake of their own (with the bank, for
   re-scoring and lineage).
-- One writer per run: two processes recording the same run's iterations would race on its `groups` rows.
+- One writer per run: two processes recording the same run's iterations would race on its `groups` rows (a
+  recorder keeps the groups it committed and recomputes only those a commit adds responses to).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class ExternalRun:
         self._versions: dict[tuple[str, int], int] = {}
         self._owned: set[int] = set()
         self._next_sample: dict[tuple[int, str], int] = {}
+        self._groups_of: dict[int, pl.DataFrame] = {}  # an iteration's `groups` slice as this recorder committed it
 
     def iteration(self, step: int) -> int:
         if step < 0:
@@ -90,11 +92,11 @@ class ExternalRun:
         unscored = sorted(set(range(len(attempts))) - set(index.to_list()))
         if unscored:
             raise ValueError(f"{len(unscored)} response(s) have no reward row (e.g. number {unscored[0]})")
-        caches = (dict(self._versions), set(self._owned), dict(self._next_sample))
+        caches = (dict(self._versions), set(self._owned), dict(self._next_sample), dict(self._groups_of))
         try:
             return self._record(attempts, rewards, index, parameters, advantages)
         except BaseException:                         # the run failed and its rows are hidden: forget what it made
-            self._versions, self._owned, self._next_sample = caches
+            self._versions, self._owned, self._next_sample, self._groups_of = caches
             raise
 
     def _record(self, attempts: list[Attempt], rewards: pl.DataFrame, index: pl.Series, parameters: dict | None,
@@ -117,7 +119,9 @@ class ExternalRun:
             before = self.lake.table("groups").version() if self.lake.exists("groups") else None
             try:
                 for iteration in iterations:
-                    self.lake.replace("groups", self._groups(iteration), {"iteration": iteration}, run)
+                    touched = rollouts.filter(pl.col("iteration") == iteration).select("group_id", "problem_id")
+                    self._groups_of[iteration] = self._updated_groups(iteration, touched)
+                    self.lake.replace("groups", self._groups_of[iteration], {"iteration": iteration}, run)
             except BaseException:                     # the earlier runs' groups put back, as they were
                 for iteration in iterations:
                     self.lake.restore("groups", {"iteration": iteration}, before, run)
@@ -174,13 +178,32 @@ class ExternalRun:
             return 0
         return self.lake.read("rollouts", filter=pc.field("run_id").isin(self.run_ids()), columns=["rollout_id"]).height
 
-    def _groups(self, iteration: int) -> pl.DataFrame:
-        """The iteration's groups from every response stored there and the reward its trainer was given (the
-        verdicts recorded with it, summed over its reward functions; not a later re-score's). A response is
-        correct when a verdict says so; its solve rate is null where no verdict decides."""
-        rollouts = self.lake.read("rollouts", filter=pc.field("iteration") == iteration,
+    def _updated_groups(self, iteration: int, touched: pl.DataFrame) -> pl.DataFrame:
+        """The iteration's `groups` slice after a commit that added responses to the `touched` groups (their
+        `group_id` and `problem_id`): those recomputed, the others as this recorder last committed them (nothing
+        else writes a run's iterations, and a failed commit puts the cache back). OpenRLHF sends one response a
+        request, so recomputing the whole step at every commit read the step again and again: quadratic in its
+        size. A recorder's first commit to an iteration (a fresh step, or one a restarted server writes on)
+        recomputes it whole."""
+        committed = self._groups_of.get(iteration)
+        if committed is None:
+            return self._groups(iteration)
+        touched = touched.unique()
+        kept = committed.join(touched.select("group_id"), on="group_id", how="anti")
+        return pl.concat([kept, self._groups(iteration, touched)]).sort("group_id")
+
+    def _groups(self, iteration: int, only: pl.DataFrame | None = None) -> pl.DataFrame:
+        """The iteration's groups (only those named in `only`'s `group_id` and `problem_id`, when given) from
+        every response stored there and the reward its trainer was given (the verdicts recorded with it, summed
+        over its reward functions; not a later re-score's). A response is correct when a verdict says so; its
+        solve rate is null where no verdict decides."""
+        rollouts_of = rewards_of = pc.field("iteration") == iteration
+        if only is not None:
+            rollouts_of = rollouts_of & pc.field("group_id").isin(sorted(only["group_id"]))
+            rewards_of = rewards_of & pc.field("problem_id").isin(sorted(only["problem_id"]))
+        rollouts = self.lake.read("rollouts", filter=rollouts_of,
                                   columns=["rollout_id", "group_id", "problem_id", "model_version", "run_id"])
-        rewards = self.lake.read("rewards", filter=pc.field("iteration") == iteration,
+        rewards = self.lake.read("rewards", filter=rewards_of,
                                  columns=["rollout_id", "reward", "correct", "run_id"])
         scored = rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner").group_by(
             "rollout_id", "group_id", "problem_id", "model_version").agg(pl.col("reward").sum(), pl.col("correct").max())
