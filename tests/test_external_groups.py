@@ -1,6 +1,6 @@
 """An external run's `groups` under OpenRLHF's one-response requests: each commit recomputes only the groups it
-added a response to (the rows it reads do not grow with the step), and the table stays exactly what a full
-recomputation of the iteration gives, also after a failed commit."""
+added a response to (it reads no stored row after the step's first commit), and the table stays exactly what a
+full recomputation of the iteration gives, also after a failed commit and across a restarted recorder."""
 
 import polars as pl
 import pytest
@@ -63,8 +63,9 @@ def test_each_commit_reads_only_its_group_and_the_groups_equal_a_full_recomputat
             reads.append(rows_read(total, recorder, Attempt(0, "m", f"p{problem}", f"r{sample}", f"ext-{problem}"),
                                    reward_of(problem, sample)))
         assert_frame_equal(stored_groups(lake), full_recomputation(recorder), check_dtypes=False)
-    # commit k reads its group's k // 8 + 1 rollouts and as many rewards; a full recomputation read 2 (k + 1)
-    assert reads == [2 * (k // PROBLEMS + 1) for k in range(PROBLEMS * SAMPLES)]
+    # the first commit reads the step's 1 rollout and 1 reward, the others none (their rows are in memory):
+    # recomputing the step at every commit read 2 (k + 1) at commit k
+    assert reads == [2] + [0] * (PROBLEMS * SAMPLES - 1)
     groups = stored_groups(lake)
     assert groups["n_samples"].to_list() == [SAMPLES] * PROBLEMS
     solve_rates = dict(zip(groups["problem_id"], groups["solve_rate"]))
@@ -91,3 +92,21 @@ def test_a_failed_commit_leaves_the_groups_a_full_recomputation_of_the_visible_r
     assert_frame_equal(groups, full_recomputation(recorder), check_dtypes=False)
     assert dict(zip(groups["problem_id"], groups["n_samples"])) == {"ext-0": 1, "ext-1": 2, "ext-2": 1}
     assert dict(zip(groups["problem_id"], groups["mean_reward"])) == {"ext-0": 1.0, "ext-1": 0.5, "ext-2": 1.0}
+
+
+def test_a_restarted_recorder_and_an_iteration_written_again_after_others_keep_the_groups_whole(counted):
+    lake, first, _ = counted
+    for sample in range(2):
+        first.record([Attempt(0, "m", "p0", f"r{sample}", "ext-0")], verdict(1.0))
+    restarted = ExternalRun(lake, "orl", "openrlhf")              # a restarted server's recorder, on the same step
+    restarted.record([Attempt(0, "m", "p0", "r2", "ext-0")], verdict(0.0))
+    for step in range(1, 7):                                      # past the iterations a recorder keeps
+        restarted.record([Attempt(step, "m", "p1", "r", "ext-1")], verdict(1.0))
+    restarted.record([Attempt(0, "m", "p0", "r3", "ext-0"), Attempt(6, "m", "p1", "r", "ext-1")],
+                     pl.DataFrame({"rollout_id": ["0", "1"], "verifier": ["exact"] * 2, "verifier_version": ["1"] * 2,
+                                   "reward": [0.0, 0.0], "correct": [False, False]}))
+    stored = lake.read("groups").sort("iteration", "group_id")
+    assert_frame_equal(stored.select(STATS),
+                       pl.concat([restarted._groups(i) for i in range(7)]).select(STATS), check_dtypes=False)
+    assert stored.select("iteration", "n_samples", "mean_reward").rows() == \
+        [(0, 4, 0.5)] + [(i, 1, 1.0) for i in range(1, 6)] + [(6, 2, 0.5)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import polars as pl
@@ -30,9 +31,11 @@ from storage.errors import LakeError
 from storage.lake import Lake
 from storage.registry import next_version_number, register
 from storage.runs import Run, utc_now
+from tasks.interop.external_groups import IterationGroups, group_stats, scored
 
 EXTERNAL = "external"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KEPT_ITERATIONS = 4                               # the iterations a recorder keeps the groups of
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ class ExternalRun:
         self._versions: dict[tuple[str, int], int] = {}
         self._owned: set[int] = set()
         self._next_sample: dict[tuple[int, str], int] = {}
-        self._groups_of: dict[int, pl.DataFrame] = {}  # an iteration's `groups` slice as this recorder committed it
+        # the groups of the iterations this recorder wrote last, as it committed them (a run has one writer)
+        self._kept: OrderedDict[int, IterationGroups] = OrderedDict()
 
     def iteration(self, step: int) -> int:
         if step < 0:
@@ -92,11 +96,11 @@ class ExternalRun:
         unscored = sorted(set(range(len(attempts))) - set(index.to_list()))
         if unscored:
             raise ValueError(f"{len(unscored)} response(s) have no reward row (e.g. number {unscored[0]})")
-        caches = (dict(self._versions), set(self._owned), dict(self._next_sample), dict(self._groups_of))
+        caches = (dict(self._versions), set(self._owned), dict(self._next_sample), OrderedDict(self._kept))
         try:
             return self._record(attempts, rewards, index, parameters, advantages)
         except BaseException:                         # the run failed and its rows are hidden: forget what it made
-            self._versions, self._owned, self._next_sample, self._groups_of = caches
+            self._versions, self._owned, self._next_sample, self._kept = caches
             raise
 
     def _record(self, attempts: list[Attempt], rewards: pl.DataFrame, index: pl.Series, parameters: dict | None,
@@ -117,11 +121,13 @@ class ExternalRun:
             if advantages is not None:
                 self.lake.append("advantages", self._advantage_rows(rollouts, rewards, index, advantages), run)
             before = self.lake.table("groups").version() if self.lake.exists("groups") else None
+            added = scored(rollouts.with_columns(run_id=pl.lit(run.run_id)),
+                           rewards.with_columns(rollout_id=of["rollout_id"], run_id=pl.lit(run.run_id)))
             try:
                 for iteration in iterations:
-                    touched = rollouts.filter(pl.col("iteration") == iteration).select("group_id", "problem_id")
-                    self._groups_of[iteration] = self._updated_groups(iteration, touched)
-                    self.lake.replace("groups", self._groups_of[iteration], {"iteration": iteration}, run)
+                    ids = rollouts.filter(pl.col("iteration") == iteration)["rollout_id"]
+                    groups = self._updated_groups(iteration, added.filter(pl.col("rollout_id").is_in(ids)))
+                    self.lake.replace("groups", groups, {"iteration": iteration}, run)
             except BaseException:                     # the earlier runs' groups put back, as they were
                 for iteration in iterations:
                     self.lake.restore("groups", {"iteration": iteration}, before, run)
@@ -178,40 +184,27 @@ class ExternalRun:
             return 0
         return self.lake.read("rollouts", filter=pc.field("run_id").isin(self.run_ids()), columns=["rollout_id"]).height
 
-    def _updated_groups(self, iteration: int, touched: pl.DataFrame) -> pl.DataFrame:
-        """The iteration's `groups` slice after a commit that added responses to the `touched` groups (their
-        `group_id` and `problem_id`): those recomputed, the others as this recorder last committed them (nothing
-        else writes a run's iterations, and a failed commit puts the cache back). OpenRLHF sends one response a
-        request, so recomputing the whole step at every commit read the step again and again: quadratic in its
-        size. A recorder's first commit to an iteration (a fresh step, or one a restarted server writes on)
-        recomputes it whole."""
-        committed = self._groups_of.get(iteration)
-        if committed is None:
-            return self._groups(iteration)
-        touched = touched.unique()
-        kept = committed.join(touched.select("group_id"), on="group_id", how="anti")
-        return pl.concat([kept, self._groups(iteration, touched)]).sort("group_id")
+    def _updated_groups(self, iteration: int, added: pl.DataFrame) -> pl.DataFrame:
+        """The iteration's `groups` rows once a commit's scored responses are `added`: only their groups
+        recomputed (`tasks/interop/external_groups.py`). A recorder's first commit to an iteration (a fresh step,
+        or one a restarted server writes on) reads the iteration's stored responses."""
+        kept = self._kept.pop(iteration, None)
+        updated = IterationGroups.of(self._scored(iteration), iteration) if kept is None else kept.add(added)
+        self._kept[iteration] = updated
+        while len(self._kept) > KEPT_ITERATIONS:      # a trainer writes a step or two at a time
+            self._kept.popitem(last=False)
+        return updated.groups
 
-    def _groups(self, iteration: int, only: pl.DataFrame | None = None) -> pl.DataFrame:
-        """The iteration's groups (only those named in `only`'s `group_id` and `problem_id`, when given) from
-        every response stored there and the reward its trainer was given (the verdicts recorded with it, summed
-        over its reward functions; not a later re-score's). A response is correct when a verdict says so; its
-        solve rate is null where no verdict decides."""
-        rollouts_of = rewards_of = pc.field("iteration") == iteration
-        if only is not None:
-            rollouts_of = rollouts_of & pc.field("group_id").isin(sorted(only["group_id"]))
-            rewards_of = rewards_of & pc.field("problem_id").isin(sorted(only["problem_id"]))
-        rollouts = self.lake.read("rollouts", filter=rollouts_of,
-                                  columns=["rollout_id", "group_id", "problem_id", "model_version", "run_id"])
-        rewards = self.lake.read("rewards", filter=rewards_of,
-                                 columns=["rollout_id", "reward", "correct", "run_id"])
-        scored = rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner").group_by(
-            "rollout_id", "group_id", "problem_id", "model_version").agg(pl.col("reward").sum(), pl.col("correct").max())
-        return scored.group_by("group_id", "problem_id").agg(
-            model_version=pl.col("model_version").min(), n_samples=pl.len(), mean_reward=pl.col("reward").mean(),
-            std_reward=pl.col("reward").std(ddof=1).fill_null(0.0), min_reward=pl.col("reward").min(),
-            max_reward=pl.col("reward").max(), solve_rate=pl.col("correct").cast(pl.Float64).mean(),
-        ).with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True)).sort("group_id")
+    def _groups(self, iteration: int) -> pl.DataFrame:
+        """The iteration's groups recomputed from every response stored there."""
+        return group_stats(self._scored(iteration), iteration)
+
+    def _scored(self, iteration: int) -> pl.DataFrame:
+        """Every response stored in the iteration with the reward its trainer was given (`external_groups.scored`)."""
+        where = pc.field("iteration") == iteration
+        return scored(self.lake.read("rollouts", filter=where, columns=["rollout_id", "group_id", "problem_id",
+                                                                        "model_version", "run_id"]),
+                      self.lake.read("rewards", filter=where, columns=["rollout_id", "reward", "correct", "run_id"]))
 
     def check_owner(self, iteration: int) -> None:
         if iteration in self._owned:
