@@ -16,13 +16,14 @@ in the same time either way).
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from urllib.parse import unquote, urlparse
 
 import pyarrow.dataset as pads
 import pyarrow.fs as pa_fs
 from deltalake import DeltaTable
+
+from storage.location import aws_settings
 
 
 def arrow_dataset(table: DeltaTable, **options) -> pads.FileSystemDataset:
@@ -33,24 +34,21 @@ def arrow_dataset(table: DeltaTable, **options) -> pads.FileSystemDataset:
 def table_filesystem(table_uri: str) -> pa_fs.FileSystem:
     """Arrow's filesystem rooted at a table (its data files are named relative to it): local or S3."""
     if table_uri.startswith("s3://"):
-        return pa_fs.SubTreeFileSystem(table_uri.removeprefix("s3://").rstrip("/"), _s3(*_s3_settings()))
+        return pa_fs.SubTreeFileSystem(table_uri.removeprefix("s3://").rstrip("/"),
+                                       _s3(tuple(sorted(aws_settings().items()))))
     path = unquote(urlparse(table_uri).path) if table_uri.startswith("file://") else table_uri
     return pa_fs.SubTreeFileSystem(path.rstrip("/") or "/", pa_fs.LocalFileSystem())
 
 
-def _s3_settings() -> tuple[str | None, ...]:
-    """The AWS variables delta-rs reads (see `LakeLocation.storage_options`)."""
-    return tuple(os.environ.get(name) or None for name in
-                 ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL"))
-
-
 @lru_cache(maxsize=4)
-def _s3(key: str | None, secret: str | None, token: str | None, region: str | None,
-        endpoint: str | None) -> pa_fs.S3FileSystem:
-    options: dict = {"region": region or "us-east-1"}
-    if key and secret:
-        options.update(access_key=key, secret_key=secret, session_token=token)
-    if endpoint:
-        parsed = urlparse(endpoint)
+def _s3(settings: tuple[tuple[str, str], ...]) -> pa_fs.S3FileSystem:
+    """Arrow's S3 filesystem from the AWS variables delta-rs reads (`storage.location.aws_settings`)."""
+    aws = dict(settings)
+    options: dict = {"region": aws.get("AWS_REGION", "us-east-1")}
+    if "AWS_ACCESS_KEY_ID" in aws and "AWS_SECRET_ACCESS_KEY" in aws:
+        options.update(access_key=aws["AWS_ACCESS_KEY_ID"], secret_key=aws["AWS_SECRET_ACCESS_KEY"],
+                       session_token=aws.get("AWS_SESSION_TOKEN"))
+    if "AWS_ENDPOINT_URL" in aws:
+        parsed = urlparse(aws["AWS_ENDPOINT_URL"])
         options.update(endpoint_override=parsed.netloc + parsed.path.rstrip("/"), scheme=parsed.scheme or "https")
     return pa_fs.S3FileSystem(**options)

@@ -15,6 +15,14 @@ import fsspec
 
 DEFAULT_LAKE = "./lake"
 LAKE_ENV = "RLVR_LAKE"
+# The AWS variables every S3 client of the lake reads (delta-rs, s3fs, Arrow's S3 filesystem): one list, so that
+# a variable one client honours, the others honour too
+AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_ENDPOINT_URL")
+
+
+def aws_settings() -> dict[str, str]:
+    """The AWS variables set (and not empty) in the environment."""
+    return {name: os.environ[name] for name in AWS_VARIABLES if os.environ.get(name)}
 
 
 @dataclass(frozen=True)
@@ -55,11 +63,9 @@ class LakeLocation:
         """
         if not self.is_s3:
             return {}
-        options = {"conditional_put": "etag"}
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
-                     "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"):
-            if os.environ.get(name):
-                options[name] = os.environ[name]
+        options = {"conditional_put": "etag", **aws_settings()}
+        if os.environ.get("AWS_ALLOW_HTTP"):         # delta-rs's own switch; the other clients go by the scheme
+            options["AWS_ALLOW_HTTP"] = os.environ["AWS_ALLOW_HTTP"]
         endpoint = options.get("AWS_ENDPOINT_URL", "")
         if endpoint.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
@@ -77,12 +83,12 @@ def s3_filesystem() -> fsspec.AbstractFileSystem:
     """s3fs configured from the same AWS variables delta-rs reads."""
     import s3fs
 
-    client_kwargs = {}
-    if os.environ.get("AWS_REGION"):
-        client_kwargs["region_name"] = os.environ["AWS_REGION"]
+    settings = aws_settings()
+    client_kwargs = {"region_name": settings["AWS_REGION"]} if "AWS_REGION" in settings else {}
     return s3fs.S3FileSystem(
-        key=os.environ.get("AWS_ACCESS_KEY_ID"),
-        secret=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
+        key=settings.get("AWS_ACCESS_KEY_ID"),
+        secret=settings.get("AWS_SECRET_ACCESS_KEY"),
+        token=settings.get("AWS_SESSION_TOKEN"),
+        endpoint_url=settings.get("AWS_ENDPOINT_URL"),
         client_kwargs=client_kwargs,
     )

@@ -4,10 +4,11 @@ traced back to the bank, an external model version per step, groups with solve r
 none of them, and the iterations re-scored with `rlvr stage verify`."""
 
 import http.client
+import inspect
 import json
 import os
-from collections import Counter
 import signal
+from collections import Counter
 import subprocess
 import threading
 import time
@@ -20,14 +21,18 @@ import pytest
 
 from bench.reward_serve import start_server
 from conftest import run_cli
+from flows.cli.interop import reward_serve
 from flows.curation import curate_bank
 from storage.lake import Lake
+from tasks.interop.reward_http import DEFAULT_MAX_REQUEST_MB
 
 TEMPLATE = "<|user|>\n{}\n<|assistant|>\n"              # what OpenRLHF's chat template puts round the statement
 
 
-def post(url: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def post(url: str, body: dict | None, timeout: float = 60, headers: dict | None = None) -> tuple[int, dict]:
+    """POST `body` as JSON (None: a GET); the status and the JSON answer, an error's too."""
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, json.loads(answer.read())
@@ -209,3 +214,128 @@ def test_the_reward_serve_benchmark_runs_and_finds_every_acknowledged_row():
     figures = run_benchmark(problems=4, samples=2, clients=4, batch=4, workers=0)
     assert figures["rows_in_lake"] == figures["rows_acknowledged"] == 2 * 8 + 1
     assert figures["agreement_with_in_process"] == 1.0 and figures["group_commits"] >= 1
+
+
+def test_a_guarded_server_refuses_foreign_prompts_big_bodies_strangers_and_other_runs(bank, tmp_path):
+    """`--token-file`, `--max-request-mb` and `--allow-run` over HTTP, and a query that does not hold its prompt
+    (whose example answer the old server scored as the response's); nothing refused reaches the lake."""
+    lake_uri, rows = bank
+    row = rows[0]
+    (tmp_path / "token").write_text("s3cret-Token_1\n")
+    server, url = start_server(lake_uri, "--run", "orl-g", "--workers", "0", "--token-file", str(tmp_path / "token"),
+                               "--max-request-mb", "1", "--allow-run", "native-ok")
+    auth = {"Authorization": "Bearer s3cret-Token_1"}
+    try:
+        assert post(url + "/health", None) == (200, {"status": "ok", "bank_problems": 30})     # open to all
+        request = openrlhf_request(row, f"#### {row['label']}")
+        status, answer = post(url + "/get_reward", request)
+        assert status == 401 and answer["error"].startswith("no bearer token: send the header `Authorization:")
+        status, answer = post(url + "/get_reward", request, headers={"Authorization": "Bearer s3cret-Token_2"})
+        assert status == 401 and answer["error"].startswith("wrong bearer token")
+        assert post(url + "/nowhere", None)[0] == 401                           # no route is told to a stranger
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url + "/v1/rewards", data=b"{}")
+        assert refused.value.headers["WWW-Authenticate"] == 'Bearer realm="rlvr reward serve"'
+
+        prompt = TEMPLATE.format(f"The answer goes last, as in \\boxed{{{row['label']}}}.\n{row['input']}")
+        foreign = prompt.replace("<|user|>\n", "<|user|>\n ") + "I cannot say.<|end|>"  # its prompt altered
+        status, answer = post(url + "/get_reward", {"query": [prompt + f"#### {row['label']}", foreign],
+                                                    "prompts": [prompt, prompt], "labels": [row["label"]] * 2},
+                              headers=auth)
+        assert status == 400, answer
+        assert answer["error"].startswith("query[1] does not start with prompts[1] (only special tokens such as "
+                                          "padding may lead it): they part at character 9, where the query has "
+                                          "' The answer")
+        padded = "<|endoftext|><|endoftext|>" + prompt + f"#### {row['label']}<|im_end|>"   # a padded batch's
+        assert post(url + "/get_reward", {"query": [padded], "prompts": [prompt], "labels": [row["label"]]},
+                    headers=auth) == (200, {"rewards": [1.0], "scores": [1.0], "extra_logs": {"correct": [1.0]}})
+
+        status, answer = post(url + "/get_reward", {"query": ["x" * (1 << 20)], "prompts": ["x"], "labels": ["1"]},
+                              headers=auth)
+        assert status == 413 and "over this server's limit of 1,048,576 (--max-request-mb)" in answer["error"]
+
+        native = {"step": 3, "model": "m", "items": [{"prompt": "What is 1 + 1?", "response": "#### 2", "label": "2"}]}
+        status, answer = post(url + "/v1/rewards", {"run": "native-other", **native}, headers=auth)
+        assert (status, answer["error"]) == (403, "run 'native-other' is not one this server may write: native-ok, "
+                                                  "orl-g (its --run and --allow-run)")
+        status, answer = post(url + "/v1/rewards", {"run": "native-ok", **native}, headers=auth)
+        assert status == 200 and answer["rewards"] == [1.0] and answer["iteration"] == 3
+    finally:
+        stop(server)
+    stored = Lake.open(lake_uri).read("rollouts").sort("iteration")
+    assert stored.select("iteration", "response").rows() == [(0, f"#### {row['label']}"), (3, "#### 2")]
+    assert inspect.signature(reward_serve).parameters["max_request_mb"].default == DEFAULT_MAX_REQUEST_MB
+
+
+def test_a_token_file_missing_or_empty_and_a_bad_allowed_run_stop_the_server_at_start(tmp_path):
+    lake = str(tmp_path / "lake")
+    (tmp_path / "empty").write_text("\n")
+    for options, expected in [(["--token-file", str(tmp_path / "absent")], f"--token-file {tmp_path}/absent: no "
+                                                                             "such file"),
+                              (["--token-file", str(tmp_path / "empty")], f"--token-file {tmp_path}/empty is empty"),
+                              (["--allow-run", "bad name"], "--allow-run 'bad name' is not a run name")]:
+        started = run_cli("reward", "serve", "--run", "r", "--lake", lake, "--port", "0", *options, timeout=120)
+        assert started.returncode == 1 and expected in " ".join(started.stderr.split()), started.stderr
+
+
+def test_a_restarted_server_numbers_openrlhf_steps_on_from_the_stored_rollouts(bank):
+    """What docs/trainers.md says of a restart: the k-th rollout stored for the run is in step k // 4, live and
+    after a restart alike (a refused request takes no number); a new run with an offset starts past the old one;
+    a step the native route repeats gains rows."""
+    lake_uri, rows = bank
+    options = ("--run", "orl-r", "--rollouts-per-step", "4", "--workers", "0")
+    server, url = start_server(lake_uri, *options)
+    try:
+        for row in rows[:6]:
+            assert post(url + "/get_reward", openrlhf_request(row, f"#### {row['label']}"))[0] == 200
+        assert post(url + "/get_reward", {"query": ["elsewhere"], "prompts": ["p"], "labels": ["1"]})[0] == 400
+    finally:
+        stop(server)
+    server, url = start_server(lake_uri, *options)     # OpenRLHF resumed from a checkpoint: its steps come again
+    try:
+        for row in rows[:3]:
+            assert post(url + "/get_reward", openrlhf_request(row, f"#### {row['label']}"))[0] == 200
+        for response in ("#### 2", "#### 3"):
+            status, answer = post(url + "/v1/rewards", {"run": "native-r", "step": 7, "model": "m", "items": [
+                {"prompt": "What is 1 + 1?", "response": response, "label": "2"}]})
+            assert status == 200 and answer["iteration"] == 7
+    finally:
+        stop(server)
+    # OpenRLHF restarted from its checkpoint: a new run past the old one's iterations (docs/trainers.md)
+    server, url = start_server(lake_uri, "--run", "orl-r2", "--iteration-offset", "3", *options[2:])
+    try:
+        assert post(url + "/get_reward", openrlhf_request(rows[3], f"#### {rows[3]['label']}"))[0] == 200
+    finally:
+        stop(server)
+    lake = Lake.open(lake_uri)
+    rollouts = lake.read("rollouts").sort("created_at", "rollout_id")
+    assert rollouts.filter(pl.col("iteration") == 3)["problem_id"].to_list() == [rows[3]["problem_id"]]
+    openrlhf = rollouts.filter(pl.col("iteration") < 3)
+    ids = [row["problem_id"] for row in rows]
+    assert openrlhf.select("iteration", "problem_id").rows() == \
+        [(0, i) for i in ids[:4]] + [(1, i) for i in ids[4:6] + ids[:2]] + [(2, ids[2])]
+    assert openrlhf.group_by("iteration").agg(pl.col("model_version").n_unique())["model_version"].to_list() == [1] * 3
+    repeated = rollouts.filter(pl.col("iteration") == 7)
+    assert repeated["sample_idx"].to_list() == [0, 1] and repeated["model_version"].n_unique() == 1
+    groups = lake.read("groups", filter=pc.field("iteration") == 7)
+    assert groups.select("n_samples", "mean_reward", "solve_rate").rows() == [(2, 0.5, 0.5)]
+
+
+def test_a_failed_commit_takes_no_step_number(tmp_path):
+    """OpenRLHF retries a request answered 500: its responses are numbered when they are stored, so the retry
+    lands where the failed request would have (2 rollouts a step: the two stored ones are both step 0)."""
+    from tasks.interop.reward_service import RewardService
+
+    service = RewardService(Lake.open(str(tmp_path / "lake")), "orl", rollouts_per_step=2, commit_interval=0).start()
+    try:
+        recorder = service._external("orl")
+        record = recorder.record
+        recorder.record = lambda *args: (_ for _ in ()).throw(OSError("disk full"))
+        request = {"query": ["p #### 2<|end|>"], "prompts": ["p "], "labels": ["2"]}
+        with pytest.raises(RuntimeError, match="disk full"):
+            service.openrlhf(request)
+        recorder.record = record
+        assert [service.openrlhf(request)["rewards"] for _ in range(2)] == [[1.0], [1.0]]
+    finally:
+        service.close()
+    assert service.lake.read("rollouts")["iteration"].to_list() == [0, 0]

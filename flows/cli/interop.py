@@ -78,9 +78,20 @@ def reward_serve(
     trainer: Annotated[str, typer.Option(help="the trainer sending OpenRLHF's requests, recorded as the backend")]
     = "openrlhf",
     rollouts_per_step: Annotated[int, typer.Option(min=0, help="OpenRLHF's rollouts a step (rollout batch size × "
-                                                   "samples per prompt): its k-th rollout is step k // this; "
-                                                   "0 puts all in step 0")] = 0,
-    iteration_offset: Annotated[int, typer.Option(min=0, help="the lake's iteration of step 0")] = 0,
+                                                   "samples per prompt): the k-th rollout stored for the run "
+                                                   "is step k // this; 0 puts all in step 0")] = 0,
+    iteration_offset: Annotated[int, typer.Option(min=0, help="the lake's iteration of step 0 (a restarted server "
+                                                  "numbers on from the run's stored rollouts: docs/trainers.md)")] = 0,
+    token_file: Annotated[Optional[Path], typer.Option(help="a file holding a bearer token (one line), read once at "
+                                                       "start: every route but GET /health then wants "
+                                                       "`Authorization: Bearer TOKEN` (401 otherwise)")] = None,
+    allow_run: Annotated[Optional[list[str]], typer.Option(help="a run the native route /v1/rewards may write "
+                                                           "(repeatable; --run always may): other runs are a 403. "
+                                                           "Default: any")] = None,
+    max_request_mb: Annotated[int, typer.Option(min=1, help="MiB a request's body may hold (413 beyond it): 128 "
+                                                "fits OpenRLHF's one-response requests hundreds of times over and "
+                                                "an older version's whole rollout batch of 1,024 responses of 16k "
+                                                "tokens (about 75 MB); raise it for larger batches")] = 128,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 5000,
     workers: Annotated[int, typer.Option(min=0, help="verifier processes (0: in this process; code always runs "
@@ -93,17 +104,19 @@ def reward_serve(
     scored response lands in the lake's rollouts and rewards before its request is answered."""
     from storage.lake import Lake, LeaseHeld
     from storage.leases import LOOP
-    from tasks.interop.reward_service import RewardServer, RewardService
+    from tasks.interop.reward_http import MiB, RewardServer, read_token
+    from tasks.interop.reward_service import RewardService
     from tasks.verification import VerifyConfig
 
-    opened = Lake.open(lake)
     try:
+        token = None if token_file is None else read_token(token_file)
+        opened = Lake.open(lake)
         service = RewardService(opened, run, model, trainer, VerifyConfig(workers=workers, item_timeout=item_timeout),
-                                rollouts_per_step, iteration_offset, commit_interval)
+                                rollouts_per_step, iteration_offset, commit_interval, allowed_runs=allow_run or None)
         with opened.lease(LOOP):
             service.start()
             try:
-                server = RewardServer((host, port), service)
+                server = RewardServer((host, port), service, max_request_mb * MiB, token)
                 console.print(f"serving rewards for run {run!r} into {opened.uri} on http://{host}:{server.server_port}"
                               f" ({len(service.bank)} bank problems): POST /get_reward (OpenRLHF), POST /v1/rewards",
                               soft_wrap=True)

@@ -12,13 +12,15 @@ step registered as an `external` model version (one per model and step, each the
 - The platform's own loop takes the newest registered version for its policy, so a lake whose registry holds the
   platform's versions is refused: external runs are recorded into a lake of their own (with the bank, for
   re-scoring and lineage).
-- One writer per run: two processes recording the same run's iterations would race on its `groups` rows.
+- One writer per run: two processes recording the same run's iterations would race on its `groups` rows (a
+  recorder keeps the groups it committed and recomputes only those a commit adds responses to).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import polars as pl
@@ -29,9 +31,11 @@ from storage.errors import LakeError
 from storage.lake import Lake
 from storage.registry import next_version_number, register
 from storage.runs import Run, utc_now
+from tasks.interop.external_groups import IterationGroups, group_stats, scored
 
 EXTERNAL = "external"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+KEPT_ITERATIONS = 4                               # the iterations a recorder keeps the groups of
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class ExternalRun:
         self._versions: dict[tuple[str, int], int] = {}
         self._owned: set[int] = set()
         self._next_sample: dict[tuple[int, str], int] = {}
+        # the groups of the iterations this recorder wrote last, as it committed them (a run has one writer)
+        self._kept: OrderedDict[int, IterationGroups] = OrderedDict()
 
     def iteration(self, step: int) -> int:
         if step < 0:
@@ -90,11 +96,11 @@ class ExternalRun:
         unscored = sorted(set(range(len(attempts))) - set(index.to_list()))
         if unscored:
             raise ValueError(f"{len(unscored)} response(s) have no reward row (e.g. number {unscored[0]})")
-        caches = (dict(self._versions), set(self._owned), dict(self._next_sample))
+        caches = (dict(self._versions), set(self._owned), dict(self._next_sample), OrderedDict(self._kept))
         try:
             return self._record(attempts, rewards, index, parameters, advantages)
         except BaseException:                         # the run failed and its rows are hidden: forget what it made
-            self._versions, self._owned, self._next_sample = caches
+            self._versions, self._owned, self._next_sample, self._kept = caches
             raise
 
     def _record(self, attempts: list[Attempt], rewards: pl.DataFrame, index: pl.Series, parameters: dict | None,
@@ -115,9 +121,13 @@ class ExternalRun:
             if advantages is not None:
                 self.lake.append("advantages", self._advantage_rows(rollouts, rewards, index, advantages), run)
             before = self.lake.table("groups").version() if self.lake.exists("groups") else None
+            added = scored(rollouts.with_columns(run_id=pl.lit(run.run_id)),
+                           rewards.with_columns(rollout_id=of["rollout_id"], run_id=pl.lit(run.run_id)))
             try:
                 for iteration in iterations:
-                    self.lake.replace("groups", self._groups(iteration), {"iteration": iteration}, run)
+                    ids = rollouts.filter(pl.col("iteration") == iteration)["rollout_id"]
+                    groups = self._updated_groups(iteration, added.filter(pl.col("rollout_id").is_in(ids)))
+                    self.lake.replace("groups", groups, {"iteration": iteration}, run)
             except BaseException:                     # the earlier runs' groups put back, as they were
                 for iteration in iterations:
                     self.lake.restore("groups", {"iteration": iteration}, before, run)
@@ -174,21 +184,27 @@ class ExternalRun:
             return 0
         return self.lake.read("rollouts", filter=pc.field("run_id").isin(self.run_ids()), columns=["rollout_id"]).height
 
+    def _updated_groups(self, iteration: int, added: pl.DataFrame) -> pl.DataFrame:
+        """The iteration's `groups` rows once a commit's scored responses are `added`: only their groups
+        recomputed (`tasks/interop/external_groups.py`). A recorder's first commit to an iteration (a fresh step,
+        or one a restarted server writes on) reads the iteration's stored responses."""
+        kept = self._kept.pop(iteration, None)
+        updated = IterationGroups.of(self._scored(iteration), iteration) if kept is None else kept.add(added)
+        self._kept[iteration] = updated
+        while len(self._kept) > KEPT_ITERATIONS:      # a trainer writes a step or two at a time
+            self._kept.popitem(last=False)
+        return updated.groups
+
     def _groups(self, iteration: int) -> pl.DataFrame:
-        """The iteration's groups from every response stored there and the reward its trainer was given (the
-        verdicts recorded with it, summed over its reward functions; not a later re-score's). A response is
-        correct when a verdict says so; its solve rate is null where no verdict decides."""
-        rollouts = self.lake.read("rollouts", filter=pc.field("iteration") == iteration,
-                                  columns=["rollout_id", "group_id", "problem_id", "model_version", "run_id"])
-        rewards = self.lake.read("rewards", filter=pc.field("iteration") == iteration,
-                                 columns=["rollout_id", "reward", "correct", "run_id"])
-        scored = rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner").group_by(
-            "rollout_id", "group_id", "problem_id", "model_version").agg(pl.col("reward").sum(), pl.col("correct").max())
-        return scored.group_by("group_id", "problem_id").agg(
-            model_version=pl.col("model_version").min(), n_samples=pl.len(), mean_reward=pl.col("reward").mean(),
-            std_reward=pl.col("reward").std(ddof=1).fill_null(0.0), min_reward=pl.col("reward").min(),
-            max_reward=pl.col("reward").max(), solve_rate=pl.col("correct").cast(pl.Float64).mean(),
-        ).with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True)).sort("group_id")
+        """The iteration's groups recomputed from every response stored there."""
+        return group_stats(self._scored(iteration), iteration)
+
+    def _scored(self, iteration: int) -> pl.DataFrame:
+        """Every response stored in the iteration with the reward its trainer was given (`external_groups.scored`)."""
+        where = pc.field("iteration") == iteration
+        return scored(self.lake.read("rollouts", filter=where, columns=["rollout_id", "group_id", "problem_id",
+                                                                        "model_version", "run_id"]),
+                      self.lake.read("rewards", filter=where, columns=["rollout_id", "reward", "correct", "run_id"]))
 
     def check_owner(self, iteration: int) -> None:
         if iteration in self._owned:
