@@ -81,7 +81,7 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
                 artifacts: Publisher) -> list[dict[str, Any]]:
     """The next `total` iterations one after another, each recorded in `iteration_metrics`."""
     lake_uri = lake.uri
-    rows = []
+    rows, baselines = [], {}
     for _ in track(range(total), "RL loop"):
         iteration, already_trained = resume_point(lake)
         if already_trained is None:
@@ -93,7 +93,7 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
         else:
             version = already_trained
             print(f"iteration {iteration} already trained version {version}: evaluating and recording it")
-        rows.append(finish_iteration(lake, settings, iteration, version, artifacts))
+        rows.append(finish_iteration(lake, settings, iteration, version, artifacts, baselines))
         artifacts(update_progress_artifact, progress, 100 * len(rows) / total)
     return rows
 
