@@ -49,14 +49,14 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     check_layout(settings)                                  # before anything is sampled or trained
     lake = Lake.open(lake_uri)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
-    current_model_version(lake, settings.rollout.base_policy)
+    latest = current_model_version(lake, settings.rollout.base_policy)      # registers version 0 on a new lake
     if settings.warmup.enabled:
         warm = warmup_version(lake)
         if warm is None:
             with lake.run("rl-loop", "warmup", settings.warmup.model_dump(mode="json"),
                           prefect_flow_run_id=flow_run.id) as run:
                 warmed = warmup_task(lake, run, settings)
-            warm = warmed["model_version"]
+            warm = latest = warmed["model_version"]          # registered as the main line's newest
             print(f"warm-up: model version {warm} after {warmed['steps']} steps, held-out sampled solve rate "
                   f"{warmed['solve_rate']:.1%} on {settings.warmup.eval_problems} problems")
     if settings.warmup.enabled and lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():
@@ -69,8 +69,7 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)
     if total:                                          # the version sampled next must be served (a resume too)
-        next_version = current_model_version(lake, settings.rollout.base_policy)
-        publish_version(lake, settings.rollout, settings.publish, next_version, "rl-loop")
+        publish_version(lake, settings.rollout, settings.publish, latest, "rl-loop")
     progress = create_progress_artifact(0.0, key="rl-loop-progress", description=f"{total} iterations to run")
     iterations_of = overlapped_iterations if settings.loop.mode == "async" else _iterations
     with publishing() as artifacts:                    # the artifacts are made beside the loop, not in its way
