@@ -1,7 +1,8 @@
 """The RL loop: K iterations of rollout → verify → advantages → train → evaluate, resumable; one after
 another (`loop.mode: sync`) or overlapped (`async`: `flows/async_loop.py`).
 
-The loop keeps no state of its own: where to resume is read from the lake. The next iteration is
+The loop keeps no state of its own between runs: where to resume is read from the lake (within a run it
+keeps only what each iteration is compared with, `flows/loop_steps.Baselines`). The next iteration is
 the one after the last with a row in `iteration_metrics`; if that iteration already registered a
 trained version (a crash after training), it is not sampled or trained again, only evaluated and
 recorded, so no iteration is repeated or lost.
