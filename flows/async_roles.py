@@ -15,7 +15,7 @@ from typing import Any, Callable
 from flows.artifacts import Publisher
 from flows.handoff import Handoff, Plan
 from flows.iteration import compute_advantages, rl_iteration, train_policy
-from flows.loop_steps import finish_iteration, sampling_config
+from flows.loop_steps import Baselines, finish_iteration, sampling_config
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
 from storage import leases
@@ -51,12 +51,13 @@ def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any]
     it to the sampler, evaluating and recording it) runs beside the next step, one version after another."""
     handoff = Handoff(lake, plan, "trainer")
     handoff.join()
+    baselines: Baselines = {}                          # the run's own, as the sync loop keeps them
 
     def after_training(iteration: int, trained: int, publish: bool) -> None:
         if publish:
             publish_version(lake, settings.rollout, settings.publish, trained, "rl-loop", iteration)
         handoff.published(trained)
-        recorded(finish_iteration(lake, settings, iteration, trained, artifacts))
+        recorded(finish_iteration(lake, settings, iteration, trained, artifacts, baselines))
 
     import_model_code()                                # the thread beside this one loads policies too
     later = Beside(lake, after_training, handoff)

@@ -1,7 +1,8 @@
 """The RL loop: K iterations of rollout → verify → advantages → train → evaluate, resumable; one after
 another (`loop.mode: sync`) or overlapped (`async`: `flows/async_loop.py`).
 
-The loop keeps no state of its own: where to resume is read from the lake. The next iteration is
+The loop keeps no state of its own between runs: where to resume is read from the lake (within a run it
+keeps only what each iteration is compared with, `flows/loop_steps.Baselines`). The next iteration is
 the one after the last with a row in `iteration_metrics`; if that iteration already registered a
 trained version (a crash after training), it is not sampled or trained again, only evaluated and
 recorded, so no iteration is repeated or lost.
@@ -49,14 +50,14 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     check_layout(settings)                                  # before anything is sampled or trained
     lake = Lake.open(lake_uri)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
-    current_model_version(lake, settings.rollout.base_policy)
+    latest = current_model_version(lake, settings.rollout.base_policy)      # registers version 0 on a new lake
     if settings.warmup.enabled:
         warm = warmup_version(lake)
         if warm is None:
             with lake.run("rl-loop", "warmup", settings.warmup.model_dump(mode="json"),
                           prefect_flow_run_id=flow_run.id) as run:
                 warmed = warmup_task(lake, run, settings)
-            warm = warmed["model_version"]
+            warm = latest = warmed["model_version"]          # registered as the main line's newest
             print(f"warm-up: model version {warm} after {warmed['steps']} steps, held-out sampled solve rate "
                   f"{warmed['solve_rate']:.1%} on {settings.warmup.eval_problems} problems")
     if settings.warmup.enabled and lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():
@@ -69,8 +70,7 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)
     if total:                                          # the version sampled next must be served (a resume too)
-        next_version = current_model_version(lake, settings.rollout.base_policy)
-        publish_version(lake, settings.rollout, settings.publish, next_version, "rl-loop")
+        publish_version(lake, settings.rollout, settings.publish, latest, "rl-loop")
     progress = create_progress_artifact(0.0, key="rl-loop-progress", description=f"{total} iterations to run")
     iterations_of = overlapped_iterations if settings.loop.mode == "async" else _iterations
     with publishing() as artifacts:                    # the artifacts are made beside the loop, not in its way
@@ -81,7 +81,7 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
                 artifacts: Publisher) -> list[dict[str, Any]]:
     """The next `total` iterations one after another, each recorded in `iteration_metrics`."""
     lake_uri = lake.uri
-    rows = []
+    rows, baselines = [], {}
     for _ in track(range(total), "RL loop"):
         iteration, already_trained = resume_point(lake)
         if already_trained is None:
@@ -93,7 +93,7 @@ def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
         else:
             version = already_trained
             print(f"iteration {iteration} already trained version {version}: evaluating and recording it")
-        rows.append(finish_iteration(lake, settings, iteration, version, artifacts))
+        rows.append(finish_iteration(lake, settings, iteration, version, artifacts, baselines))
         artifacts(update_progress_artifact, progress, 100 * len(rows) / total)
     return rows
 

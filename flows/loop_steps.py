@@ -23,6 +23,10 @@ from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
 from tasks.evaluation import overall_solve_rate
 
+# What a run computes once and compares each iteration with, by (lake uri, iteration): the first iteration's
+# self-reward health. A run holds the loop lease, so no other writer re-runs that iteration while it lives.
+Baselines = dict[tuple[str, int], pl.DataFrame]
+
 
 def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:
     """The iteration's metrics, read back from its tables (so a resumed iteration is recorded the same way)."""
@@ -75,10 +79,11 @@ def sampling_config(lake: Lake, settings: RunConfig, iteration_config: dict[str,
     return {**iteration_config, "rollout": {**iteration_config["rollout"], "mix": mix}}
 
 
-def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: int,
-                     artifacts: Publisher) -> dict[str, Any]:
+def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: int, artifacts: Publisher,
+                     baselines: Baselines | None = None) -> dict[str, Any]:
     """After `version` trained on `iteration`: evaluate it when due, record the iteration's row, publish its
-    artifacts beside the loop, and rebalance the curriculum when due. Returns the row."""
+    artifacts beside the loop, and rebalance the curriculum when due. Returns the row. `baselines`: the run's
+    own (one per run, see `check_self_reward`)."""
     every = settings.loop.evaluate_every
     evaluation = evaluate_and_record(lake, settings, version, iteration) if every and iteration % every == 0 else None
     with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
@@ -90,21 +95,26 @@ def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: i
     if settings.selfplay.enabled:
         check_collapse(lake, settings, iteration, row["eval_solve_rate"])
     if not settings.reward.has_external_verifier():
-        check_self_reward(lake, settings, iteration)
+        check_self_reward(lake, settings, iteration, {} if baselines is None else baselines)
     return row
 
 
-def check_self_reward(lake: Lake, settings: RunConfig, iteration: int) -> None:
+def check_self_reward(lake: Lake, settings: RunConfig, iteration: int, baselines: Baselines) -> None:
     """The tripwire of a reward no verifier grounds (tasks/rewards/collapse.py), after the iteration is recorded:
-    the loop stops with what fired; a later `rlvr run` (with the tripwire lowered or off) resumes."""
+    the loop stops with what fired; a later `rlvr run` (with the tripwire lowered or off) resumes. The first
+    iteration's part of the comparison is kept in `baselines`, so each later iteration reads its own rollouts."""
     from tasks.rewards.collapse import collapsed, self_reward_health
     from tasks.selfplay.health import CollapseDetected
 
     metrics = lake.read("iteration_metrics", columns=["iteration", "entropy"])
     first = int(metrics.filter(pl.col("iteration") > 0)["iteration"].min())             # 0: the warm-up, no rollouts
-    compared = pc.field("iteration").isin([first, iteration])
-    health = self_reward_health(lake.read("rollouts", filter=compared, columns=["iteration", "response", "n_tokens"]),
-                                metrics)
+    key = (lake.uri, first)
+    wanted = [iteration] if key in baselines else sorted({first, iteration})
+    health = self_reward_health(lake.read("rollouts", filter=pc.field("iteration").isin(wanted),
+                                          columns=["iteration", "response", "n_tokens"]), metrics)
+    if key not in baselines:
+        baselines[key] = health.filter(pl.col("iteration") == first)
+    health = pl.concat([baselines[key], health.filter(pl.col("iteration") != first)])   # first ≤ iteration
     fired = collapsed(health, iteration, settings.reward.tripwire)
     if fired:
         raise CollapseDetected(f"the self-rewarded run stopped after iteration {iteration}: " + "; ".join(fired) +

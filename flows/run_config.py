@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config import Strict, load_yaml_config, read_yaml
+from tasks.config import Strict, read_yaml, validated_config
 from tasks.curation.config import CurationConfig
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
@@ -75,28 +75,35 @@ NOT_RUN_SECTIONS = ("bank",)          # a run config's sections that are not Run
 def load_run_config(path: Path | str) -> RunConfig:
     """Every stage section of a run config except the bank (the curation flow's), validated; a misspelt section
     is an error naming the file, not ignored. Raises ValueError."""
-    unknown = sorted(set(read_yaml(Path(path))) - set(RunConfig.model_fields) - set(NOT_RUN_SECTIONS))
+    return _stage_sections(read_yaml(Path(path)), path)
+
+
+def _stage_sections(whole: dict, path: Path | str) -> RunConfig:
+    """`load_run_config` of the file already read (`whole`)."""
+    unknown = sorted(set(whole) - set(RunConfig.model_fields) - set(NOT_RUN_SECTIONS))
     if unknown:
         raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}; a run config has "
                          f"{', '.join(sorted([*RunConfig.model_fields, *NOT_RUN_SECTIONS]))}")
-    return load_yaml_config(path, RunConfig, tuple(RunConfig.model_fields))
+    return validated_config(whole, path, RunConfig, tuple(RunConfig.model_fields))
 
 
 def load_run_configs(path: Path | str) -> tuple[CurationConfig, RunConfig]:
     """A run config whole: its `bank:` section (the problems the run curates) and its stage sections. Errors in
-    both are reported together; a file without `bank:` is said to be that, not read as a curation config."""
+    both are reported together; a file without `bank:` is said to be that, not read as a curation config. The
+    file (and its `base:` files) is read once."""
+    whole = read_yaml(Path(path))
     errors, curation, settings = [], None, None
     try:
-        settings = load_run_config(path)
+        settings = _stage_sections(whole, path)
     except ValueError as error:
         errors.append(str(error))
-    if "bank" not in read_yaml(Path(path)):
+    if "bank" not in whole:
         errors.append(f"{path}: a run config (what `rlvr run` reads) needs a `bank:` section, the "
                       "sources of the problems the run curates and trains on; this file has none. Add one, or vary a config that has "
                       "one with `base: demo.yaml` (a path relative to this file)")
     else:
         try:
-            curation = load_yaml_config(path, CurationConfig, section="bank")
+            curation = validated_config(whole, path, CurationConfig, section="bank")
         except ValueError as error:
             errors.append(str(error))
     if errors:

@@ -33,6 +33,7 @@ ITERATION_OUTPUTS = {"rollout": ("rollouts", "rewards", "groups", "advantages", 
                      "train": (), "evaluate": ()}
 ITERATION_SECTIONS = tuple(IterationConfig.model_fields)                # rollout, dynamic_sampling, verify, advantages
 EVALUATION_SECTIONS = tuple(EvaluationRunConfig.model_fields)          # the same, and evaluation
+STAGE_SECTIONS = (*EVALUATION_SECTIONS, "train")      # what a re-run hands its stages (`rlvr stage --config`)
 FLOW_OF = {"rollout": "rl-iteration", "verify": "verify-iteration", "advantages": "compute-advantages",
            "train": "train-policy", "evaluate": "evaluate-model"}
 

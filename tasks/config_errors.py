@@ -19,6 +19,7 @@ def describe(error: ValidationError, path: Path, model: type[BaseModel], section
     `FILE:LINE: dotted.field: message (did you mean name?)`, FILE being the `base:` file where one sets it."""
     lines = [f"{path}: read as {kind_of(model)} ({why(section, data)})"]
     prefix = (section,) if isinstance(section, str) and section in data else ()
+    roots: dict[Path, yaml.Node | None] = {}          # each file's YAML composed once for all the errors' lines
     for item in error.errors():
         loc = tuple(item["loc"])
         message = item["msg"]
@@ -26,7 +27,7 @@ def describe(error: ValidationError, path: Path, model: type[BaseModel], section
             closest = closest_field(str(loc[-1]), model, loc[:-1])
             if closest:
                 message += f" (did you mean {closest}?)"
-        where = key_line(path, prefix + loc) if loc else named_line(path, message)
+        where = key_line(path, prefix + loc, roots=roots) if loc else named_line(path, message, roots)
         place = f"{where[0]}:{where[1]}" if where else str(path)       # a `base:` file's line where it sets it
         lines.append(f"{place}: {'.'.join(map(str, loc)) or '(a rule across fields)'}: {message}")
     return "\n".join(lines)
@@ -50,17 +51,23 @@ def why(section: str | tuple[str, ...] | None, data: dict) -> str:
             + (f"; its sections are {', '.join(map(str, data))}" if data else ""))
 
 
-def key_line(path: Path, loc: tuple, seen: tuple = ()) -> tuple[Path, int] | None:
+def key_line(path: Path, loc: tuple, seen: tuple = (), roots: dict | None = None) -> tuple[Path, int] | None:
     """(file, 1-based line) of the deepest key of `loc` the file sets, else the `base:` file that sets it.
-    Parts the YAML does not have (a union's tag in pydantic's path) are passed over."""
-    try:
-        root = yaml.compose(path.read_text())
-    except (OSError, yaml.YAMLError):
+    Parts the YAML does not have (a union's tag in pydantic's path) are passed over. `roots`: files composed
+    already, by path."""
+    roots = {} if roots is None else roots
+    if path not in roots:
+        try:
+            roots[path] = yaml.compose(path.read_text())
+        except (OSError, yaml.YAMLError):
+            roots[path] = None
+    root = roots[path]
+    if root is None:
         return None
     line, whole = _deepest(root, loc)
     base = _base_of(root, path)
     if base is not None and base not in seen and (line is None or len(loc) > 1 and not whole):
-        found = key_line(base, loc, seen + (path,))
+        found = key_line(base, loc, seen + (path,), roots)
         if found:
             return found
     return (path, line) if line else None
@@ -81,10 +88,10 @@ def _deepest(root, loc: tuple) -> tuple[int | None, bool]:
     return line, whole
 
 
-def named_line(path: Path, message: str) -> tuple[Path, int] | None:
+def named_line(path: Path, message: str, roots: dict | None = None) -> tuple[Path, int] | None:
     """A cross-field rule's error has no field of its own: the line of the first `section.field` it names."""
     for dotted in re.findall(r"\b([a-z_]+(?:\.[a-z_]+)+)\b", message):
-        found = key_line(path, tuple(dotted.split(".")))
+        found = key_line(path, tuple(dotted.split(".")), roots=roots)
         if found:
             return found
     return None

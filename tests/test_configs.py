@@ -164,6 +164,29 @@ def test_a_config_error_names_the_kind_the_line_and_the_closest_field(tmp_path, 
     assert any(text.startswith(f"{path}:{line}: {expected}") for text in lines), lines
 
 
+def test_a_run_config_is_read_once_on_the_way_to_its_configs_or_its_errors(tmp_path, monkeypatch):
+    """`rlvr run` takes the bank and the stage sections out of one file: each file (the variant and its `base:`)
+    is read once, and an error's lines come from one more parse of the file at fault, whatever the number of
+    errors (it was read for the section check, the stage sections, the bank check, the bank, and once an error)."""
+    from flows.run_config import load_run_configs
+
+    reads, original = [], Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self.name) or original(self, *a, **k))
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"base: {DEMO}\nrollout:\n  group_size: 4\n")
+    curation, settings = load_run_configs(variant)
+    assert settings.rollout.group_size == 4 and curation.sources
+    assert sorted(reads) == ["demo.yaml", "variant.yaml"]
+    reads.clear()
+    wrong = tmp_path / "wrong.yaml"                    # two errors in the stage sections, and no bank
+    wrong.write_text("rollout:\n  group_sise: 8\ntrain:\n  learning_rat: 0.1\n")
+    with pytest.raises(ValueError) as error:
+        load_run_configs(wrong)
+    assert f"{wrong}:2: rollout.group_sise" in str(error.value) and f"{wrong}:4: train.learning_rat" in str(error.value)
+    assert "needs a `bank:` section" in str(error.value)
+    assert reads == ["wrong.yaml", "wrong.yaml"]       # its settings, then its lines
+
+
 def test_a_field_a_base_file_sets_wrong_is_named_at_its_line_there(tmp_path):
     from flows.run_config import load_run_config
 

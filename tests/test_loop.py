@@ -87,7 +87,8 @@ def test_rlvr_run_curates_then_loops_and_prints_the_metrics(cli, tmp_path):
     assert rows.stdout.split() == ["iteration,trained_version", "1,1", "2,2"]
 
 
-def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
+def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path, monkeypatch):
+    import flows.loop as loop
     from storage.lake import Lake
 
     rl_loop, _, _ = flows
@@ -95,7 +96,12 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path):
     curated_with_eval(lake_uri)
     warm = {**RUN, "warmup": {"enabled": True, "band": [0.0, 1.0], "evaluate_every": 10, "eval_problems": 10,
                               "max_new_tokens": 8}}
+    asked, published = [], []                          # the loop asks for the latest version once, as it starts
+    latest, publish = loop.current_model_version, loop.publish_version
+    monkeypatch.setattr(loop, "current_model_version", lambda *a: asked.append(1) or latest(*a))
+    monkeypatch.setattr(loop, "publish_version", lambda *a, **k: published.append(a[3]) or publish(*a, **k))
     rows = rl_loop(warm, iterations=1, lake_uri=lake_uri)
+    assert len(asked) == 1 and published == [1, 1, 2]  # the warm-up (iteration 0), what samples iteration 1, its step
     lake = Lake.open(lake_uri)
     versions = lake.read("model_versions").sort("model_version")
     assert versions.select("model_version", "kind", "parent_version").rows() == [(0, "base", None), (1, "warmup", 0),

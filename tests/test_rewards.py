@@ -134,3 +134,46 @@ def test_a_self_rewarded_loop_stops_when_its_tripwire_fires(prefect_api, tmp_pat
                                                r"[0-9.]+ nats below reward.tripwire.min_entropy 100"):
         rl_loop(run, lake_uri=lake_uri)
     assert Lake.open(lake_uri).read("iteration_metrics")["iteration"].to_list() == [1]
+
+
+def test_the_self_reward_tripwire_reads_the_first_iterations_rollouts_once_a_run(tmp_path, monkeypatch):
+    """Each iteration is compared with the run's first: that iteration's rollouts are read once a run (kept in
+    the run's baselines), and every later check reads only its own. Iteration 1's responses average 50 tokens,
+    iterations 2 and 3 40 (80 %), iteration 4 10 (20 %, below the 25 % bound)."""
+    from datetime import datetime, timezone
+
+    from flows.loop_steps import check_self_reward
+    from flows.run_config import RunConfig
+    from storage.lake import Lake
+    from tasks.selfplay.health import CollapseDetected
+
+    lake = Lake.open(str(tmp_path / "lake"))
+    tokens = {1: [40, 60, 50, 50], 2: [40] * 4, 3: [40] * 4, 4: [10] * 4}
+    for iteration, counts in tokens.items():
+        with lake.run("test", "write", {}, iteration=iteration) as run:
+            lake.replace("rollouts", pl.DataFrame({
+                "rollout_id": [f"r{iteration}-{i}" for i in range(4)], "iteration": [iteration] * 4,
+                "problem_id": [f"p{i}" for i in range(4)], "group_id": [f"g{i}" for i in range(4)],
+                "sample_idx": [0] * 4, "model_version": [iteration - 1] * 4, "n_tokens": counts,
+                "response": [f"step {iteration}\n#### {i}" for i in range(4)]}), {"iteration": iteration}, run)
+            lake.replace("iteration_metrics", pl.DataFrame({
+                "iteration": [iteration], "model_version": [iteration - 1], "entropy": [0.9],
+                "created_at": [datetime.now(timezone.utc)]}), {"iteration": iteration}, run)
+    read_rows, original = [], Lake.read
+
+    def counted(self, name, *args, **kwargs):
+        rows = original(self, name, *args, **kwargs)
+        if name == "rollouts":
+            read_rows.extend(rows["iteration"].to_list())
+        return rows
+
+    monkeypatch.setattr(Lake, "read", counted)
+    settings = RunConfig.model_validate({"reward": {"kind": "self_certainty", "tripwire": {"after": 2}}})
+    baselines = {}
+    check_self_reward(lake, settings, 2, baselines)
+    check_self_reward(lake, settings, 3, baselines)
+    with pytest.raises(CollapseDetected, match=r"after iteration 4: mean response length 20% of iteration 1's "
+                                               r"below reward.tripwire.min_length_ratio 0.25"):
+        check_self_reward(lake, settings, 4, baselines)
+    assert read_rows.count(1) == 4                     # iteration 1's four rollouts, once for the three checks
+    assert sorted(read_rows) == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4

@@ -203,6 +203,22 @@ def test_stage_chains_and_iteration_lists():
         parse_iterations(["7-5"])
 
 
+def test_a_config_overrides_every_section_a_stage_reads(tmp_path):
+    """`rlvr stage --config` takes the sections a re-run hands its stages from the typed configs: a `reward:` section
+    (which verify and advantages read) was dropped by the literal list the command kept, and the stage re-ran with
+    the recorded reward. Sections no stage reads (loop, bank) stay the run's."""
+    from flows.cli.stages import stage_overrides
+
+    config = tmp_path / "stage.yaml"
+    config.write_text("reward:\n  kind: self_certainty\nselfverify:\n  enabled: true\nverify:\n  verifier: math\n"
+                      "loop:\n  iterations: 9\n")
+    assert stage_overrides(config) == {"verify": {"verifier": "math"}, "reward": {"kind": "self_certainty"},
+                                       "selfverify": {"enabled": True}}
+    config.write_text("reward:\n  kinds: self_certainty\n")
+    with pytest.raises(ValueError, match=r"stage.yaml:2: reward.kinds: Extra inputs are not permitted"):
+        stage_overrides(config)
+
+
 def test_transient_failures_are_retried_and_others_are_not(prefect_api):
     from prefect import flow
 

@@ -16,9 +16,6 @@ from flows.display import TableFormat, console, show_table, use_format
 app = typer.Typer()
 
 
-STAGE_SECTIONS = ("rollout", "dynamic_sampling", "verify", "advantages", "train", "evaluation")
-
-
 def parse_iterations(specs: list[str]) -> list[int]:
     """`3`, `3,5` and `5-7` (repeatable) as a sorted list of iterations."""
     iterations: set[int] = set()
@@ -34,14 +31,16 @@ def parse_iterations(specs: list[str]) -> list[int]:
 
 
 def stage_overrides(path: Path | None) -> dict:
-    """The stage sections a config file sets, validated, as given (so they override only what they name)."""
+    """The stage sections a config file sets, validated, as given (so they override only what they name). The
+    sections come from the typed configs (flows/stage_plans.py), imported here, not as the command line starts."""
     if path is None:
         return {}
     from flows.run_config import RunConfig
-    from tasks.config import load_yaml_config, read_yaml
+    from flows.stage_plans import STAGE_SECTIONS
+    from tasks.config import read_yaml, validated_config
 
-    load_yaml_config(path, RunConfig, STAGE_SECTIONS)            # errors name the file and the field
     data = read_yaml(path)
+    validated_config(data, path, RunConfig, STAGE_SECTIONS)      # errors name the file and the field
     return {section: data[section] for section in STAGE_SECTIONS if section in data}
 
 

@@ -12,12 +12,11 @@ Pure: frames in, sentences out; `flows/loop_steps.py` wires it.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import polars as pl
 from pydantic import Field
 
 from tasks.config import Strict
+from tasks.tripwires import Check, fired
 
 
 class SelfRewardTripwire(Strict):
@@ -41,25 +40,6 @@ def self_reward_health(rollouts: pl.DataFrame, metrics: pl.DataFrame) -> pl.Data
         mean_tokens=pl.col("n_tokens").cast(pl.Float64).mean(),
         answer_diversity=last_line.n_unique() / pl.len())
     return per_iteration.join(metrics.select("iteration", "entropy"), on="iteration", how="left").sort("iteration")
-
-
-class Check(NamedTuple):
-    """One tripwire check: a signal's value against its configured bound (None: not measured, or off)."""
-
-    label: str
-    value: float | None
-    bound: float | None
-    field: str
-    shown: str = "{:.1%}"           # how the value reads
-    bound_shown: str = "{:g}"       # how the bound reads
-    is_max: bool = False            # fires above the bound (else below)
-
-
-def fired(checks: list[Check], section: str) -> list[str]:
-    """A sentence for each check past its bound, naming the signal, its value and `section`.field with the bound."""
-    return [f"{c.label} {c.shown.format(c.value)} {'above' if c.is_max else 'below'} {section}.{c.field} "
-            f"{c.bound_shown.format(c.bound)}" for c in checks
-            if c.bound is not None and c.value is not None and ((c.value > c.bound) if c.is_max else (c.value < c.bound))]
 
 
 def collapsed(health: pl.DataFrame, iteration: int, config: SelfRewardTripwire) -> list[str]:

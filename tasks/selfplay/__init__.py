@@ -3,5 +3,5 @@ executor, the self-play sampler of an iteration, SPICE's documents and challenge
 collapse metrics and the tripwire.
 
 May import: storage, tasks.config, tasks.curation, tasks.generators, tasks.rollout, tasks.sandbox,
-tasks.verification, tasks.verifiers.
+tasks.tripwires, tasks.verification, tasks.verifiers.
 """

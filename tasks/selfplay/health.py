@@ -14,7 +14,7 @@ import polars as pl
 from pydantic import Field
 
 from tasks.config import Strict
-from tasks.rewards.collapse import Check, fired
+from tasks.tripwires import Check, fired
 
 
 class TripwireConfig(Strict):
