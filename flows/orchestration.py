@@ -26,6 +26,8 @@ import urllib.request
 from importlib.util import find_spec
 from pathlib import Path
 
+from storage import environment
+
 START_TIMEOUT_ENV = "RLVR_PREFECT_START_TIMEOUT"
 DEFAULT_START_TIMEOUT = 90.0
 LOG_NAME = "rlvr-temporary-server.log"
@@ -96,11 +98,10 @@ def start_temporary_server() -> str:
 
 
 def _start_timeout() -> float:
-    text = os.environ.get(START_TIMEOUT_ENV)
     try:
-        return float(text) if text else DEFAULT_START_TIMEOUT
-    except ValueError:
-        raise OrchestrationUnavailable(f"{START_TIMEOUT_ENV}={text!r}: give a number of seconds") from None
+        return environment.seconds(START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT)
+    except ValueError as error:
+        raise OrchestrationUnavailable(str(error)) from None
 
 
 def _free_port() -> int:

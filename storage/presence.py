@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from storage import objects
+from storage import environment, objects
 from storage.location import LakeLocation
 
 TIMEOUT_ENV = "RLVR_LEASE_TIMEOUT"
@@ -31,11 +31,7 @@ DEFAULT_TIMEOUT = 60.0
 
 def lease_timeout() -> float:
     """Seconds without a heartbeat after which a process on another machine counts as dead."""
-    text = os.environ.get(TIMEOUT_ENV)
-    try:
-        return float(text) if text else DEFAULT_TIMEOUT
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={text!r}: give a number of seconds") from None
+    return environment.seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
 
 
 def heartbeat_interval() -> float:

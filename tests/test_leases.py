@@ -253,3 +253,19 @@ def test_what_follows_a_training_step_runs_beside_the_next_in_order_and_its_fail
     with pytest.raises(LeaseHeld, match="does not hold the lake's loop lease"):
         Beside(lake, after_training, trainer)            # a helper thread needs a lease holder to help
     sampler.close()
+
+
+def test_a_timeout_in_the_environment_must_be_seconds(monkeypatch):
+    """The lease timeout and the temporary Prefect server's start-up bound read the same way (storage/environment.py)."""
+    from flows.orchestration import OrchestrationUnavailable, _start_timeout
+    from storage.presence import lease_timeout
+
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "12.5")
+    monkeypatch.setenv("RLVR_PREFECT_START_TIMEOUT", "")
+    assert lease_timeout() == 12.5 and _start_timeout() == 90.0
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "a minute")
+    with pytest.raises(ValueError, match="RLVR_LEASE_TIMEOUT='a minute': give a number of seconds"):
+        lease_timeout()
+    monkeypatch.setenv("RLVR_PREFECT_START_TIMEOUT", "soon")
+    with pytest.raises(OrchestrationUnavailable, match="RLVR_PREFECT_START_TIMEOUT='soon': give a number of seconds"):
+        _start_timeout()
