@@ -1,13 +1,7 @@
-"""`rlvr bench lake-scale`: what a long run's lake costs to write, query, store and keep in shape.
+"""`rlvr bench lake-scale`: what a long run's lake costs to write, query, store and keep in shape, and what
+the benchmark itself holds in memory while it measures that.
 
-A synthetic run written through the loop's own write paths: each iteration is the stage runs the loop makes
-(`rl-iteration` rollout and verify, `compute-advantages`, `train-policy`, `rl-loop` record), their rows
-committed by `Lake.replace`; the advantage stage's own `scored_rollouts`, `compute` and `write` turn the
-synthetic rewards into groups, advantages, the batch and the DBB state; each step registers a model version,
-and `iteration_row` reads the iteration back into `iteration_metrics` as the loop does. Responses have
-long-tailed lengths (log-normal, median `max_tokens / 24`, capped at `max_tokens`), with token ids and behaviour
-log-probs stored as the rollout stage stores them; one group in four comes from the version before (the
-staleness histogram has more than one bar).
+The run is synthetic but written through the loop's own write paths (bench/lake_synthetic.py).
 
 Measured:
 - bookkeeping per iteration: what does not grow with the iteration's rows but may with the lake's age — the
@@ -19,7 +13,17 @@ Measured:
   `select 1` (a process's start-up: the floor of every command) and the lineage walk in-process;
 - bytes: the iteration tables' live files against the same rows written once as plain zstd Parquet;
 - S3: a second lake on moto's server (loopback) for `s3_iterations` iterations, its requests counted from
-  moto's access log per iteration.
+  moto's access log per iteration;
+- memory: this process's resident set at each checkpoint and after each step that follows the iterations
+  (now and at its peak so far), and each child's peak (every `rlvr` command, the lineage walk, moto's server),
+  as the kernel accounts it when the child is reaped.
+
+Every step streams, so the benchmark's own memory stays flat in the lake's size (a run of 2,048,000 rollouts,
+a 14 GB lake, was killed at 23.8 GB resident when the baseline and the count read whole tables): the rollouts'
+count and tokens are summed batch by batch over the table's visible rows; the plain-Parquet baseline is
+written batch by batch, a row group at a time (`plain_parquet`); moto's log is read on from where the last
+iteration's count ended; the queries, the lineage walk and the final maintenance run in processes of their
+own. Only small numbers a checkpoint or an iteration are kept.
 
 Maintenance runs on a schedule, as the `lake-maintenance` deployment runs it beside a loop: after every
 `maintain_every` iterations (in between, not timed as bookkeeping; its own times are reported), with the
@@ -32,24 +36,22 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
+from bench.lake_synthetic import GROUP_SIZE, seeded_lake, vocabulary, write_iteration
+from bench.memory import MIB, Child, high_water_mb, memory_now, run_child
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/lake_scale.py", "storage/", "tasks/advantages/", "flows/stage_plans.py", "flows/loop_steps.py",
-              "flows/cli/")
+DEPENDS_ON = ("bench/lake_scale.py", "bench/lake_synthetic.py", "bench/memory.py", "storage/", "tasks/advantages/",
+              "flows/stage_plans.py", "flows/loop_steps.py", "flows/cli/")
 
 BIN = Path(sys.executable).parent
 CHECKPOINTS = (10, 100, 1000, 2000)
 WINDOW = 5                                     # iterations whose median bookkeeping a checkpoint reports
-GROUP_SIZE = 16
-LEVEL_SOLVE_RATE = {1: 0.8, 2: 0.55, 3: 0.3, 4: 0.1}
 QUERIES = {
     "solve_rate_by_level": "select g.iteration, p.level, avg(g.solve_rate) as solve_rate from groups g join "
                            "(select distinct problem_id, level from problems) p using (problem_id) group by all "
@@ -62,179 +64,25 @@ QUERIES = {
                                "group by 1 order by 1",
 }
 ITERATION_TABLES = ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state", "iteration_metrics")
+BATCH_ROWS = 1024                # rows a scan hands over at once: about 15 MiB of rollouts at the default lengths
+ROW_GROUP_BYTES = 128 * MIB      # the plain baseline's row groups, in Arrow bytes (Delta's compaction targets 128 MB)
+ROW_GROUP_ROWS = 1024 * 1024     # pq.write_table's default row group
 
 
-class Clock:
-    """Seconds spent in bookkeeping and in row writes during one iteration."""
-
-    def __init__(self):
-        self.bookkeeping = self.writes = 0.0
-
-    @contextmanager
-    def book(self):
-        started = time.perf_counter()
-        yield
-        self.bookkeeping += time.perf_counter() - started
-
-    @contextmanager
-    def write(self):
-        started = time.perf_counter()
-        yield
-        self.writes += time.perf_counter() - started
-
-
-@contextmanager
-def stage_run(lake, clock: Clock, flow: str, stage: str, parameters: dict, iteration: int):
-    """`lake.run`, its start and end rows timed as bookkeeping."""
-    with clock.book():
-        manager = lake.run(flow, stage, parameters, iteration=iteration)
-        run = manager.__enter__()
-    try:
-        yield run
-    except BaseException:
-        manager.__exit__(*sys.exc_info())
-        raise
-    with clock.book():
-        manager.__exit__(None, None, None)
-
-
-def synthetic_iteration(rng, bank, iteration: int, rollouts: int, max_tokens: int, words):
-    """One iteration's rollouts and rewards: groups of GROUP_SIZE over problems drawn from the bank."""
-    import numpy as np
-    import polars as pl
-    import pyarrow as pa
-
-    groups = max(1, rollouts // GROUP_SIZE)
-    picked = rng.choice(bank.height, size=min(groups, bank.height), replace=False)
-    problem_ids = bank["problem_id"].gather(picked).to_list()
-    solve = bank["solve_rate"].gather(picked).to_numpy()
-    n = len(problem_ids) * GROUP_SIZE
-    lengths = np.minimum(np.ceil(np.exp(rng.normal(np.log(max_tokens / 24), 1.0, n))), max_tokens).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    token_ids = (rng.zipf(1.3, int(offsets[-1])) % 151_000).astype(np.int32)
-    logprobs = (-rng.exponential(0.6, int(offsets[-1]))).astype(np.float32)
-    responses = [" ".join(words[token_ids[offsets[i]:offsets[i + 1]] % len(words)]) for i in range(n)]
-    group_of = np.repeat(np.arange(len(problem_ids)), GROUP_SIZE)
-    version = np.where(group_of % 4 == 3, max(iteration - 2, 0), iteration - 1)
-    list_offsets = pa.array(offsets.astype(np.int32))
-    ids = [f"{iteration}-{g}-{s}" for g in range(len(problem_ids)) for s in range(GROUP_SIZE)]
-    rollout_rows = pl.from_arrow(pa.table({
-        "rollout_id": ids, "iteration": pa.array(np.full(n, iteration, np.int64)),
-        "problem_id": [problem_ids[g] for g in group_of], "group_id": [f"{iteration}:{problem_ids[g]}" for g in group_of],
-        "sample_idx": pa.array(np.tile(np.arange(GROUP_SIZE, dtype=np.int32), len(problem_ids))),
-        "round": pa.array(np.ones(n, np.int32)), "model_version": pa.array(version.astype(np.int64)),
-        "prompt": [f"Problem {problem_ids[g]}: solve it and give the final answer." for g in group_of],
-        "prompt_token_ids": pa.array([list(range(3, 67))] * n, pa.list_(pa.int32())),
-        "response": responses,
-        "response_token_ids": pa.ListArray.from_arrays(list_offsets, pa.array(token_ids)),
-        "behaviour_logprobs": pa.ListArray.from_arrays(list_offsets, pa.array(logprobs)),
-        "n_tokens": pa.array(lengths.astype(np.int32)),
-        "finish_reason": np.where(lengths >= max_tokens, "length", "stop").tolist(),
-        "self_certainty": rng.uniform(1, 5, n), "backend": ["openai http://gpu-1:8000"] * n,
-        "sampler": ['{"max_new_tokens": %d, "temperature": 1.0}' % max_tokens] * n,
-        "seed": pa.array(np.full(n, iteration, np.int64)),
-    }))
-    correct = rng.random(n) < solve[group_of]
-    rewards = pl.DataFrame({"iteration": [iteration] * n, "rollout_id": ids,
-                            "problem_id": rollout_rows["problem_id"], "verifier": ["math"] * n,
-                            "verifier_version": ["1"] * n, "reward": correct.astype(float), "correct": correct,
-                            "format_reward": np.ones(n), "details": ['{"extracted": "42"}'] * n})
-    return rollout_rows, rewards
-
-
-def write_iteration(lake, bank, rng, iteration: int, rollouts: int, max_tokens: int, words, work: Path) -> Clock:
-    """One iteration as the loop writes it; returns where its time went."""
-    import polars as pl
-
-    from flows.loop_steps import iteration_row
-    from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, verify_key
-    from storage.registry import latest_version, register
-    from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
-    from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
-    from tasks.rollout.stage import IterationConfig
-    from trainers.grpo import TrainConfig
-
-    clock, key = Clock(), {"iteration": iteration}
-    settings = IterationConfig()
-    rollout_rows, rewards = synthetic_iteration(rng, bank, iteration, rollouts, max_tokens, words)
-    with clock.book():
-        version = latest_version(lake)
-        parameters = rollout_key(settings, version, latest_bank_version(lake)).parameters
-    with stage_run(lake, clock, "rl-iteration", "rollout", parameters, iteration) as run, clock.write():
-        lake.replace("rollouts", rollout_rows, key, run)
-        for table in ("groups", "advantages", "batches", "dbb_state"):
-            lake.clear(table, key, run)
-    with clock.book():
-        parameters = verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id]).parameters
-    with stage_run(lake, clock, "rl-iteration", "verify", parameters, iteration) as run, clock.write():
-        lake.replace("rewards", rewards, key, run)
-    with clock.book():
-        parameters = advantages_key(lake, settings, iteration, version).parameters
-    sampling = DynamicSamplingConfig(groups_per_batch=max(1, rollouts // GROUP_SIZE // 2))
-    with stage_run(lake, clock, "compute-advantages", "advantages", parameters, iteration) as run:
-        with clock.book():
-            scored, state = scored_rollouts(lake, iteration, None), latest_dbb_state(lake, iteration)
-        results = compute(scored, settings.advantages, sampling, version, state, off_policy_sums(rollout_rows, version))
-        with clock.write():
-            batch_id = write(lake, run, iteration, results)
-    with clock.book():
-        parameters = train_key(lake, TrainConfig(), iteration, version).parameters
-    with stage_run(lake, clock, "train-policy", "train", parameters, iteration) as run, clock.write():
-        register(lake, run, version + 1, uri=str(work / "checkpoints" / f"v{version + 1}"), kind="rl",
-                 parent=version, iteration=iteration, batch_ids=[batch_id],
-                 metrics={"loss": float(rng.normal(0, 0.01)), "clip_fraction": 0.01, "entropy": 0.5})
-    with stage_run(lake, clock, "rl-loop", "record", {}, iteration) as run:
-        with clock.book():
-            row = iteration_row(lake, iteration, None)
-        with clock.write():
-            lake.replace("iteration_metrics", pl.DataFrame([row]), key, run)
-    return clock
-
-
-def off_policy_sums(rollout_rows, version: int):
-    """What the off-policy-logprobs stage gives the advantage stage: each older rollout's behaviour log-prob sum
-    and the current policy's (here: the behaviour's, nudged)."""
-    import polars as pl
-
-    older = rollout_rows.filter(pl.col("model_version") < version)
-    behaviour = older["behaviour_logprobs"].list.sum().cast(pl.Float64)
-    return pl.DataFrame({"rollout_id": older["rollout_id"], "behaviour_logprob_sum": behaviour,
-                         "current_logprob_sum": behaviour * 0.98})
-
-
-def seeded_lake(lake_uri: str, problems: int, seed: int):
-    """A bank of generated problems, and version 0; returns the bank with each problem's true solve rate."""
-    import polars as pl
-
-    from flows.curation import curate_bank
-    from storage.lake import Lake
-    from storage.registry import register
-    from tasks.curation.stage import bank_problems
-
-    curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": problems, "seed": seed}]}, lake_uri)
-    lake = Lake.open(lake_uri)
-    with lake.run("rl-loop", "warmup", {}, iteration=0) as run:
-        register(lake, run, 0, uri=f"{lake_uri}-checkpoints/v0", kind="base")
-    bank = bank_problems(lake, None, "train").select("problem_id", "level")
-    return lake, bank.with_columns(solve_rate=pl.col("level").replace_strict(LEVEL_SOLVE_RATE, return_dtype=pl.Float64))
-
-
-def cli(*arguments: str, lake_uri: str, env: dict | None = None) -> float:
-    """One `rlvr` command's wall time (it must succeed)."""
-    started = time.perf_counter()
-    result = subprocess.run([str(BIN / "rlvr"), *arguments, "--lake", lake_uri], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, timeout=600)
-    seconds = time.perf_counter() - started
+def cli(*arguments: str, lake_uri: str, env: dict | None = None) -> Child:
+    """One `rlvr` command, its wall time and peak resident set (it must succeed)."""
+    result = run_child([str(BIN / "rlvr"), *arguments, "--lake", lake_uri], env={**os.environ, **(env or {})})
     if result.returncode != 0:
         raise RuntimeError(f"rlvr {' '.join(arguments[:2])} failed: {result.stderr[-2000:]}")
-    return seconds
+    return result
 
 
-def query_seconds(lake_uri: str, problem: str, last_version: int) -> dict[str, float]:
-    seconds = {name: cli("sql", "--format", "json", sql.format(problem=problem), lake_uri=lake_uri)
-               for name, sql in QUERIES.items()}
-    seconds["lineage"] = cli("lineage", "model-version", str(last_version), lake_uri=lake_uri)
-    return seconds
+def query_runs(lake_uri: str, problem: str, last_version: int) -> dict[str, Child]:
+    """The standard queries, each an `rlvr sql` process, and `rlvr lineage model-version` of the last version."""
+    runs = {name: cli("sql", "--format", "json", sql.format(problem=problem), lake_uri=lake_uri)
+            for name, sql in QUERIES.items()}
+    runs["lineage"] = cli("lineage", "model-version", str(last_version), lake_uri=lake_uri)
+    return runs
 
 
 LINEAGE_WALK = """
@@ -248,63 +96,130 @@ print(time.perf_counter() - started)
 """
 
 
-def lineage_in_process(lake_uri: str, last_version: int) -> float:
-    """The lineage walk itself, timed inside a fresh process (its imports and start-up not counted)."""
-    result = subprocess.run([sys.executable, "-c", LINEAGE_WALK, lake_uri, str(last_version)], capture_output=True,
-                            text=True, timeout=600, cwd=Path(__file__).resolve().parent.parent)
+def lineage_in_process(lake_uri: str, last_version: int) -> Child:
+    """The lineage walk itself, timed inside a fresh process (its imports and start-up not counted: the seconds
+    are what it prints)."""
+    result = run_child([sys.executable, "-c", LINEAGE_WALK, lake_uri, str(last_version)],
+                       cwd=Path(__file__).resolve().parent.parent)
     if result.returncode != 0:
         raise RuntimeError(f"the lineage walk failed: {result.stderr[-2000:]}")
-    return float(result.stdout.split()[-1])
+    result.seconds = float(result.stdout.split()[-1])
+    return result
 
 
-def stored_bytes(lake, folder: Path) -> dict[str, dict[str, int]]:
-    """Per iteration table: its live data files' bytes, its log's bytes, and the same rows written once as plain
-    zstd Parquet."""
+def batches(lake, name: str, columns: list[str] | None = None, batch_rows: int = BATCH_ROWS):
+    """A table's rows, `batch_rows` at a time, one file after another: what is held is one file's read, never
+    the table's. (A dataset scan reads files ahead of a slow consumer: writing the plain copy behind it, most of
+    a twelve-file table was in memory at once.) Every run of the synthetic run completed, so these are the
+    visible rows; a run left hidden is an error here, not rows to filter out."""
+    hidden = lake.hidden_runs()
+    if hidden:
+        raise RuntimeError(f"{len(hidden)} runs never completed (the first: {sorted(hidden)[0]})")
+    dataset = lake.dataset(name)
+    for fragment in dataset.get_fragments():
+        yield from fragment.to_batches(schema=dataset.schema, columns=columns, batch_size=batch_rows,
+                                       batch_readahead=1)
+
+
+def rollout_totals(lake) -> dict[str, int]:
+    """Rollouts and response tokens in the lake, summed batch by batch."""
+    import pyarrow.compute as pc
+
+    rollouts = tokens = 0
+    for batch in batches(lake, "rollouts", ["n_tokens"], batch_rows=64 * BATCH_ROWS):
+        rollouts += batch.num_rows
+        tokens += pc.sum(batch.column(0)).as_py() or 0
+    return {"rollouts": rollouts, "tokens": tokens}
+
+
+def plain_parquet(lake, name: str, path: Path, batch_rows: int = BATCH_ROWS,
+                  row_group_bytes: int = ROW_GROUP_BYTES) -> int:
+    """Writes a table's visible rows once as plain zstd Parquet and returns its bytes. Streamed: the batches
+    of a row group are held until they reach `row_group_bytes` of Arrow data or `pq.write_table`'s default of
+    1 Mi rows, then written as one row group; a table smaller than that is one row group, as `pq.write_table`
+    would write it."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    schema = lake.dataset(name).schema
+    pending, size, rows = [], 0, 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for batch in batches(lake, name, batch_rows=batch_rows):
+            pending.append(batch)
+            size, rows = size + batch.nbytes, rows + batch.num_rows
+            if size >= row_group_bytes or rows >= ROW_GROUP_ROWS:
+                writer.write_table(pa.Table.from_batches(pending, schema), row_group_size=rows)
+                pending, size, rows = [], 0, 0
+        if pending:
+            writer.write_table(pa.Table.from_batches(pending, schema), row_group_size=rows)
+    return path.stat().st_size
+
+
+def stored_bytes(lake, folder: Path, tables: tuple[str, ...] = ITERATION_TABLES,
+                 **streaming) -> dict[str, dict[str, int]]:
+    """Per iteration table: its live data files' bytes, its log's bytes, and the same rows written once as plain
+    zstd Parquet (`plain_parquet`, with `streaming`'s batch and row-group sizes; the copy is removed once
+    measured, so the disk holds one table's copy at a time)."""
     sizes = {}
-    for name in ITERATION_TABLES:
-        table = lake.table(name)
-        actions = table.get_add_actions(flatten=True)
+    for name in tables:
+        actions = lake.table(name).get_add_actions(flatten=True)
         log = Path(lake.location.table_uri(name)) / "_delta_log"
         plain = folder / f"{name}.parquet"
-        pq.write_table(table.to_pyarrow_table(), plain, compression="zstd")
         sizes[name] = {"delta_bytes": int(sum(actions.column("size_bytes").to_pylist())),
                        "log_bytes": sum(f.stat().st_size for f in log.iterdir() if f.is_file()),
-                       "plain_bytes": plain.stat().st_size, "files": actions.num_rows}
+                       "plain_bytes": plain_parquet(lake, name, plain, **streaming), "files": actions.num_rows}
+        plain.unlink()
     return sizes
 
 
 REQUEST = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) ')
 
 
+class RequestLog:
+    """moto's access log, read on from where the last look ended (a whole line at a time): counting an
+    iteration's requests costs that iteration's lines, not the log's."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def new_requests(self) -> list[str]:
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return REQUEST.findall(complete.decode(errors="replace"))
+
+
 def s3_requests(iterations: int, rollouts: int, max_tokens: int, problems: int, seed: int, work: Path) -> dict:
-    """Requests per iteration to an S3 lake (moto's server), counted in its access log."""
+    """Requests per iteration to an S3 lake (moto's server), counted in its access log, and the server's peak
+    resident set (it holds the whole S3 lake in memory)."""
     import boto3
     import numpy as np
 
     from bench.moto import start_moto
 
-    log = work / "moto.log"
-    moto, endpoint = start_moto(log)
+    log = RequestLog(work / "moto.log")
+    moto, endpoint = start_moto(log.path)
     aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
     saved = {name: os.environ.get(name) for name in aws}
     os.environ.update(aws)
+    methods: dict[str, int] = {}
     try:
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="lake-scale")
         lake, bank = seeded_lake("s3://lake-scale/lake", problems, seed)
         rng, words = np.random.default_rng(seed), vocabulary()
-        per_iteration = []
-        for iteration in range(1, iterations + 1):
-            before = len(REQUEST.findall(log.read_text()))
-            write_iteration(lake, bank, rng, iteration, rollouts, max_tokens, words, work)
-            counted = REQUEST.findall(log.read_text())
-            per_iteration.append({"requests": len(counted) - before})
-        methods: dict[str, int] = {}
-        for method in REQUEST.findall(log.read_text()):
-            methods[method] = methods.get(method, 0) + 1
+        counts = []
+        for iteration in range(0, iterations + 1):      # 0: the bucket and the seeded bank, not counted
+            if iteration:
+                write_iteration(lake, bank, rng, iteration, rollouts, max_tokens, words, work)
+            requests = log.new_requests()
+            counts.append(len(requests))
+            for method in requests:
+                methods[method] = methods.get(method, 0) + 1
     finally:
+        server_peak = high_water_mb(moto.pid)
         moto.terminate()
         moto.wait(10)
         for name, value in saved.items():
@@ -312,88 +227,123 @@ def s3_requests(iterations: int, rollouts: int, max_tokens: int, problems: int, 
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    counts = [entry["requests"] for entry in per_iteration]
+    counts = counts[1:]
     tail = counts[-min(5, len(counts)):]
     return {"iterations": iterations, "requests": counts, "requests_per_iteration": statistics.median(tail),
-            "first_iteration_requests": counts[0], "requests_by_method": methods}
+            "first_iteration_requests": counts[0], "requests_by_method": methods,
+            "server_peak_rss_mb": server_peak}
 
 
-def vocabulary():
+def write_run(lake, bank, work: Path, iterations: int, rollouts: int, max_tokens: int, seed: int,
+              maintain_every: int, retention_hours: float) -> tuple[list[dict], float, list[float]]:
+    """The synthetic run's iterations, with the scheduled maintenance; returns the checkpoints (bookkeeping and
+    row-write medians, this process's resident set then and at its peak so far), the seconds spent writing
+    and each maintenance's seconds."""
     import numpy as np
 
-    syllables = ["ka", "lo", "mi", "ne", "ru", "ta", "vi", "so", "de", "pa", "x", "=", "+", "2", "7", "\\frac"]
-    rng = np.random.default_rng(7)
-    return np.array(["".join(rng.choice(syllables, size=rng.integers(1, 4))) for _ in range(4096)])
+    from storage.maintenance import MaintenanceConfig, maintain
+    from tasks.progress import track
+
+    rng, words = np.random.default_rng(seed), vocabulary()
+    checkpoints = sorted({c for c in CHECKPOINTS if c <= iterations} | {iterations})
+    clocks, maintenances, memory = [], [], {}
+    started = time.perf_counter()
+    for iteration in track(range(1, iterations + 1), "lake-scale iterations", total=iterations):
+        clocks.append(write_iteration(lake, bank, rng, iteration, rollouts, max_tokens, words, work))
+        if maintain_every and iteration % maintain_every == 0:
+            began = time.perf_counter()
+            maintain(lake, MaintenanceConfig(retention_hours=retention_hours))
+            maintenances.append(time.perf_counter() - began)
+        if iteration in checkpoints:
+            memory[iteration] = memory_now()
+    write_seconds = time.perf_counter() - started - sum(maintenances)
+    growth = []
+    for checkpoint in checkpoints:
+        window = clocks[max(0, checkpoint - WINDOW):checkpoint]
+        growth.append({"iteration": checkpoint,
+                       "bookkeeping_seconds": statistics.median(c.bookkeeping for c in window),
+                       "write_seconds": statistics.median(c.writes for c in window), **memory[checkpoint]})
+    return growth, write_seconds, maintenances
+
+
+def after_the_run(lake, lake_uri: str, problem: str, work: Path) -> dict:
+    """What is measured once the iterations are written, each step streamed or in a process of its own; with
+    this process's resident set after each step (`rss_after`)."""
+    from storage.registry import latest_version
+
+    rss_after = {"iterations": memory_now()}
+    totals = rollout_totals(lake)
+    rss_after["count"] = memory_now()
+    last = latest_version(lake)
+    queries = query_runs(lake_uri, problem, last)
+    startup = cli("sql", "--format", "json", "select 1 as one", lake_uri=lake_uri)
+    lineage_walk = lineage_in_process(lake_uri, last)
+    sizes = stored_bytes(lake, work)
+    rss_after["bytes"] = memory_now()
+    maintenance = cli("lake", "maintain", "--retention-hours", "0", lake_uri=lake_uri)
+    queries_after = query_runs(lake_uri, problem, last)
+    files_after = {name: len(lake.table(name).file_uris()) for name in ITERATION_TABLES}
+    rss_after["end"] = memory_now()
+    children = {"select_1": startup.peak_rss_mb, "lineage_walk": lineage_walk.peak_rss_mb,
+                "maintenance": maintenance.peak_rss_mb}
+    return {**totals, "queries": queries, "queries_after": queries_after, "startup": startup.seconds,
+            "lineage_walk": lineage_walk.seconds, "sizes": sizes, "maintenance": maintenance.seconds,
+            "files_after": files_after, "rss_after": rss_after, "children": children}
 
 
 def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int = 16384, problems: int = 0,
                   s3_iterations: int = 20, seed: int = 0, maintain_every: int = 10, retention_hours: float = 0.0) -> dict:
-    import numpy as np
-
-    from storage.maintenance import MaintenanceConfig, maintain
-    from storage.registry import latest_version
-    from tasks.progress import track
-
     problems = problems or max(400, 4 * rollouts // GROUP_SIZE)
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-lake-scale-") as folder:
         work = Path(folder)
         lake_uri = str(work / "lake")
         lake, bank = seeded_lake(lake_uri, problems, seed)
-        rng, words = np.random.default_rng(seed), vocabulary()
-        checkpoints = sorted({c for c in CHECKPOINTS if c <= iterations} | {iterations})
-        clocks, maintenances = [], []
-        started = time.perf_counter()
-        for iteration in track(range(1, iterations + 1), "lake-scale iterations", total=iterations):
-            clocks.append(write_iteration(lake, bank, rng, iteration, rollouts, max_tokens, words, work))
-            if maintain_every and iteration % maintain_every == 0:
-                began = time.perf_counter()
-                maintain(lake, MaintenanceConfig(retention_hours=retention_hours))
-                maintenances.append(time.perf_counter() - began)
-        write_seconds = time.perf_counter() - started - sum(maintenances)
-        growth = []
-        for checkpoint in checkpoints:
-            window = clocks[max(0, checkpoint - WINDOW):checkpoint]
-            growth.append({"iteration": checkpoint,
-                           "bookkeeping_seconds": statistics.median(c.bookkeeping for c in window),
-                           "write_seconds": statistics.median(c.writes for c in window)})
-        stored_rollouts = lake.read("rollouts", columns=["n_tokens"])
+        growth, write_seconds, maintenances = write_run(lake, bank, work, iterations, rollouts, max_tokens, seed,
+                                                        maintain_every, retention_hours)
+        after = after_the_run(lake, lake_uri, bank["problem_id"][0], work)
         expected = iterations * min(max(1, rollouts // GROUP_SIZE), bank.height) * GROUP_SIZE
-        if stored_rollouts.height != expected:
-            raise RuntimeError(f"{expected:,} rollouts were written but {stored_rollouts.height:,} are in the lake")
-        problem = bank["problem_id"][0]
-        last = latest_version(lake)
-        queries = query_seconds(lake_uri, problem, last)
-        startup = cli("sql", "--format", "json", "select 1 as one", lake_uri=lake_uri)
-        lineage_walk = lineage_in_process(lake_uri, last)
-        sizes = stored_bytes(lake, work)
-        maintenance_seconds = cli("lake", "maintain", "--retention-hours", "0", lake_uri=lake_uri)
-        queries_after = query_seconds(lake_uri, problem, last)
-        files_after = {name: len(lake.table(name).file_uris()) for name in ITERATION_TABLES}
+        if after["rollouts"] != expected:
+            raise RuntimeError(f"{expected:,} rollouts were written but {after['rollouts']:,} are in the lake")
         s3 = s3_requests(s3_iterations, rollouts, max_tokens, problems, seed, work) if s3_iterations else None
-    delta = sum(entry["delta_bytes"] + entry["log_bytes"] for entry in sizes.values())
-    plain = sum(entry["plain_bytes"] for entry in sizes.values())
-    figures = {
-        "iterations": iterations, "rollouts_per_iteration": stored_rollouts.height // iterations,
-        "rollouts": stored_rollouts.height, "tokens": int(stored_rollouts["n_tokens"].sum()),
-        "mean_response_tokens": float(stored_rollouts["n_tokens"].mean()), "problems": bank.height,
-        "write_seconds": write_seconds, "bookkeeping": growth,
-        "bookkeeping_growth": growth[-1]["bookkeeping_seconds"] / growth[0]["bookkeeping_seconds"],
-        "queries_seconds": queries, "queries_seconds_after_maintenance": queries_after,
-        "max_query_seconds": max(v for k, v in queries.items() if k != "lineage"),
-        "max_query_seconds_after_maintenance": max(v for k, v in queries_after.items() if k != "lineage"),
-        "lineage_seconds": queries["lineage"], "lineage_in_process_seconds": lineage_walk,
-        "trivial_query_seconds": startup, "bytes": sizes, "maintenance_seconds": maintenance_seconds,
-        "files_after_maintenance": files_after,
-        "scheduled_maintenance": {"every": maintain_every, "retention_hours": retention_hours, "runs": len(maintenances),
-                                  "first_seconds": maintenances[0] if maintenances else None,
-                                  "last_seconds": maintenances[-1] if maintenances else None,
-                                  "total_seconds": sum(maintenances)},
-        "bytes_per_rollout": delta / stored_rollouts.height, "plain_bytes_per_rollout": plain / stored_rollouts.height,
-        "bytes_ratio": delta / plain,
-        "s3": s3, "s3_requests_per_iteration": s3["requests_per_iteration"] if s3 else None,
-    }
+        after["rss_after"]["s3"] = memory_now()
+    scheduled = {"every": maintain_every, "retention_hours": retention_hours, "runs": len(maintenances),
+                 "first_seconds": maintenances[0] if maintenances else None,
+                 "last_seconds": maintenances[-1] if maintenances else None, "total_seconds": sum(maintenances)}
+    figures = figures_of(iterations, bank.height, write_seconds, growth, scheduled, after, s3)
     report(figures)
     return figures
+
+
+def figures_of(iterations: int, problems: int, write_seconds: float, growth: list[dict], scheduled: dict,
+               after: dict, s3: dict | None) -> dict:
+    stored = after["rollouts"]
+    delta = sum(entry["delta_bytes"] + entry["log_bytes"] for entry in after["sizes"].values())
+    plain = sum(entry["plain_bytes"] for entry in after["sizes"].values())
+    queries, queries_after = after["queries"], after["queries_after"]
+    seconds = {name: run.seconds for name, run in queries.items()}
+    seconds_after = {name: run.seconds for name, run in queries_after.items()}
+    peak = memory_now()["peak_rss_mb"]
+    query_peaks = {name: max(run.peak_rss_mb, queries_after[name].peak_rss_mb) for name, run in queries.items()}
+    return {
+        "iterations": iterations, "rollouts_per_iteration": stored // iterations, "rollouts": stored,
+        "tokens": after["tokens"], "mean_response_tokens": after["tokens"] / stored, "problems": problems,
+        "write_seconds": write_seconds, "bookkeeping": growth,
+        "bookkeeping_growth": growth[-1]["bookkeeping_seconds"] / growth[0]["bookkeeping_seconds"],
+        "queries_seconds": seconds, "queries_seconds_after_maintenance": seconds_after,
+        "max_query_seconds": max(v for k, v in seconds.items() if k != "lineage"),
+        "max_query_seconds_after_maintenance": max(v for k, v in seconds_after.items() if k != "lineage"),
+        "lineage_seconds": seconds["lineage"], "lineage_in_process_seconds": after["lineage_walk"],
+        "trivial_query_seconds": after["startup"], "bytes": after["sizes"], "maintenance_seconds": after["maintenance"],
+        "files_after_maintenance": after["files_after"], "scheduled_maintenance": scheduled,
+        "bytes_per_rollout": delta / stored, "plain_bytes_per_rollout": plain / stored, "bytes_ratio": delta / plain,
+        "s3": s3, "s3_requests_per_iteration": s3["requests_per_iteration"] if s3 else None,
+        # memory, MiB: this process's peak over the whole run (the S3 part included) and, up to the end of the
+        # local lake's steps, against its peak at the first checkpoint (`peak_rss_growth`: 1 is flat in the
+        # lake's size); each command's peak as the kernel accounts for the child, a query's the larger of its runs
+        "peak_rss_mb": peak, "peak_rss_growth": after["rss_after"]["end"]["peak_rss_mb"] / growth[0]["peak_rss_mb"],
+        "rss_after": after["rss_after"], "query_peak_rss_mb": max(v for k, v in query_peaks.items() if k != "lineage"),
+        "queries_peak_rss_mb": query_peaks, "child_peak_rss_mb": after["children"],
+    }
 
 
 def report(figures: dict) -> None:
@@ -412,6 +362,12 @@ def report(figures: dict) -> None:
                   f"{figures['lineage_in_process_seconds']:.2f} s")
     console.print(f"storage: {figures['bytes_per_rollout']:,.0f} bytes a rollout, plain zstd Parquet "
                   f"{figures['plain_bytes_per_rollout']:,.0f} (×{figures['bytes_ratio']:.2f})")
+    memory = ", ".join(f"iteration {g['iteration']}: {g['peak_rss_mb']:,.0f}" for g in figures["bookkeeping"])
+    console.print(f"peak resident set: {memory}, after every step {figures['rss_after']['end']['peak_rss_mb']:,.0f} MiB "
+                  f"(×{figures['peak_rss_growth']:.2f}), with S3 {figures['peak_rss_mb']:,.0f} MiB; `rlvr sql` at "
+                  f"most {figures['query_peak_rss_mb']:,.0f} MiB, `rlvr lake maintain` "
+                  f"{figures['child_peak_rss_mb']['maintenance']:,.0f} MiB")
     if figures["s3"]:
         console.print(f"S3: {figures['s3_requests_per_iteration']:.0f} requests an iteration (first "
-                      f"{figures['s3']['first_iteration_requests']}), {json.dumps(figures['s3']['requests_by_method'])}")
+                      f"{figures['s3']['first_iteration_requests']}), {json.dumps(figures['s3']['requests_by_method'])}, "
+                      f"moto's server at most {figures['s3']['server_peak_rss_mb'] or 0:,.0f} MiB")
