@@ -163,7 +163,7 @@ def stored_bytes(lake, folder: Path, tables: tuple[str, ...] = ITERATION_TABLES,
     sizes = {}
     for name in tables:
         actions = lake.table(name).get_add_actions(flatten=True)
-        log = Path(lake.location.table_uri(name)) / "_delta_log"
+        log = Path(lake.log_path(name))                # a local lake: the log's files as they are on disk
         plain = folder / f"{name}.parquet"
         sizes[name] = {"delta_bytes": int(sum(actions.column("size_bytes").to_pylist())),
                        "log_bytes": sum(f.stat().st_size for f in log.iterdir() if f.is_file()),
