@@ -1,5 +1,6 @@
-"""Figures in the docs come from result files: `python -m bench.docs` re-renders every figure region of
-docs/benchmarks.md and README.md from `bench/results/*.json`; `--check` only says whether they are current.
+"""Figures in the docs come from result files: `python -m bench.docs` re-renders every figure region of the pages
+(PAGES: docs/benchmarks.md, the README and the pages that quote a figure) from `bench/results/*.json`; `--check`
+only says whether they are current.
 
 A region is a template in an HTML comment, followed by what it renders to, up to a closing comment:
 
@@ -24,7 +25,8 @@ from typing import Any
 
 from bench.results import RESULTS, ROOT, load_results
 
-PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md")
+PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md", ROOT / "docs" / "training.md",
+         ROOT / "docs" / "getting-started.md")
 REGION = re.compile(r"<!-- figures (?P<names>[\w,-]+) `(?P<command>[^`]+)`: (?P<template>.*?) -->\n"
                     r"(?P<rendered>.*?)<!-- /figures -->", re.S)
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<path>[\w.\[\] -]+?)\s*(?::(?P<spec>[^}]*))?\}\}")
@@ -44,8 +46,12 @@ def value_at(results: dict[str, dict], path: str) -> Any:
 def provenance(result: dict) -> str:
     host = result.get("host") or {}
     load = f", load average {host['load_average'][1]:.1f} over the last 5 minutes" if host.get("load_average") else ""
+    isa = f", {ISA_NAMES.get(host['isa'], host['isa'])}" if host.get("isa") else ""
     return (f"measured {result['date'][:10]} on commit {str(result['commit'])[:7]}, {host.get('cores')} cores "
-            f"({host.get('cpu')}){load}")
+            f"({host.get('cpu')}{isa}){load}")
+
+
+ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "default": "no vector instructions"}
 
 
 class FigureError(ValueError):

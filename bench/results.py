@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,51 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty elsewhere)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_id() -> str | None:
+    """Which processor generation this is: "AMD EPYC" names several (family 25 model 1 is Zen 3, model 17 Zen 4)."""
+    fields = cpu_info()
+    if "cpu family" not in fields:
+        return None
+    return f"{fields.get('vendor_id', '?')} family {fields['cpu family']} model {fields.get('model', '?')}"
+
+
+TORCH_LEVELS = ("default", "avx2", "avx512")
+
+
+def instruction_set() -> str:
+    """The vector instructions torch's CPU kernels use here (AVX2 or AVX-512, as torch decides from the CPU's
+    flags, lowered by ATEN_CPU_CAPABILITY): they sum floats in different orders, so a run is bit-reproducible
+    only on the same instruction set (tests/test_reproducibility.py). Read from torch when it is imported."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.backends.cpu.get_cpu_capability().lower()
+    flags = set(cpu_info().get("flags", "").split())
+    best = ("avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else
+            "avx2" if {"avx2", "fma"} <= flags else "default")
+    asked = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    return asked if asked in TORCH_LEVELS and TORCH_LEVELS.index(asked) < TORCH_LEVELS.index(best) else best
+
+
 def host() -> dict[str, Any]:
     """The machine, and how busy it was (load averages over 1, 5 and 15 minutes as the run ended): a ratio measured
     beside other work is on record as such."""
-    return {"cores": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-            "python": platform.python_version(), "load_average": [round(x, 2) for x in os.getloadavg()]}
+    return {"cores": os.cpu_count(), "cpu": cpu_model(), "cpu_id": cpu_id(), "isa": instruction_set(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def jsonable(value: Any) -> Any:

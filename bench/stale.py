@@ -10,6 +10,8 @@ renders the pages. A regression is caught by comparing two commits in one run in
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import subprocess
 import sys
@@ -19,6 +21,9 @@ from pathlib import Path
 from bench.docs import PAGES, commands
 from bench.docs import main as render_docs
 from bench.results import MODULES, RESULTS, ROOT, changed_since, depends_on, git, load_results
+
+
+ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 
 
 @dataclass(frozen=True)
@@ -80,14 +85,18 @@ def refresh(entries: list[Stale], rlvr: str = str(Path(sys.executable).parent / 
     `folder`. Returns how many commands failed; a failed one leaves its old result in place."""
     failed = 0
     for number, entry in enumerate(entries, 1):
-        if not entry.command.startswith("rlvr bench ") or "…" in entry.command:
+        words = shlex.split(entry.command)
+        settings = {}
+        while words and ASSIGNMENT.fullmatch(words[0]):        # `ATEN_CPU_CAPABILITY=avx2 rlvr bench …`
+            name, _, value = words.pop(0).partition("=")
+            settings[name] = value
+        if words[:2] != ["rlvr", "bench"] or "…" in entry.command:
             print(f"[{number}/{len(entries)}] {entry.name}: no command on record (no docs region shows it); skipped",
                   flush=True)
             failed += 1
             continue
         print(f"[{number}/{len(entries)}] {entry.command}", flush=True)
-        arguments = shlex.split(entry.command)[1:]
-        if subprocess.run([rlvr, *arguments], cwd=ROOT).returncode != 0:
+        if subprocess.run([rlvr, *words[1:]], cwd=ROOT, env={**os.environ, **settings}).returncode != 0:
             print(f"  {entry.name}: the command failed; bench/results/{entry.name}.json is unchanged", flush=True)
             failed += 1
     render_docs([], folder, pages)

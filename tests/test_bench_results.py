@@ -30,7 +30,8 @@ def test_a_benchmark_prints_one_json_object_and_its_report_on_stderr(tmp_path):
     assert outcome["figures"]["sizes"][1]["time_ratio_to_previous"] > 0
     assert outcome["host"]["cores"] >= 1 and outcome["host"]["cpu"] and outcome["date"].startswith("20")
     assert "bench/dedup_scaling.py" in outcome["depends_on"]
-    assert set(outcome["host"]) == {"cores", "cpu", "platform", "python", "load_average"} and isinstance(outcome["dirty"], bool)
+    assert set(outcome["host"]) == {"cores", "cpu", "cpu_id", "isa", "platform", "python", "load_average"}
+    assert isinstance(outcome["dirty"], bool) and outcome["host"]["isa"] in ("avx512", "avx2", "default")
     if HAS_HISTORY:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
         assert outcome["commit"] == head.stdout.strip()

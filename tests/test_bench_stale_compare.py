@@ -89,7 +89,8 @@ def test_stale_is_information_it_exits_0_and_make_test_prints_it():
 
 
 def test_refresh_runs_each_stale_command_then_renders_the_pages(tmp_path):
-    """A fake `rlvr` writes the result each command names; a failing command leaves its old result."""
+    """A fake `rlvr` writes the result each command names (with the environment the command sets); a failing
+    command leaves its old result."""
     results, page = tmp_path / "results", tmp_path / "page.md"
     page.write_text(PAGE.format(name="one") + PAGE.format(name="two"))
     write_result(results, "one", "x", [])
@@ -97,12 +98,13 @@ def test_refresh_runs_each_stale_command_then_renders_the_pages(tmp_path):
     fake = tmp_path / "rlvr"
     fake.write_text(f"#!{sys.executable}\n"
                     "import json, sys, pathlib\n"
+                    "import os\n"
                     "name = sys.argv[sys.argv.index('--save') + 1]\n"
-                    "if name == 'two': sys.exit(3)\n"
+                    "if name == 'two' or os.environ.get('ATEN_CPU_CAPABILITY') != 'avx2': sys.exit(3)\n"
                     f"pathlib.Path({str(results)!r}, name + '.json').write_text(json.dumps({{'figures': {{'seconds': 9.75}}}}))\n")
     fake.chmod(0o755)
-    entries = [Stale(name, "dedup", "x", "", "changed", (), f"rlvr bench dedup --sizes 300 --save {name}")
-               for name in ("one", "two")] + [Stale("three", "dedup", "x", "", "changed", (), "rlvr bench … --save three")]
+    entries = [Stale(name, "dedup", "x", "", "changed", (), f"ATEN_CPU_CAPABILITY=avx2 rlvr bench dedup --sizes 300 "
+                     f"--save {name}") for name in ("one", "two")] + [Stale("three", "dedup", "x", "", "changed", (), "rlvr bench … --save three")]
     assert refresh(entries, str(fake), results, (page,)) == 2          # two failed: one exited 3, one has no command
     rendered = page.read_text().splitlines()
     assert rendered[1] == "9.8 s" and rendered[4] == "1.2 s"           # one re-run, two as it was
