@@ -176,6 +176,7 @@ def test_keys_by_a_filters_text_return_stale_rows(tmp_path, other, monkeypatch):
         play(str(tmp_path / "lake"), other, MIDDLE_RUN_COMPLETES)
 
 
+@pytest.mark.slow                                     # 40 s of S3 commits; the property itself runs in the fast suite
 def test_a_middle_run_completing_elsewhere_is_seen_on_s3_too(s3_env):
     other = OtherProcess()                             # started with the S3 settings in its environment
     try:
