@@ -25,8 +25,9 @@ from typing import Any
 
 from bench.results import RESULTS, ROOT, load_results
 
-PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md", ROOT / "docs" / "training.md",
-         ROOT / "docs" / "getting-started.md")
+PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md",
+         *(ROOT / "docs" / f"{page}.md" for page in ("autonomous", "concepts", "curation", "getting-started", "index",
+                                                     "operating", "sandbox", "scale-out", "training", "verification")))
 REGION = re.compile(r"<!-- figures (?P<names>[\w,-]+) `(?P<command>[^`]+)`: (?P<template>.*?) -->\n"
                     r"(?P<rendered>.*?)<!-- /figures -->", re.S)
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<path>[\w.\[\] -]+?)\s*(?::(?P<spec>[^}]*))?\}\}")

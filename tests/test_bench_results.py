@@ -76,6 +76,31 @@ def test_the_readme_figure_templates_have_no_figure_written_by_hand():
     assert regions and [match["names"] for match in regions if literal_figures(match["template"])] == []
 
 
+def test_every_page_with_a_figure_region_is_rendered():
+    """A page of docs/ or the README that quotes a result is in PAGES, so `python -m bench.docs` renders it and
+    the test above checks it: a region outside PAGES would keep the figures it was written with."""
+    quoting = {page for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] if REGION.search(page.read_text())}
+    assert sorted(map(str, quoting - set(PAGES))) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_region_template_has_no_figure_written_by_hand(page):
+    """Outside a region a page may hold counts, defaults and versions; a region's template holds only placeholders."""
+    by_hand = [match["names"] for match in REGION.finditer(page.read_text()) if literal_figures(match["template"])]
+    assert by_hand == []
+
+
+def test_a_result_is_quoted_with_one_command_wherever_it_appears():
+    """`rlvr bench stale` and a region without its result name the command a result is saved with: the same on
+    every page."""
+    seen: dict[str, set[str]] = {}
+    for page in PAGES:
+        for match in REGION.finditer(page.read_text()):
+            for name in match["names"].split(","):
+                seen.setdefault(name, set()).add(match["command"])
+    assert {name: sorted(found) for name, found in seen.items() if len(found) > 1} == {}
+
+
 def test_the_hand_written_figure_rule_can_fail():
     assert literal_figures("it took 2.79 s") == ["it took 2.79 s"]
     assert literal_figures("`rlvr bench dedup --sizes 100000` at {{dedup.figures.x:.2f}} s (target ≥ 3)") == []
