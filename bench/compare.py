@@ -14,18 +14,15 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.docs import value_at
 from bench.results import ROOT
-from bench.worktrees import worktree
+from bench.worktrees import BIN, rlvr_seconds, worktree
 
-BIN = Path(sys.executable).parent
 THRESHOLD = 0.15
 
 
@@ -58,7 +55,7 @@ def run_probe(name: str, tree: Path, lake: str) -> dict[str, float]:
     """One run of a probe on one tree's code: each compared figure's value."""
     probe = PROBES[name]
     if name == "startup":                      # the startup benchmark makes a worktree itself: time the commands
-        return {label: _seconds([str(BIN / "rlvr"), *command], tree, lake)
+        return {label: rlvr_seconds(command, tree, lake)
                 for label, command in (("rlvr --help seconds", ["--help"]),
                                        ("rlvr sql seconds", ["sql", "select 1 as one"]))}
     done = subprocess.run([str(BIN / "rlvr"), "bench", *probe.arguments, "--format", "json"],
@@ -66,15 +63,13 @@ def run_probe(name: str, tree: Path, lake: str) -> dict[str, float]:
     if done.returncode != 0:
         raise RuntimeError(f"`rlvr bench {' '.join(probe.arguments)}` failed on {tree} (exit {done.returncode}): "
                            f"{done.stderr.strip()[-1500:]}")
-    outcome = json.loads(done.stdout)
-    return {label: float(value_at({"r": outcome}, f"r.figures.{path}")) for label, (path, _) in probe.figures.items()}
-
-
-def _seconds(command: list[str], tree: Path, lake: str) -> float:
-    started = time.perf_counter()
-    subprocess.run(command, env=environment(tree, lake), cwd=tree, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
+    try:
+        outcome = json.loads(done.stdout)
+        return {label: float(value_at({"r": outcome}, f"r.figures.{path}"))
+                for label, (path, _) in probe.figures.items()}
+    except (ValueError, KeyError, IndexError, TypeError) as error:   # REF's benchmark speaks another result
+        raise RuntimeError(f"`rlvr bench {' '.join(probe.arguments)}` on {tree} gave no {list(probe.figures)} "
+                           f"({error!r}): its result has another shape at that commit") from None
 
 
 def slowdown(kind: str, here: float, base: float) -> float:

@@ -17,13 +17,27 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from flows.curation import curate_bank
+from flows.loop_steps import iteration_row
+from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, verify_key
+from storage.lake import Lake
+from storage.registry import latest_version, register
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
+from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
+from tasks.curation.stage import bank_problems
+from tasks.rollout.stage import IterationConfig
+from trainers.grpo import TrainConfig
+
 GROUP_SIZE = 16
 LEVEL_SOLVE_RATE = {1: 0.8, 2: 0.55, 3: 0.3, 4: 0.1}
 
 
 class Clock:
     """Seconds spent in bookkeeping and in row writes during one iteration."""
-
     def __init__(self):
         self.bookkeeping = self.writes = 0.0
 
@@ -57,10 +71,6 @@ def stage_run(lake, clock: Clock, flow: str, stage: str, parameters: dict, itera
 
 def synthetic_iteration(rng, bank, iteration: int, rollouts: int, max_tokens: int, words):
     """One iteration's rollouts and rewards: groups of GROUP_SIZE over problems drawn from the bank."""
-    import numpy as np
-    import polars as pl
-    import pyarrow as pa
-
     groups = max(1, rollouts // GROUP_SIZE)
     picked = rng.choice(bank.height, size=min(groups, bank.height), replace=False)
     problem_ids = bank["problem_id"].gather(picked).to_list()
@@ -101,16 +111,6 @@ def synthetic_iteration(rng, bank, iteration: int, rollouts: int, max_tokens: in
 
 def write_iteration(lake, bank, rng, iteration: int, rollouts: int, max_tokens: int, words, work: Path) -> Clock:
     """One iteration as the loop writes it; returns where its time went."""
-    import polars as pl
-
-    from flows.loop_steps import iteration_row
-    from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, verify_key
-    from storage.registry import latest_version, register
-    from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
-    from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
-    from tasks.rollout.stage import IterationConfig
-    from trainers.grpo import TrainConfig
-
     clock, key = Clock(), {"iteration": iteration}
     settings = IterationConfig()
     rollout_rows, rewards = synthetic_iteration(rng, bank, iteration, rollouts, max_tokens, words)
@@ -151,8 +151,6 @@ def write_iteration(lake, bank, rng, iteration: int, rollouts: int, max_tokens: 
 def off_policy_sums(rollout_rows, version: int):
     """What the off-policy-logprobs stage gives the advantage stage: each older rollout's behaviour log-prob sum
     and the current policy's (here: the behaviour's, nudged)."""
-    import polars as pl
-
     older = rollout_rows.filter(pl.col("model_version") < version)
     behaviour = older["behaviour_logprobs"].list.sum().cast(pl.Float64)
     return pl.DataFrame({"rollout_id": older["rollout_id"], "behaviour_logprob_sum": behaviour,
@@ -161,13 +159,6 @@ def off_policy_sums(rollout_rows, version: int):
 
 def seeded_lake(lake_uri: str, problems: int, seed: int):
     """A bank of generated problems, and version 0; returns the bank with each problem's true solve rate."""
-    import polars as pl
-
-    from flows.curation import curate_bank
-    from storage.lake import Lake
-    from storage.registry import register
-    from tasks.curation.stage import bank_problems
-
     curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": problems, "seed": seed}]}, lake_uri)
     lake = Lake.open(lake_uri)
     with lake.run("rl-loop", "warmup", {}, iteration=0) as run:
@@ -177,7 +168,6 @@ def seeded_lake(lake_uri: str, problems: int, seed: int):
 
 
 def vocabulary():
-    import numpy as np
 
     syllables = ["ka", "lo", "mi", "ne", "ru", "ta", "vi", "so", "de", "pa", "x", "=", "+", "2", "7", "\\frac"]
     rng = np.random.default_rng(7)

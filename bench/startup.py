@@ -15,10 +15,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from bench.worktrees import worktree
+from bench.worktrees import rlvr_seconds, worktree
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py). Here what
@@ -27,20 +26,10 @@ DEPENDS_ON = ("bench/startup.py", "bench/worktrees.py", "bench/__init__.py", "be
               "flows/cli/", "flows/display.py", "storage/", "tasks/__init__.py", "tasks/errors.py")
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 COMMANDS = {"help": ["--help"], "sql": ["sql", "select 1 as one"]}
 HEAVY = ("torch", "transformers", "trl", "prefect", "bench.peer")
 IMPORTED = ("import sys\nfrom flows.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
             f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n")
-
-
-def seconds(arguments: list[str], checkout: Path, lake: str) -> float:
-    """Wall time of one `rlvr` process importing the code of `checkout`."""
-    env = {**os.environ, "PYTHONPATH": str(checkout), "RLVR_LAKE": lake}
-    started = time.perf_counter()
-    subprocess.run([str(BIN / "rlvr"), *arguments], env=env, cwd=checkout, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - started
 
 
 def heavy_imports(arguments: list[str], lake: str) -> list[str]:
@@ -59,11 +48,11 @@ def run_benchmark(against: str, repeats: int) -> dict:
     try:
         with worktree(against) as (baseline, baseline_commit):
             for name, arguments in COMMANDS.items():
-                seconds(arguments, ROOT, lake)               # warm the file cache and bytecode on both sides
-                seconds(arguments, baseline, lake)
+                rlvr_seconds(arguments, ROOT, lake)               # warm the file cache and bytecode on both sides
+                rlvr_seconds(arguments, baseline, lake)
                 for _ in range(repeats):
-                    times[name]["here"].append(seconds(arguments, ROOT, lake))
-                    times[name]["baseline"].append(seconds(arguments, baseline, lake))
+                    times[name]["here"].append(rlvr_seconds(arguments, ROOT, lake))
+                    times[name]["baseline"].append(rlvr_seconds(arguments, baseline, lake))
         heavy = {name: heavy_imports(arguments, lake) for name, arguments in COMMANDS.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
+import bench.results as results_module
 from bench import compare as compare_module
 from bench.compare import PROBES, compare, slowdown
 from bench.results import ROOT, git
@@ -58,17 +59,20 @@ def test_stale_lists_each_result_older_than_its_code_with_the_files_and_the_comm
     assert entries[0].command == "rlvr bench … --save lost"                          # no region shows it
 
 
-@needs_history
-def test_a_new_file_git_does_not_track_yet_makes_a_result_stale():
-    from bench.results import changed_since
-
-    head = git("rev-parse", "HEAD").strip()
-    probe = ROOT / "bench" / "zz_untracked_probe_for_stale.py"
-    probe.write_text("# a file git does not track yet\n")
-    try:
-        assert "bench/zz_untracked_probe_for_stale.py" in changed_since({"commit": head, "depends_on": ["bench/"]})
-    finally:
-        probe.unlink()
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_new_file_git_does_not_track_yet_makes_a_result_stale(tmp_path, monkeypatch):
+    """In a repository of the test's own: a file committed and unchanged is not a change, a file git does not
+    track yet under a dependency is."""
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    (repo / "bench" / "kept.py").write_text("# committed\n")
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"]):
+        subprocess.run(["git", "-C", str(repo), *command], check=True, capture_output=True)
+    monkeypatch.setattr(results_module, "ROOT", repo)
+    head = results_module.git("rev-parse", "HEAD").strip()
+    assert results_module.changed_since({"commit": head, "depends_on": ["bench/"]}) == []
+    (repo / "bench" / "new.py").write_text("# not tracked yet\n")
+    assert results_module.changed_since({"commit": head, "depends_on": ["bench/"]}) == ["bench/new.py"]
 
 
 @needs_history

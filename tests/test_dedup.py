@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import polars as pl
 
+from tasks.curation import dedup
 from tasks.curation.config import DecontaminationConfig, DedupConfig
 from tasks.curation.dedup import _connected_components, lsh_bands, near_duplicates, ngram_overlap, shingles
 from tasks.curation.filter import decontaminate, deduplicate
@@ -139,3 +140,21 @@ def test_shingle_hashes_are_the_same_in_every_process():
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
     assert len(outputs) == 1
     assert outputs.pop().strip() == str(shingles(['a cat sat on the mat today', 'two words'], 3)[1].tolist())
+
+
+def test_signatures_are_computed_once_per_text_and_equal_a_fresh_computation(monkeypatch):
+    """The bank's texts are screened again at every self-play iteration: a text's MinHash signature is kept and
+    only new texts are hashed, with the same rows as hashing them all afresh, in any order."""
+    monkeypatch.setattr(dedup, "_SIGNATURES", dedup.OrderedDict())
+    texts = [f"Tom has {i} apples and buys {i + 3} more at the market." for i in range(40)]
+    documents, hashes = dedup.shingles(texts, 5)
+    fresh = dedup.minhash(documents, hashes, len(texts), 64, 1)
+    computed = []
+    real = dedup.minhash
+    monkeypatch.setattr(dedup, "minhash", lambda d, h, n, *rest: computed.append(n) or real(d, h, n, *rest))
+    assert (dedup.signatures_of(texts, 5, 64, 1) == fresh).all()
+    shuffled = texts[20:] + ["A brand new problem about trains leaving two stations."] + texts[:20]
+    again = dedup.signatures_of(shuffled, 5, 64, 1)
+    assert computed == [40, 1]                                       # the second call hashed the one new text
+    assert (again[:20] == fresh[20:]).all() and (again[21:] == fresh[:20]).all()
+    assert (dedup.signatures_of(texts, 5, 32, 1) != 0).any() and computed == [40, 1, 40]   # another setting: anew

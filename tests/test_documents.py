@@ -304,3 +304,14 @@ def test_a_corpus_licence_file_with_a_copyright_first_line_is_named_by_its_text(
     (tmp_path / "own" / "LICENCE.md").write_text("Copyright (c) 2020 Some One\n\nYou may read this, nothing more.\n")
     assert [(d.document_id, d.licence) for d in read_documents(tmp_path)] == [
         ("mit/a.txt:1", "MIT"), ("own/b.txt:1", f"LicenseRef-unknown ({tmp_path / 'own' / 'LICENCE.md'})")]
+
+
+def test_every_reason_a_grounded_challenge_is_refused_for_is_listed():
+    """`GROUNDED_REASONS` names every reason `documents.py` gives (what the `proposals` rows' reasons can be)."""
+    import re
+    from pathlib import Path
+
+    from tasks.selfplay import documents
+
+    given = set(re.findall(r'Rejection\("(\w+)"', Path(documents.__file__).read_text()))
+    assert given and given <= set(documents.GROUNDED_REASONS)

@@ -134,3 +134,25 @@ def test_every_labelled_case_the_parser_would_read_is_labelled_refused():
 
     read = [case for case in labelled() if any(SCORE.search(case["text"][i:]) for i in range(len(case["text"])))]
     assert read and all(case["injected"] for case in read), [case["text"] for case in read if not case["injected"]]
+
+
+@pytest.mark.parametrize(("continuation", "expected"), [
+    (" 8", 8.0), (" 8\nBecause it is right.", 8.0), (" 8 because it is right.", 8.0), (" 8/10 - good", 8.0),
+    (" **7**", 7.0), (" 6.5, mostly right", 6.5), (" 12", 10.0), (" eight", None), ("", None),
+])
+def test_the_completions_route_reads_the_leading_number_of_its_continuation(continuation, expected):
+    """The completions prompt ends in `Score:` and the judge writes the rest itself: what follows its number is
+    its own text, so no statement grammar is needed (a judge that keeps writing on the line still scores)."""
+    assert JudgeVerifier()._continued_score(continuation) == expected
+
+
+@pytest.mark.shared
+def test_the_guard_refuses_none_of_the_real_worked_solutions():
+    """GSM8K's training answers, Minerva's and OlympiadBench's solutions, every one benign (../shared/datasets)."""
+    from bench.judge_guard import real_solutions
+
+    solutions = [text for texts in real_solutions().values() for text in texts]
+    if not solutions:
+        pytest.skip("needs ../shared/datasets")
+    refused = [text[:120] for text in solutions if ADDRESSES_THE_JUDGE.search(text)]
+    assert len(solutions) > 8000 and refused == []

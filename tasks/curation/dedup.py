@@ -12,6 +12,8 @@ Documents are given in priority order: index 0 is kept over index 1 when they ar
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from hashlib import blake2b
 
@@ -96,14 +98,42 @@ class NearDuplicates:
     similarity: np.ndarray     # [N] estimated Jaccard similarity to that document (NaN if none)
 
 
+# Signatures computed before, by (n-gram, permutations, seed, the text's digest): the bank's texts are screened
+# again at every self-play iteration and curation of a long-lived process, and a text's signature never changes.
+SIGNATURES_KEPT = 50_000          # about 1 KB each at 128 permutations
+_SIGNATURES: OrderedDict[tuple, np.ndarray] = OrderedDict()
+_SIGNATURES_LOCK = threading.Lock()
+
+
+def signatures_of(texts: list[str], ngram: int, num_perm: int, seed: int) -> np.ndarray:
+    """`minhash(*shingles(texts, ngram), ...)`, the same rows, computed only for texts not seen before."""
+    keys = [(ngram, num_perm, seed, blake2b(text.encode(), digest_size=16).digest()) for text in texts]
+    with _SIGNATURES_LOCK:
+        known = [_SIGNATURES.get(key) for key in keys]
+    missing = [index for index, row in enumerate(known) if row is None]
+    signatures = np.empty((len(texts), num_perm), dtype=np.uint64)
+    if missing:
+        documents, hashes = shingles([texts[index] for index in missing], ngram)
+        computed = minhash(documents, hashes, len(missing), num_perm, seed)
+        signatures[missing] = computed
+        with _SIGNATURES_LOCK:
+            for index, row in zip(missing, computed):
+                _SIGNATURES[keys[index]] = row
+            while len(_SIGNATURES) > SIGNATURES_KEPT:
+                _SIGNATURES.popitem(last=False)
+    for index, row in enumerate(known):
+        if row is not None:
+            signatures[index] = row
+    return signatures
+
+
 def near_duplicates(texts: list[str], groups: np.ndarray, threshold: float, ngram: int = 5,
                     num_perm: int = 128, seed: int = 1) -> NearDuplicates:
     """Cluster near-duplicate texts within each group (e.g. split); every cluster keeps its first text."""
     n_documents = len(texts)
     if n_documents == 0:
         return NearDuplicates(np.empty(0, np.int64), np.empty(0))
-    documents, hashes = shingles(texts, ngram)
-    signatures = minhash(documents, hashes, n_documents, num_perm, seed)
+    signatures = signatures_of(texts, ngram, num_perm, seed)
     bands, rows = lsh_bands(threshold, num_perm)
     group_salt = mix64(np.asarray(groups, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
 

@@ -4,7 +4,9 @@ a request's size.
 - `GET /health` is open; every other route, an unknown one included, wants `Authorization: Bearer TOKEN` when
   the server has a token (401 without it or with another; compared in constant time).
 - A body over `max_request_bytes` is a 413, answered before it is read (then drained, so that the client reads
-  the answer rather than a reset connection, up to `DRAIN_FACTOR` times the limit; a larger one is cut off).
+  the answer rather than a reset connection, up to `DRAIN_FACTOR` times the limit; a larger one is cut off). A
+  request without the token is drained up to `UNAUTHORIZED_DRAIN` only: a stranger's body costs the server
+  little.
 - Errors are `{"error": "..."}`: 400 an unreadable request, 403 a run the server may not write, 500 a failed
   commit.
 """
@@ -25,6 +27,7 @@ MiB = 1 << 20
 # The default of `rlvr reward serve --max-request-mb`.
 DEFAULT_MAX_REQUEST_MB = 128
 DRAIN_FACTOR = 4
+UNAUTHORIZED_DRAIN = MiB
 CHUNK = MiB
 
 
@@ -117,14 +120,16 @@ class RewardHandler(BaseHTTPRequestHandler):
         why = "no bearer token" if not given.strip() else "wrong bearer token"
         self._refuse(401, f"{why}: send the header `Authorization: Bearer TOKEN`, the token of the server's "
                           "--token-file (only GET /health is open)", unread,
-                     {"WWW-Authenticate": 'Bearer realm="rlvr reward serve"'})
+                     {"WWW-Authenticate": 'Bearer realm="rlvr reward serve"'}, UNAUTHORIZED_DRAIN)
         return False
 
-    def _refuse(self, status: int, error: str, unread: int | None, headers: dict | None = None) -> None:
-        """Answer before the body is read, then drain it (None: the length is unknown) and close."""
+    def _refuse(self, status: int, error: str, unread: int | None, headers: dict | None = None,
+                drain: int | None = None) -> None:
+        """Answer before the body is read, then drain it (None: the length is unknown) if it is at most `drain`
+        bytes (default `DRAIN_FACTOR` × the limit), and close."""
         self.close_connection = True
         self._answer(status, {"error": error}, {"Connection": "close", **(headers or {})})
-        if unread is not None and unread <= DRAIN_FACTOR * self.server.max_request_bytes:
+        if unread is not None and unread <= (drain if drain is not None else DRAIN_FACTOR * self.server.max_request_bytes):
             while unread > 0 and (read := len(self.rfile.read(min(CHUNK, unread)))):
                 unread -= read
 

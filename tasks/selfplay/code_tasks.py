@@ -65,8 +65,8 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Rejection:
-    reason: str                              # one of REASONS
-    detail: str = ""
+    reason: str                              # one of REASONS (a code task's), GROUNDED_REASONS (a grounded one's,
+    detail: str = ""                         # tasks/selfplay/documents.py) or the bank gate's (tasks/curation/gate.py)
 
 
 @dataclass(frozen=True)

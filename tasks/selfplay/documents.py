@@ -49,6 +49,7 @@ NUMBER_WORDS = frozenset("""zero one two three four five six seven eight nine te
     thousand million billion dozen half""".split())
 NUMBER_QUESTION = re.compile(r"\b(?:how (?:many|much|long|old|far|tall)|"
                              r"(?:what|which) (?:year|number|percentage|percent|amount))\b")
+# Why a grounded challenge is invalid: the `reason` of its Rejection and of its `proposals` row.
 GROUNDED_REASONS = ("unparseable", "span_not_in_document", "answer_not_in_span", "trivial_answer", "answer_is_span",
                     "answer_too_long", "answer_not_a_number", "answer_in_question", "question_not_about_span",
                     "duplicate")

@@ -51,6 +51,8 @@ _END = r"\**[ \t]*(?=$|[.;!?](?:\s|$))"
 SCORE_STATEMENT = rf"score\**[ \t]*[:=][ \t]*\**[ \t]*({_NUMBER}){_OUT_OF}{_END}"
 # The parser: the first line of the judge's reply that leads with a statement (after list or quote marks).
 SCORE = re.compile(rf"^[ \t>#*-]*{SCORE_STATEMENT}", re.IGNORECASE | re.MULTILINE)
+# The completions route's continuation of "Score:": its leading number, whatever follows it.
+CONTINUED_SCORE = re.compile(rf"[ \t]*\**[ \t]*({_NUMBER})")
 
 # What a response says to its grader, not about its subject: "the maximum score is 10" or "each win earns 10
 # points" is ordinary text. Measured against a labelled set and real solutions (`rlvr bench judge-guard`).
@@ -163,8 +165,9 @@ class JudgeVerifier:
                 if answer.status_code == 200:
                     choice = answer.json()["choices"][0]
                     text = choice["message"]["content"] if chat else choice["text"]
-                    # the completions prompt ends in "Score:"; a chat reply writes it itself
-                    return {"score": self._score_of(text if chat else "Score:" + text),
+                    # the completions prompt ends in "Score:": its continuation's leading number is the score
+                    # (" 8 because…" too); a chat reply writes the statement itself, read by the strict grammar
+                    return {"score": self._score_of(text) if chat else self._continued_score(text),
                             "reply": text[:300]}
                 errors.append(f"HTTP {answer.status_code}")
                 if answer.status_code < 500:
@@ -176,10 +179,16 @@ class JudgeVerifier:
 
     def _score_of(self, text: str) -> float | None:
         match = SCORE.search(text)
-        if not match:
-            return None
-        value = float(match.group(1))
-        return min(max(value, 0.0), float(self.max_score))
+        return None if not match else self._bounded(match.group(1))
+
+    def _continued_score(self, text: str) -> float | None:
+        """The completions route: the judge continues "Score:" itself, so whatever follows its number on the line
+        ("/10", "because …") is its own text, not a response's: no statement grammar is needed to read it."""
+        match = CONTINUED_SCORE.match(text)
+        return None if not match else self._bounded(match.group(1))
+
+    def _bounded(self, number: str) -> float:
+        return min(max(float(number), 0.0), float(self.max_score))
 
     def _remember(self, key: str, verdict: dict) -> None:
         with self._lock:
