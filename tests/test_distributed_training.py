@@ -72,6 +72,7 @@ def test_fsdp_ranks_train_as_one_process_and_write_a_checkpoint_transformers_loa
     assert state["step"] == 1 and len(state["optimizer"]["state"]) == len(list(loaded.parameters()))
 
 
+@pytest.mark.slow                           # a sampled iteration, then two trainings on ranks
 def test_the_decoupled_proximal_pass_runs_on_fsdp_ranks_as_in_one_process(sampled):
     """Two optimizer steps a batch with the decoupled objective: π_prox is a no-grad pass before the first update,
     a forward per micro-batch on every rank (FSDP's forwards are collectives: idle ones keep them in step)."""

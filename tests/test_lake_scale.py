@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 from conftest import BIN, ROOT
 
 from bench.lake_scale import RequestLog, plain_parquet
@@ -85,6 +86,7 @@ def after_the_iterations(lake_uri: str, folder: Path) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow                           # a fresh process over two lakes of 3 and 24 iterations
 def test_the_steps_after_the_iterations_hold_a_file_at_a_time_not_the_lake(tmp_path):
     """The plain-Parquet baseline and the rollouts' count, on a lake of 3 iterations and then of 24: the peak of
     Arrow's memory pool stays flat, where reading the table whole (the benchmark before: 23.8 GB resident at two

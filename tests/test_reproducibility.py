@@ -54,6 +54,7 @@ def test_training_steps_are_bit_identical_in_two_fresh_processes():
     assert trained() == trained()
 
 
+@pytest.mark.slow                           # two more fresh processes with torch
 @pytest.mark.skipif(instruction_set() != "avx512", reason="needs a CPU with AVX-512 to run both instruction sets")
 def test_another_instruction_set_sums_in_another_order():
     native, avx2 = trained(), trained(ATEN_CPU_CAPABILITY="avx2")
