@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -174,22 +175,29 @@ def register_random_version(lake, version: int, seed: int) -> None:
 def register_sharpened_version(lake, version: int, bos: bool = False) -> None:
     """Version 0 with its (tied) output layer ×20, and optionally a tokenizer that adds a BOS, as Llama 3's does."""
     import torch
-    from tokenizers import processors
 
     from storage.checkpoints import load_policy, save_checkpoint
     from storage.registry import register, version_row
-    from tasks.rollout.tiny import IM_START
 
     model, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(20.0)
     if bos:
-        bos_id = tokenizer.convert_tokens_to_ids(IM_START)
-        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{IM_START} $A", pair=f"{IM_START} $A $B", special_tokens=[(IM_START, bos_id)])
-        tokenizer.bos_token = IM_START
+        add_bos(tokenizer)
     with lake.run("test", "register", {"version": version}) as run:
         register(lake, run, version, uri=save_checkpoint(lake, version, model, tokenizer), kind="test", parent=0)
+
+
+def add_bos(tokenizer) -> None:
+    """Make the tokenizer add `<|im_start|>` as a BOS to every text it encodes with special tokens."""
+    from tokenizers import processors
+
+    from tasks.rollout.tiny import IM_START
+
+    bos_id = tokenizer.convert_tokens_to_ids(IM_START)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{IM_START} $A", pair=f"{IM_START} $A $B", special_tokens=[(IM_START, bos_id)])
+    tokenizer.bos_token = IM_START
 
 
 def serve_policy(lake, *options: str):
@@ -199,3 +207,125 @@ def serve_policy(lake, *options: str):
                                 *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
     return process, f"http://127.0.0.1:{port}"
+
+
+def sharpened_base(folder: Path, factor: float = 4.0) -> str:
+    """The default tiny policy with its (tied) output layer ×`factor` and a tokenizer that adds a BOS (as Llama
+    3's does), saved as a plain checkpoint folder: a base whose next-token distribution is peaked like a
+    trained model's, so that a penalty shows in the log-probs, and that every lake of a test can register as
+    its version 0 (`BasePolicyConfig.checkpoint`)."""
+    import torch
+
+    from storage.lake import Lake
+    from storage.registry import version_row
+    from storage.checkpoints import load_policy
+    from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
+
+    scratch = Lake.open(str(folder.parent / f"{folder.name}-scratch"))
+    ensure_base_policy(scratch, BasePolicyConfig())
+    model, tokenizer = load_policy(version_row(scratch, 0)["checkpoint_uri"])
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(factor)
+    add_bos(tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def register_adapter_version(lake, version: int, seed: int, rank: int = 4) -> None:
+    """A LoRA adapter on version 0 whose B matrices are random (a fresh adapter changes nothing), registered
+    as `version`: what `train.lora` publishes, with a visible effect on the log-probs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from storage.checkpoints import load_policy, peft_warnings_quiet, save_checkpoint
+    from storage.registry import register, version_row
+
+    base = version_row(lake, 0)["checkpoint_uri"]
+    model, tokenizer = load_policy(base)
+    with peft_warnings_quiet():
+        adapted = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
+                                                   task_type="CAUSAL_LM"))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    with lake.run("test", "register", {"version": version}) as run:
+        register(lake, run, version, uri=save_checkpoint(lake, version, adapted, tokenizer, adapter_of=base),
+                 kind="test", parent=0)
+
+
+def contract_lake(folder: Path):
+    """The lake the server-contract tests share, for the stand-in and for vLLM alike: v0 `sharpened_base`,
+    v1 another random policy of its shape (every weight differs, the tied embedding too), v2 and v3 LoRA
+    adapters on v0. Returns (lake, base folder, penalised copy of the base)."""
+    import vllm_servers
+    from storage.lake import Lake
+    from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
+
+    base = sharpened_base(folder / "base")
+    lake = Lake.open(str(folder / "lake"))
+    ensure_base_policy(lake, BasePolicyConfig(checkpoint=base))
+    register_random_version(lake, 1, seed=11)
+    register_adapter_version(lake, 2, seed=2)
+    register_adapter_version(lake, 3, seed=3)
+    return lake, base, vllm_servers.penalised_copy(base, folder / "penalised")
+
+
+@dataclass
+class Servers:
+    """One engine's servers over `contract_lake`: `full`, one-name servers holding v0 whose weights are swapped
+    in place (serve.sh WEIGHTS=full, dev mode); `lora`, a server of adapters by name on the penalised copy of
+    v0, which applies its generation config's repetition penalty to what a request omits."""
+
+    engine: str                  # stand-in (rlvr policy serve) or vllm
+    lake: object
+    base: str                    # the base checkpoint folder every server started from
+    full: list[str]
+    lora: str
+    stop: object = None
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory):
+    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, one of adapters. Skipped,
+    naming `make vllm-server`, without `.venv-vllm`."""
+    import vllm_servers
+
+    reason = vllm_servers.missing()
+    if reason:
+        pytest.skip(reason)
+    folder = tmp_path_factory.mktemp("vllm")
+    lake, base, penalised = contract_lake(folder)
+    logs = folder / "logs"
+    servers = [vllm_servers.start(base, logs, free_port(), WEIGHTS="full") for _ in range(2)]
+    servers.append(vllm_servers.start(penalised, logs, free_port(), WEIGHTS="adapter", GENERATION_CONFIG="auto",
+                                      MAX_LORAS="2"))
+    try:
+        vllm_servers.wait_until_serving(servers)
+        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def stand_in(tmp_path_factory):
+    """The same servers as `vllm`, from `rlvr policy serve`."""
+    folder = tmp_path_factory.mktemp("stand-in")
+    lake, base, penalised = contract_lake(folder)
+    started = [serve_policy(lake, "--served-model-name", "policy", "--dev-mode") for _ in range(2)]
+    started.append(serve_policy(lake, "--no-on-demand", "--preload", "0", "--generation-config", penalised))
+    try:
+        yield Servers("stand-in", lake, base, [url for _, url in started[:2]], started[2][1])
+    finally:
+        for process, _ in started:
+            process.terminate()
+            process.wait(10)
+
+
+@pytest.fixture(params=["stand-in", pytest.param("vllm", marks=pytest.mark.vllm)])
+def engine(request) -> Servers:
+    """Each server-contract test runs against both engines: `make test` the stand-in, `make test-vllm` vLLM."""
+    return request.getfixturevalue("vllm" if request.param == "vllm" else "stand_in")

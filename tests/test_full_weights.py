@@ -1,27 +1,23 @@
-"""Full fine-tunes published in place, layouts that fit the GPUs, and checkpoints the servers can read.
+"""Layouts that fit the GPUs, checkpoints the servers can read, and the worker extension's choice of load.
 
-End to end over HTTP on CPU: `rlvr policy serve --served-model-name policy --dev-mode` serves one model
-under one name as vLLM does, and offers vLLM's dev-mode routes (`/collective_rpc` to the worker
-extension's methods, `/reset_prefix_cache`, `/pause`, `/resume`, `/sleep`, `/wake_up`). The worker
-extension itself (`infra/vllm/rlvr_weights.py`) runs inside vLLM, which cannot start here: its test
-mixes it into a stand-in worker holding a real transformers model."""
+Publishing full weights to a server, its dev-mode routes and sleep are vLLM's behaviour: they are tested
+against vLLM itself and the stand-in alike, in tests/test_server_contract.py. Here the extension
+(`infra/vllm/rlvr_weights.py`) is mixed into workers shaped like vLLM's, to check which load it picks."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from conftest import BIN, ROOT, free_port, register_sharpened_version, serve_policy, wait_for
 from storage.checkpoints import load_policy
 from storage.registry import version_row
-from tasks.generators.base import derive_seed
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-from tasks.rollout.hf import HFPolicy
-from tasks.rollout.layout import LayoutRefused, preflight, servers_asleep
-from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused, held_versions
-from tasks.rollout.publish import PublishConfig, PublishFailed, staged
+from tasks.rollout.layout import LayoutRefused, preflight
+from tasks.rollout.openai_backend import OpenAIBackendConfig
+from tasks.rollout.publish import PublishConfig, staged
 from tasks.rollout.sampling import SamplerConfig
 from tasks.rollout.tiny import TinyModelConfig
 
@@ -39,80 +35,11 @@ def lake(tmp_path_factory):
     return opened
 
 
-@pytest.fixture
-def one_model_server(lake):
-    """vLLM as `serve.sh WEIGHTS=full` starts it: one model, `policy`, holding version 0, in dev mode."""
-    process, url = serve_policy(lake, "--served-model-name", "policy", "--dev-mode")
-    yield url
-    process.terminate()
-    process.wait(10)
-
-
 def rollout(url: str, **openai):
     from tasks.rollout.stage import RolloutConfig
 
     return RolloutConfig(backend="openai", sampler=SAMPLER,
                          openai=OpenAIBackendConfig(endpoints=[url], model_name="policy", **openai))
-
-
-def test_a_full_checkpoint_is_swapped_in_and_the_next_samples_come_from_it(lake, one_model_server):
-    from flows.publishing import publish_version
-
-    client = OpenAIPolicy(rollout(one_model_server).openai)
-    with pytest.raises(RequestRefused, match=r"holds version \[0\]"):      # not published yet: out of rotation
-        client.generate(["7*8 ="], 2, SAMPLER, seed=3, model_version=1)
-
-    rows = publish_version(lake, rollout(one_model_server), PublishConfig(), 1)
-    assert [(r["method"], r["action"]) for r in rows] == [("full", "loaded")] and rows[0]["seconds"] > 0
-    assert held_versions(httpx.Client(), one_model_server) == [1]
-    assert httpx.get(f"{one_model_server}/is_paused").json() == {"is_paused": False}   # resumed after the swap
-    gate = lake.read("logprob_checks").filter(endpoint=one_model_server)
-    assert gate["passed"].to_list() == [True] and gate["model_version"].to_list() == [1]
-
-    remote = client.generate(["7*8 ="], 4, SAMPLER, seed=3, model_version=1)[0]
-    model, tokenizer = load_policy(version_row(lake, 1)["checkpoint_uri"])
-    local = HFPolicy(model, tokenizer, 1).generate(["7*8 ="], 4, SAMPLER, derive_seed(3, 0) % 2**31, 1)[0]
-    assert [s.token_ids for s in remote] == [s.token_ids for s in local]   # version 1's weights answer
-
-    again = publish_version(lake, rollout(one_model_server), PublishConfig(), 1)
-    assert again[0]["action"] == "already_served"
-    recorded = lake.read("publications").filter(endpoint=one_model_server)
-    assert recorded["method"].to_list() == ["full", "full"] and recorded["seconds"].null_count() == 1
-
-
-def test_a_server_without_the_extension_refuses_full_weights_and_says_how_to_start_it(lake):
-    from flows.publishing import publish_version
-
-    process, url = serve_policy(lake, "--served-model-name", "policy")                 # no dev mode
-    try:
-        assert "/collective_rpc" not in httpx.get(f"{url}/openapi.json").json()["paths"]
-        with pytest.raises(PublishFailed, match="VLLM_SERVER_DEV_MODE=1.*WEIGHTS=full"):
-            publish_version(lake, rollout(url), PublishConfig(weights="full"), 1)
-        assert lake.read("publications").filter(endpoint=url)["action"].to_list() == ["failed"]
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def test_servers_sleep_during_training_and_wake_after_even_when_it_fails(lake, one_model_server):
-    openai = rollout(one_model_server, sleep_while_training=True).openai
-    with pytest.raises(RuntimeError, match="the step failed"), servers_asleep(openai):
-        assert httpx.get(f"{one_model_server}/is_sleeping").json() == {"is_sleeping": True}
-        answer = httpx.post(f"{one_model_server}/v1/completions", json={"model": "policy", "prompt": "1+1="})
-        assert answer.status_code == 503                                         # asleep: no sampling
-        raise RuntimeError("the step failed")
-    assert httpx.get(f"{one_model_server}/is_sleeping").json() == {"is_sleeping": False}
-
-
-def test_a_server_that_cannot_sleep_is_named(lake):
-    process, url = serve_policy(lake)
-    try:
-        with pytest.raises(LayoutRefused, match="--enable-sleep-mode.*SLEEP=1"), \
-                servers_asleep(rollout(url, sleep_while_training=True).openai):
-            pass
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
@@ -139,7 +66,6 @@ def test_the_shipped_gpu_layouts_pass_the_preflight(name):
     from flows.loop import check_layout
 
     check_layout(load_run_config(ROOT / "configs" / name))     # every rank's device against the servers'
-
 
 
 def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
@@ -171,8 +97,10 @@ def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
         process.wait(10)
 
 
-def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, monkeypatch):
-    """`CheckpointLoader` mixed into a worker whose model loads (name, tensor) pairs as vLLM's models do."""
+def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, monkeypatch, tmp_path):
+    """`CheckpointLoader` mixed into workers shaped like vLLM's: 0.32's (the runner's `reload_weights` names
+    `weights_path`, the worker's only forwards `*args, **kwargs`), one whose reload refuses those arguments (the
+    model's `load_weights` is tried next), and an old one with `load_weights` only."""
     import torch
 
     sys.path.insert(0, str(ROOT / "infra" / "vllm"))
@@ -197,10 +125,86 @@ def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, mo
     for name, parameter in sharpened.state_dict().items():
         assert torch.equal(base.state_dict()[name], parameter), name
 
-    calls = []                                         # vLLM 0.16+: its own reload_weights does the load
-    native = type("Worker", (CheckpointLoader,), {"reload_weights": lambda self, weights_path=None,
-                                                   is_checkpoint_format=True: calls.append(weights_path)})()
-    native.rlvr_load_checkpoint("/models/v2", 2)
-    assert calls == ["/models/v2"] and native.rlvr_loaded_version() == 2
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
-        worker.rlvr_load_checkpoint(str(ROOT / "configs"), 3)
+    calls = []
+
+    class Runner032:                                  # vLLM 0.32: GPUModelRunner.reload_weights names weights_path
+        def get_model(self):
+            return base
+
+        def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+            calls.append(weights_path)
+
+    class Worker032(CheckpointLoader):
+        model_runner = Runner032()
+
+        def reload_weights(self, *args, **kwargs):     # Worker.reload_weights only forwards
+            self.model_runner.reload_weights(*args, **kwargs)
+
+    folder = tmp_path / "v2"
+    folder.mkdir()
+    native = Worker032()
+    native.rlvr_load_checkpoint(str(folder), 2)
+    assert calls == [str(folder)] and native.rlvr_loaded_version() == 2
+
+    class Moved(Runner032):                            # a reload that refuses the arguments: the next way is tried
+        def reload_weights(self, weights_path=None):
+            raise TypeError("reload_weights() got an unexpected keyword argument 'is_checkpoint_format'")
+
+    loaded_names.clear()
+    moved = type("Worker", (CheckpointLoader,), {"model_runner": Moved()})()
+    moved.rlvr_load_checkpoint(version_row(lake, 1)["checkpoint_uri"], 3)
+    assert moved.rlvr_loaded_version() == 3 and loaded_names
+    with pytest.raises(RuntimeError, match="reload_weights.*unexpected keyword.*model.load_weights"):
+        moved.rlvr_load_checkpoint(str(folder), 4)     # neither way loads an empty folder, and both are named
+    with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
+        worker.rlvr_load_checkpoint(str(tmp_path / "absent"), 5)
+
+
+@pytest.mark.parametrize("failing, named", [("/pause", "/pause: HTTP 500.*nothing was loaded"),
+                                            ("/reset_prefix_cache", "/reset_prefix_cache: HTTP 500"),
+                                            ("/resume", "/resume: HTTP 500.*stays paused")])
+def test_every_dev_mode_answer_of_a_swap_is_checked_and_a_failure_names_its_route(failing, named):
+    """vLLM's answers, one route made to fail: a failed pause loads nothing, and the publication says which
+    route failed (the server's own answers are tested on vLLM in tests/test_server_contract.py)."""
+    import httpx
+
+    from tasks.rollout.publish import publish_to
+
+    calls = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        route = request.url.path
+        calls.append((route, request.content))
+        if route == failing:
+            return httpx.Response(500, json={"error": {"message": "engine dead", "type": "InternalServerError"}})
+        if route == "/openapi.json":
+            return httpx.Response(200, json={"paths": {r: {} for r in ("/collective_rpc", "/pause", "/resume",
+                                                                          "/reset_prefix_cache")}})
+        if route == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "policy"}]})
+        if route == "/collective_rpc" and b"rlvr_loaded_version" in request.content:
+            return httpx.Response(200, json={"results": ["1" if any(b"rlvr_load_checkpoint" in b for _, b in calls)
+                                                         else "0"]})
+        return httpx.Response(200, json={"status": "ok"} if route != "/collective_rpc" else {"results": [None]})
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        result = publish_to(client, "http://server", "policy", "/models/v1", "policy", 4, set(), version=1,
+                            weights="full", adapter=False)
+    assert result.action == "failed" and result.method == "full" and re.search(named, result.error), result.error
+    loads = [route for route, body in calls if b"rlvr_load_checkpoint" in (body or b"")]
+    assert loads == ([] if failing == "/pause" else ["/collective_rpc"])
+    assert ("/resume" in [route for route, _ in calls]) == (failing != "/pause")
+
+
+def test_a_one_name_server_that_cannot_swap_is_never_taken_as_serving_a_new_version(lake):
+    """`weights: auto` to a server listing the one name without the extension: failed, not `already_served`."""
+    import httpx
+
+    from tasks.rollout.publish import publish_to
+
+    listing = httpx.MockTransport(lambda request: httpx.Response(200, json={"data": [{"id": "policy"}]}
+                                                                 if request.url.path == "/v1/models" else {"paths": {}}))
+    with httpx.Client(transport=listing) as client:
+        result = publish_to(client, "http://server", "policy", version_row(lake, 1)["checkpoint_uri"], "policy", 4,
+                            set(), version=1, weights="auto", adapter=False)
+    assert result.action == "failed" and "VLLM_SERVER_DEV_MODE=1" in result.error

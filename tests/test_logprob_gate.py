@@ -16,12 +16,12 @@ import pytest
 from conftest import BIN, register_sharpened_version, serve_policy
 from storage.checkpoints import load_policy
 from storage.registry import version_row
-from tasks.rollout.agreement import GateFailed, measure
+from tasks.rollout.agreement import GateFailed
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from tasks.rollout.hf import HFPolicy
-from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, completion_request, parse_choices
+from tasks.rollout.openai_backend import OpenAIBackendConfig, completion_request, parse_choices
 from tasks.rollout.sampling import NEUTRAL, SamplerConfig
-from tasks.rollout.tiny import IM_START, TinyModelConfig
+from tasks.rollout.tiny import TinyModelConfig
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
@@ -71,22 +71,6 @@ def old_request(url: str, model: str, prompt: str, n: int = 4) -> list:
     return parse_choices(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json(), n, url)
 
 
-def test_penalties_a_request_omits_bias_the_logprobs_and_stated_ones_do_not(lake, generation_config_server):
-    model, tokenizer = local(lake, SHARP)
-    ids = [tokenizer(prompt, add_special_tokens=False).input_ids for prompt in PROMPTS]
-
-    before = measure([old_request(generation_config_server, "v1", prompt) for prompt in PROMPTS], ids, model,
-                     SAMPLER, tolerance=0.05)
-    assert before.mean_abs_delta > 0.05 and not before.passed
-    assert before.ratio_max > 1.5                         # the trainer's ratio before any update, far from 1
-    assert "server-side penalties" in before.causes[0]
-
-    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[generation_config_server]))
-    now = measure(client.generate(PROMPTS, 4, SAMPLER, seed=5, model_version=SHARP), ids, model, SAMPLER, 0.05)
-    assert now.passed and now.mean_abs_delta < 1e-4 and now.causes == []
-    assert abs(now.ratio_min - 1) < 1e-3 and abs(now.ratio_max - 1) < 1e-3
-
-
 def test_the_stand_in_samples_from_the_penalised_distribution_as_vllm_does(lake, generation_config_server):
     """The penalty changes what is sampled, not only the log-probs returned: fewer repeated tokens."""
     model, tokenizer = local(lake, SHARP)
@@ -122,23 +106,6 @@ def test_the_gate_fails_on_a_server_that_forces_a_penalty_and_names_it(lake, for
     recorded = lake.read("logprob_checks").sort("created_at")
     assert recorded["endpoint"].to_list()[-3:] == [forced_server, generation_config_server, generation_config_server]
     assert recorded["passed"].to_list()[-3:] == [False, True, True]
-
-
-def test_a_bos_adding_tokenizer_gets_one_bos_on_both_backends(lake, generation_config_server):
-    model, tokenizer = local(lake, BOS)
-    prompt = f"{IM_START}user\n2+3?<|im_end|>\n{IM_START}assistant\n"        # a template that writes the BOS itself
-    assert tokenizer("x").input_ids[0] == tokenizer.bos_token_id             # the tokenizer adds one, as Llama 3's
-    hf_ids = tokenizer(prompt, add_special_tokens=False).input_ids
-
-    twice = old_request(generation_config_server, "v2", prompt, n=2)
-    assert twice[0].prompt_token_ids == [tokenizer.bos_token_id] + hf_ids   # the old request: two BOS
-    verdict = measure([twice], [hf_ids], model, SAMPLER, tolerance=0.05)
-    assert not verdict.prompt_tokens_match and not verdict.passed and "BOS" in verdict.causes[0]
-
-    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[generation_config_server]))
-    once = client.generate([prompt], 2, SAMPLER, seed=1, model_version=BOS)[0]
-    assert once[0].prompt_token_ids == hf_ids
-    assert measure([once], [hf_ids], model, SAMPLER, 0.05).passed
 
 
 def test_the_publish_stage_gates_each_version_before_anything_samples_it(lake, forced_server, generation_config_server):

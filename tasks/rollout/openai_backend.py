@@ -194,13 +194,26 @@ def server_routes(client: httpx.Client, endpoint: str) -> set[str]:
 
 def held_versions(client: httpx.Client, endpoint: str) -> list[int] | None:
     """The model version each worker of a one-model server holds (the worker extension's
-    `rlvr_loaded_version`, through dev mode's `/collective_rpc`); None when the server cannot say."""
+    `rlvr_loaded_version`, through dev mode's `/collective_rpc`); None when the server cannot say. vLLM answers
+    each worker's result as `str(result)` (`{"results": ["5"]}`), so a version is a whole number or its digits."""
     try:
         response = client.post(f"{server_root(endpoint)}/collective_rpc", json={"method": "rlvr_loaded_version"})
         results = response.json().get("results") if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
-    return [int(r) for r in results] if results and all(isinstance(r, int) for r in results) else None
+    if not isinstance(results, list) or not results:
+        return None
+    versions = [as_version(result) for result in results]
+    return None if None in versions else versions
+
+
+def as_version(result) -> int | None:
+    """A worker's answer as a model version: 5 or "5" (vLLM's string form); None for anything else."""
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result
+    if isinstance(result, str) and result.strip().isdigit():
+        return int(result.strip())
+    return None
 
 
 def served_models(client: httpx.Client, endpoint: str) -> list[str]:

@@ -143,16 +143,24 @@ def swap_weights(client: httpx.Client, endpoint: str, name: str, path: str, vers
     if set(held) == {version}:
         return Publication(endpoint, name, path, "already_served", method="full")
     pausing = {"/pause", "/resume"} <= routes
-    if pausing:                           # vLLM 0.16+ reads mode, 0.12-0.14 wait_for_inflight_requests
-        client.post(f"{base}/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"})
+
+    def call(route: str, **request) -> str | None:
+        """POST one dev-mode route; what went wrong, naming the route, or None when it answered 200."""
+        response = client.post(f"{base}{route}", **request)
+        return None if response.status_code == 200 else f"{route}: HTTP {response.status_code}: {response.text[:300]}"
+
+    # Each answer is checked: a pause that failed would swap weights under running requests, a prefix cache
+    # not reset would serve the old weights' KV blocks, a resume that failed leaves the server paused.
+    if pausing and (error := call("/pause", params={"mode": "wait", "wait_for_inflight_requests": "true"})):
+        return failed(f"{error} (nothing was loaded)")    # vLLM 0.16+ reads mode, 0.12-0.14 the other
     try:
-        response = client.post(f"{base}/collective_rpc", json={"method": "rlvr_load_checkpoint", "args": [path, version]})
-        if response.status_code != 200:
-            return failed(f"/collective_rpc rlvr_load_checkpoint: HTTP {response.status_code}: {response.text[:300]}")
-        client.post(f"{base}/reset_prefix_cache")
+        error = call("/collective_rpc", json={"method": "rlvr_load_checkpoint", "args": [path, version]})
+        error = error and f"rlvr_load_checkpoint through {error}"
+        error = error or call("/reset_prefix_cache")
     finally:
-        if pausing:
-            client.post(f"{base}/resume")
+        resumed = call("/resume") if pausing else None
+    if error or resumed:
+        return failed("; ".join(filter(None, [error, resumed and f"{resumed} (the server stays paused)"])))
     held = held_versions(client, endpoint)
     if set(held or []) != {version}:
         return failed(f"after the load its workers hold version(s) {held}, not {version}")
@@ -169,6 +177,11 @@ def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, templa
         server = full_weights(client, endpoint, weights, adapter)
         if server is not None:
             return swap_weights(client, endpoint, name, path, version, *server)
+        if "{model_version}" not in template:       # one name for every version: listed says nothing of which
+            return Publication(endpoint, name, path, "failed", f"{endpoint} serves every version as {name!r} but "
+                               "cannot say which one it holds nor swap weights: start vLLM with "
+                               "VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls rlvr_weights.CheckpointLoader "
+                               "(infra/vllm/serve.sh WEIGHTS=full)", method="full")
         action, served = "already_served", served_models(client, endpoint)
         if name not in served:
             response = client.post(f"{base}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
@@ -188,7 +201,8 @@ def publish_to(client: httpx.Client, endpoint: str, name: str, path: str, templa
         return Publication(endpoint, name, path, action, unloaded=unloaded,
                            seconds=time.monotonic() - started if action == "loaded" else None)
     except (httpx.HTTPError, ValueError, RequestRefused) as error:   # down, timed out, not JSON, cannot swap
-        return Publication(endpoint, name, path, "failed", f"{type(error).__name__}: {error}")
+        method = "adapter" if weights == "adapter" or (weights == "auto" and adapter) else "full"
+        return Publication(endpoint, name, path, "failed", f"{type(error).__name__}: {error}", method=method)
 
 
 def publish(endpoints: list[str], name: str, path: str, config: PublishConfig, template: str = "v{model_version}",

@@ -25,8 +25,12 @@ Full weights, as vLLM serves them: with `served_model_name` it serves one model 
 routes a trainer swaps weights through: `POST /collective_rpc` calling the methods of the project's
 worker extension (`infra/vllm/rlvr_weights.py`: `rlvr_load_checkpoint(path, version)`,
 `rlvr_loaded_version()`), `/reset_prefix_cache`, `/pause` and `/resume` (requests wait meanwhile),
-`/sleep`, `/wake_up` and `/is_sleeping` (a sleeping server answers 503). `GET /openapi.json` lists the
-routes, as vLLM's FastAPI does, so that clients detect what a server offers.
+`/sleep`, `/wake_up` and `/is_sleeping` (a sleeping server holds requests until it wakes). `GET /openapi.json`
+lists the routes, as vLLM's FastAPI does, so that clients detect what a server offers.
+
+Its answers are vLLM 0.32's wherever the platform reads them, and tests/test_server_contract.py checks that on
+both servers: worker results as strings (`{"results": ["5"]}`, vLLM's `str(result)`), the dev routes' JSON,
+404 for an unknown model or adapter folder, 500 for a failed RPC, no adapter routes on a one-name server.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ from tasks.rollout.sampling import NEUTRAL, Penalties, SamplerConfig
 
 class NotServed(LookupError):
     """A model name this server does not serve (vLLM answers 404)."""
+
+
+class WorkerFailed(RuntimeError):
+    """A dev-mode RPC whose method failed on the worker (vLLM answers 500)."""
 
 
 class PolicyServer(ThreadingHTTPServer):
@@ -67,6 +75,7 @@ class PolicyServer(ThreadingHTTPServer):
         self.load_path = load_path                # (name, folder) -> policy: what load_lora_adapter loads
         self.on_demand = on_demand
         self.policies: dict[str, object] = {}     # served name -> policy
+        self.adapters: set[str] = set()           # names load_lora_adapter loaded (listed with a parent)
         self.roots: dict[str, str] = {}           # served name -> where it was loaded from
         self.lock = threading.Lock()              # one generation or load at a time: the model is not thread-safe
         self.fail_first = fail_first
@@ -84,8 +93,7 @@ class PolicyServer(ThreadingHTTPServer):
         if name in self.policies:
             return self.policies[name]
         if not self.on_demand:
-            raise NotServed(f"The model `{name}` does not exist (served: {', '.join(sorted(self.policies)) or 'none'}; "
-                            "load it with POST /v1/load_lora_adapter)")
+            raise NotServed(f"The model `{name}` does not exist. Valid aliases: {', '.join(sorted(self.policies))}.")
         if not (name.startswith("v") and name[1:].isdigit()):
             raise LookupError(f"model {name!r} is not served here: names are v0, v1, ...")
         self.policies[name] = self.load_version(int(name[1:]))
@@ -97,39 +105,52 @@ class PolicyServer(ThreadingHTTPServer):
         if not name or not path:
             raise ValueError("both lora_name and lora_path are required")
         if name in self.policies:
-            raise ValueError(f"The lora adapter '{name}' has already been loaded.")
+            raise ValueError(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                             "in place, set 'load_inplace' to True.")
         if self.load_path is None:
             raise ValueError("this server cannot load adapters")
+        if not Path(path).is_dir():
+            raise NotServed(f"Loading lora {name} failed: No adapter found for {path}")
         try:
             self.policies[name] = self.load_path(name, path)
         except Exception as error:                    # whatever the folder holds, the server stays up
             raise ValueError(f"cannot load '{name}' from {path}: {type(error).__name__}: {error}") from error
         self.roots[name] = path
+        self.adapters.add(name)
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def collective_rpc(self, body: dict) -> dict:
-        """vLLM's dev-mode RPC to every worker (here one): the worker extension's methods."""
+        """vLLM's dev-mode RPC to every worker (here one): the worker extension's methods. A result goes back
+        as vLLM sends it, `str(result)` unless None, a dict or a list; a failing method is a 500."""
         method, args = body.get("method"), list(body.get("args") or [])
         if not method:
             raise ValueError("Missing 'method' in request body")
+        try:
+            result = self._call(method, args)
+        except Exception as error:                    # as vLLM: the RPC fails, the server stays up
+            raise WorkerFailed(f"Call to collective_rpc method failed: Worker failed with error '{error}', please "
+                               "check the stack trace above for the root cause") from error
+        return {"results": [result if result is None or isinstance(result, dict | list) else str(result)]}
+
+    def _call(self, method: str, args: list):
         if method == "rlvr_loaded_version":
-            return {"results": [self.held_version]}
+            return self.held_version
         if method == "rlvr_load_checkpoint":
             if not self.served_model_name:
                 raise ValueError("this server serves versions by name, not one model's weights")
             path, version = str(args[0]), int(args[1])
-            try:
-                self.policies[self.served_model_name] = self.load_path(f"v{version}", path)
-            except Exception as error:                # as vLLM: the RPC fails, the server stays up
-                raise ValueError(f"cannot load weights from {path}: {type(error).__name__}: {error}") from error
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"{path}: no such checkpoint folder on this server")
+            self.policies[self.served_model_name] = self.load_path(f"v{version}", path)
             self.held_version, self.roots[self.served_model_name] = version, path
-            return {"results": [None]}
-        raise ValueError(f"the worker has no method {method!r} (is --worker-extension-cls set?)")
+            return None
+        raise AttributeError(f"'Worker' object has no attribute '{method}'")
 
     def unload(self, name: str) -> str:
         if name not in self.policies:
             raise NotServed(f"The lora adapter '{name}' cannot be found.")
         del self.policies[name], self.roots[name]
+        self.adapters.discard(name)
         return f"Success: LoRA adapter '{name}' removed successfully."
 
 
@@ -155,18 +176,20 @@ class CompletionsHandler(BaseHTTPRequestHandler):
                 served = dict(self.server.roots)
             if self.server.on_demand and self.server.list_versions is not None:
                 served = {f"v{v}": f"model version {v}" for v in self.server.list_versions()} | served
-            served = sorted(served.items())
-            return self._reply(200, {"object": "list", "data": [{"id": name, "object": "model", "root": root}
-                                                                 for name, root in served]})
-        self._reply(404, {"error": {"message": f"no route {self.path}"}})
+            base = next((name for name in served if name not in self.server.adapters), None)
+            return self._reply(200, {"object": "list", "data": [
+                {"id": name, "object": "model", "owned_by": "vllm", "root": root,
+                 "parent": base if name in self.server.adapters else None} for name, root in sorted(served.items())]})
+        self._reply(404, {"detail": "Not Found"})
 
     def _routes(self) -> dict:
         """POST routes; the dev-mode ones only with dev_mode, as vLLM registers them."""
         server = self.server
-        routes = {"/v1/completions": self._complete, "/v1/chat/completions": self._chat,
-                  "/v1/load_lora_adapter": lambda body: server.load(str(body.get("lora_name") or ""),
-                                                                    str(body.get("lora_path") or "")),
-                  "/v1/unload_lora_adapter": lambda body: server.unload(str(body.get("lora_name") or ""))}
+        routes = {"/v1/completions": self._complete, "/v1/chat/completions": self._chat}
+        if not server.served_model_name:                  # vLLM offers adapter routes only with --enable-lora
+            routes |= {"/v1/load_lora_adapter": lambda body: server.load(str(body.get("lora_name") or ""),
+                                                                         str(body.get("lora_path") or "")),
+                       "/v1/unload_lora_adapter": lambda body: server.unload(str(body.get("lora_name") or ""))}
         if server.dev_mode:
             def pause(_):
                 server.resumed.clear()
@@ -178,15 +201,17 @@ class CompletionsHandler(BaseHTTPRequestHandler):
 
             def reset(_):
                 server.prefix_cache_resets += 1
-                return ""
+                return {"success": True}
 
-            def sleep(_):
+            def sleep(body):                              # vLLM pauses the engine too: requests wait
                 server.sleeping = True
-                return ""
+                server.resumed.clear()
+                return {"status": "sleeping", "level": int(body.get("level") or 1)}
 
             def wake(_):
                 server.sleeping = False
-                return ""
+                server.resumed.set()
+                return {"status": "awake", "tags": None}
 
             routes |= {"/collective_rpc": server.collective_rpc, "/reset_prefix_cache": reset, "/pause": pause,
                        "/resume": resume, "/sleep": sleep, "/wake_up": wake, "/is_sleeping": None, "/is_paused": None}
@@ -194,17 +219,16 @@ class CompletionsHandler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         route = urlsplit(self.path).path                  # /sleep?level=1: the query changes nothing here
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))   # read first: the connection is kept
         routes = self._routes()
         if routes.get(route) is None:
-            return self._reply(404, {"error": {"message": f"no route {self.path}"}})
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            return self._reply(404, {"detail": "Not Found"})           # FastAPI's answer for a route it lacks
+        body = json.loads(raw or b"{}")
         if route in ("/v1/completions", "/v1/chat/completions"):
-            if self.server.sleeping:
-                return self._reply(503, {"error": {"message": "the engine is sleeping (POST /wake_up)"}})
-            self.server.resumed.wait()                    # paused: requests wait for /resume, as in vLLM
+            self.server.resumed.wait()                    # paused or asleep: requests wait, as in vLLM
         else:                                             # dev routes take their parameters in the query
             body |= {key: values[-1] for key, values in parse_qs(urlsplit(self.path).query).items()}
-        if route in ("/pause", "/resume"):                # never behind the lock a waiting request may hold
+        if route in ("/pause", "/resume", "/sleep", "/wake_up"):   # never behind the lock a waiting request holds
             return self._reply(200, routes[route](body))
         with self.server.lock:
             self.server.requests_seen += 1
@@ -213,9 +237,13 @@ class CompletionsHandler(BaseHTTPRequestHandler):
             try:
                 self._reply(200, routes[route](body))
             except NotServed as error:
-                self._reply(404, {"error": {"message": str(error), "type": "NotFoundError", "code": 404}})
+                self._reply(404, {"error": {"message": str(error), "type": "NotFoundError", "param": None, "code": 404}})
+            except WorkerFailed as error:
+                self._reply(500, {"error": {"message": str(error), "type": "InternalServerError", "param": None,
+                                            "code": 500}})
             except (LookupError, ValueError, OSError) as error:   # OSError: a folder that cannot be read
-                self._reply(400, {"error": {"message": str(error), "type": "BadRequestError", "code": 400}})
+                self._reply(400, {"error": {"message": str(error), "type": "BadRequestError", "param": None,
+                                            "code": 400}})
 
     def _complete(self, body: dict) -> dict:
         policy = self.server.policy(str(body.get("model", "")))
