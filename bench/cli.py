@@ -201,16 +201,23 @@ def bench_sampling(
     shape: Annotated[list[str], typer.Option(help="model shapes: tiny (the demo policy), 0.5b (Qwen2.5-0.5B-shaped)")]
         = ["tiny", "0.5b"],
     repeats: Annotated[int, typer.Option(min=1, help="alternating repeats per side (best)")] = 3,
+    backend: Annotated[str, typer.Option(help="what the hf sampler is measured against: generate (transformers') "
+                                         "or vllm (a real vLLM server from .venv-vllm)")] = "generate",
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
-    """The hf backend's sampler against transformers' generate (with scores) on the same model and batch."""
-    from bench import sampling
+    """The hf backend's sampler against transformers' generate (with scores), or against a vLLM server, on the same
+    model and batch."""
+    from bench import sampling, vllm_servers
 
     unknown = sorted(set(shape) - set(sampling.SHAPES))
     if unknown:
         fail(f"--shape {unknown[0]}: choose from {', '.join(sampling.SHAPES)}")
-    measured(context, "sampling", sampling, lambda: {"shapes": sampling.run_benchmark(shape, repeats)})
+    if backend not in ("generate", "vllm"):
+        fail(f"--backend {backend}: choose from generate, vllm")
+    if backend == "vllm" and vllm_servers.missing():
+        fail(vllm_servers.missing())
+    measured(context, "sampling", sampling, lambda: {"shapes": sampling.run_benchmark(shape, repeats, backend)})
 
 
 @app.command("learning")
@@ -335,14 +342,41 @@ def bench_faults(
 def bench_publish(
     context: typer.Context,
     versions: Annotated[int, typer.Option(min=1, help="model versions published each way (median)")] = 5,
+    engine: Annotated[str, typer.Option(help="stand-in (`rlvr policy serve`) or vllm (real vLLM servers from "
+                                        ".venv-vllm, `make vllm-server`)")] = "stand-in",
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
     """Seconds per publish of a model version: full weights swapped in place, a load by name, and a server restart
     (the baseline); and the log-prob agreement gate's time."""
-    from bench import publish_time
+    from bench import publish_time, vllm_servers
 
-    measured(context, "publish", publish_time, lambda: publish_time.run_benchmark(versions))
+    if engine not in ("stand-in", "vllm"):
+        raise typer.BadParameter(f"--engine is stand-in or vllm, not {engine!r}")
+    if engine == "vllm" and vllm_servers.missing():
+        raise typer.BadParameter(vllm_servers.missing())
+    measured(context, "publish", publish_time, lambda: publish_time.run_benchmark(versions, engine))
+
+
+@app.command("mismatch")
+def bench_mismatch(
+    context: typer.Context,
+    dtype: Annotated[Optional[list[str]], typer.Option(help="a server dtype to measure (repeat); default float32 "
+                                                       "and bfloat16")] = None,
+    prompts: Annotated[int, typer.Option(min=1, help="prompts sampled from each server")] = 16,
+    samples: Annotated[int, typer.Option(min=1, help="responses per prompt")] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, help="longest response")] = 64,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
+) -> None:
+    """How far real vLLM servers' behaviour log-probs are from the fp32 trainer's, per token and per sequence, by
+    the server's dtype (needs .venv-vllm, `make vllm-server`)."""
+    from bench import engine_mismatch, vllm_servers
+
+    if vllm_servers.missing():
+        raise typer.BadParameter(vllm_servers.missing())
+    measured(context, "mismatch", engine_mismatch,
+             lambda: engine_mismatch.run_benchmark(tuple(dtype or ("float32", "bfloat16")), prompts, samples, max_tokens))
 
 
 @app.command("reward-serve")

@@ -10,8 +10,11 @@ Against `rlvr policy serve` in its own process (the stand-in that speaks vLLM's 
   wait until it answers a completion.
 
 Plus the log-prob agreement gate's time per version (sampling 4 prompts × 2 short responses, recomputing).
-On a GPU host with vLLM the same code paths run; the absolute times there are vLLM's (loading weights
-into GPU memory, CUDA graphs at restart), so the ratio is what carries over, not the seconds.
+
+`engine="vllm"`: the same three ways against real vLLM servers (its CPU build from `.venv-vllm`, started by
+`infra/vllm/serve.sh`: WEIGHTS=full for the swap and the restart, WEIGHTS=adapter for the loads by name, here
+LoRA adapters on the base, since vLLM loads only adapters by name). On a GPU host the same code paths run; the
+absolute times there are vLLM's on the GPU (weights into GPU memory, CUDA graphs at restart).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import httpx
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/publish_time.py", "tasks/rollout/publish.py", "tasks/rollout/server.py",
+DEPENDS_ON = ("bench/publish_time.py", "bench/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "tasks/rollout/publish.py", "tasks/rollout/server.py",
               "tasks/rollout/agreement.py", "tasks/rollout/openai_backend.py", "tasks/rollout/hf.py",
               "tasks/rollout/sampling.py", "tasks/rollout/logprobs.py", "storage/checkpoints.py",
               "flows/publishing.py", "flows/cli/policy.py")
@@ -58,20 +61,73 @@ def stop(process: subprocess.Popen) -> None:
     process.wait(10)
 
 
-def register_versions(lake, count: int) -> None:
-    """Versions 1..count: the tiny policy with other random weights (as big as a trained version)."""
-    from storage.checkpoints import load_policy, save_checkpoint
+def register_versions(lake, count: int, adapters: bool = False) -> None:
+    """Versions 1..count: the tiny policy with other random weights (as big as a trained version), or with
+    `adapters`, LoRA adapters on version 0 (r 8 on every projection, random B) as `train.lora` writes them."""
+    import torch
+
+    from storage.checkpoints import load_policy, peft_warnings_quiet, save_checkpoint
     from storage.registry import register, version_row
     from tasks.rollout.tiny import TinyModelConfig, build_model
 
-    _, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
+    base = version_row(lake, 0)["checkpoint_uri"]
     for version in range(1, count + 1):
+        model, tokenizer = load_policy(base)
+        adapter_of = None
+        if adapters:
+            from peft import LoraConfig, get_peft_model
+
+            with peft_warnings_quiet():
+                model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, task_type="CAUSAL_LM", target_modules=[
+                    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+            with torch.no_grad():
+                for name, parameter in model.named_parameters():
+                    if "lora_B" in name:
+                        parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(version))
+            adapter_of = base
+        else:
+            model = build_model(TinyModelConfig(seed=version), tokenizer)
         with lake.run("bench", "register", {"version": version}) as run:
-            uri = save_checkpoint(lake, version, build_model(TinyModelConfig(seed=version), tokenizer), tokenizer)
-            register(lake, run, version, uri=uri, kind="bench", parent=version - 1)
+            uri = save_checkpoint(lake, version, model, tokenizer, adapter_of=adapter_of)
+            register(lake, run, version, uri=uri, kind="bench", parent=0 if adapters else version - 1)
 
 
-def run_benchmark(versions: int = 5) -> dict:
+class Servers:
+    """Starts the servers of one engine: (URL, stop) of a one-name dev-mode server on a folder, and of a
+    server that loads versions by name."""
+
+    def __init__(self, engine: str, lake, work: str):
+        self.engine, self.lake, self.work = engine, lake, Path(work)
+
+    def full(self, version: int):
+        if self.engine == "vllm":
+            from bench import vllm_servers
+            from storage.registry import version_row
+
+            server = vllm_servers.serving(version_row(self.lake, version)["checkpoint_uri"], self.work / "logs",
+                                          _free_port(), WEIGHTS="full", BASE_VERSION=str(version))
+            httpx.post(f"{server.url}/v1/completions", json={"model": "policy", "prompt": "1+1=", "max_tokens": 1},
+                       timeout=120).raise_for_status()            # as the stand-in's start: it has answered once
+            return server.url, server.stop
+        port = _free_port()
+        process = start_server(self.lake.uri, port, "--served-model-name", "policy", "--dev-mode", "--preload",
+                               str(version))
+        return f"http://127.0.0.1:{port}", lambda: stop(process)
+
+    def by_name(self):
+        if self.engine == "vllm":
+            from bench import vllm_servers
+            from storage.registry import version_row
+
+            server = vllm_servers.serving(version_row(self.lake, 0)["checkpoint_uri"], self.work / "logs",
+                                          _free_port(), WEIGHTS="adapter")
+            return server.url, server.stop
+        port = _free_port()
+        process = start_server(self.lake.uri, port, "--no-on-demand", "--preload", "0")
+        return f"http://127.0.0.1:{port}", lambda: stop(process)
+
+
+def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
     """Median seconds per publish each way, the gate's, and the restart's ratio to the swap."""
     from flows.publishing import check_agreement
     from storage.lake import Lake
@@ -86,12 +142,15 @@ def run_benchmark(versions: int = 5) -> dict:
         lake = Lake.open(f"{work}/lake")
         ensure_base_policy(lake, BasePolicyConfig())
         register_versions(lake, versions)
+        adapters = Lake.open(f"{work}/adapters")             # vLLM loads adapters by name, not full checkpoints
+        ensure_base_policy(adapters, BasePolicyConfig(checkpoint=version_row(lake, 0)["checkpoint_uri"]))
+        register_versions(adapters, versions, adapters=True)
         folders = {v: version_row(lake, v)["checkpoint_uri"] for v in range(1, versions + 1)}
+        named = {v: version_row(adapters if engine == "vllm" else lake, v)["checkpoint_uri"] for v in folders}
+        servers = Servers(engine, lake, work)
         swap, by_name, gate, restart = [], [], [], []
 
-        port = _free_port()
-        server = start_server(lake.uri, port, "--served-model-name", "policy", "--dev-mode")
-        url = f"http://127.0.0.1:{port}"
+        url, stop_server = servers.full(0)
         rollout = RolloutConfig(backend="openai", sampler=SamplerConfig(max_new_tokens=48),
                                 openai=OpenAIBackendConfig(endpoints=[url], model_name="policy"))
         try:
@@ -107,31 +166,30 @@ def run_benchmark(versions: int = 5) -> dict:
                 if not agreement.passed:
                     raise RuntimeError(f"the gate failed after swapping in version {version}: {agreement.causes}")
         finally:
-            stop(server)
+            stop_server()
 
-        port = _free_port()
-        server = start_server(lake.uri, port, "--no-on-demand", "--preload", "0")
-        url = f"http://127.0.0.1:{port}"
+        url, stop_server = servers.by_name()
         try:
-            for version, folder in folders.items():
+            for version, folder in named.items():
                 started = time.perf_counter()
                 [result] = publish([url], f"v{version}", folder, PublishConfig(weights="adapter", max_loras=versions + 1))
                 by_name.append(time.perf_counter() - started)
                 if result.action != "loaded":
                     raise RuntimeError(f"version {version} was not loaded by name: {result.error}")
         finally:
-            stop(server)
+            stop_server()
 
         for version in folders:                      # the baseline: a new server on each version
             started = time.perf_counter()
-            stop(start_server(lake.uri, _free_port(), "--served-model-name", "policy", "--preload", str(version)))
+            _, stop_server = servers.full(version)
             restart.append(time.perf_counter() - started)
+            stop_server()
 
-    figures = {"versions": versions, "swap_seconds": statistics.median(swap),
+    figures = {"engine": engine, "versions": versions, "swap_seconds": statistics.median(swap),
                "by_name_seconds": statistics.median(by_name), "restart_seconds": statistics.median(restart),
                "gate_seconds": statistics.median(gate)}
     figures["restart_to_swap_ratio"] = figures["restart_seconds"] / figures["swap_seconds"]
-    console.print(f"per publish (median of {versions}): full weights swapped in place {figures['swap_seconds']:.3f} s, "
+    console.print(f"per publish on {engine} (median of {versions}): full weights swapped in place {figures['swap_seconds']:.3f} s, "
                   f"loaded by name {figures['by_name_seconds']:.3f} s, server restarted {figures['restart_seconds']:.2f} s "
                   f"(×{figures['restart_to_swap_ratio']:.1f} the swap); the log-prob gate {figures['gate_seconds']:.2f} s")
     return figures

@@ -8,6 +8,11 @@ the model's batch (tasks/rollout/hf.py `NARROW_AT`), `generate` carries them pad
 tokens generated up to each row's end per second, the best of a few alternating repeats, and the ratio
 hf / generate (target ≥ 1.05).
 
+`backend="vllm"`: the hf sampler against a real vLLM server instead (its CPU build from `.venv-vllm`, started by
+`infra/vllm/serve.sh` on the same weights saved to a folder, float32), asked as the `openai` backend asks: one
+request per prompt with `n` samples, token ids and log-probs, requests concurrent. vLLM's CPU build binds its
+engine to one core and leaves the other to the server; the hf sampler uses torch's threads. Ratio: vllm / hf.
+
 Shapes: `tiny` is the embedded default policy; `0.5b` is a Qwen2.5-0.5B-shaped config (24 layers,
 hidden 896, vocabulary 151,936) built from scratch, which is where the per-token work over a large
 vocabulary shows.
@@ -20,7 +25,8 @@ import time
 from bench.shapes import SHAPES, build  # noqa: F401  (build: the tests build from here too)
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "tasks/rollout/hf.py", "tasks/rollout/logprobs.py",
+DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "bench/vllm_servers.py", "infra/vllm/serve.sh",
+              "tasks/rollout/openai_backend.py", "tasks/rollout/hf.py", "tasks/rollout/logprobs.py",
               "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
               "tasks/progress.py")
 
@@ -57,6 +63,53 @@ def generate_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max
     return int(first_end.sum()), seconds
 
 
+def vllm_tokens_per_second(url: str, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
+    from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy
+    from tasks.rollout.sampling import SamplerConfig
+
+    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[url], model_name="policy", confirm_served=False,
+                                              concurrency=max(1, len(prompts))))
+    try:
+        started = time.perf_counter()
+        groups = client.generate(prompts, n, SamplerConfig(max_new_tokens=max_new_tokens), seed=1, model_version=0)
+        seconds = time.perf_counter() - started
+    finally:
+        client.close()
+    return sum(len(s.token_ids) for group in groups for s in group), seconds
+
+
+def compare_with_vllm(shape: str, prompts: int, group_size: int, max_new_tokens: int, repeats: int) -> dict:
+    """The hf sampler against a vLLM server on the same weights, alternating."""
+    import tempfile
+    from functools import partial
+    from pathlib import Path
+
+    from bench import vllm_servers
+    from bench.publish_time import _free_port
+
+    model, tokenizer = build(shape)
+    texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]
+    with tempfile.TemporaryDirectory(prefix="rlvr-bench-sampling-") as work:
+        model.save_pretrained(Path(work) / "model")
+        tokenizer.save_pretrained(Path(work) / "model")
+        server = vllm_servers.serving(str(Path(work) / "model"), Path(work) / "logs", _free_port(), WEIGHTS="full")
+        try:
+            measure = {"hf": partial(hf_tokens_per_second, model, tokenizer),
+                       "vllm": partial(vllm_tokens_per_second, server.url)}
+            best = {name: 0.0 for name in measure}
+            for name in measure:                                         # warm both once
+                measure[name](texts[:1], 1, 4)
+            for _ in range(repeats):
+                for name in measure:
+                    tokens, seconds = measure[name](texts, group_size, max_new_tokens)
+                    best[name] = max(best[name], tokens / seconds)
+        finally:
+            server.stop()
+    return {"shape": shape, "backend": "vllm", "rows": prompts * group_size, "max_new_tokens": max_new_tokens,
+            "hf_tokens_per_s": round(best["hf"], 1), "vllm_tokens_per_s": round(best["vllm"], 1),
+            "ratio": round(best["vllm"] / best["hf"], 3)}
+
+
 def compare(shape: str, prompts: int, group_size: int, max_new_tokens: int, repeats: int) -> dict:
     model, tokenizer = build(shape)
     texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]
@@ -73,7 +126,7 @@ def compare(shape: str, prompts: int, group_size: int, max_new_tokens: int, repe
             "ratio": round(best["hf"] / best["generate"], 3)}
 
 
-def run_benchmark(shapes: list[str], repeats: int = 3) -> list[dict]:
+def run_benchmark(shapes: list[str], repeats: int = 3, backend: str = "generate") -> list[dict]:
     from rich.console import Console
 
     import torch
@@ -83,6 +136,13 @@ def run_benchmark(shapes: list[str], repeats: int = 3) -> list[dict]:
     results = []
     for shape in shapes:
         prompts, group_size, max_new = batches[shape]
+        if backend == "vllm":
+            result = compare_with_vllm(shape, prompts, group_size, max_new, repeats)
+            results.append(result)
+            console.print(f"{shape}: {result['rows']} rows × ≤{max_new} tokens — vLLM (CPU build) "
+                          f"{result['vllm_tokens_per_s']:,.0f} tokens/s, hf {result['hf_tokens_per_s']:,.0f} tokens/s "
+                          f"({torch.get_num_threads()} threads): vLLM ×{result['ratio']:.2f}")
+            continue
         result = compare(shape, prompts, group_size, max_new, repeats)
         results.append(result)
         console.print(f"{shape}: {result['rows']} rows × ≤{max_new} tokens, {torch.get_num_threads()} threads — hf "

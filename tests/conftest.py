@@ -256,11 +256,22 @@ def register_adapter_version(lake, version: int, seed: int, rank: int = 4) -> No
                  kind="test", parent=0)
 
 
+def penalised_copy(folder: str, target: Path, repetition_penalty: float = 1.3) -> str:
+    """A copy of a checkpoint whose generation_config.json sets a repetition penalty (as Qwen2.5-Instruct's
+    sets 1.1): what a server started without `--generation-config vllm` applies to requests that omit it."""
+    import json
+
+    shutil.copytree(folder, target, dirs_exist_ok=True)
+    config = target / "generation_config.json"
+    stated = json.loads(config.read_text()) if config.exists() else {}
+    config.write_text(json.dumps({**stated, "repetition_penalty": repetition_penalty}))
+    return str(target)
+
+
 def contract_lake(folder: Path):
     """The lake the server-contract tests share, for the stand-in and for vLLM alike: v0 `sharpened_base`,
     v1 another random policy of its shape (every weight differs, the tied embedding too), v2 and v3 LoRA
     adapters on v0. Returns (lake, base folder, penalised copy of the base)."""
-    import vllm_servers
     from storage.lake import Lake
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
@@ -270,7 +281,7 @@ def contract_lake(folder: Path):
     register_random_version(lake, 1, seed=11)
     register_adapter_version(lake, 2, seed=2)
     register_adapter_version(lake, 3, seed=3)
-    return lake, base, vllm_servers.penalised_copy(base, folder / "penalised")
+    return lake, base, penalised_copy(base, folder / "penalised")
 
 
 @dataclass
@@ -284,14 +295,14 @@ class Servers:
     base: str                    # the base checkpoint folder every server started from
     full: list[str]
     lora: str
-    stop: object = None
+    lora_rotation: list[str]     # `lora` and a second adapter server (the project's settings), for a rotation
 
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):
-    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, one of adapters. Skipped,
+    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, two of adapters. Skipped,
     naming `make vllm-server`, without `.venv-vllm`."""
-    import vllm_servers
+    from bench import vllm_servers
 
     reason = vllm_servers.missing()
     if reason:
@@ -302,9 +313,10 @@ def vllm(tmp_path_factory):
     servers = [vllm_servers.start(base, logs, free_port(), WEIGHTS="full") for _ in range(2)]
     servers.append(vllm_servers.start(penalised, logs, free_port(), WEIGHTS="adapter", GENERATION_CONFIG="auto",
                                       MAX_LORAS="2"))
+    servers.append(vllm_servers.start(base, logs, free_port(), WEIGHTS="adapter"))
     try:
         vllm_servers.wait_until_serving(servers)
-        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url)
+        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url, [s.url for s in servers[2:]])
     finally:
         for server in servers:
             server.stop()
@@ -317,8 +329,10 @@ def stand_in(tmp_path_factory):
     lake, base, penalised = contract_lake(folder)
     started = [serve_policy(lake, "--served-model-name", "policy", "--dev-mode") for _ in range(2)]
     started.append(serve_policy(lake, "--no-on-demand", "--preload", "0", "--generation-config", penalised))
+    started.append(serve_policy(lake, "--no-on-demand", "--preload", "0"))
     try:
-        yield Servers("stand-in", lake, base, [url for _, url in started[:2]], started[2][1])
+        yield Servers("stand-in", lake, base, [url for _, url in started[:2]], started[2][1],
+                      [url for _, url in started[2:]])
     finally:
         for process, _ in started:
             process.terminate()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, ROOT, free_port, register_sharpened_version, serve_policy, wait_for
+from conftest import BIN, ROOT, free_port, register_sharpened_version, wait_for
 from storage.checkpoints import load_policy
 from storage.registry import version_row
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy

@@ -29,13 +29,14 @@ FP32_GATE = 1e-5                     # mean |Δ log p| an fp32 server may differ
 
 
 def fresh(engine):
-    """Every one-name server back on v0, and the adapter server holding no adapter."""
+    """Every one-name server back on v0, and the adapter servers holding no adapter."""
     full = publish(engine.full, "policy", version_row(engine.lake, 0)["checkpoint_uri"], PublishConfig(weights="full"),
                    template="policy", version=0)
     assert all(result.confirmed for result in full), [result.error for result in full]
-    for name in served_models(httpx.Client(), engine.lora):
-        if name != "v0":
-            assert httpx.post(f"{engine.lora}/v1/unload_lora_adapter", json={"lora_name": name}).status_code == 200
+    for url in engine.lora_rotation:
+        for name in served_models(httpx.Client(), url):
+            if name != "v0":
+                assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}).status_code == 200
     return engine
 
 

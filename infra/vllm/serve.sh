@@ -11,6 +11,7 @@
 #              full: one model served as SERVED_NAME, full weights swapped in place
 #              through the worker extension rlvr_weights.CheckpointLoader        [default: adapter]
 #   SERVED_NAME  the one name with WEIGHTS=full (rollout.openai.model_name)      [default: policy]
+#   BASE_VERSION the model version MODEL is, what WEIGHTS=full servers say they hold at start  [default: 0]
 #   MAX_LORAS  LoRA adapters (model versions) resident at once                   [default: 4]
 #   GPU_MEMORY_UTILIZATION  vLLM's share of its GPU's memory; below 0.9 when a
 #              trainer shares the GPU (rollout.openai.gpu_memory_utilization)    [default: 0.9]
@@ -67,7 +68,7 @@ case $WEIGHTS in
     mode=(--served-model-name v0 --enable-lora --max-loras "$MAX_LORAS" --max-lora-rank 64) ;;
   full)
     export VLLM_SERVER_DEV_MODE=1                  # /collective_rpc, /reset_prefix_cache, /pause, /resume
-    export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" RLVR_BASE_VERSION=0
+    export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" RLVR_BASE_VERSION=${BASE_VERSION:-0}
     mode=(--served-model-name "$SERVED_NAME" --worker-extension-cls rlvr_weights.CheckpointLoader) ;;
   *) echo "WEIGHTS must be adapter or full, not $WEIGHTS" >&2; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
-"""Real vLLM servers for the `vllm` tests, started as users start them: `infra/vllm/serve.sh` from `.venv-vllm`
-(`make vllm-server`, vLLM's CPU build), on loopback, each in a process group of its own that is stopped when the
-test run ends. Without the environment the tests skip, naming `make vllm-server`.
+"""Real vLLM servers for the `vllm` tests and `rlvr bench publish --engine vllm`, started as users start them:
+`infra/vllm/serve.sh` from `.venv-vllm` (`make vllm-server`, vLLM's CPU build), on loopback, each in a process
+group of its own that is stopped afterwards. Without the environment the tests skip, naming `make vllm-server`.
 
 Each server's log is kept in the run's temporary folder and its tail is in the error when a server does not come
 up. vLLM's compile cache is this checkout's `build/vllm-cache`, so a second run starts in about half the time."""
@@ -8,16 +8,15 @@ up. vLLM's compile cache is this checkout's `build/vllm-cache`, so a second run 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.results import ROOT
+
 VLLM_ENV = Path(os.environ.get("RLVR_VLLM_ENV") or ROOT / ".venv-vllm")
 SERVE = ROOT / "infra" / "vllm" / "serve.sh"
 START_SECONDS = 420                      # three servers compiling at once on two cores
@@ -90,17 +89,12 @@ def wait_until_serving(servers: list[Server], timeout: float = START_SECONDS) ->
             time.sleep(1)
 
 
-def penalised_copy(folder: str, target: Path, repetition_penalty: float = 1.3) -> str:
-    """A copy of a checkpoint whose generation_config.json sets a repetition penalty (as Qwen2.5-Instruct's
-    sets 1.1): what a server started without `--generation-config vllm` applies to requests that omit it."""
-    import json
-
-    shutil.copytree(folder, target, dirs_exist_ok=True)
-    config = target / "generation_config.json"
-    stated = json.loads(config.read_text()) if config.exists() else {}
-    config.write_text(json.dumps({**stated, "repetition_penalty": repetition_penalty}))
-    return str(target)
-
-
-def scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="rlvr-test-vllm-"))
+def serving(model: str, logs: Path, port: int, **settings: str) -> Server:
+    """One server, returned once it answers; stopped if it does not come up."""
+    server = start(model, logs, port, **settings)
+    try:
+        wait_until_serving([server])
+    except BaseException:
+        server.stop()
+        raise
+    return server

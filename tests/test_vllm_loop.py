@@ -1,0 +1,92 @@
+"""The loop on real vLLM servers, end to end: `rl_loop` with the `openai` backend for three iterations, two
+servers in rotation, each trained version published before anything samples it and gated against the
+trainer, and every rollout's behaviour log-probs within the gate of the trainer's own recomputation.
+
+Full weights swap in place on the synchronous loop; LoRA adapters load by name on the synchronous and the
+overlapped loop. (Full weights on the overlapped loop are refused by the pre-flight check, one name cannot
+hold two versions at once: tests/test_full_weights.py.) Every run's lake registers the servers' own base
+folder as its version 0, so the servers start on exactly the run's base."""
+
+import json
+
+import httpx
+import polars as pl
+import pytest
+
+from storage.checkpoints import load_policy
+from storage.registry import version_row
+from test_loop import RUN, curated_with_eval
+from test_iteration import CONFIG
+from test_server_contract import FP32_GATE, fresh
+
+pytestmark = pytest.mark.vllm
+
+
+def run_config(servers, weights: str, mode: str) -> dict:
+    full = weights == "full"
+    openai = {"endpoints": servers.full if full else servers.lora_rotation, "backoff_seconds": 0.05,
+              "model_name": "policy" if full else "v{model_version}"}
+    base = {"checkpoint": servers.base, **({"served_name": "policy"} if full else {})}
+    train = {**RUN.get("train", {}), **({} if full else {"lora": {"r": 4, "alpha": 8}, "learning_rate": 1e-2})}
+    return {**RUN, "rollout": {**CONFIG["rollout"], "base_policy": base, "backend": "openai", "openai": openai},
+            "publish": {"weights": weights, "max_loras": 3}, "train": train,
+            "loop": {"iterations": 3, "mode": mode, **({"max_staleness": 1} if mode == "async" else {})}}
+
+
+def behaviour_gap(lake) -> tuple[float, float, int]:
+    """(mean, max) over every rollout token of |behaviour log-prob − the trainer's recomputation on the
+    version that sampled it|, and the tokens compared."""
+    import torch
+
+    from tasks.rollout.logprobs import response_logprobs
+
+    rollouts = lake.read("rollouts", columns=["model_version", "prompt_token_ids", "response_token_ids",
+                                              "behaviour_logprobs", "sampler"])
+    gaps = []
+    for (version,), rows in rollouts.group_by(["model_version"]):
+        model, _ = load_policy(version_row(lake, version)["checkpoint_uri"])
+        rows = rows.filter(pl.col("response_token_ids").list.len() > 0)
+        temperature = json.loads(rows["sampler"][0]).get("temperature") or 1.0
+        with torch.no_grad():
+            recomputed, mask, _ = response_logprobs(model, rows["prompt_token_ids"].to_list(),
+                                                    rows["response_token_ids"].to_list(), temperature)
+        for row, (served, local, keep) in enumerate(zip(rows["behaviour_logprobs"].to_list(), recomputed, mask)):
+            local = local[keep.bool()].tolist()
+            assert len(local) == len(served), row
+            gaps.extend(abs(a - b) for a, b in zip(served, local))
+    return sum(gaps) / len(gaps), max(gaps), len(gaps)
+
+
+@pytest.mark.parametrize("weights, mode", [("full", "sync"), ("adapter", "sync"), ("adapter", "async")])
+def test_the_loop_runs_on_vllm(vllm, prefect_api, tmp_path, weights, mode):
+    from flows.loop import rl_loop
+    from storage.lake import Lake
+
+    fresh(vllm)
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    config = run_config(vllm, weights, mode)
+    rows = rl_loop(config, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    assert [row["trained_version"] for row in rows] == [1, 2, 3]
+    endpoints = config["rollout"]["openai"]["endpoints"]
+
+    publications = lake.read("publications").filter(pl.col("model_version") > 0)
+    method = "full" if weights == "full" else "adapter"
+    assert set(publications["method"]) == {method} and set(publications["endpoint"]) == set(endpoints)
+    loaded = publications.filter(action="loaded").sort("model_version")
+    assert loaded.group_by("model_version").len().sort("model_version").rows() == [(1, 2), (2, 2), (3, 2)]
+    assert publications["error"].null_count() == publications.height
+    if weights == "full":
+        assert all(httpx.post(f"{url}/collective_rpc", json={"method": "rlvr_loaded_version"}).json()
+                   == {"results": ["3"]} for url in endpoints)
+
+    gate = lake.read("logprob_checks")
+    assert all(gate["passed"]) and set(gate["endpoint"]) == set(endpoints)
+    assert set(gate["model_version"]) >= {1, 2} and max(gate["mean_abs_delta"]) <= FP32_GATE
+
+    rollouts = lake.read("rollouts", columns=["model_version", "backend"])
+    assert {backend.removeprefix("openai:") for backend in rollouts["backend"]} == set(endpoints)   # both served
+    assert set(rollouts["model_version"]) >= {0, 1}
+    mean, most, tokens = behaviour_gap(lake)
+    assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)
