@@ -105,6 +105,12 @@ _SIGNATURES: OrderedDict[tuple, np.ndarray] = OrderedDict()
 _SIGNATURES_LOCK = threading.Lock()
 
 
+def forget_signatures() -> None:
+    """Empty the signature cache: what a fresh process screens with (the dedup benchmark times both)."""
+    with _SIGNATURES_LOCK:
+        _SIGNATURES.clear()
+
+
 def signatures_of(texts: list[str], ngram: int, num_perm: int, seed: int) -> np.ndarray:
     """`minhash(*shingles(texts, ngram), ...)`, the same rows, computed only for texts not seen before."""
     keys = [(ngram, num_perm, seed, blake2b(text.encode(), digest_size=16).digest()) for text in texts]
