@@ -76,6 +76,23 @@ def test_completions_carry_token_ids_and_the_trainers_logprobs(engine):
     assert [[s.token_ids for s in group] for group in again] == [[s.token_ids for s in group] for group in groups]
 
 
+def test_many_long_seeded_requests_at_once_are_all_answered(engine):
+    """More prompt tokens at once than one engine step takes (vLLM then splits prefills across steps), every
+    request seeded as the backend seeds them: vLLM 0.32's CPU build died on that ("CPU Generator does not use
+    offset") until serve.sh turned chunked prefill off for it."""
+    fresh(engine)
+    prompts = [f"Problem {index}: " + " ".join(f"{index * 7 + k} plus {k} is" for k in range(40)) for index in range(16)]
+    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[engine.full[0]], model_name="policy", concurrency=16,
+                                              max_retries=1))
+    try:
+        groups = client.generate(prompts, 4, SamplerConfig(max_new_tokens=8), seed=3, model_version=0)
+    finally:
+        client.close()
+    _, tokenizer = local(engine, 0)
+    assert sum(len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts) * 4 > 8192
+    assert [len(group) for group in groups] == [4] * 16 and all(s.token_ids for group in groups for s in group)
+
+
 def test_text_prompts_get_special_tokens_only_when_asked_and_token_prompts_are_taken_as_they_are(engine):
     """The base's tokenizer adds a BOS (as Llama 3's): vLLM's default `add_special_tokens: true` adds it to a
     prompt whose chat template wrote one already; the backend's requests say false, so the ids are the hf

@@ -58,8 +58,10 @@ common=(--host "$HOST" --generation-config "$GENERATION_CONFIG" --max-logprobs 1
 case $DEVICE in
   gpu) common+=(--gpu-memory-utilization "$GPU_MEMORY_UTILIZATION" --dtype "${DTYPE:-auto}")
        [ -n "${MAX_MODEL_LEN:-}" ] && common+=(--max-model-len "$MAX_MODEL_LEN") ;;
+  # The CPU build's engine dies on a seeded request whose prefill is split across steps ("CPU Generator does not
+  # use offset", vLLM 0.32): the backend seeds every request, so prompts are prefilled whole.
   cpu) export VLLM_CPU_KVCACHE_SPACE=${KV_CACHE_GB:-1}
-       common+=(--dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-1024}") ;;
+       common+=(--dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-1024}" --no-enable-chunked-prefill) ;;
   *) echo "DEVICE must be gpu or cpu, not $DEVICE" >&2; exit 2 ;;
 esac
 case $WEIGHTS in
