@@ -295,12 +295,12 @@ class Servers:
     base: str                    # the base checkpoint folder every server started from
     full: list[str]
     lora: str
-    lora_rotation: list[str]     # `lora` and a second adapter server (the project's settings), for a rotation
+    lora_rotation: list[str]     # two more adapter servers as serve.sh starts them by default, for a rotation
 
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):
-    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, two of adapters. Skipped,
+    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, three of adapters. Skipped,
     naming `make vllm-server`, without `.venv-vllm`."""
     from bench import vllm_servers
 
@@ -313,10 +313,10 @@ def vllm(tmp_path_factory):
     servers = [vllm_servers.start(base, logs, free_port(), WEIGHTS="full") for _ in range(2)]
     servers.append(vllm_servers.start(penalised, logs, free_port(), WEIGHTS="adapter", GENERATION_CONFIG="auto",
                                       MAX_LORAS="2"))
-    servers.append(vllm_servers.start(base, logs, free_port(), WEIGHTS="adapter"))
+    servers += [vllm_servers.start(base, logs, free_port(), WEIGHTS="adapter") for _ in range(2)]
     try:
         vllm_servers.wait_until_serving(servers)
-        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url, [s.url for s in servers[2:]])
+        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url, [s.url for s in servers[3:]])
     finally:
         for server in servers:
             server.stop()
@@ -329,10 +329,10 @@ def stand_in(tmp_path_factory):
     lake, base, penalised = contract_lake(folder)
     started = [serve_policy(lake, "--served-model-name", "policy", "--dev-mode") for _ in range(2)]
     started.append(serve_policy(lake, "--no-on-demand", "--preload", "0", "--generation-config", penalised))
-    started.append(serve_policy(lake, "--no-on-demand", "--preload", "0"))
+    started += [serve_policy(lake, "--no-on-demand", "--preload", "0") for _ in range(2)]
     try:
         yield Servers("stand-in", lake, base, [url for _, url in started[:2]], started[2][1],
-                      [url for _, url in started[2:]])
+                      [url for _, url in started[3:]])
     finally:
         for process, _ in started:
             process.terminate()

@@ -145,8 +145,10 @@ def swap_weights(client: httpx.Client, endpoint: str, name: str, path: str, vers
     pausing = {"/pause", "/resume"} <= routes
 
     def call(route: str, **request) -> str | None:
-        """POST one dev-mode route; what went wrong, naming the route, or None when it answered 200."""
-        response = client.post(f"{base}{route}", **request)
+        """POST one dev-mode route; what went wrong, naming the route, or None when it answered 200. One
+        connection each: vLLM closes a connection after a failed RPC's 500, and a `/resume` sent into it would
+        be lost, leaving the server paused."""
+        response = client.post(f"{base}{route}", headers={"Connection": "close"}, **request)
         return None if response.status_code == 200 else f"{route}: HTTP {response.status_code}: {response.text[:300]}"
 
     # Each answer is checked: a pause that failed would swap weights under running requests, a prefix cache
