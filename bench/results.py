@@ -156,7 +156,7 @@ MODULES = {"startup": "startup", "dedup": "dedup_scaling", "verify": "verify_thr
            "sandbox-hostile": "sandbox_hostile", "train": "train_throughput", "sampling": "sampling",
            "learning": "learning", "peer": "peer", "async": "overlap", "orchestration": "orchestration",
            "faults": "faults", "publish": "publish_time", "reward-serve": "reward_serve", "lake-scale": "lake_scale",
-           "train-ranks": "train_ranks", "judge-guard": "judge_guard"}
+           "train-ranks": "train_ranks", "judge-guard": "judge_guard", "mismatch": "engine_mismatch"}
 
 
 def depends_on(benchmark: str) -> tuple[str, ...]:
