@@ -92,7 +92,6 @@ def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: in
                   max_tokens: int = 64) -> dict:
     """Per dtype, the mismatch figures of one server's samples against the fp32 trainer."""
     from bench import vllm_servers
-    from bench.publish_time import _free_port
     from storage.checkpoints import load_policy
     from tasks.generators import generate
     from tasks.rollout.prompts import format_prompt
@@ -106,7 +105,7 @@ def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: in
                  for _, _, problem in generate("mix", count=prompts, seed=0)]
         figures = {}
         for dtype in dtypes:
-            server = vllm_servers.serving(folder, Path(work) / "logs", _free_port(), WEIGHTS="full", DTYPE=dtype)
+            server = vllm_servers.serving(folder, Path(work) / "logs", vllm_servers.free_port(), WEIGHTS="full", DTYPE=dtype)
             try:
                 figures[dtype] = mismatch_figures(sequence_deltas(server.url, model, tokenizer, texts, samples,
                                                                   max_tokens))

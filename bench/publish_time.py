@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import vllm_servers
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
@@ -101,28 +102,26 @@ class Servers:
 
     def full(self, version: int):
         if self.engine == "vllm":
-            from bench import vllm_servers
             from storage.registry import version_row
 
             server = vllm_servers.serving(version_row(self.lake, version)["checkpoint_uri"], self.work / "logs",
-                                          _free_port(), WEIGHTS="full", BASE_VERSION=str(version))
+                                          vllm_servers.free_port(), WEIGHTS="full", BASE_VERSION=str(version))
             httpx.post(f"{server.url}/v1/completions", json={"model": "policy", "prompt": "1+1=", "max_tokens": 1},
                        timeout=120).raise_for_status()            # as the stand-in's start: it has answered once
             return server.url, server.stop
-        port = _free_port()
+        port = vllm_servers.free_port()
         process = start_server(self.lake.uri, port, "--served-model-name", "policy", "--dev-mode", "--preload",
                                str(version))
         return f"http://127.0.0.1:{port}", lambda: stop(process)
 
     def by_name(self):
         if self.engine == "vllm":
-            from bench import vllm_servers
             from storage.registry import version_row
 
             server = vllm_servers.serving(version_row(self.lake, 0)["checkpoint_uri"], self.work / "logs",
-                                          _free_port(), WEIGHTS="adapter")
+                                          vllm_servers.free_port(), WEIGHTS="adapter")
             return server.url, server.stop
-        port = _free_port()
+        port = vllm_servers.free_port()
         process = start_server(self.lake.uri, port, "--no-on-demand", "--preload", "0")
         return f"http://127.0.0.1:{port}", lambda: stop(process)
 
@@ -193,11 +192,3 @@ def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
                   f"loaded by name {figures['by_name_seconds']:.3f} s, server restarted {figures['restart_seconds']:.2f} s "
                   f"(×{figures['restart_to_swap_ratio']:.1f} the swap); the log-prob gate {figures['gate_seconds']:.2f} s")
     return figures
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -85,14 +85,13 @@ def compare_with_vllm(shape: str, prompts: int, group_size: int, max_new_tokens:
     from pathlib import Path
 
     from bench import vllm_servers
-    from bench.publish_time import _free_port
 
     model, tokenizer = build(shape)
     texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-sampling-") as work:
         model.save_pretrained(Path(work) / "model")
         tokenizer.save_pretrained(Path(work) / "model")
-        server = vllm_servers.serving(str(Path(work) / "model"), Path(work) / "logs", _free_port(), WEIGHTS="full")
+        server = vllm_servers.serving(str(Path(work) / "model"), Path(work) / "logs", vllm_servers.free_port(), WEIGHTS="full")
         try:
             measure = {"hf": partial(hf_tokens_per_second, model, tokenizer),
                        "vllm": partial(vllm_tokens_per_second, server.url)}

@@ -22,6 +22,15 @@ SERVE = ROOT / "infra" / "vllm" / "serve.sh"
 START_SECONDS = 420                      # three servers compiling at once on two cores
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def missing() -> str | None:
     """Why the `vllm` tests cannot run here, or None."""
     python = VLLM_ENV / "bin" / "python"

@@ -79,6 +79,23 @@ def test_completions_carry_token_ids_and_the_trainers_logprobs(engine):
     assert [[s.token_ids for s in group] for group in again] == [[s.token_ids for s in group] for group in groups]
 
 
+def test_several_prompts_in_one_request_come_back_prompt_by_prompt(engine):
+    """One request with a list of prompts and `n` samples each: the choices are ordered prompt by prompt, which
+    is how `prompts_per_request` splits them into groups."""
+    fresh(engine)
+    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[engine.full[0]], model_name="policy", prompts_per_request=2))
+    try:
+        groups = client.generate(PROMPTS + ["1+1=", "9-4="], 3, SAMPLER, seed=2, model_version=0)
+    finally:
+        client.close()
+    _, tokenizer = local(engine, 0)
+    assert [len(group) for group in groups] == [3] * 4
+    for prompt, group in zip(PROMPTS + ["1+1=", "9-4="], groups):
+        assert {tuple(sample.prompt_token_ids) for sample in group} == {
+            tuple(tokenizer(prompt, add_special_tokens=False).input_ids)}
+    assert delta(engine, 0, groups[:2]) <= FP32_GATE
+
+
 def test_many_long_seeded_requests_at_once_are_all_answered(engine):
     """More prompt tokens at once than one engine step takes (vLLM then splits prefills across steps), every
     request seeded as the backend seeds them: vLLM 0.32's CPU build died on that ("CPU Generator does not use
