@@ -141,11 +141,13 @@ def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
         lake = Lake.open(f"{work}/lake")
         ensure_base_policy(lake, BasePolicyConfig())
         register_versions(lake, versions)
-        adapters = Lake.open(f"{work}/adapters")             # vLLM loads adapters by name, not full checkpoints
-        ensure_base_policy(adapters, BasePolicyConfig(checkpoint=version_row(lake, 0)["checkpoint_uri"]))
-        register_versions(adapters, versions, adapters=True)
         folders = {v: version_row(lake, v)["checkpoint_uri"] for v in range(1, versions + 1)}
-        named = {v: version_row(adapters if engine == "vllm" else lake, v)["checkpoint_uri"] for v in folders}
+        by_name_lake = lake                                  # the stand-in loads full checkpoints by name
+        if engine == "vllm":                                 # vLLM loads only LoRA adapters by name
+            by_name_lake = Lake.open(f"{work}/adapters")
+            ensure_base_policy(by_name_lake, BasePolicyConfig(checkpoint=version_row(lake, 0)["checkpoint_uri"]))
+            register_versions(by_name_lake, versions, adapters=True)
+        named = {v: version_row(by_name_lake, v)["checkpoint_uri"] for v in folders}
         servers = Servers(engine, lake, work)
         swap, by_name, gate, restart = [], [], [], []
 
