@@ -9,6 +9,7 @@ The servers are shared by the session; each test starts by putting them back as 
 
 import json
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -193,6 +194,69 @@ def test_more_adapters_than_max_loras_load_and_answer(engine):
         assert client.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": copy}).status_code == 200
         assert set(served_models(client, url)) == {"v0", "v2", "v3", "extra"}     # three, --max-loras 2
     assert delta(engine, 3, sampled(url, "extra")) <= FP32_GATE
+
+
+def test_a_base_request_beside_adapter_requests_keeps_the_bases_logprobs(engine):
+    """vLLM marks a token of a base-model request with adapter slot -1; the CPU build's LoRA ops (0.32) indexed
+    the stacked adapters with it and so gave every base request that shared a step with adapter requests the
+    adapter in the last `--max-loras` slot (the overlapped loop's base samples came back off the trainer's).
+    serve.sh loads infra/vllm/rlvr_cpu_lora.py on the CPU build, which gives those rows no adapter term.
+    Both of the adapter server's two slots hold an adapter, and base requests join long adapter requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fresh(engine)
+    url = engine.lora
+    for version in (2, 3):
+        [result] = publish([url], f"v{version}", version_row(engine.lake, version)["checkpoint_uri"], PublishConfig())
+        assert result.action == "loaded", result.error
+    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[url], model_name="v{model_version}", concurrency=16,
+                                              max_retries=1))
+    long = SamplerConfig(max_new_tokens=200)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            adapters = [pool.submit(client.generate, [f"{k} plus {k} is" for k in range(8)], 2, long, seed=version,
+                                    model_version=version) for version in (2, 3)]
+            while engine.engine == "vllm" and not requests_running(url):
+                assert not any(job.done() for job in adapters), "the adapter requests ended before base ones joined"
+                time.sleep(0.05)
+            base = sampled(url, "v0")
+            # vLLM batched them (the stand-in serves one request at a time: nothing to share a step with)
+            assert engine.engine != "vllm" or not all(job.done() for job in adapters), "no adapter request was left"
+            for job in adapters:
+                assert all(sample.token_ids for group in job.result() for sample in group)
+    finally:
+        client.close()
+    assert delta(engine, 0, base) <= FP32_GATE
+
+
+def test_the_cpu_lora_extension_gives_rows_without_an_adapter_no_adapter_term(monkeypatch):
+    """`rlvr_cpu_lora.skipping_base_rows` around an op indexed as the CPU build's `bgmv_shrink` is (the
+    stacked weights indexed by each row's slot, so -1 is the last): rows of slot -1 get 0, the others their
+    adapter's term, unchanged."""
+    import torch
+
+    from conftest import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "infra" / "vllm"))
+    from rlvr_cpu_lora import skipping_base_rows
+
+    def bgmv_shrink(inputs, weights, output, indices, scaling=1.0):      # vLLM 0.32's, torch_ops/lora_ops.py
+        output[:, :weights.shape[-2]] = scaling * torch.einsum("bi, boi -> bo", inputs, weights[indices].squeeze(1))
+
+    inputs, weights = torch.randn(4, 8), torch.randn(2, 1, 3, 8)
+    indices = torch.tensor([0, -1, 1, -1])
+    unmended, mended = torch.zeros(4, 3), torch.zeros(4, 3)
+    bgmv_shrink(inputs, weights, unmended, indices, 0.5)
+    skipping_base_rows(bgmv_shrink)(inputs, weights, mended, indices, 0.5)
+    assert torch.allclose(unmended[1], 0.5 * weights[1, 0] @ inputs[1])      # the defect: slot -1 is the last
+    assert torch.equal(mended[[1, 3]], torch.zeros(2, 3)) and torch.equal(mended[[0, 2]], unmended[[0, 2]])
+
+
+def requests_running(url: str) -> bool:
+    """Whether a vLLM server is generating now (its `vllm:num_requests_running` gauge)."""
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    return any(line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0
+               for line in metrics.splitlines())
 
 
 def test_dev_mode_routes_answer_as_vllm_answers(engine):

@@ -88,23 +88,5 @@ def test_the_loop_runs_on_vllm(vllm, prefect_api, tmp_path, weights, mode):
     rollouts = lake.read("rollouts", columns=["model_version", "backend"])
     assert {backend.removeprefix("openai:") for backend in rollouts["backend"]} == set(endpoints)   # both served
     assert set(rollouts["model_version"]) >= {0, 1}
-    if (weights, mode) == ("adapter", "async"):
-        return                            # its behaviour log-probs: the next test, a known failure
     mean, most, tokens = behaviour_gap(lake)
-    assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)
-
-
-@pytest.mark.xfail(strict=False, reason="open: in the overlapped LoRA loop, base-version samples drawn while the next "
-                   "version's adapter is being published and gated came back from one of the two servers with log-probs "
-                   "up to 0.41 off the trainer's (neither v0's nor v1's), in 2 runs of 3; not reproduced by requests "
-                   "alone; the publish gate, which runs before, passes")
-def test_the_overlapped_lora_loop_samples_carry_the_trainers_logprobs(vllm, prefect_api, tmp_path):
-    from flows.loop import rl_loop
-    from storage.lake import Lake
-
-    fresh(vllm)
-    lake_uri = str(tmp_path / "lake")
-    curated_with_eval(lake_uri)
-    rl_loop(run_config(vllm, "adapter", "async"), lake_uri=lake_uri)
-    mean, most, tokens = behaviour_gap(Lake.open(lake_uri))
     assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)

@@ -67,7 +67,13 @@ esac
 case $WEIGHTS in
   adapter)
     export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True   # new versions load as adapters without a restart
-    mode=(--served-model-name v0 --enable-lora --max-loras "$MAX_LORAS" --max-lora-rank 64) ;;
+    mode=(--served-model-name v0 --enable-lora --max-loras "$MAX_LORAS" --max-lora-rank 64)
+    # The CPU build's LoRA ops give a base-model request that shares a step with adapter requests the adapter in
+    # the last slot (vLLM 0.32, index -1): rlvr_cpu_lora.py makes them skip those rows, as the GPU kernels do.
+    if [ "$DEVICE" = cpu ]; then
+      export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+      mode+=(--worker-extension-cls rlvr_cpu_lora.BaseRowsWithoutAdapter)
+    fi ;;
   full)
     export VLLM_SERVER_DEV_MODE=1                  # /collective_rpc, /reset_prefix_cache, /pause, /resume
     export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" RLVR_BASE_VERSION=${BASE_VERSION:-0}
