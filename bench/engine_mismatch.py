@@ -18,7 +18,7 @@ from pathlib import Path
 
 from flows.display import console
 
-DEPENDS_ON = ("bench/engine_mismatch.py", "bench/vllm_servers.py", "infra/vllm/serve.sh", "tasks/rollout/logprobs.py",
+DEPENDS_ON = ("bench/engine_mismatch.py", "tasks/rollout/vllm_servers.py", "infra/vllm/serve.sh", "tasks/rollout/logprobs.py",
               "tasks/rollout/openai_backend.py", "tasks/rollout/sampling.py")
 
 
@@ -91,7 +91,7 @@ def sequence_deltas(url: str, model, tokenizer, prompts: list[str], samples: int
 def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: int = 16, samples: int = 4,
                   max_tokens: int = 64) -> dict:
     """Per dtype, the mismatch figures of one server's samples against the fp32 trainer."""
-    from bench import vllm_servers
+    from tasks.rollout import vllm_servers
     from storage.checkpoints import load_policy
     from tasks.generators import generate
     from tasks.rollout.prompts import format_prompt

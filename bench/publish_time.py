@@ -28,11 +28,11 @@ from pathlib import Path
 
 import httpx
 
-from bench import vllm_servers
+from tasks.rollout import vllm_servers
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/publish_time.py", "bench/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "tasks/rollout/publish.py", "tasks/rollout/server.py",
+DEPENDS_ON = ("bench/publish_time.py", "tasks/rollout/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "tasks/rollout/publish.py", "tasks/rollout/server.py",
               "tasks/rollout/agreement.py", "tasks/rollout/openai_backend.py", "tasks/rollout/hf.py",
               "tasks/rollout/sampling.py", "tasks/rollout/logprobs.py", "storage/checkpoints.py",
               "flows/publishing.py", "flows/cli/policy.py")

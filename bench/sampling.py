@@ -25,7 +25,7 @@ import time
 from bench.shapes import SHAPES, build  # noqa: F401  (build: the tests build from here too)
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "bench/vllm_servers.py", "infra/vllm/serve.sh",
+DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "tasks/rollout/vllm_servers.py", "infra/vllm/serve.sh",
               "tasks/rollout/openai_backend.py", "tasks/rollout/hf.py", "tasks/rollout/logprobs.py",
               "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
               "tasks/progress.py")
@@ -84,7 +84,7 @@ def compare_with_vllm(shape: str, prompts: int, group_size: int, max_new_tokens:
     from functools import partial
     from pathlib import Path
 
-    from bench import vllm_servers
+    from tasks.rollout import vllm_servers
 
     model, tokenizer = build(shape)
     texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]

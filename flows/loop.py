@@ -30,9 +30,14 @@ from flows.policies import stage_task, writes_iterations
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
 from storage.lake import Lake
+from storage.checkpoints import adapter_base
+from storage.registry import version_row
 from tasks.evaluation import overall_solve_rate
 from tasks.progress import track
+from tasks.rollout import vllm_servers
 from tasks.rollout.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
+from tasks.rollout.openai_backend import OpenAIBackendConfig
+from tasks.rollout.publish import staged
 from tasks.rollout.stage import IterationConfig, current_model_version
 from trainers.grpo import rank_devices, strategy_of
 from trainers.stage import run_warmup, warmup_version
@@ -47,10 +52,14 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
     """Bring the lake to `iterations` RL iterations (default: the config's): a second run resumes where the
     first stopped, and a finished one has nothing left to do."""
     settings = RunConfig.model_validate(config or {})
+    lora = settings.train.lora is not None
+    launch = settings.rollout.backend == "openai" and settings.rollout.openai.launch > 0
+    if launch:                                              # the names its servers will serve versions under
+        settings = with_openai(settings, vllm_servers.launch_config(settings.rollout.openai, lora))
     check_layout(settings)                                  # before anything is sampled or trained
     lake = Lake.open(lake_uri)
-    iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
     latest = current_model_version(lake, settings.rollout.base_policy)      # registers version 0 on a new lake
+    warm = None
     if settings.warmup.enabled:
         warm = warmup_version(lake)
         if warm is None:
@@ -60,7 +69,35 @@ def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
             warm = latest = warmed["model_version"]          # registered as the main line's newest
             print(f"warm-up: model version {warm} after {warmed['steps']} steps, held-out sampled solve rate "
                   f"{warmed['solve_rate']:.1%} on {settings.warmup.eval_problems} problems")
-    if settings.warmup.enabled and lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():
+    if not launch:
+        return _loop(lake, settings, latest, warm, iterations)
+    base = full_version_under(lake, latest)         # what the servers start on: LoRA versions are adapters of it
+    folder = staged(version_row(lake, base)["checkpoint_uri"], settings.publish.staging_dir)
+    with vllm_servers.launched(settings.rollout.openai, folder, lora, base) as served:   # stopped when it ends
+        return _loop(lake, with_openai(settings, served), latest, warm, iterations)
+
+
+def with_openai(settings: RunConfig, openai: OpenAIBackendConfig) -> RunConfig:
+    """`settings` sampling through `openai`."""
+    return settings.model_copy(update={"rollout": settings.rollout.model_copy(update={"openai": openai})})
+
+
+def full_version_under(lake: Lake, version: int) -> int:
+    """`version` when its checkpoint is a full one, else the version whose checkpoint its adapter applies to."""
+    root = adapter_base(version_row(lake, version)["checkpoint_uri"])
+    if root is None:
+        return version
+    owners = lake.read("model_versions", filter=pc.field("checkpoint_uri") == root, columns=["model_version"])
+    if owners.is_empty():
+        raise LookupError(f"model version {version} is an adapter of {root}, which no model version holds")
+    return int(owners["model_version"].min())
+
+
+def _loop(lake: Lake, settings: RunConfig, latest: int, warm: int | None,
+          iterations: int | None) -> list[dict[str, Any]]:
+    """The loop once its servers serve: the warm version's evaluation (the curve's start), then the iterations."""
+    iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
+    if warm is not None and lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():
         publish_version(lake, settings.rollout, settings.publish, warm, "rl-loop", iteration=0)   # the curve's start
         evaluation = evaluate_and_record(lake, settings, warm, iteration=0)
         with lake.run("rl-loop", "record", {}, iteration=0, prefect_flow_run_id=flow_run.id) as run:

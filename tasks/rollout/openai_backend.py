@@ -61,6 +61,10 @@ class OpenAIBackendConfig(Strict):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="the share of its GPU's memory "
                                                  "each server takes (serve.sh GPU_MEMORY_UTILIZATION; vLLM's "
                                                  "default 0.9): required when a server shares the trainer's GPU")
+    launch: int = Field(0, ge=0, description="vLLM servers the loop starts on this machine for the run, in place of "
+                        "`endpoints`: infra/vllm/serve.sh from .venv-vllm (make vllm-server), on loopback, on the "
+                        "newest full checkpoint (after the warm-up), stopped when the loop ends; LoRA adapters by name with train.lora, else full "
+                        "weights swapped in place under one name (model_name, or policy). 0: the servers at endpoints")
     sleep_while_training: bool = Field(False, description="put the servers to sleep during each training step "
                                        "(POST /sleep?level=1: weights to CPU, KV cache freed) and wake them after; "
                                        "serve.sh SLEEP=1. Sync loop only")

@@ -1,6 +1,7 @@
-"""Real vLLM servers for the `vllm` tests and `rlvr bench publish --engine vllm`, started as users start them:
-`infra/vllm/serve.sh` from `.venv-vllm` (`make vllm-server`, vLLM's CPU build), on loopback, each in a process
-group of its own that is stopped afterwards. Without the environment the tests skip, naming `make vllm-server`.
+"""vLLM servers on this machine, started as users start them: `infra/vllm/serve.sh` from `.venv-vllm` (`make
+vllm-server`, vLLM's CPU build), on loopback, each in a process group of its own that is stopped afterwards. The
+loop's `rollout.openai.launch`, the `vllm` tests and the vLLM benchmarks start theirs here; without the
+environment the loop refuses and the tests skip, both naming `make vllm-server`.
 
 Each server's log is kept in the run's temporary folder and its tail is in the error when a server does not come
 up. vLLM's compile cache is this checkout's `build/vllm-cache`, so a second run starts in about half the time."""
@@ -10,13 +11,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.results import ROOT
+from tasks.rollout.openai_backend import OpenAIBackendConfig
 
+ROOT = Path(__file__).resolve().parents[2]            # the checkout: infra/vllm/serve.sh
 VLLM_ENV = Path(os.environ.get("RLVR_VLLM_ENV") or ROOT / ".venv-vllm")
 SERVE = ROOT / "infra" / "vllm" / "serve.sh"
 START_SECONDS = 420                      # three servers compiling at once on two cores
@@ -32,7 +37,7 @@ def free_port() -> int:
 
 
 def missing() -> str | None:
-    """Why the `vllm` tests cannot run here, or None."""
+    """Why no vLLM server can be started here, or None."""
     python = VLLM_ENV / "bin" / "python"
     if not python.exists():
         return f"no vLLM environment at {VLLM_ENV}: `make vllm-server` makes it (vLLM's CPU build, about 2 min)"
@@ -107,3 +112,57 @@ def serving(model: str, logs: Path, port: int, **settings: str) -> Server:
         server.stop()
         raise
     return server
+
+
+class LaunchRefused(ValueError):
+    """`rollout.openai.launch` cannot start servers as configured."""
+
+
+def launch_config(openai: OpenAIBackendConfig, lora: bool) -> OpenAIBackendConfig:
+    """`openai` with the names `launch`ed servers serve each version under: LoRA adapters as v0, v1, ...
+    (serve.sh WEIGHTS=adapter); full weights under one name, `model_name` when it is one, else `policy`."""
+    if not openai.launch:
+        return openai
+    if lora:
+        if openai.model_name != "v{model_version}":
+            raise LaunchRefused(f"rollout.openai.launch serves LoRA versions as v0, v1, ... (serve.sh WEIGHTS=adapter), "
+                                f"not as {openai.model_name!r}: leave rollout.openai.model_name at v{{model_version}}")
+        return openai
+    one_name = openai.model_name if "{model_version}" not in openai.model_name else "policy"
+    return openai.model_copy(update={"model_name": one_name})
+
+
+@contextmanager
+def launched(openai: OpenAIBackendConfig, base_folder: str, lora: bool,
+             base_version: int = 0) -> Iterator[OpenAIBackendConfig]:
+    """`openai.launch` servers of `base_folder` (model version `base_version`, a full checkpoint: with LoRA, the
+    one the adapters apply to) on this machine while the block runs, one on
+    each of `server_devices` in turn (the CPU build ignores it); yields the config to sample with, their
+    endpoints in place of `endpoints`. Stopped afterwards, whatever happens; their logs stay, named."""
+    reason = missing()
+    if reason:
+        raise LaunchRefused(f"rollout.openai.launch: {reason}")
+    if not os.path.isdir(base_folder):
+        raise LaunchRefused(f"rollout.openai.launch starts vLLM on version {base_version}'s checkpoint folder, and "
+                            f"{base_folder} is not a folder on this machine")
+    openai = launch_config(openai, lora)
+    weights = {"WEIGHTS": "adapter" if lora else "full", "BASE_VERSION": str(base_version),
+               **({} if lora else {"SERVED_NAME": openai.model_name})}
+    logs = Path(tempfile.mkdtemp(prefix="rlvr-vllm-"))
+    devices = openai.server_devices or [0]
+    print(f"vLLM: starting {openai.launch} server(s) of {base_folder} from {VLLM_ENV} ({weights['WEIGHTS']} "
+          f"weights; logs in {logs}); on a CPU a server answers in 30-90 s")
+    servers = []
+    try:
+        for index in range(openai.launch):
+            servers.append(start(base_folder, logs, free_port(), GPUS=str(devices[index % len(devices)]), **weights))
+        wait_until_serving(servers)
+        print(f"vLLM: serving at {', '.join(server.url for server in servers)}")
+        yield openai.model_copy(update={"endpoints": [server.url for server in servers], "launch": 0})
+    except BaseException:
+        for server in servers:                # what the servers said last: a dead engine's cause is only there
+            print(f"vLLM at {server.url} ({server.log}), its last lines:\n{server.tail(12)}")
+        raise
+    finally:
+        for server in servers:
+            server.stop()
