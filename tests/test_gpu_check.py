@@ -55,12 +55,12 @@ def site(tmp_path_factory) -> Path:
 
 
 def run_check(site, tmp_path, *args: str, script: Path = CHECK, fail: str = "", returncode: int = 0,
-              ahead: Path | None = None):
+              ahead: Path | None = None, vllm_env: str = ""):
     """check.py (or a script that runs it) in the bare Python, on the tiny shape: its parts by name, and its
     stdout and stderr. Every stdout line must be JSON. `ahead`: a folder of packages found before the site's."""
     path = f"{ahead}:{site}" if ahead else str(site)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": path, "RLVR_TORCH_THREADS": "1",
-           "RLVR_GPU_CHECK_FAIL": fail}
+           "RLVR_GPU_CHECK_FAIL": fail, **({"VLLM_ENV": vllm_env} if vllm_env else {})}
     result = subprocess.run([sys.executable, "-S", str(script), "--shape", "tiny", *SMALL, *args],
                             capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert result.returncode == returncode, result.stderr[-3000:]
@@ -76,7 +76,24 @@ def test_the_gpu_check_needs_only_what_torch_and_transformers_install(site, tmp_
     assert parts["training"]["dtype"] == "bfloat16" and parts["training"]["tokens_per_s"] > 0
     parallel = parts["data_parallel"]
     assert parallel["processes"] == 2 and parallel["backend"] == "gloo" and parallel["ok"], parallel
+    assert "no VLLM_ENV" in parts.pop("vllm_server")["skipped"]          # no vLLM on this host: said, not failed
     assert all(part["ok"] for part in parts.values()), parts
+
+
+@pytest.mark.vllm
+def test_the_gpu_check_runs_the_vllm_server_contract_where_vllm_is(site, tmp_path):
+    """With VLLM_ENV the check starts serve.sh WEIGHTS=full on its model (here vLLM's CPU build, on the shape
+    with the least head size it serves): sampled log-probs against the trainer's, a full-weight swap to other
+    weights with every dev-mode answer checked, the version the workers report, and the gap after the swap
+    (the model's embeddings are tied: an output layer left at the old weights would show)."""
+    from tasks.rollout.vllm_servers import VLLM_ENV, missing
+
+    if missing():
+        pytest.skip(missing())
+    parts, _ = run_check(site, tmp_path, "--shape", "small", vllm_env=str(VLLM_ENV))
+    served = parts["vllm_server"]
+    assert served["ok"] and served["loaded"] == ["1"], served
+    assert served["max_abs_gap"] < 1e-5 and served["max_abs_gap_after_swap"] < 1e-5 and served["swap_s"] > 0
 
 
 OLDER_TRANSFORMERS = ROOT / "build" / "transformers-older"
@@ -173,7 +190,8 @@ def test_stdout_is_json_lines_and_a_failing_part_does_not_stop_the_next(site, tm
     assert isinstance(sampler["traceback"], list) and sampler["traceback"][-1].startswith("TypeError")
     assert parts["sampling"]["ok"] and parts["logprob_gap"]["ok"] and parts["training"]["tokens_per_s"] > 0
     assert "ok" not in parts["data_parallel"] and "--processes 2" in parts["data_parallel"]["skipped"]
-    assert list(parts) == ["device", "model", "sampling", "hf_sampler", "logprob_gap", "training", "data_parallel"]
+    assert list(parts) == ["device", "model", "sampling", "hf_sampler", "logprob_gap", "training", "vllm_server",
+                          "data_parallel"]
 
 
 def test_the_parts_that_need_a_failed_part_say_they_were_skipped(site, tmp_path):

@@ -14,6 +14,10 @@ Parts, each printed as one JSON line (`"part"`, `"ok"`, the numbers):
   (`tasks/rollout/logprobs.py`), the quantity the importance ratio depends on.
 - `training`: optimizer steps with the trainer's loss (`trainers/loss.py`: dapo, clip 0.2 / 0.28) under
   bf16 autocast: tokens/s.
+- `vllm_server`: with `VLLM_ENV` naming a virtual environment that holds vLLM, `infra/vllm/serve.sh
+  WEIGHTS=full` on the model (`infra/gpu/vllm_part.py`): the gap between its sampled log-probs and the
+  trainer's, a full-weight swap to other weights (its seconds, the version reported) and the gap after it;
+  `skipped` without `VLLM_ENV`.
 - `data_parallel`: the same batch split over `--processes` data-parallel processes (NCCL on GPUs, gloo
   on CPU): their summed gradient against one process's gradient on the whole batch. It runs by default
   on a host with 2+ GPUs; otherwise its line says why it was skipped.
@@ -35,7 +39,8 @@ short sample on two prompts; one training step), so kernel selection and the all
 are not timed.
 
 Models are built from configs with random weights (nothing is downloaded): `--shape tiny` (about
-1 M parameters) or `--shape 0.5b` (Qwen2-0.5B's shape). `RLVR_TORCH_THREADS`, when set, is torch's
+1 M parameters), `--shape small` (head size 32, the least vLLM's CPU build serves) or `--shape 0.5b`
+(Qwen2-0.5B's shape). `RLVR_TORCH_THREADS`, when set, is torch's
 CPU thread count in each process. `python infra/gpu/check.py --device cpu --shape tiny --processes 2`
 runs it anywhere (the tests do).
 """
@@ -57,10 +62,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))      # the checkout's torch-only modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))          # vllm_part
 
 SHAPES = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "vocab_size": 512},
+    # tiny's width with head size 32, the least vLLM's CPU build serves: the vllm_server part on a CPU host
+    "small": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 512},
     "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
              "num_key_value_heads": 2, "vocab_size": 151936},
 }
@@ -350,6 +359,7 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--train-steps", type=int, default=3, help="timed steps, after one untimed warm-up step")
     parser.add_argument("--processes", type=int, default=None, help="data-parallel processes (default: 2 on 2+ GPUs)")
+    parser.add_argument("--vllm-start-s", type=float, default=180, help="the vLLM server's time to answer")
     args = parser.parse_args()
     if args.train_steps < 1:
         parser.error("--train-steps must be at least 1")
@@ -409,6 +419,22 @@ def main() -> int:
                 "tokens_per_s": round(trained["tokens_per_s"], 1), "loss": trained["loss"]}, None
 
     check.part("training", training, needs=("model", "sampling"))
+
+    def vllm_server():
+        vllm_env = os.environ.get("VLLM_ENV")
+        if not vllm_env:
+            return {"skipped": "no VLLM_ENV: name a virtual environment holding vLLM to check its server"}, None
+        from vllm_part import check_server
+
+        replacement = build(args.shape, args.device, seed=1)
+        try:
+            return check_server(built, replacement, prompts[:8], min(args.new_tokens, 32), vllm_env,
+                                args.vllm_start_s, behaviour_gap), None
+        finally:
+            del replacement
+            free_memory()
+
+    check.part("vllm_server", vllm_server, needs=("model",))
 
     def parallel():
         import socket

@@ -8,6 +8,8 @@
 #   3. training steps with the trainer's loss in bf16, tokens/s (after one untimed step); on 2+ GPUs, the
 #      same batch over two data-parallel processes (NCCL) and the gap between their summed gradient and
 #      one process's (on one GPU its line says it was skipped).
+#   4. with VLLM_ENV (a virtual environment holding vLLM): serve.sh WEIGHTS=full on the model, its sampled
+#      log-probs against the trainer's and a full-weight swap (infra/gpu/vllm_part.py); skipped without it.
 # Each part is isolated: one that raises gets an error line and the next part runs.
 # The shapes in $SHAPES run (default: the tiny model and Qwen2-0.5B's; random weights, nothing is
 # downloaded), each under a limit of $TIMEOUT_S seconds (default 240); one that fails or runs out of

