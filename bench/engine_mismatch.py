@@ -46,8 +46,9 @@ def mismatch_figures(token_deltas: list[list[float]]) -> dict:
             "sequences_outside_half_to_two": sum(abs(s) > math.log(2) for s in sequences) / len(sequences)}
 
 
-def sharpened_checkpoint(folder: Path) -> str:
-    """The default tiny policy, its tied output layer ×4, saved as a plain checkpoint folder."""
+def sharpened_checkpoint(target: Path, scratch: Path, factor: float = 4.0) -> str:
+    """The default tiny policy (built in a lake at `scratch`) with its tied output layer ×`factor`, saved as a
+    plain checkpoint folder at `target`: a next-token distribution peaked like a trained model's."""
     import torch
 
     from storage.checkpoints import load_policy
@@ -55,14 +56,14 @@ def sharpened_checkpoint(folder: Path) -> str:
     from storage.registry import version_row
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
-    lake = Lake.open(str(folder / "lake"))
+    lake = Lake.open(str(scratch))
     ensure_base_policy(lake, BasePolicyConfig())
     model, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(4.0)
-    model.save_pretrained(folder / "base")
-    tokenizer.save_pretrained(folder / "base")
-    return str(folder / "base")
+        model.get_output_embeddings().weight.mul_(factor)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return str(target)
 
 
 def sequence_deltas(url: str, model, tokenizer, prompts: list[str], samples: int, max_tokens: int) -> list[list[float]]:
@@ -98,7 +99,7 @@ def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: in
     from tasks.rollout.stage import RolloutConfig
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-mismatch-") as work:
-        folder = sharpened_checkpoint(Path(work))
+        folder = sharpened_checkpoint(Path(work) / "base", Path(work) / "lake")
         model, tokenizer = load_policy(folder)
         template = RolloutConfig().prompt
         texts = [format_prompt(problem.prompt, template, tokenizer)

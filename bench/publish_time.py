@@ -62,34 +62,45 @@ def stop(process: subprocess.Popen) -> None:
     process.wait(10)
 
 
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def random_adapter(base: str, rank: int, target_modules: list[str], seed: int, scale: float):
+    """(model, tokenizer): a LoRA adapter on the checkpoint at `base` whose B matrices are random (N(0, scale²),
+    seeded), since a fresh adapter changes nothing: what `train.lora` writes, with a visible effect."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from storage.checkpoints import load_policy, peft_warnings_quiet
+
+    model, tokenizer = load_policy(base)
+    with peft_warnings_quiet():
+        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
+                                                 target_modules=target_modules))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, scale, generator=generator)
+    return model, tokenizer
+
+
 def register_versions(lake, count: int, adapters: bool = False) -> None:
     """Versions 1..count: the tiny policy with other random weights (as big as a trained version), or with
     `adapters`, LoRA adapters on version 0 (r 8 on every projection, random B) as `train.lora` writes them."""
-    import torch
-
-    from storage.checkpoints import load_policy, peft_warnings_quiet, save_checkpoint
+    from storage.checkpoints import load_policy, save_checkpoint
     from storage.registry import register, version_row
     from tasks.rollout.tiny import TinyModelConfig, build_model
 
     base = version_row(lake, 0)["checkpoint_uri"]
     for version in range(1, count + 1):
-        model, tokenizer = load_policy(base)
-        adapter_of = None
         if adapters:
-            from peft import LoraConfig, get_peft_model
-
-            with peft_warnings_quiet():
-                model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, task_type="CAUSAL_LM", target_modules=[
-                    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-            with torch.no_grad():
-                for name, parameter in model.named_parameters():
-                    if "lora_B" in name:
-                        parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(version))
-            adapter_of = base
+            model, tokenizer = random_adapter(base, 8, ALL_PROJECTIONS, seed=version, scale=0.1)
         else:
+            _, tokenizer = load_policy(base)
             model = build_model(TinyModelConfig(seed=version), tokenizer)
         with lake.run("bench", "register", {"version": version}) as run:
-            uri = save_checkpoint(lake, version, model, tokenizer, adapter_of=adapter_of)
+            uri = save_checkpoint(lake, version, model, tokenizer, adapter_of=base if adapters else None)
             register(lake, run, version, uri=uri, kind="bench", parent=0 if adapters else version - 1)
 
 

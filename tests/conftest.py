@@ -209,43 +209,26 @@ def sharpened_base(folder: Path, factor: float = 4.0) -> str:
     3's does), saved as a plain checkpoint folder: a base whose next-token distribution is peaked like a
     trained model's, so that a penalty shows in the log-probs, and that every lake of a test can register as
     its version 0 (`BasePolicyConfig.checkpoint`)."""
-    import torch
+    from transformers import AutoTokenizer
 
-    from storage.lake import Lake
-    from storage.registry import version_row
-    from storage.checkpoints import load_policy
-    from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
+    from bench.engine_mismatch import sharpened_checkpoint
 
-    scratch = Lake.open(str(folder.parent / f"{folder.name}-scratch"))
-    ensure_base_policy(scratch, BasePolicyConfig())
-    model, tokenizer = load_policy(version_row(scratch, 0)["checkpoint_uri"])
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(factor)
+    path = sharpened_checkpoint(folder, folder.parent / f"{folder.name}-scratch", factor)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     add_bos(tokenizer)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def register_adapter_version(lake, version: int, seed: int, rank: int = 4) -> None:
-    """A LoRA adapter on version 0 whose B matrices are random (a fresh adapter changes nothing), registered
-    as `version`: what `train.lora` publishes, with a visible effect on the log-probs."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from storage.checkpoints import load_policy, peft_warnings_quiet, save_checkpoint
+    """A LoRA adapter on version 0 (q and v projections) whose B matrices are random (a fresh adapter changes
+    nothing), registered as `version`: what `train.lora` publishes, with a visible effect on the log-probs."""
+    from bench.publish_time import random_adapter
+    from storage.checkpoints import save_checkpoint
     from storage.registry import register, version_row
 
     base = version_row(lake, 0)["checkpoint_uri"]
-    model, tokenizer = load_policy(base)
-    with peft_warnings_quiet():
-        adapted = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
-                                                   task_type="CAUSAL_LM"))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in adapted.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    adapted, tokenizer = random_adapter(base, rank, ["q_proj", "v_proj"], seed, scale=0.5)
     with lake.run("test", "register", {"version": version}) as run:
         register(lake, run, version, uri=save_checkpoint(lake, version, adapted, tokenizer, adapter_of=base),
                  kind="test", parent=0)
