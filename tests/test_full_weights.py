@@ -239,3 +239,40 @@ def test_a_one_name_server_that_cannot_swap_is_never_taken_as_serving_a_new_vers
         result = publish_to(client, "http://server", "policy", version_row(lake, 1)["checkpoint_uri"], "policy", 4,
                             set(), version=1, weights="auto", adapter=False)
     assert result.action == "failed" and "VLLM_SERVER_DEV_MODE=1" in result.error
+
+
+def test_a_killed_run_leaves_no_vllm_server_behind(tmp_path):
+    """`vllm_servers.start` ties serve.sh to the thread that started it: when that process is killed (SIGKILL,
+    no cleanup), serve.sh gets SIGTERM and stops its servers. A stand-in vLLM environment whose python sleeps."""
+    import os
+    import signal
+    import time
+
+    env_dir = tmp_path / "venv"
+    (env_dir / "bin").mkdir(parents=True)
+    marker = tmp_path / "server-pid"
+    (env_dir / "bin" / "python").write_text(f"#!/bin/sh\necho $$ > {marker}\nexec sleep 300\n")
+    (env_dir / "bin" / "python").chmod(0o755)
+    starter = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tasks.rollout import vllm_servers\n"
+        f"vllm_servers.start('model', Path({str(tmp_path / 'logs')!r}), 8999)\n"
+        "time.sleep(300)\n")], env={**os.environ, "RLVR_VLLM_ENV": str(env_dir)})
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server = int(marker.read_text())
+    os.kill(server, 0)                                               # serving (the stand-in sleeps)
+    starter.kill()
+    starter.wait(10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(server, signal.SIGKILL)
+        pytest.fail("the server outlived the process that started it")

@@ -8,6 +8,7 @@ up. vLLM's compile cache is this checkout's `build/vllm-cache`, so a second run 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -70,6 +71,17 @@ class Server:
                 self.process.wait(10)
 
 
+def terminated_with_parent() -> None:
+    """In the child before serve.sh runs: SIGTERM when the thread that started it dies (Linux's
+    PR_SET_PDEATHSIG), killed too, so that a run or a test that is killed leaves no server behind (serve.sh
+    stops its servers on SIGTERM). Elsewhere, nothing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)                  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start(model: str, logs: Path, port: int, **settings: str) -> Server:
     """`MODEL=model serve.sh` with `settings` (WEIGHTS, GENERATION_CONFIG, DTYPE, ...) on `port`; returns at once."""
     folder = logs / f"server-{port}"
@@ -81,7 +93,8 @@ def start(model: str, logs: Path, port: int, **settings: str) -> Server:
            "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **settings}
     env.pop("PYTHONPATH", None)                      # the platform's paths never reach vLLM's interpreter
     process = subprocess.Popen(["bash", str(SERVE)], env=env, stdout=subprocess.DEVNULL,
-                               stderr=open(folder / "serve.err", "w"), start_new_session=True)
+                               stderr=open(folder / "serve.err", "w"), start_new_session=True,
+                               preexec_fn=terminated_with_parent)
     return Server(f"http://127.0.0.1:{port}", process, folder / "vllm-gpu0.log", settings)
 
 
