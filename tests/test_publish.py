@@ -151,3 +151,18 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
         sampled = rollouts.filter(rollouts["model_version"] == version)["created_at"]
         evaluated = lake.read("eval_rollouts", filter=pc.field("model_version") == version)["created_at"]
         assert published < min(sampled.min() or evaluated.min(), evaluated.min())
+
+
+def test_the_publish_benchmark_measures_each_way_on_the_stand_in(tmp_path):
+    """`rlvr bench publish` (its figures are in docs/benchmarks.md): one version each way on the stand-in, every
+    figure measured and the ratio the one it reports."""
+    import json
+
+    result = subprocess.run([str(BIN / "rlvr"), "bench", "publish", "--versions", "1", "--engine", "stand-in",
+                             "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(result.stdout)["figures"]
+    assert figures["engine"] == "stand-in" and figures["versions"] == 1
+    seconds = [figures[name] for name in ("swap_seconds", "by_name_seconds", "restart_seconds", "gate_seconds")]
+    assert all(value > 0 for value in seconds)
+    assert figures["restart_to_swap_ratio"] == pytest.approx(figures["restart_seconds"] / figures["swap_seconds"])
