@@ -273,13 +273,13 @@ class Servers:
     base: str                    # the base checkpoint folder every server started from
     full: list[str]
     lora: str
-    lora_rotation: list[str]     # two more adapter servers as serve.sh starts them by default, for a rotation
+    lora_rotation: list[str]     # `lora` and an adapter server as serve.sh starts it by default, for a rotation
 
 
 @pytest.fixture(scope="session")
 def vllm(tmp_path_factory):
-    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, three of adapters. Skipped,
-    naming `make vllm-server`, without `.venv-vllm`."""
+    """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, two of adapters (five cost
+    the run half a minute more on two cores). Skipped, naming `make vllm-server`, without `.venv-vllm`."""
     from tasks.rollout import vllm_servers
 
     reason = vllm_servers.missing()
@@ -291,10 +291,10 @@ def vllm(tmp_path_factory):
     servers = [vllm_servers.start(base, logs, free_port(), WEIGHTS="full") for _ in range(2)]
     servers.append(vllm_servers.start(penalised, logs, free_port(), WEIGHTS="adapter", GENERATION_CONFIG="auto",
                                       MAX_LORAS="2"))
-    servers += [vllm_servers.start(base, logs, free_port(), WEIGHTS="adapter") for _ in range(2)]
+    servers.append(vllm_servers.start(base, logs, free_port(), WEIGHTS="adapter"))
     try:
         vllm_servers.wait_until_serving(servers)
-        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url, [s.url for s in servers[3:]])
+        yield Servers("vllm", lake, base, [s.url for s in servers[:2]], servers[2].url, [s.url for s in servers[2:]])
     finally:
         for server in servers:
             server.stop()
@@ -307,10 +307,10 @@ def stand_in(tmp_path_factory):
     lake, base, penalised = contract_lake(folder)
     started = [serve_policy(lake, "--served-model-name", "policy", "--dev-mode") for _ in range(2)]
     started.append(serve_policy(lake, "--no-on-demand", "--preload", "0", "--generation-config", penalised))
-    started += [serve_policy(lake, "--no-on-demand", "--preload", "0") for _ in range(2)]
+    started.append(serve_policy(lake, "--no-on-demand", "--preload", "0"))
     try:
         yield Servers("stand-in", lake, base, [url for _, url in started[:2]], started[2][1],
-                      [url for _, url in started[3:]])
+                      [url for _, url in started[2:]])
     finally:
         for process, _ in started:
             process.terminate()

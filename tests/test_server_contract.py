@@ -37,7 +37,7 @@ def fresh(engine):
     full = publish(engine.full, "policy", version_row(engine.lake, 0)["checkpoint_uri"], PublishConfig(weights="full"),
                    template="policy", version=0)
     assert all(result.confirmed for result in full), [result.error for result in full]
-    for url in [engine.lora, *engine.lora_rotation]:
+    for url in dict.fromkeys([engine.lora, *engine.lora_rotation]):
         for name in served_models(httpx.Client(), url):
             if name != "v0":
                 assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}).status_code == 200
