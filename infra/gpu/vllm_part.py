@@ -18,23 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-SERVE = Path(__file__).resolve().parents[1] / "vllm" / "serve.sh"
+from tasks.rollout import vllm_servers          # standard library only at import: no pydantic, no httpx
+
 SERVED_NAME = "policy"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def call(url: str, route: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
@@ -58,51 +50,13 @@ def checked(url: str, route: str, body: dict | None = None) -> str:
     return text
 
 
-def start(folder: str, vllm_env: str, log_dir: str, device: str) -> tuple[str, subprocess.Popen]:
-    """serve.sh WEIGHTS=full on `folder`, in a process group of its own: (URL, process)."""
-    port = free_port()
-    env = {**os.environ, "MODEL": folder, "WEIGHTS": "full", "SERVED_NAME": SERVED_NAME, "BASE_PORT": str(port),
-           "HOST": "127.0.0.1", "GPUS": device.removeprefix("cuda:") if device.startswith("cuda:") else "0",
-           "VLLM_ENV": vllm_env, "LOG_DIR": log_dir, "DTYPE": "float32", "MAX_MODEL_LEN": "1024",
-           "GPU_MEMORY_UTILIZATION": os.environ.get("GPU_MEMORY_UTILIZATION", "0.4"),  # the check's model shares it
-           "EXTRA_ARGS": "--skip-tokenizer-init --enforce-eager", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    env.pop("PYTHONPATH", None)
-    process = subprocess.Popen(["bash", str(SERVE)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    return f"http://127.0.0.1:{port}", process
-
-
-def wait_until_serving(url: str, process: subprocess.Popen, seconds: float, log: Path) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    state = f"exited ({process.returncode})" if process.poll() is not None else f"silent after {seconds:.0f} s"
-    raise RuntimeError(f"vLLM at {url} {state}:\n{tail(log)}")
-
-
-def tail(log: Path, lines: int = 6) -> str:
-    """What the server log says went wrong: its exception messages, each once (else its last lines)."""
-    if not log.exists():
-        return "(no log)"
-    text = log.read_text(errors="replace").splitlines()
-    messages = dict.fromkeys(line.split("] ", 1)[-1].strip() for line in text if "Error: " in line)
-    return "\n".join(list(messages)[:lines] or text[-lines:])
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+def start(folder: str, vllm_env: str, logs: Path, device: str) -> vllm_servers.Server:
+    """serve.sh WEIGHTS=full on `folder` from `vllm_env`, as the `vllm` tests start theirs (vllm_servers.start)."""
+    return vllm_servers.start(
+        folder, logs, vllm_servers.free_port(), WEIGHTS="full", SERVED_NAME=SERVED_NAME, VLLM_ENV=vllm_env,
+        GPUS=device.removeprefix("cuda:") if device.startswith("cuda:") else "0", DTYPE="float32",
+        MAX_MODEL_LEN="1024", EXTRA_ARGS="--skip-tokenizer-init --enforce-eager",
+        GPU_MEMORY_UTILIZATION=os.environ.get("GPU_MEMORY_UTILIZATION", "0.4"))  # the model shares it
 
 
 def sample(url: str, prompts, new_tokens: int, seed: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -125,10 +79,10 @@ def check_server(model, replacement, prompts, new_tokens: int, vllm_env: str, st
         for folder, weights in zip(folders, (model, replacement)):
             weights.save_pretrained(folder, safe_serialization=True)
         started = time.perf_counter()
-        url, process = start(folders[0], vllm_env, work, str(model.device))
-        log = Path(work) / "vllm-gpu0.log"
+        server = start(folders[0], vllm_env, Path(work) / "logs", str(model.device))
+        url = server.url
         try:
-            wait_until_serving(url, process, start_seconds, log)
+            vllm_servers.wait_until_serving([server], start_seconds)
             start_s = time.perf_counter() - started
             tokens, behaviour = sample(url, prompts, new_tokens, seed=0)
             before = gap_of(model, prompts, tokens, behaviour)
@@ -144,8 +98,8 @@ def check_server(model, replacement, prompts, new_tokens: int, vllm_env: str, st
             tokens, behaviour = sample(url, prompts, new_tokens, seed=1)
             after = gap_of(replacement, prompts, tokens, behaviour)
         except RuntimeError as error:             # the cause of a 500 is in the server's log only
-            raise RuntimeError(f"{error}\nthe server's log:\n{tail(log)}") from None
+            raise RuntimeError(f"{error}\nthe server's log:\n{server.errors()}") from None
         finally:
-            stop(process)
+            server.stop()
     return {"start_s": round(start_s, 1), "max_abs_gap": before, "swap_s": round(swap_s, 3), "loaded": loaded,
             "max_abs_gap_after_swap": after, "ok": before < 1e-3 and after < 1e-3 and set(loaded) == {"1"}}

@@ -20,8 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tasks.rollout.openai_backend import OpenAIBackendConfig
+if TYPE_CHECKING:                        # annotations only: the GPU check imports this module without pydantic
+    from tasks.rollout.openai_backend import OpenAIBackendConfig
 
 ROOT = Path(__file__).resolve().parents[2]            # the checkout: infra/vllm/serve.sh
 VLLM_ENV = Path(os.environ.get("RLVR_VLLM_ENV") or ROOT / ".venv-vllm")
@@ -60,6 +62,15 @@ class Server:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def errors(self, lines: int = 6) -> str:
+        """What the log says went wrong: its exception messages, each once (else its last lines)."""
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        messages = dict.fromkeys(line.split("] ", 1)[-1].strip() for line in text if "Error: " in line)
+        return "\n".join(list(messages)[:lines] or text[-lines:])
 
     def stop(self) -> None:
         if self.process.poll() is None:
