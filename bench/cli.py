@@ -209,7 +209,7 @@ def bench_sampling(
     """The hf backend's sampler against transformers' generate (with scores), or against a vLLM server, on the same
     model and batch."""
     from bench import sampling
-    from tasks.rollout import vllm_servers
+    from policy import vllm_servers
 
     unknown = sorted(set(shape) - set(sampling.SHAPES))
     if unknown:
@@ -351,7 +351,7 @@ def bench_publish(
     """Seconds per publish of a model version: full weights swapped in place, a load by name, and a server restart
     (the baseline); and the log-prob agreement gate's time."""
     from bench import publish_time
-    from tasks.rollout import vllm_servers
+    from policy import vllm_servers
 
     if engine not in ("stand-in", "vllm"):
         raise typer.BadParameter(f"--engine is stand-in or vllm, not {engine!r}")
@@ -374,7 +374,7 @@ def bench_mismatch(
     """How far real vLLM servers' behaviour log-probs are from the fp32 trainer's, per token and per sequence, by
     the server's dtype (needs .venv-vllm, `make vllm-server`)."""
     from bench import engine_mismatch
-    from tasks.rollout import vllm_servers
+    from policy import vllm_servers
 
     if vllm_servers.missing():
         raise typer.BadParameter(vllm_servers.missing())

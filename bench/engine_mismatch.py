@@ -18,8 +18,8 @@ from pathlib import Path
 
 from flows.display import console
 
-DEPENDS_ON = ("bench/engine_mismatch.py", "tasks/rollout/vllm_servers.py", "infra/vllm/serve.sh", "tasks/rollout/logprobs.py",
-              "tasks/rollout/openai_backend.py", "tasks/rollout/sampling.py")
+DEPENDS_ON = ("bench/engine_mismatch.py", "policy/vllm_servers.py", "infra/vllm/serve.sh", "policy/logprobs.py",
+              "policy/openai_backend.py", "policy/sampling.py")
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -51,7 +51,7 @@ def sharpened_checkpoint(target: Path, scratch: Path, factor: float = 4.0) -> st
     plain checkpoint folder at `target`: a next-token distribution peaked like a trained model's."""
     import torch
 
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
     from storage.lake import Lake
     from storage.registry import version_row
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
@@ -71,9 +71,9 @@ def sequence_deltas(url: str, model, tokenizer, prompts: list[str], samples: int
     trainer log-prob of every sampled token."""
     import torch
 
-    from tasks.rollout.logprobs import response_logprobs
-    from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy
-    from tasks.rollout.sampling import SamplerConfig
+    from policy.logprobs import response_logprobs
+    from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy
+    from policy.sampling import SamplerConfig
 
     sampler = SamplerConfig(max_new_tokens=max_tokens)
     client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[url], model_name="policy", confirm_served=False))
@@ -92,10 +92,10 @@ def sequence_deltas(url: str, model, tokenizer, prompts: list[str], samples: int
 def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: int = 16, samples: int = 4,
                   max_tokens: int = 64) -> dict:
     """Per dtype, the mismatch figures of one server's samples against the fp32 trainer."""
-    from tasks.rollout import vllm_servers
-    from storage.checkpoints import load_policy
+    from policy import vllm_servers
+    from policy.checkpoints import load_policy
     from tasks.generators import generate
-    from tasks.rollout.prompts import format_prompt
+    from policy.prompts import format_prompt
     from tasks.rollout.stage import RolloutConfig
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-mismatch-") as work:

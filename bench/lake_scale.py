@@ -242,7 +242,7 @@ def write_run(lake, bank, work: Path, iterations: int, rollouts: int, max_tokens
     import numpy as np
 
     from storage.maintenance import MaintenanceConfig, maintain
-    from tasks.progress import track
+    from storage.progress import track
 
     rng, words = np.random.default_rng(seed), vocabulary()
     checkpoints = sorted({c for c in CHECKPOINTS if c <= iterations} | {iterations})

@@ -67,7 +67,7 @@ def run_benchmark(config: str, lake_uri: str | None, iterations: int | None) -> 
     from flows.run_config import load_run_config
     from flows.curation import curate_bank
     from flows.loop import rl_loop
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.curation.config import CurationConfig
 
     lake_uri = lake_uri or tempfile.mkdtemp(prefix="rlvr-bench-learning-")

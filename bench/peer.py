@@ -179,7 +179,7 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     loaded before the clock (into the process's checkpoint cache, where step 1 finds it), as TRL's trainer
     loads it before its timed `train()`."""
     from flows.loop import rl_loop
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
     from storage.registry import latest_version, version_row
     from tasks.evaluation import evaluate, overall_solve_rate
     from tasks.rollout.stage import IterationConfig
@@ -272,11 +272,11 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from storage.checkpoints import load_policy, save_checkpoint
+    from policy.checkpoints import load_policy, save_checkpoint
     from storage.registry import BRANCH, next_version_number, register, version_row
-    from storage.threads import use_given_cores
+    from policy.threads import use_given_cores
     from tasks.evaluation import evaluate, overall_solve_rate
-    from tasks.rollout.prompts import format_prompt
+    from policy.prompts import format_prompt
     from tasks.rollout.stage import IterationConfig, training_bank
     from tasks.verification import PROBLEM_FIELDS, score_rollouts, verifier_pool
     from trainers.stage import warmup_version

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import httpx
 
-from tasks.rollout import vllm_servers
+from policy import vllm_servers
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/publish_time.py", "tasks/rollout/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "tasks/rollout/publish.py", "tasks/rollout/server.py",
-              "tasks/rollout/agreement.py", "tasks/rollout/openai_backend.py", "tasks/rollout/hf.py",
-              "tasks/rollout/sampling.py", "tasks/rollout/logprobs.py", "storage/checkpoints.py",
+DEPENDS_ON = ("bench/publish_time.py", "policy/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "policy/publish.py", "policy/server.py",
+              "policy/agreement.py", "policy/openai_backend.py", "policy/hf.py",
+              "policy/sampling.py", "policy/logprobs.py", "policy/checkpoints.py",
               "flows/publishing.py", "flows/cli/policy.py")
 
 BIN = Path(sys.executable).parent
@@ -71,7 +71,7 @@ def random_adapter(base: str, rank: int, target_modules: list[str], seed: int, s
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from storage.checkpoints import load_policy, peft_warnings_quiet
+    from policy.checkpoints import load_policy, peft_warnings_quiet
 
     model, tokenizer = load_policy(base)
     with peft_warnings_quiet():
@@ -88,9 +88,9 @@ def random_adapter(base: str, rank: int, target_modules: list[str], seed: int, s
 def register_versions(lake, count: int, adapters: bool = False) -> None:
     """Versions 1..count: the tiny policy with other random weights (as big as a trained version), or with
     `adapters`, LoRA adapters on version 0 (r 8 on every projection, random B) as `train.lora` writes them."""
-    from storage.checkpoints import load_policy, save_checkpoint
+    from policy.checkpoints import load_policy, save_checkpoint
     from storage.registry import register, version_row
-    from tasks.rollout.tiny import TinyModelConfig, build_model
+    from policy.tiny import TinyModelConfig, build_model
 
     base = version_row(lake, 0)["checkpoint_uri"]
     for version in range(1, count + 1):
@@ -143,10 +143,10 @@ def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
     from storage.lake import Lake
     from storage.registry import version_row
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-    from tasks.rollout.openai_backend import OpenAIBackendConfig
-    from tasks.rollout.publish import PublishConfig, publish
+    from policy.openai_backend import OpenAIBackendConfig
+    from policy.publish import PublishConfig, publish
     from tasks.rollout.stage import RolloutConfig
-    from tasks.rollout.sampling import SamplerConfig
+    from policy.sampling import SamplerConfig
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-publish-") as work:
         lake = Lake.open(f"{work}/lake")

@@ -167,8 +167,8 @@ def depends_on(benchmark: str) -> tuple[str, ...]:
 # The code an RL run executes, for the benchmarks that run the loop (the command line's tree is not among it, nor
 # trainer interop, the lake's upkeep and the deployments, which only the command line imports: the
 # `interop-beside-the-loop` and `upkeep-beside-the-loop` contracts in pyproject.toml).
-LOOP_CODE = ("storage/", "tasks/", "trainers/", "flows/", ":(exclude)flows/cli/", ":(exclude)flows/reference.py",
+LOOP_CODE = ("storage/", "policy/", "tasks/", "trainers/", "flows/", ":(exclude)flows/cli/", ":(exclude)flows/reference.py",
              ":(exclude)tasks/interop/", ":(exclude)storage/doctor.py", ":(exclude)storage/maintenance.py",
              ":(exclude)flows/maintenance.py", ":(exclude)flows/deployments.py")
 # Every floor below the benchmarks, for those that time the command line too.
-ALL_CODE = ("storage/", "tasks/", "trainers/", "flows/")
+ALL_CODE = ("storage/", "policy/", "tasks/", "trainers/", "flows/")

@@ -4,7 +4,7 @@ Both sample the same prompts at temperature 1 with top-k and top-p off, to the s
 thread count; `generate` also returns its per-step scores (`output_scores`), since the hf sampler
 keeps the behaviour log-probs and self-certainty of every token. The models have random weights: about a
 quarter of the tiny model's rows end before the cap (an end token); the hf sampler drops rows that ended from
-the model's batch (tasks/rollout/hf.py `NARROW_AT`), `generate` carries them padded to the end. The figure is
+the model's batch (policy/hf.py `NARROW_AT`), `generate` carries them padded to the end. The figure is
 tokens generated up to each row's end per second, the best of a few alternating repeats, and the ratio
 hf / generate (target ≥ 1.05).
 
@@ -25,14 +25,14 @@ import time
 from bench.shapes import SHAPES, build  # noqa: F401  (build: the tests build from here too)
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "tasks/rollout/vllm_servers.py", "infra/vllm/serve.sh",
-              "tasks/rollout/openai_backend.py", "tasks/rollout/hf.py", "tasks/rollout/logprobs.py",
-              "tasks/rollout/sampling.py", "tasks/rollout/tiny.py",
-              "tasks/progress.py")
+DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "policy/vllm_servers.py", "infra/vllm/serve.sh",
+              "policy/openai_backend.py", "policy/hf.py", "policy/logprobs.py",
+              "policy/sampling.py", "policy/tiny.py",
+              "storage/progress.py")
 
 def hf_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
-    from tasks.rollout.hf import HFPolicy
-    from tasks.rollout.sampling import SamplerConfig
+    from policy.hf import HFPolicy
+    from policy.sampling import SamplerConfig
 
     policy = HFPolicy(model, tokenizer, 0, batch_size=len(prompts) * n)
     started = time.perf_counter()
@@ -44,7 +44,7 @@ def hf_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_t
 def generate_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
     import torch
 
-    from tasks.rollout.hf import stop_token_ids
+    from policy.hf import stop_token_ids
 
     stops = sorted(stop_token_ids(model, tokenizer))
     encoded = tokenizer([p for p in prompts for _ in range(n)], return_tensors="pt", padding=True,
@@ -64,8 +64,8 @@ def generate_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max
 
 
 def vllm_tokens_per_second(url: str, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
-    from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy
-    from tasks.rollout.sampling import SamplerConfig
+    from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy
+    from policy.sampling import SamplerConfig
 
     client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[url], model_name="policy", confirm_served=False,
                                               concurrency=max(1, len(prompts))))
@@ -84,7 +84,7 @@ def compare_with_vllm(shape: str, prompts: int, group_size: int, max_new_tokens:
     from functools import partial
     from pathlib import Path
 
-    from tasks.rollout import vllm_servers
+    from policy import vllm_servers
 
     model, tokenizer = build(shape)
     texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]

@@ -16,7 +16,8 @@ def build(shape: str, seed: int = 0):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+    from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+    from tasks.rollout.base_policy import tokenizer_corpus
 
     tokenizer = train_tokenizer(tokenizer_corpus(count=200), 0)
     if shape == "tiny":

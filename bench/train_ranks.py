@@ -27,8 +27,8 @@ from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/train_ranks.py", "bench/shapes.py", "trainers/grpo.py", "trainers/distributed.py",
-              "trainers/workers.py", "trainers/loss.py", "trainers/trainable.py", "tasks/rollout/logprobs.py",
-              "storage/checkpoints.py")
+              "trainers/workers.py", "trainers/loss.py", "trainers/trainable.py", "policy/logprobs.py",
+              "policy/checkpoints.py")
 
 BATCHES = {"tiny": (128, 24, 40), "0.5b": (8, 24, 32)}      # sequences, prompt tokens, response tokens
 
@@ -37,7 +37,7 @@ def synthetic_rows(model, sequences: int, prompt_length: int, response_length: i
     """A batch as the trainer reads it: token ids, on-policy behaviour log-probs, advantages, weight 1."""
     import torch
 
-    from tasks.rollout.logprobs import response_logprobs
+    from policy.logprobs import response_logprobs
 
     generator = torch.Generator().manual_seed(seed)
     vocabulary = min(model.config.vocab_size, 250)
@@ -109,7 +109,7 @@ def run_benchmark(processes: int = 2, strategy: str = "ddp", shapes: tuple[str, 
                   repeats: int = 3) -> dict:
     """Per shape: the ranks' step, one process's, their ratio and the ranks' start-up. The top-level keys are
     the last shape's (the larger model), so that one line of JSON says the headline."""
-    from storage.threads import cores_given
+    from policy.threads import cores_given
 
     threads = cores_given()
     measured = [one_shape(shape, processes, strategy, repeats, threads) for shape in shapes]

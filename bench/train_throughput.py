@@ -17,12 +17,13 @@ import polars as pl
 import torch
 
 from trainers.grpo import TrainConfig, train_on_batch
-from tasks.rollout.logprobs import response_logprobs
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy.logprobs import response_logprobs
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/train_throughput.py", "trainers/grpo.py", "trainers/loss.py", "tasks/rollout/logprobs.py",
-              "tasks/rollout/tiny.py")
+DEPENDS_ON = ("bench/train_throughput.py", "trainers/grpo.py", "trainers/loss.py", "policy/logprobs.py",
+              "policy/tiny.py")
 
 
 def synthetic_batch(model, tokenizer, sequences: int, prompt_length: int, response_length: int, seed: int = 0):

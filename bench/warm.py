@@ -17,7 +17,7 @@ def warmed_lake(config: str, folder: str) -> str:
     from flows.run_config import load_run_config
     from flows.curation import curate_bank
     from flows.loop import rl_loop
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.curation.config import CurationConfig
 
     curate_bank(load_yaml_config(config, CurationConfig, section="bank").model_dump(mode="json"), folder)

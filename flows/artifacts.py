@@ -123,7 +123,7 @@ PROGRESS_EVERY_SECONDS = 1.0       # then an update at most this often (and one 
 
 
 def progress_listener():
-    """A listener for `tasks.progress.reporting_to`: each tracked loop of a task run that lasts more than a
+    """A listener for `storage.progress.reporting_to`: each tracked loop of a task run that lasts more than a
     couple of seconds is a progress artifact (key `<task>-<loop>`, e.g. `score-rollouts-verifying`),
     updated every 5 % and at most once a second."""
     artifact_ids: dict[str, Any] = {}

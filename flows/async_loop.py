@@ -42,8 +42,8 @@ from flows.run_config import RunConfig
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
-from storage.checkpoints import import_model_code
-from storage.threads import cores_given, use_given_cores
+from policy.checkpoints import import_model_code
+from policy.threads import cores_given, use_given_cores
 
 
 def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int,

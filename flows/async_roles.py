@@ -21,7 +21,7 @@ from flows.run_config import RunConfig
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
-from storage.checkpoints import import_model_code
+from policy.checkpoints import import_model_code
 
 
 def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from tasks.config import Strict, read_yaml
+from storage.config import Strict, read_yaml
 
 FlowKey = Literal["curate", "loop", "iteration", "evaluate", "rescore", "report", "audit", "sampler", "trainer",
                   "maintenance"]
@@ -58,7 +58,7 @@ class ServeConfig(Strict):
 
 def load_serve_config(path: Path) -> tuple[ServeConfig, dict[str, Any]]:
     """The serve config and the run config it names (as a dict; empty without one)."""
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
 
     serve = load_yaml_config(path, ServeConfig)
     run_config = read_yaml((path.parent / serve.run_config).resolve()) if serve.run_config else {}

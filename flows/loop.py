@@ -30,14 +30,14 @@ from flows.policies import stage_task, writes_iterations
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
 from storage.lake import Lake
-from storage.checkpoints import adapter_base
+from policy.checkpoints import adapter_base
 from storage.registry import version_row
 from tasks.evaluation import overall_solve_rate
-from tasks.progress import track
-from tasks.rollout import vllm_servers
-from tasks.rollout.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
-from tasks.rollout.openai_backend import OpenAIBackendConfig
-from tasks.rollout.publish import staged
+from storage.progress import track
+from policy import vllm_servers
+from policy.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
+from policy.openai_backend import OpenAIBackendConfig
+from policy.publish import staged
 from tasks.rollout.stage import IterationConfig, current_model_version
 from trainers.grpo import rank_devices, strategy_of
 from trainers.stage import run_warmup, warmup_version

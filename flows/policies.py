@@ -27,8 +27,8 @@ from prefect.cache_policies import NO_CACHE
 from flows.artifacts import progress_listener
 from storage.lake import Lake
 from storage.leases import LOOP
-from tasks.progress import reporting_to
-from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
+from storage.progress import reporting_to
+from policy.openai_backend import BackendUnavailable, RequestRefused
 
 GPU_TAG = "gpu"
 GPU_LIMIT_LOOKUP_SECONDS = 30.0      # how long the answer to "is there a gpu limit?" is kept

@@ -2,7 +2,7 @@
 
 Its own run row; every endpoint's outcome appended to `publications` in one commit (failures
 included, so SQL shows which server refused which version and why), and only then does it fail
-when too few endpoints confirmed. Then the log-prob agreement gate (`tasks/rollout/agreement.py`)
+when too few endpoints confirmed. Then the log-prob agreement gate (`policy/agreement.py`)
 runs on every endpoint that confirmed it: its figures go to `logprob_checks`, and a disagreeing
 endpoint fails the stage before anything samples from it. Nothing to do on the hf backend, which
 loads versions itself.
@@ -18,15 +18,15 @@ import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 
-from storage.checkpoints import load_policy
+from policy.checkpoints import load_policy
 from storage.lake import Lake
 from storage.registry import version_row
 from storage.runs import utc_now
-from tasks.endpoints import server_root
+from policy.endpoints import server_root
 from tasks.generators import generate
-from tasks.rollout.agreement import Agreement, GateFailed, check_endpoint, describe
-from tasks.rollout.prompts import format_prompt
-from tasks.rollout.publish import PublishConfig, publish, require_confirmed, version_of
+from policy.agreement import Agreement, GateFailed, check_endpoint, describe
+from policy.prompts import format_prompt
+from policy.publish import PublishConfig, publish, require_confirmed, version_of
 from tasks.rollout.stage import RolloutConfig, training_bank
 
 

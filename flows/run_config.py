@@ -8,11 +8,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tasks.config import Strict, read_yaml, validated_config
+from storage.config import Strict, read_yaml, validated_config
 from tasks.curation.config import CurationConfig
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
-from tasks.rollout.publish import PublishConfig
+from policy.publish import PublishConfig
 from tasks.rollout.stage import IterationConfig
 from trainers.grpo import TrainConfig
 from trainers.warmup import WarmupConfig

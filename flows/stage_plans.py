@@ -20,7 +20,7 @@ from storage.fingerprints import fingerprint, in_place_run, run_ids
 from storage.lake import Lake
 from storage.registry import latest_version
 from tasks.advantages.stage import latest_dbb_iteration
-from tasks.config import merged_config
+from storage.config import merged_config
 from tasks.evaluation import pinned_bank_version
 from tasks.rewards.compose import RewardConfig
 from tasks.rollout.stage import IterationConfig

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from storage.lake import Lake
 
-PACKAGES = ("flows", "tasks", "storage", "trainers")
+PACKAGES = ("flows", "tasks", "policy", "storage", "trainers")
 
 # The table whose rows a stage run writes for its iteration; a run whose rows are still there is in place.
 OUTPUT_TABLE = {"rollout": "rollouts", "verify": "rewards", "advantages": "groups", "train": "model_versions",

@@ -2,7 +2,7 @@
 
 It lives on the storage floor because every stage reads it (rollout samples the latest version,
 training registers the next, evaluation and lineage walk it). Loading and saving the models
-themselves is `storage/checkpoints.py`'s business.
+themselves is `policy/checkpoints.py`'s business.
 
 Numbers and folders are allocated so that nothing is reused by accident: a version number is taken
 by a conditional commit (`register`), a checkpoint folder by a conditional write (`claim_checkpoint`).

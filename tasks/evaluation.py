@@ -17,12 +17,12 @@ import polars as pl
 from pydantic import Field
 
 from storage.lake import Lake
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
-from tasks.generators.base import derive_seed
-from tasks.rollout.prompts import format_prompt
-from tasks.rollout.sampling import SamplerConfig
+from storage.seeds import derive_seed
+from policy.prompts import format_prompt
+from policy.sampling import SamplerConfig
 from tasks.rollout.stage import IterationConfig, open_policy
 from tasks.verification import PROBLEM_FIELDS, score_rollouts
 

@@ -20,8 +20,8 @@ from pydantic import Field, model_validator
 
 from storage.lake import Lake
 from storage.runs import Run
-from tasks.config import Strict
-from tasks.progress import track
+from storage.config import Strict
+from storage.progress import track
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verifiers.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
 from tasks.verifiers.noise import NoiseEstimate, corrected_reward

@@ -33,7 +33,7 @@ os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("RLVR_LAKE", None)
 
-from tasks.rollout.vllm_servers import free_port  # noqa: E402  (after the environment above; the tests' one)
+from policy.vllm_servers import free_port  # noqa: E402  (after the environment above; the tests' one)
 
 
 def wait_for(url: str, process: subprocess.Popen, timeout: float, what: str) -> None:
@@ -153,8 +153,8 @@ def register_random_version(lake, version: int, seed: int) -> None:
 
     from storage.registry import register, version_row
 
-    from storage.checkpoints import load_policy, save_checkpoint
-    from tasks.rollout.tiny import TinyModelConfig, build_model
+    from policy.checkpoints import load_policy, save_checkpoint
+    from policy.tiny import TinyModelConfig, build_model
 
     base = version_row(lake, 0)["checkpoint_uri"]
     _, tokenizer = load_policy(base)
@@ -171,7 +171,7 @@ def register_sharpened_version(lake, version: int, bos: bool = False) -> None:
     """Version 0 with its (tied) output layer ×20, and optionally a tokenizer that adds a BOS, as Llama 3's does."""
     import torch
 
-    from storage.checkpoints import load_policy, save_checkpoint
+    from policy.checkpoints import load_policy, save_checkpoint
     from storage.registry import register, version_row
 
     model, tokenizer = load_policy(version_row(lake, 0)["checkpoint_uri"])
@@ -187,7 +187,7 @@ def add_bos(tokenizer) -> None:
     """Make the tokenizer add `<|im_start|>` as a BOS to every text it encodes with special tokens."""
     from tokenizers import processors
 
-    from tasks.rollout.tiny import IM_START
+    from policy.tiny import IM_START
 
     bos_id = tokenizer.convert_tokens_to_ids(IM_START)
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
@@ -224,7 +224,7 @@ def register_adapter_version(lake, version: int, seed: int, rank: int = 4) -> No
     """A LoRA adapter on version 0 (q and v projections) whose B matrices are random (a fresh adapter changes
     nothing), registered as `version`: what `train.lora` publishes, with a visible effect on the log-probs."""
     from bench.publish_time import random_adapter
-    from storage.checkpoints import save_checkpoint
+    from policy.checkpoints import save_checkpoint
     from storage.registry import register, version_row
 
     base = version_row(lake, 0)["checkpoint_uri"]
@@ -280,7 +280,7 @@ class Servers:
 def vllm(tmp_path_factory):
     """Real vLLM servers, started once per test run, concurrently: two WEIGHTS=full, two of adapters (five cost
     the run half a minute more on two cores). Skipped, naming `make vllm-server`, without `.venv-vllm`."""
-    from tasks.rollout import vllm_servers
+    from policy import vllm_servers
 
     reason = vllm_servers.missing()
     if reason:

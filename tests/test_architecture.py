@@ -12,7 +12,7 @@ import pytest
 
 from conftest import BIN, ROOT
 
-PACKAGES = ("storage", "tasks", "trainers", "flows", "bench")
+PACKAGES = ("storage", "policy", "tasks", "trainers", "flows", "bench")
 
 
 def test_import_contracts_hold():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from tasks.config import load_yaml_config
+from storage.config import load_yaml_config
 from tasks.curation.config import CurationConfig, parse_source_spec
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig
@@ -18,7 +18,7 @@ from trainers.warmup import WarmupConfig
 from tasks.curriculum.stage import CurriculumConfig
 
 from tasks.rewards.compose import RewardConfig
-from tasks.rollout.publish import PublishConfig
+from policy.publish import PublishConfig
 from tasks.selfplay.self_verify import SelfVerifyConfig
 from tasks.selfplay.stage import SelfPlayConfig
 from tasks.interop.tracking import TrackingConfig

@@ -37,7 +37,7 @@ def sampled(prefect_api, tmp_path):
 
 
 def weights(lake_uri: str, version: int) -> dict:
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
     from storage.lake import Lake
     from storage.registry import version_row
 
@@ -171,7 +171,7 @@ def test_fsdp_refuses_lora_and_devices_must_match_the_ranks():
 def test_a_run_refuses_a_trainer_on_the_samplers_gpu_unless_the_config_allows_it():
     from flows.loop import check_layout
     from flows.run_config import RunConfig
-    from tasks.rollout.layout import LayoutRefused
+    from policy.layout import LayoutRefused
 
     shared = {"rollout": {"devices": ["cuda:0"]}, "train": {"processes": 2, "strategy": "fsdp", "device": "cuda"}}
     with pytest.raises(LayoutRefused, match=r"share GPU\(s\) \[0\].*share_devices"):

@@ -138,7 +138,7 @@ class Replay:
         self.answer = answer
 
     def generate(self, prompts, n, sampler, seed, model_version):
-        from tasks.rollout.sampling import Sample
+        from policy.sampling import Sample
 
         return [[Sample(text=self.answer(prompt, index), token_ids=[1, 2], logprobs=[-0.1, -0.2],
                         finish_reason="stop", prompt_token_ids=[0]) for index in range(n)] for prompt in prompts]

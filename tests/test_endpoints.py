@@ -1,9 +1,9 @@
-"""Inference servers' addresses with or without the OpenAI convention's trailing `/v1` (tasks/endpoints.py)."""
+"""Inference servers' addresses with or without the OpenAI convention's trailing `/v1` (policy/endpoints.py)."""
 
 import pytest
 
-from tasks.endpoints import openai_base, server_root
-from tasks.rollout.openai_backend import OpenAIBackendConfig
+from policy.endpoints import openai_base, server_root
+from policy.openai_backend import OpenAIBackendConfig
 from tasks.verifiers.judge import JudgeVerifier
 
 

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from tasks.rollout.episodes import PythonTool, ToolConfig, run_episodes, tool_call
-from tasks.rollout.hf import HFPolicy
-from tasks.rollout.sampling import Sample, SamplerConfig
+from policy.hf import HFPolicy
+from policy.sampling import Sample, SamplerConfig
 from tasks.rollout.rows import rollout_rows
 from trainers.grpo import TrainConfig, policy_tokens, train_on_batch
-from tasks.rollout.logprobs import response_logprobs
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy.logprobs import response_logprobs
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 
 SCRIPT = ["Let me multiply. <python>print(12 * 7)</python>", "Check: <python>print(1 / 0)</python>",
           "So 84 + 5 = 89.\n#### 89"]
@@ -144,8 +145,8 @@ def test_training_on_episodes_puts_no_loss_on_the_tool_tokens(tokenizer):
 
 
 def test_both_backends_continue_from_token_ids(tokenizer):
-    from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy
-    from tasks.rollout.server import PolicyServer
+    from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy
+    from policy.server import PolicyServer
 
     model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2), tokenizer)
     local = HFPolicy(model, tokenizer, 0)

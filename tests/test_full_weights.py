@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, ROOT, free_port, register_sharpened_version, wait_for
-from storage.checkpoints import load_policy
+from policy.checkpoints import load_policy
 from storage.registry import version_row
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-from tasks.rollout.layout import LayoutRefused, preflight
-from tasks.rollout.openai_backend import OpenAIBackendConfig
-from tasks.rollout.publish import PublishConfig, staged
-from tasks.rollout.sampling import SamplerConfig
-from tasks.rollout.tiny import TinyModelConfig
+from policy.layout import LayoutRefused, preflight
+from policy.openai_backend import OpenAIBackendConfig
+from policy.publish import PublishConfig, staged
+from policy.sampling import SamplerConfig
+from policy.tiny import TinyModelConfig
 
 SAMPLER = SamplerConfig(max_new_tokens=12)
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
@@ -62,8 +62,8 @@ def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
 def test_launched_servers_name_versions_as_serve_sh_does_and_refuse_what_cannot_start(monkeypatch, tmp_path):
     """`rollout.openai.launch`: LoRA versions as v0, v1, ...; full weights under one name, which the overlapped
     loop's pre-flight then refuses; no server without .venv-vllm or on a base that is not a local folder."""
-    from tasks.rollout import vllm_servers
-    from tasks.rollout.vllm_servers import LaunchRefused, launch_config, launched
+    from policy import vllm_servers
+    from policy.vllm_servers import LaunchRefused, launch_config, launched
 
     launch = OpenAIBackendConfig(launch=2)
     assert launch_config(launch, lora=True) == launch
@@ -101,7 +101,7 @@ def test_the_shipped_gpu_layouts_pass_the_preflight(name):
 
 def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
     from storage.lake import Lake
-    from tasks.rollout.publish import publish
+    from policy.publish import publish
 
     lake = Lake.open(f"s3://{s3_env}/lake")
     ensure_base_policy(lake, BasePolicyConfig(tiny=SMALL, tokenizer_corpus=50))
@@ -199,7 +199,7 @@ def test_every_dev_mode_answer_of_a_swap_is_checked_and_a_failure_names_its_rout
     route failed (the server's own answers are tested on vLLM in tests/test_server_contract.py)."""
     import httpx
 
-    from tasks.rollout.publish import publish_to
+    from policy.publish import publish_to
 
     calls = []
 
@@ -231,7 +231,7 @@ def test_a_one_name_server_that_cannot_swap_is_never_taken_as_serving_a_new_vers
     """`weights: auto` to a server listing the one name without the extension: failed, not `already_served`."""
     import httpx
 
-    from tasks.rollout.publish import publish_to
+    from policy.publish import publish_to
 
     listing = httpx.MockTransport(lambda request: httpx.Response(200, json={"data": [{"id": "policy"}]}
                                                                  if request.url.path == "/v1/models" else {"paths": {}}))
@@ -256,7 +256,7 @@ def test_a_killed_run_leaves_no_vllm_server_behind(tmp_path):
     starter = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from pathlib import Path\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from tasks.rollout import vllm_servers\n"
+        "from policy import vllm_servers\n"
         f"vllm_servers.start('model', Path({str(tmp_path / 'logs')!r}), 8999)\n"
         "time.sleep(300)\n")], env={**os.environ, "RLVR_VLLM_ENV": str(env_dir)})
     deadline = time.monotonic() + 60

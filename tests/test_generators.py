@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from tasks.generators import GENERATORS, families, generate, regenerate
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 
 SAMPLES = 60
 

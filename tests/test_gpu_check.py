@@ -86,7 +86,7 @@ def test_the_gpu_check_runs_the_vllm_server_contract_where_vllm_is(site, tmp_pat
     with the least head size it serves): sampled log-probs against the trainer's, a full-weight swap to other
     weights with every dev-mode answer checked, the version the workers report, and the gap after the swap
     (the model's embeddings are tied: an output layer left at the old weights would show)."""
-    from tasks.rollout.vllm_servers import VLLM_ENV, missing
+    from policy.vllm_servers import VLLM_ENV, missing
 
     if missing():
         pytest.skip(missing())

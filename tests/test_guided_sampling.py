@@ -11,7 +11,7 @@ from tasks.advantages.dynamic_sampling import DynamicSamplingConfig, fill_batch
 from tasks.advantages.guided_sampling import (GuidanceConfig, beta_prior, groups_to_draw, keep_probability,
                                               ranked_candidates)
 from tasks.curation.mix import sample_mix
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 
 
 def exact_keep(alpha: float, beta: float, group_size: int, band=(0.0, 1.0), points: int = 200_001) -> float:

@@ -125,9 +125,9 @@ def test_off_policy_rollouts_get_truncated_importance_weights_and_stale_ones_are
 
     from flows.iteration import compute_advantages
     from storage.lake import Lake
-    from tasks.rollout.hf import sequence_logprobs
+    from policy.hf import sequence_logprobs
     from storage.registry import version_row
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -198,7 +198,7 @@ def test_sampling_an_older_version_measures_staleness_against_the_latest(rl_iter
 
 def test_an_inference_server_failing_mid_iteration_keeps_the_rounds_already_sampled(rl_iteration, tmp_path):
     from storage.lake import Lake
-    from tasks.rollout.openai_backend import BackendUnavailable
+    from policy.openai_backend import BackendUnavailable
     from test_openai_backend import Scripted, completion
 
     first_round = 5                                       # 3 groups wanted × 1.5 oversample

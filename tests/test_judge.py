@@ -1,6 +1,6 @@
 """The judge verifier over real HTTP, against the project's own OpenAI-compatible server.
 
-The server (`tasks.rollout.server.PolicyServer`, what `rlvr policy serve` runs) serves a scripted judge
+The server (`policy.server.PolicyServer`, what `rlvr policy serve` runs) serves a scripted judge
 model here: a deterministic grader that reads the judge prompt and scores the response by a visible
 rule, so verdicts can be checked by hand. The protocol, the client, the retries, the cache and the
 guards are the real ones."""
@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from tasks.rollout.sampling import Sample
-from tasks.rollout.server import PolicyServer
+from policy.sampling import Sample
+from policy.server import PolicyServer
 from tasks.verifiers.judge import MARK, JudgeUnavailable, JudgeVerifier
 
 

@@ -14,14 +14,14 @@ import httpx
 import pytest
 
 from conftest import BIN, register_sharpened_version, serve_policy
-from storage.checkpoints import load_policy
+from policy.checkpoints import load_policy
 from storage.registry import version_row
-from tasks.rollout.agreement import GateFailed
+from policy.agreement import GateFailed
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-from tasks.rollout.hf import HFPolicy
-from tasks.rollout.openai_backend import OpenAIBackendConfig, completion_request, parse_choices
-from tasks.rollout.sampling import NEUTRAL, SamplerConfig
-from tasks.rollout.tiny import TinyModelConfig
+from policy.hf import HFPolicy
+from policy.openai_backend import OpenAIBackendConfig, completion_request, parse_choices
+from policy.sampling import NEUTRAL, SamplerConfig
+from policy.tiny import TinyModelConfig
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
@@ -110,7 +110,7 @@ def test_the_gate_fails_on_a_server_that_forces_a_penalty_and_names_it(lake, for
 
 def test_the_publish_stage_gates_each_version_before_anything_samples_it(lake, forced_server, generation_config_server):
     from flows.publishing import publish_version
-    from tasks.rollout.publish import PublishConfig
+    from policy.publish import PublishConfig
     from tasks.rollout.stage import RolloutConfig
 
     def rollout(url: str) -> RolloutConfig:

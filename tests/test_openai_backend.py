@@ -9,13 +9,13 @@ import time
 import pytest
 
 from conftest import BIN, free_port, register_random_version, wait_for
-from tasks.generators.base import derive_seed
-from tasks.rollout.hf import HFPolicy
-from tasks.rollout.openai_backend import BackendUnavailable, OpenAIBackendConfig, OpenAIPolicy
-from tasks.rollout.sampling import SamplerConfig
-from storage.checkpoints import load_policy
+from storage.seeds import derive_seed
+from policy.hf import HFPolicy
+from policy.openai_backend import BackendUnavailable, OpenAIBackendConfig, OpenAIPolicy
+from policy.sampling import SamplerConfig
+from policy.checkpoints import load_policy
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-from tasks.rollout.tiny import TinyModelConfig
+from policy.tiny import TinyModelConfig
 
 SAMPLER = SamplerConfig(max_new_tokens=12)
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
@@ -210,8 +210,8 @@ def test_self_certainty_of_served_samples_is_recomputed_from_the_local_copy_as_t
         served_lake, server):
     """INTUITOR's reward on the openai backend: the server reports no distributions, so the local copy of the
     version computes each response's self-certainty, equal to what the hf backend accumulates while sampling."""
-    from tasks.rollout.certainty import WithSelfCertainty
-    from tasks.rollout.logprobs import response_self_certainty
+    from policy.certainty import WithSelfCertainty
+    from policy.logprobs import response_self_certainty
 
     model, tokenizer = load_policy(served_lake.read("model_versions").sort("model_version")["checkpoint_uri"][0])
     remote = client(server).generate(["7*8 ="], 4, SAMPLER, seed=7, model_version=0)

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from storage.lake import Lake
-from storage import policy_cache
-from storage.checkpoints import load_policy, load_training_state, save_checkpoint
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy import cache as policy_cache
+from policy.checkpoints import load_policy, load_training_state, save_checkpoint
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
@@ -94,7 +95,7 @@ def test_models_built_in_two_threads_at_once_come_out_whole(tmp_path):
     swaps process-wide state while it loads; storage/checkpoints.MODEL_BUILDING keeps builds apart)."""
     import threading
 
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
 
     tokenizer = train_tokenizer(tokenizer_corpus(count=50))
     model = build_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1), tokenizer)

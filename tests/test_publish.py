@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from conftest import BIN, free_port, register_random_version, wait_for
-from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
-from tasks.rollout.publish import PublishConfig, PublishFailed, publish, require_confirmed, version_of
-from tasks.rollout.sampling import SamplerConfig
+from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
+from policy.publish import PublishConfig, PublishFailed, publish, require_confirmed, version_of
+from policy.sampling import SamplerConfig
 from test_iteration import CONFIG, SMALL_POLICY
 from test_openai_backend import Scripted
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
@@ -42,7 +42,7 @@ def checkpoint(lake, version: int) -> str:
 @pytest.fixture
 def vllm_like(versions_lake):
     """Two servers that behave as vLLM does (only v0 at start, the rest loaded by path), in threads."""
-    from tasks.rollout.server import PolicyServer, folder_loader, lake_loader
+    from policy.server import PolicyServer, folder_loader, lake_loader
 
     servers = [PolicyServer(("127.0.0.1", 0), lake_loader(versions_lake.uri), on_demand=False,
                             load_path=folder_loader(), preload=(0,)) for _ in range(2)]
@@ -102,7 +102,7 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
     knows only v0 at start, as a vLLM server started on the base model does): every trained version is
     loaded, confirmed and recorded before the iteration and evaluation that sample it."""
     from flows.loop import rl_loop
-    from tasks.rollout.layout import LayoutRefused
+    from policy.layout import LayoutRefused
     from storage.lake import Lake
     from test_loop import RUN, curated_with_eval
 

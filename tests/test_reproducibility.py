@@ -21,7 +21,8 @@ from conftest import ROOT
 
 STEPS = """
 import hashlib, polars as pl, torch
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 from trainers.grpo import TrainConfig, train_on_batch
 torch.manual_seed(0)
 tokenizer = train_tokenizer(tokenizer_corpus(count=50))

@@ -6,10 +6,11 @@ import math
 import pytest
 import torch
 
-from tasks.rollout.hf import HFPolicy, _cut, sequence_logprobs, stop_token_ids
-from tasks.rollout import logprobs as shared_logprobs
-from tasks.rollout.sampling import SamplerConfig, sampling_logprobs, self_certainty
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy.hf import HFPolicy, _cut, sequence_logprobs, stop_token_ids
+from policy import logprobs as shared_logprobs
+from policy.sampling import SamplerConfig, sampling_logprobs, self_certainty
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 
 
 @pytest.fixture(scope="module")

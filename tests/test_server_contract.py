@@ -16,19 +16,19 @@ import pytest
 
 from conftest import BIN
 
-from storage.checkpoints import load_policy
+from policy.checkpoints import load_policy
 from storage.registry import version_row
-from tasks.rollout.agreement import measure
-from tasks.rollout.openai_backend import (OpenAIBackendConfig, OpenAIPolicy, completion_request, held_versions,
+from policy.agreement import measure
+from policy.openai_backend import (OpenAIBackendConfig, OpenAIPolicy, completion_request, held_versions,
                                           parse_choices, served_models)
-from tasks.rollout.publish import PublishConfig, publish
-from tasks.rollout.sampling import NEUTRAL, SamplerConfig
+from policy.publish import PublishConfig, publish
+from policy.sampling import NEUTRAL, SamplerConfig
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
 FP32_GATE = 1e-5                     # mean |Δ log p| an fp32 server may differ from the fp32 trainer by
 # vLLM (uvicorn) closes a connection after an answer its app raised for (a failed RPC's 500): a client reusing it
-# may send the next request into the closed socket. The publish stage asks so too (tasks/rollout/publish.py).
+# may send the next request into the closed socket. The publish stage asks so too (policy/publish.py).
 ONE_REQUEST_A_CONNECTION = {"Connection": "close"}
 
 
@@ -118,7 +118,7 @@ def test_text_prompts_get_special_tokens_only_when_asked_and_token_prompts_are_t
     """The base's tokenizer adds a BOS (as Llama 3's): vLLM's default `add_special_tokens: true` adds it to a
     prompt whose chat template wrote one already; the backend's requests say false, so the ids are the hf
     backend's, and the gate names a doubled BOS."""
-    from tasks.rollout.tiny import IM_START
+    from policy.tiny import IM_START
 
     model, tokenizer = local(engine, 0)
     url, prompt = engine.full[0], f"{IM_START}user\n2+3?<|im_end|>\n{IM_START}assistant\n"
@@ -319,7 +319,7 @@ def test_full_weights_swap_in_place_and_the_served_output_layer_is_the_new_versi
 
 def test_a_server_without_the_extension_refuses_full_weights_and_says_how_to_start_it(engine):
     from flows.publishing import publish_version
-    from tasks.rollout.publish import PublishFailed
+    from policy.publish import PublishFailed
     from tasks.rollout.stage import RolloutConfig
 
     fresh(engine)                       # the adapter server: no dev mode, no worker extension
@@ -332,7 +332,7 @@ def test_a_server_without_the_extension_refuses_full_weights_and_says_how_to_sta
 
 
 def test_servers_sleep_during_training_and_wake_after_even_when_it_fails(engine):
-    from tasks.rollout.layout import LayoutRefused, servers_asleep
+    from policy.layout import LayoutRefused, servers_asleep
 
     fresh(engine)
     url = engine.full[0]

@@ -223,7 +223,7 @@ def test_transient_failures_are_retried_and_others_are_not(prefect_api):
     from prefect import flow
 
     from flows.policies import stage_task
-    from tasks.rollout.openai_backend import BackendUnavailable, RequestRefused
+    from policy.openai_backend import BackendUnavailable, RequestRefused
 
     attempts: list[str] = []
 
@@ -417,7 +417,7 @@ def test_a_failing_progress_report_never_fails_the_stage(prefect_api, monkeypatc
 
     from flows import artifacts
     from flows.policies import stage_task
-    from tasks.progress import track
+    from storage.progress import track
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("the API is restarting")
@@ -440,7 +440,7 @@ def test_only_loops_that_last_get_progress_artifacts_and_updates_are_spaced(pref
 
     from flows import artifacts
     from flows.policies import stage_task
-    from tasks.progress import track
+    from storage.progress import track
 
     sent = []
     monkeypatch.setattr(artifacts, "create_progress_artifact", lambda percent, **kw: sent.append(("create", percent)) or 1)

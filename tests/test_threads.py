@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from storage.threads import cores_given, torch_threads, use_given_cores
+from policy.threads import cores_given, torch_threads, use_given_cores
 
 
 def test_the_thread_count_is_the_cores_given_unless_overridden(monkeypatch):

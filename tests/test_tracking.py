@@ -80,7 +80,7 @@ def test_steps_are_iterations_in_order_with_nulls_and_nan_left_out():
 
 
 def test_tracking_is_off_by_default_and_in_the_shipped_config():
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
 
     assert not TrackingConfig().enabled
     shipped = load_yaml_config(ROOT / "configs" / "tracking.yaml", TrackingConfig, section="tracking")
@@ -199,7 +199,7 @@ def test_metrics_stage_times_and_plots_reach_mlflow_and_tensorboard_once(mlflow_
 
     from flows.loop import rl_loop
     from storage.lake import Lake
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.interop.trackers import track
 
     log_dir = tmp_path / "tb"
@@ -251,7 +251,7 @@ def test_metrics_stage_times_and_plots_reach_mlflow_and_tensorboard_once(mlflow_
 def test_a_crash_between_logging_and_recording_loses_and_doubles_nothing(mlflow_server, loop_lake, tmp_path,
                                                                          monkeypatch):
     from storage.lake import Lake
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.interop.trackers import track
 
     log_dir = tmp_path / "tb"

@@ -55,7 +55,7 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_lan
 
     from conftest import run_cli
     from flows.curation import curate_bank
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
     from storage.lake import Lake
     from storage.registry import version_row
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy

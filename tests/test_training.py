@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from trainers.grpo import TrainConfig, train_on_batch
-from tasks.rollout.logprobs import response_logprobs
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy.logprobs import response_logprobs
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
@@ -166,7 +167,7 @@ def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, t
     from storage.lake import Lake
     from test_iteration import CONFIG, curated
     from storage.registry import version_row
-    from storage.checkpoints import adapter_base, load_policy
+    from policy.checkpoints import adapter_base, load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -195,7 +196,7 @@ def test_two_data_parallel_processes_train_as_one(prefect_api, tmp_path):
     from storage.lake import Lake
     from storage.registry import version_row
     from test_iteration import CONFIG, curated
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -317,7 +318,7 @@ def test_a_model_whose_cache_cannot_be_spread_forwards_rows_whole_after_one_try(
     after its prompt pass and forwards rows whole; later batches of that model class skip the prompt pass."""
     from transformers.cache_utils import Cache
 
-    from tasks.rollout import logprobs as logprobs_module
+    from policy import logprobs as logprobs_module
 
     model, tokenizer = policy
     rows = grouped_rows(model, tokenizer)

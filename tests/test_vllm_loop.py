@@ -13,7 +13,7 @@ import httpx
 import polars as pl
 import pytest
 
-from storage.checkpoints import load_policy
+from policy.checkpoints import load_policy
 from storage.registry import version_row
 from conftest import sharpened_base
 from test_loop import RUN, curated_with_eval
@@ -39,7 +39,7 @@ def behaviour_gap(lake) -> tuple[float, float, int]:
     version that sampled it|, and the tokens compared."""
     import torch
 
-    from tasks.rollout.logprobs import response_logprobs
+    from policy.logprobs import response_logprobs
 
     rollouts = lake.read("rollouts", columns=["model_version", "prompt_token_ids", "response_token_ids",
                                               "behaviour_logprobs", "sampler"])
@@ -98,7 +98,7 @@ def test_the_overlapped_loop_starts_its_own_vllm_server_and_stops_it(prefect_api
     LoRA adapters with train.lora), samples two overlapped iterations from it within the gate, and stops it."""
     from flows.loop import rl_loop
     from storage.lake import Lake
-    from tasks.rollout import vllm_servers
+    from policy import vllm_servers
 
     if vllm_servers.missing():
         pytest.skip(vllm_servers.missing())

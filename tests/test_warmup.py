@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from tasks.rollout.tiny import TinyModelConfig, build_model, tokenizer_corpus, train_tokenizer
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.rollout.base_policy import tokenizer_corpus
 from trainers.warmup import WarmupConfig, WarmupFailed, supervised_loss, warm_up
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)

@@ -9,7 +9,7 @@ import polars as pl
 import pyarrow.compute as pc
 
 from storage.lake import Lake
-from tasks.rollout.sampling import sampled_temperature
+from policy.sampling import sampled_temperature
 
 ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler", "loss_mask"]
 

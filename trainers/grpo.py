@@ -18,8 +18,8 @@ from typing import Literal
 import polars as pl
 from pydantic import Field
 
-from tasks.config import Strict
-from tasks.rollout.logprobs import response_logprobs
+from storage.config import Strict
+from policy.logprobs import response_logprobs
 from trainers.loss import policy_loss
 
 

@@ -13,7 +13,7 @@ from storage.registry import BRANCH, latest_version, next_version_number, regist
 from storage.runs import Run
 from trainers.grpo import TrainConfig, strategy_of, train_on_batch
 from trainers.trainable import trainable_policy
-from storage.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
+from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
 from trainers.batch import training_rows
 
 
@@ -67,9 +67,9 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     """
     from tasks.evaluation import evaluation_problems
     from tasks.rollout.episodes import EpisodePolicy, PythonTool
-    from tasks.rollout.hf import HFPolicy
-    from tasks.rollout.prompts import format_prompt
-    from tasks.rollout.sampling import SamplerConfig
+    from policy.hf import HFPolicy
+    from policy.prompts import format_prompt
+    from policy.sampling import SamplerConfig
     from tasks.rollout.stage import training_bank
     from tasks.verification import score_rollouts, verifier_pool
     from trainers.warmup import warm_up

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import polars as pl
 from pydantic import Field
 
-from tasks.config import Strict
-from tasks.progress import track
+from storage.config import Strict
+from storage.progress import track
 
 
 class WarmupFailed(ValueError):

@@ -159,7 +159,7 @@ def free_port() -> int:
 
 def rank_main(rank: int, world: int, port: int, strategy: str, device: str, connection) -> None:
     """One rank's life: join the group, then train each step it is sent until told to stop."""
-    from storage.threads import cores_given
+    from policy.threads import cores_given
 
     threads = os.environ.get("RLVR_TORCH_THREADS") or str(max(1, cores_given() // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -206,7 +206,7 @@ def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
     import torch.distributed as dist
 
     from storage import faults
-    from storage.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
+    from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
     from storage.lake import Lake
     from trainers.batch import training_rows
     from trainers.distributed import Distributed, indexed_optimizer_state, trainable_names, unwrapped

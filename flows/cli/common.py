@@ -119,7 +119,7 @@ def prefect_defaults() -> None:
 def iteration_config(path: Path | None, overrides: dict | None = None):
     from pydantic import ValidationError
 
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.rollout.stage import IterationConfig
 
     try:

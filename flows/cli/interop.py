@@ -175,7 +175,7 @@ def track(
     import time
 
     from storage.lake import Lake
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.interop.tracking import TrackingConfig
 
     try:

@@ -64,7 +64,7 @@ def lake_maintain(
 
     from storage.lake import Lake, LakeError, LeaseHeld
     from storage.maintenance import MaintenanceConfig, maintain
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
 
     with_interop_tables()
     try:

@@ -67,7 +67,7 @@ def policy_serve(
     lake: LakeOption = None,
 ) -> None:
     """An OpenAI-compatible completions server over the lake's model versions (served as v0, v1, ...)."""
-    from tasks.rollout.server import PolicyServer, folder_loader, generation_defaults, lake_loader, lake_versions
+    from policy.server import PolicyServer, folder_loader, generation_defaults, lake_loader, lake_versions
 
     try:
         server = PolicyServer((host, port), lake_loader(lake, device, batch_size), fail_first=fail_first,
@@ -108,7 +108,7 @@ def policy_check(
     prefect_defaults()
     from flows.publishing import check_policy
     from storage.lake import Lake
-    from tasks.rollout.openai_backend import BackendUnavailable
+    from policy.openai_backend import BackendUnavailable
 
     try:
         agreement = check_policy(Lake.open(lake), rollout, url, model)
@@ -140,7 +140,7 @@ def policy_publish(
         fail(f"{config}: rollout.backend is {settings.rollout.backend!r}; publishing is for the openai backend", 2)
     prefect_defaults()
     from flows.publishing import publish_policy
-    from tasks.rollout.openai_backend import BackendUnavailable
+    from policy.openai_backend import BackendUnavailable
 
     try:
         rows = publish_policy(version, settings.rollout.model_dump(mode="json"),

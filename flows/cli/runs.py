@@ -92,7 +92,7 @@ def iterate(
         prefect_defaults()
         from flows.iteration import rl_iteration
         from tasks.advantages.dynamic_sampling import BatchShortfall
-        from tasks.rollout.openai_backend import BackendUnavailable
+        from policy.openai_backend import BackendUnavailable
 
         try:
             result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
@@ -139,7 +139,7 @@ def train(
 ) -> None:
     """One GRPO / DAPO step on an iteration's batch: registers the next model version."""
     use_format(format)
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from trainers.grpo import TrainConfig
 
     try:
@@ -178,7 +178,7 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     prefect_defaults()
     from flows.loop import rl_loop
     from tasks.advantages.dynamic_sampling import BatchShortfall
-    from tasks.rollout.openai_backend import BackendUnavailable
+    from policy.openai_backend import BackendUnavailable
     from tasks.selfplay.health import CollapseDetected
     from trainers.workers import RankFailed
 

@@ -37,7 +37,7 @@ def stage_overrides(path: Path | None) -> dict:
         return {}
     from flows.run_config import RunConfig
     from flows.stage_plans import STAGE_SECTIONS
-    from tasks.config import read_yaml, validated_config
+    from storage.config import read_yaml, validated_config
 
     data = read_yaml(path)
     validated_config(data, path, RunConfig, STAGE_SECTIONS)      # errors name the file and the field
@@ -66,7 +66,7 @@ def stage(
         iterations = parse_iterations(iteration)
         overrides = stage_overrides(config)
         if verifier is not None:
-            from tasks.config import merged_config
+            from storage.config import merged_config
 
             section = "evaluation" if name == "evaluate" else "verify"
             overrides = merged_config(overrides, {section: {"verifier": verifier}})
@@ -88,7 +88,7 @@ def stage(
             prefect_defaults()
             from flows.stages import rerun_stage
             from tasks.advantages.dynamic_sampling import BatchShortfall
-            from tasks.rollout.openai_backend import BackendUnavailable
+            from policy.openai_backend import BackendUnavailable
 
         for number in pending:
             try:
@@ -149,7 +149,7 @@ def evaluate(
     from flows.stage_plans import evaluate_key, iteration_of_version, recorded_config, skip_if_in_place
     from storage.lake import Lake
     from storage.registry import latest_version
-    from tasks.config import merged_config
+    from storage.config import merged_config
 
     opened = Lake.open(lake)
     try:

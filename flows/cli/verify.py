@@ -93,7 +93,7 @@ def verify(
     use_format(format)
     import polars as pl
 
-    from tasks.config import load_yaml_config
+    from storage.config import load_yaml_config
     from tasks.verification import VerifyConfig
 
     settings = load_yaml_config(config, VerifyConfig, section="verify") if config else VerifyConfig()

@@ -6,12 +6,12 @@ Parts, each printed as one JSON line (`"part"`, `"ok"`, the numbers):
 - `device`: the device, torch's and transformers' versions; `model`: the model built from its config.
 - `sampling`: transformers' `generate` with scores on the batch: tokens/s, and the sampled batch the
   later parts use.
-- `hf_sampler`: the project's hf sampler (`tasks/rollout/hf.py`) on the same model and batch: tokens/s
+- `hf_sampler`: the project's hf sampler (`policy/hf.py`) on the same model and batch: tokens/s
   and its ratio to `generate`'s, and the gap between its behaviour log-probs and the trainer's
   recomputation (a sampler that lost its KV cache shows there); `skipped` when it cannot import (e.g.
   no pydantic).
 - `logprob_gap`: behaviour log-probs of the sampled tokens against the trainer's recomputation
-  (`tasks/rollout/logprobs.py`), the quantity the importance ratio depends on.
+  (`policy/logprobs.py`), the quantity the importance ratio depends on.
 - `training`: optimizer steps with the trainer's loss (`trainers/loss.py`: dapo, clip 0.2 / 0.28) under
   bf16 autocast: tokens/s.
 - `vllm_server`: with `VLLM_ENV` naming a virtual environment that holds vLLM, `infra/vllm/serve.sh
@@ -144,8 +144,8 @@ class Ids:
 def sample_with_project(model, prompts: torch.Tensor, new_tokens: int) -> dict:
     """The project's hf sampler on the model and batch: tokens/s, the sampled token ids and their behaviour
     log-probs."""
-    from tasks.rollout.hf import HFPolicy
-    from tasks.rollout.sampling import SamplerConfig
+    from policy.hf import HFPolicy
+    from policy.sampling import SamplerConfig
 
     texts = [" ".join(map(str, row.tolist())) for row in prompts]
     policy = HFPolicy(model, Ids(), 0, batch_size=len(texts))
@@ -162,8 +162,8 @@ def sample_with_project(model, prompts: torch.Tensor, new_tokens: int) -> dict:
 
 def behaviour_gap(model, prompts: torch.Tensor, tokens: list[list[int]], behaviour) -> float:
     """The largest gap between sampled tokens' behaviour log-probs and the trainer's recomputation
-    (`tasks/rollout/logprobs.py`) over the real tokens: a sampler that lost its KV cache shows here."""
-    from tasks.rollout.logprobs import response_logprobs
+    (`policy/logprobs.py`) over the real tokens: a sampler that lost its KV cache shows here."""
+    from policy.logprobs import response_logprobs
 
     with torch.no_grad():
         again, mask, _ = response_logprobs(model, prompts.tolist(), tokens)
@@ -173,7 +173,7 @@ def behaviour_gap(model, prompts: torch.Tensor, tokens: list[list[int]], behavio
 
 
 def loss_of(model, prompts, tokens, behaviour, advantages, token_normaliser, dtype):
-    from tasks.rollout.logprobs import response_logprobs
+    from policy.logprobs import response_logprobs
     from trainers.loss import policy_loss
 
     autocast = torch.autocast(device_type=model.device.type, dtype=dtype, enabled=dtype != torch.float32)
@@ -390,8 +390,8 @@ def main() -> int:
 
     def hf_sampler():
         try:
-            import tasks.rollout.hf
-            import tasks.rollout.sampling  # noqa: F401
+            import policy.hf
+            import policy.sampling  # noqa: F401
         except ImportError as error:
             return {"skipped": f"the project's sampler needs {error.name}"}, None
         sample_with_project(built, prompts[:2], 4)                   # warm-up

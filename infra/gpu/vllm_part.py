@@ -5,7 +5,7 @@ It starts `infra/vllm/serve.sh WEIGHTS=full` from the virtual environment `$VLLM
 `tests/test_server_contract.py` checks on the CPU build, so that a GPU host tests the same contract:
 
 - completions with token ids and processed log-probs: their gap to the trainer's recomputation
-  (`tasks/rollout/logprobs.py`) on the sampled tokens;
+  (`policy/logprobs.py`) on the sampled tokens;
 - a full-weight swap as the publish stage does it (`/pause`, `/collective_rpc rlvr_load_checkpoint`,
   `/reset_prefix_cache`, `/resume`, every answer checked), its seconds, the version the workers report
   (`rlvr_loaded_version`, a string as vLLM returns it) and the gap to the new version afterwards: the
@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tasks.rollout import vllm_servers          # standard library only at import: no pydantic, no httpx
+from policy import vllm_servers          # standard library only at import: no pydantic, no httpx
 
 SERVED_NAME = "policy"
 

@@ -3,7 +3,7 @@
 Start vLLM with `--worker-extension-cls rlvr_weights.CheckpointLoader` (this folder on PYTHONPATH) and
 `VLLM_SERVER_DEV_MODE=1`; the publish stage then calls, through `POST /collective_rpc`,
 `rlvr_load_checkpoint(folder, version)` on every worker, `POST /reset_prefix_cache`, and
-`rlvr_loaded_version()` to confirm (`tasks/rollout/publish.py`). `infra/vllm/serve.sh WEIGHTS=full`
+`rlvr_loaded_version()` to confirm (`policy/publish.py`). `infra/vllm/serve.sh WEIGHTS=full`
 sets all of it. It needs only torch and safetensors, which vLLM has; nothing of the project.
 
 vLLM mixes this class into its worker class and refuses names the worker has already (0.16+ has

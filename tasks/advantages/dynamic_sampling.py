@@ -18,7 +18,7 @@ from pydantic import Field
 from tasks.advantages.estimators import with_group_columns
 from tasks.advantages.guided_sampling import GuidanceConfig
 from tasks.advantages.shaping import filter_reason, kept
-from tasks.config import Strict
+from storage.config import Strict
 from storage.schemas import VERIFICATION_ROUND
 
 LEARNING_ZONE = (0.2, 0.5)

@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 from pydantic import Field
 
-from tasks.config import Strict
+from storage.config import Strict
 
 HISTORY_COLUMNS = ["problem_id", "iteration", "solve_rate", "n_samples"]
 MIN_GROUPS_FOR_A_PRIOR = 8          # fewer groups at a (source, level): its prior is the whole history's

@@ -19,7 +19,7 @@ from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
 from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
                                       truncated_importance_weight)
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verification import composition_inputs
 
@@ -233,10 +233,10 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
 
     import torch
 
-    from tasks.rollout.hf import sequence_logprobs
-    from tasks.rollout.sampling import sampled_temperature
+    from policy.hf import sequence_logprobs
+    from policy.sampling import sampled_temperature
     from storage.registry import version_row
-    from storage.checkpoints import load_policy
+    from policy.checkpoints import load_policy
 
     rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
                      columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler",

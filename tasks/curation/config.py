@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from tasks.config import Strict
+from storage.config import Strict
 
 FILE_KINDS = ("gsm8k", "math", "olympiad", "humaneval", "mapped")
 # A self-play task's source_uri begins so (`proposal:<id>`): text a model wrote, checked for near-duplicates and

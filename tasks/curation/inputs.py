@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.config import load_yaml_config
+from storage.config import load_yaml_config
 from tasks.curation.config import CurationConfig, parse_source_spec
 
 

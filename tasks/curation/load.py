@@ -16,7 +16,7 @@ from tasks.curation.records import problem_id
 from tasks.curation.workspaces import workspace_drafts
 from tasks.curation.validate import problem_issue
 from tasks.generators import generate
-from tasks.progress import track
+from storage.progress import track
 from tasks.verifiers.base import DEFAULT_VERIFIER
 
 CANDIDATE_SCHEMA = {

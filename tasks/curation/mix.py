@@ -12,7 +12,7 @@ from collections.abc import Hashable
 
 import polars as pl
 
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 
 DEFAULT_LEVEL_WEIGHTS = {1: 0.20, 2: 0.45, 3: 0.30, 4: 0.05}
 

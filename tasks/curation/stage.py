@@ -18,7 +18,7 @@ from tasks.curation.load import LoadedSource, load_source
 from tasks.curation.gym import check_dataset
 from tasks.curation.mix import sample_mix
 from tasks.generators import families
-from tasks.progress import track
+from storage.progress import track
 from tasks.curation.readers import probe
 from tasks.curation.validate import EXECUTOR_VERIFIERS
 

@@ -20,11 +20,11 @@ from pydantic import Field
 
 from storage.lake import Lake
 from storage.schemas import VERIFICATION_ROUND
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.curation.config import SourceConfig
 from tasks.curriculum.gym_difficulty import has_steps, max_step, next_difficulty, start_step
 from tasks.curriculum.rebalance import rebalance
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 
 
 class CurriculumConfig(Strict):

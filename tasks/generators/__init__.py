@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from tasks.generators import algebra, arithmetic, competition, games, grounded, logic, programs, translation
-from tasks.generators.base import Generated, derive_seed
+from storage.seeds import derive_seed
+from tasks.generators.base import Generated
 
 
 @dataclass(frozen=True)

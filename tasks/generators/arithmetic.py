@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 
-from tasks.generators.base import Generated, derive_seed, step
+from storage.seeds import derive_seed
+
+from tasks.generators.base import Generated, step
 
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca",
          "Maya", "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yara", "Zane"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -17,12 +16,6 @@ class Generated:
     solution: str
     steps: list[str]
     params: dict[str, Any] = field(default_factory=dict)
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from any parts (run seed, source, index): same parts, same seed, in any process."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 def format_number(value: int | Fraction) -> str:

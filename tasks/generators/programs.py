@@ -19,7 +19,9 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tasks.generators.base import Generated, derive_seed
+from storage.seeds import derive_seed
+
+from tasks.generators.base import Generated
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from storage.schemas import TableSpec, column, register
-from tasks.config import Strict
+from storage.config import Strict
 
 # ---- config ----------------------------------------------------------------------------------------------------
 

@@ -1,3 +1,3 @@
 """Reward composition and the reward signals beyond verifiers.
 
-May import: tasks.config and tasks.tripwires only (the `independent-stages` contract)."""
+May import: storage.config and tasks.tripwires only (the `independent-stages` contract)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import polars as pl
 from pydantic import Field
 
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.tripwires import Check, fired
 
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import polars as pl
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.rewards.collapse import SelfRewardTripwire
 
 BUILT_IN = {"verifier": "reward", "corrected": "corrected_reward", "format": "format_reward",

@@ -1,6 +1,6 @@
-"""On-policy rollout: policy backends (in-process transformers, OpenAI-compatible servers), prompt
-templates, and the stage that samples groups from the bank into the `rollouts` table.
+"""On-policy rollout: the stage that samples groups from the bank into the `rollouts` table (the samplers
+themselves are `policy`'s), the base policy (version 0), the rows it writes and multi-turn tool episodes.
 
-May import: storage, tasks.advantages (dynamic sampling), tasks.config, tasks.curation, tasks.curriculum,
-tasks.generators, tasks.progress, tasks.rewards, tasks.sandbox (tool episodes), tasks.selfplay, tasks.verification.
+May import: policy, storage, tasks.advantages (dynamic sampling), tasks.curation, tasks.curriculum,
+tasks.generators, tasks.rewards, tasks.sandbox (tool episodes), tasks.selfplay, tasks.verification.
 """

@@ -3,14 +3,17 @@ the project's own generated text) or a local checkpoint named in the config (reg
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage.checkpoints import load_policy, save_checkpoint
+from policy.checkpoints import load_policy, save_checkpoint
 from storage.lake import Lake
 from storage.registry import register
-from tasks.config import Strict
-from tasks.rollout.tiny import TinyModelConfig
+from storage.config import Strict
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from tasks.generators import generate
 
 
 class BasePolicyConfig(Strict):
@@ -32,8 +35,6 @@ def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:
             model, _ = load_policy(config.checkpoint)
             uri = config.checkpoint
         else:
-            from tasks.rollout.tiny import build_model, tokenizer_corpus, train_tokenizer
-
             tokenizer = train_tokenizer(tokenizer_corpus(count=config.tokenizer_corpus), config.tiny.merges)
             model = build_model(config.tiny, tokenizer)
             uri = save_checkpoint(lake, 0, model, tokenizer)
@@ -42,3 +43,10 @@ def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:
                         "hidden_size": model.config.hidden_size, "layers": model.config.num_hidden_layers}
         register(lake, run, 0, uri=uri, kind="base", architecture=architecture, served_name=config.served_name)
     return 0
+
+
+def tokenizer_corpus(seed: int = 0, count: int = 2000) -> Iterator[str]:
+    """Text the tokenizer learns from: problems and worked answers of our own generators."""
+    for _, _, problem in generate("mix", count=count, seed=seed):
+        yield problem.prompt
+        yield f"{problem.solution}\n#### {problem.answer}"

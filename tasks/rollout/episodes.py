@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from tasks.config import Strict
-from tasks.generators.base import derive_seed
-from tasks.rollout.sampling import Policy, Sample, SamplerConfig
+from storage.config import Strict
+from storage.seeds import derive_seed
+from policy.sampling import Policy, Sample, SamplerConfig
 
 
 class ToolConfig(Strict):

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import polars as pl
 
-from tasks.rollout.sampling import Sample
+from policy.sampling import Sample
 
 
 def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[Sample]], *, iteration: int,

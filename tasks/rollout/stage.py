@@ -24,17 +24,17 @@ from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingCon
 from tasks.advantages.guided_sampling import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
 from tasks.advantages.shaping import success
 from tasks.advantages.stage import AdvantageConfig
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.curation.config import MixConfig
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 from tasks.rollout.episodes import EpisodePolicy, ToolConfig
-from tasks.rollout.openai_backend import OpenAIBackendConfig
-from tasks.rollout.prompts import PromptConfig, format_prompt
+from policy.openai_backend import OpenAIBackendConfig
+from policy.prompts import PromptConfig, format_prompt
 from tasks.rollout.rows import rollout_rows
-from tasks.rollout.sampling import Policy, SamplerConfig
+from policy.sampling import Policy, SamplerConfig
 from tasks.rewards.compose import RewardConfig
 from tasks.selfplay.self_verify import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig, verification_problems
 from tasks.selfplay.stage import SelfPlayConfig, problem_rows, sample_selfplay, solve_frame, solve_problems
@@ -244,21 +244,21 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
     row = version_row(lake, model_version)
     checkpoint = row["checkpoint_uri"]
     if config.backend == "hf":
-        from tasks.rollout.hf import HFPolicy
-        from storage.checkpoints import load_policy
+        from policy.hf import HFPolicy
+        from policy.checkpoints import load_policy
 
         model, tokenizer = load_policy(checkpoint, config.sampling_device(), read_only=True)
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
     else:
         import os
 
-        from tasks.rollout.openai_backend import OpenAIPolicy
+        from policy.openai_backend import OpenAIPolicy
 
         tokenizer = None
         if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
             from transformers import AutoTokenizer
 
-            from storage.checkpoints import local_checkpoint
+            from policy.checkpoints import local_checkpoint
 
             tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
         served = {model_version: row["served_name"]} if row["served_name"] else {}
@@ -274,10 +274,10 @@ def needs_self_certainty(config: IterationConfig) -> bool:
 
 
 def with_self_certainty(lake: Lake, policy: Policy, config: RolloutConfig, model_version: int) -> Policy:
-    """`policy`, its samples' self-certainty filled from the local copy of `model_version` (tasks/rollout/certainty.py)."""
+    """`policy`, its samples' self-certainty filled from the local copy of `model_version` (policy/certainty.py)."""
     from storage.registry import version_row
-    from tasks.rollout.certainty import WithSelfCertainty
-    from storage.checkpoints import load_policy
+    from policy.certainty import WithSelfCertainty
+    from policy.checkpoints import load_policy
 
     model, tokenizer = load_policy(version_row(lake, model_version)["checkpoint_uri"], config.sampling_device())
     return WithSelfCertainty(policy, model, tokenizer, config.batch_size)

@@ -2,6 +2,6 @@
 executor, the self-play sampler of an iteration, SPICE's documents and challenges, RISE's verification tasks,
 collapse metrics and the tripwire.
 
-May import: storage, tasks.config, tasks.curation, tasks.generators, tasks.rollout, tasks.sandbox,
+May import: storage, storage.config, tasks.curation, tasks.generators, tasks.rollout, tasks.sandbox,
 tasks.tripwires, tasks.verification, tasks.verifiers.
 """

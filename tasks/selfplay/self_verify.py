@@ -22,9 +22,9 @@ from typing import Literal
 import polars as pl
 from pydantic import Field, model_validator
 
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.curation.records import problem_id
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 from tasks.verifiers.process import parse_number, stated_equalities, stated_is_true
 
 SOURCE = "self-verify"

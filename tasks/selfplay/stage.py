@@ -34,14 +34,14 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from storage.lake import Lake
-from tasks.config import Strict
+from storage.config import Strict
 from tasks.curation.config import PROPOSAL_URI
 from tasks.curation.gate import refusals
 from tasks.curation.load import CANDIDATE_SCHEMA
 from tasks.curation.records import problem_id
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 from tasks.generators.programs import draw_task
-from tasks.rollout.prompts import format_prompt
+from policy.prompts import format_prompt
 from tasks.rollout.rows import rollout_rows
 from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
                                        proposer_prompt, shape_key, solver_prompt)

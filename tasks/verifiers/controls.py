@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 from tasks.verifiers.base import Verdict, build_registered, register
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.endpoints import openai_base
+from policy.endpoints import openai_base
 from tasks.errors import VerifierUnavailable
 from tasks.verifiers.base import Verdict, register
 

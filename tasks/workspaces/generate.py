@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from tasks.generators.base import derive_seed
+from storage.seeds import derive_seed
 from tasks.workspaces.problem import Wrong, WorkspaceProblem
 
 ORDERS = {"stack": "last in, first out", "queue": "first in, first out"}

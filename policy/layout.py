@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from tasks.rollout.openai_backend import OpenAIBackendConfig
+from policy.openai_backend import OpenAIBackendConfig
 
 VLLM_DEFAULT_UTILIZATION = 0.9
 LEAST_TRAINER_SHARE = 0.2                   # below this a trainer of any real model fails at its first step

@@ -67,6 +67,6 @@ def validated_config(whole: dict, path: str | Path, model: type[BaseModel],
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        from tasks.config_errors import describe
+        from storage.config_errors import describe
 
         raise ValueError(describe(error, path, model, section, whole)) from None

@@ -42,7 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from tasks.rollout.sampling import NEUTRAL, Penalties, SamplerConfig
+from policy.sampling import NEUTRAL, Penalties, SamplerConfig
 
 
 class NotServed(LookupError):
@@ -338,8 +338,8 @@ def lake_versions(lake_uri: str | None):
 def folder_loader(device: str = "cpu", batch_size: int = 64):
     """Load a checkpoint or LoRA adapter folder (what `load_lora_adapter` names) as an HFPolicy; a name
     `vN` is model version N, any other name version -1."""
-    from tasks.rollout.hf import HFPolicy
-    from storage.checkpoints import load_policy
+    from policy.hf import HFPolicy
+    from policy.checkpoints import load_policy
 
     def load(name: str, path: str) -> HFPolicy:
         model, tokenizer = load_policy(path, device)

@@ -4,7 +4,7 @@ Every importance ratio the trainer forms is exp(its log-prob − the behaviour l
 returned). Before any update that ratio must be 1; a server that applies penalties the request did not
 ask for, samples in another dtype, tokenizes the prompt otherwise (a second BOS) or holds other weights
 than the registry's checkpoint breaks it silently. The gate samples a few responses from one endpoint,
-recomputes their log-probs with the trainer's own pass (`tasks/rollout/logprobs.py`, softmax(logits / T))
+recomputes their log-probs with the trainer's own pass (`policy/logprobs.py`, softmax(logits / T))
 over the prompt as the hf backend tokenizes it, and measures the gap per token.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tasks.endpoints import server_root
-from tasks.rollout.logprobs import response_logprobs
-from tasks.rollout.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
-from tasks.rollout.sampling import Sample, SamplerConfig
+from policy.endpoints import server_root
+from policy.logprobs import response_logprobs
+from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
+from policy.sampling import Sample, SamplerConfig
 
 
 @dataclass

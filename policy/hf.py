@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tasks.progress import track
-from tasks.rollout.sampling import NO_PENALTIES, Penalties, Sample, SamplerConfig, sampling_logprobs, self_certainty
+from storage.progress import track
+from policy.sampling import NO_PENALTIES, Penalties, Sample, SamplerConfig, sampling_logprobs, self_certainty
 
 
 # The model's batch drops its finished rows once they are 1/NARROW_AT of it: the remaining rows' KV cache is
@@ -52,7 +52,7 @@ class HFPolicy:
                       penalties: Penalties = NO_PENALTIES) -> list[Sample]:
         import torch
 
-        from tasks.rollout.logprobs import kv_cache_field, left_padded_prompts, shared_prefill
+        from policy.logprobs import kv_cache_field, left_padded_prompts, shared_prefill
 
         model, tokenizer = self.model, self.tokenizer
         pad = tokenizer.pad_token_id
@@ -184,7 +184,7 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
 
     With the sampler's defaults they equal the behaviour log-probs the hf backend stored.
     """
-    from tasks.rollout.logprobs import response_logprobs
+    from policy.logprobs import response_logprobs
 
     logprobs, _, _ = response_logprobs(model, prompt_ids, response_ids, temperature)
     return [logprobs[row, :len(response)] for row, response in enumerate(response_ids)]

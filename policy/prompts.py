@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tasks.config import Strict
+from storage.config import Strict
 
 
 class PromptConfig(Strict):

@@ -34,9 +34,9 @@ from typing import Literal
 import httpx
 from pydantic import Field
 
-from storage.checkpoints import adapter_base, local_checkpoint
-from tasks.config import Strict
-from tasks.rollout.openai_backend import RequestRefused, held_versions, served_models, server_routes
+from policy.checkpoints import adapter_base, local_checkpoint
+from storage.config import Strict
+from policy.openai_backend import RequestRefused, held_versions, served_models, server_routes
 
 
 class PublishConfig(Strict):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tasks.rollout.sampling import Policy, Sample, SamplerConfig
-from tasks.progress import track
+from policy.sampling import Policy, Sample, SamplerConfig
+from storage.progress import track
 
 
 @dataclass
@@ -29,7 +29,7 @@ class WithSelfCertainty:
 
     def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]:
-        from tasks.rollout.logprobs import response_self_certainty
+        from policy.logprobs import response_self_certainty
 
         groups = self.policy.generate(prompts, n, sampler, seed, model_version)
         missing = [(prompt, sample) for prompt, group in zip(prompts, groups) for sample in group

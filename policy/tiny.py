@@ -8,12 +8,12 @@ is attached so that `template: chat` prompts work with the same code as a real i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from pydantic import Field
 
-from storage.checkpoints import MODEL_BUILDING
-from tasks.config import Strict
+from policy.checkpoints import MODEL_BUILDING
+from storage.config import Strict
 
 PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
@@ -69,16 +69,7 @@ def build_model(config: TinyModelConfig, tokenizer):
         num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None)
-    with MODEL_BUILDING, torch.random.fork_rng():        # see storage/checkpoints.py
+    with MODEL_BUILDING, torch.random.fork_rng():        # see policy/checkpoints.py
         torch.manual_seed(config.seed)
         model = Qwen2ForCausalLM(model_config)
     return model.eval()
-
-
-def tokenizer_corpus(seed: int = 0, count: int = 2000) -> Iterator[str]:
-    """Text the tokenizer learns from: problems and worked answers of our own generators."""
-    from tasks.generators import generate
-
-    for _, _, problem in generate("mix", count=count, seed=seed):
-        yield problem.prompt
-        yield f"{problem.solution}\n#### {problem.answer}"

@@ -139,7 +139,7 @@ def response_self_certainty(model, prompt_ids: list[list[int]], response_ids: li
     """Each response's self-certainty: the mean over its tokens of KL(uniform ‖ softmax(logits)) of the raw
     (temperature-1) distribution that predicted it, as the hf backend accumulates it while sampling. An empty
     response has 0."""
-    from tasks.rollout.sampling import self_certainty
+    from policy.sampling import self_certainty
 
     if not any(response_ids):
         return [0.0] * len(response_ids)

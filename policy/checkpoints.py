@@ -4,7 +4,7 @@ What every stage that touches a model reads, so it sits on the storage floor: th
 exist, their parents, where their checkpoints are) are `storage/registry.py`'s; this module writes and reads the
 checkpoint folders they point at. A LoRA adapter checkpoint names the base checkpoint it applies to; checkpoints
 on S3 are downloaded once into a local cache, and the versions this process has just written or read are kept in
-memory (`storage/policy_cache.py`).
+memory (`policy/cache.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from storage import policy_cache
+from policy import cache as policy_cache
 from storage.lake import Lake
 from storage.registry import claim_checkpoint
 
@@ -143,7 +143,7 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False, 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from storage.threads import use_given_cores
+    from policy.threads import use_given_cores
 
     _quiet_transformers()
     use_given_cores()                                  # every torch stage loads a policy first

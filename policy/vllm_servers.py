@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:                        # annotations only: the GPU check imports this module without pydantic
-    from tasks.rollout.openai_backend import OpenAIBackendConfig
+    from policy.openai_backend import OpenAIBackendConfig
 
 ROOT = Path(__file__).resolve().parents[2]            # the checkout: infra/vllm/serve.sh
 VLLM_ENV = Path(os.environ.get("RLVR_VLLM_ENV") or ROOT / ".venv-vllm")

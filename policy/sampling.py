@@ -14,7 +14,7 @@ from typing import Protocol
 
 from pydantic import Field
 
-from tasks.config import Strict
+from storage.config import Strict
 
 
 class SamplerConfig(Strict):

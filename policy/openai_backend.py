@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import httpx
 from pydantic import Field, field_validator
 
-from tasks.config import Strict
-from tasks.endpoints import server_root
-from tasks.generators.base import derive_seed
-from tasks.rollout.sampling import NEUTRAL, Sample, SamplerConfig
+from storage.config import Strict
+from policy.endpoints import server_root
+from storage.seeds import derive_seed
+from policy.sampling import NEUTRAL, Sample, SamplerConfig
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
