@@ -29,7 +29,7 @@ from storage.registry import latest_version, register
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
 from tasks.curation.stage import bank_problems
-from tasks.rollout.stage import IterationConfig
+from tasks.iteration import IterationConfig
 from trainers.grpo import TrainConfig
 
 GROUP_SIZE = 16

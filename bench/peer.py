@@ -182,7 +182,7 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     from policy.checkpoints import load_policy
     from storage.registry import latest_version, version_row
     from tasks.evaluation import evaluate, overall_solve_rate
-    from tasks.rollout.stage import IterationConfig
+    from tasks.iteration import IterationConfig
 
     lake_uri = copy_of(base, f"rlvr-peer-ours-{seed}-")
     lake = Lake.open(lake_uri)
@@ -277,8 +277,9 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     from policy.threads import use_given_cores
     from tasks.evaluation import evaluate, overall_solve_rate
     from policy.prompts import format_prompt
-    from tasks.rollout.stage import IterationConfig, training_bank
-    from tasks.verification import PROBLEM_FIELDS, score_rollouts, verifier_pool
+    from tasks.iteration import IterationConfig
+    from tasks.rollout.stage import training_bank
+    from tasks.verification.stage import PROBLEM_FIELDS, score_rollouts, verifier_pool
     from trainers.stage import warmup_version
 
     lake = Lake.open(copy_of(base, f"rlvr-peer-trl-{seed}-"))

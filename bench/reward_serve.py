@@ -25,7 +25,7 @@ import httpx
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/reward_serve.py", "tasks/interop/", "tasks/verification.py", "tasks/verifiers/", "storage/",
+DEPENDS_ON = ("bench/reward_serve.py", "tasks/interop/", "tasks/verification/stage.py", "tasks/verifiers/", "storage/",
               "flows/cli/interop.py")
 
 BIN = Path(sys.executable).parent
@@ -60,7 +60,7 @@ def run_benchmark(problems: int = 200, samples: int = 8, clients: int = 64, batc
     from flows.curation import curate_bank
     from storage.lake import Lake
     from tasks.curation.stage import bank_problems
-    from tasks.verification import VerifyConfig, score_rollouts, verifier_pool
+    from tasks.verification.stage import VerifyConfig, score_rollouts, verifier_pool
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-reward-serve-") as work:
         lake_uri = f"{work}/lake"

@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from flows.display import console
 from tasks.sandbox.client import Sandbox, isolation_mode
-from tasks.verifiers.workspace import WORKSPACE_LIMITS
+from tasks.workspaces.verifier import WORKSPACE_LIMITS
 from tasks.workspaces.check import run_local
 from tasks.workspaces.problem import load_problems
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sandbox_files.py", "tasks/sandbox/", "tasks/workspaces/", "tasks/verifiers/workspace.py")
+DEPENDS_ON = ("bench/sandbox_files.py", "tasks/sandbox/", "tasks/workspaces/", "tasks/workspaces/verifier.py")
 
 
 def run_benchmark(workers: int = 2, repeats: int = 1, level: str = "file") -> dict:

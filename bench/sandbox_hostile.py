@@ -27,7 +27,7 @@ from bench.sandbox_rate import load_problems
 from flows.display import console
 from tasks.sandbox.client import isolation_mode
 from tasks.sandbox.limits import SandboxLimits
-from tasks.verifiers.engine import VerifierPool
+from tasks.verification.engine import VerifierPool
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/sandbox_hostile.py", "bench/hostile_programs.py", "bench/sandbox_rate.py", "tasks/sandbox/",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from flows.display import console
 from tasks.generators import generate
-from tasks.verifiers.engine import VerifierPool
+from tasks.verification.engine import VerifierPool
 from tasks.verifiers.numbers import parse_number
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).

@@ -30,7 +30,7 @@ from flows.policies import without_flow_heartbeats
 from flows.run_config import RunConfig
 from storage import leases
 from storage.lake import Lake
-from tasks.rollout.stage import IterationConfig
+from tasks.iteration import IterationConfig
 
 
 def on_workers(lake: Lake, settings: RunConfig, plan: Plan, progress: UUID) -> list[dict[str, Any]]:

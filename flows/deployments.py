@@ -76,7 +76,7 @@ def flow_parameters(spec: DeploymentSpec, serve: ServeConfig, run_config: dict[s
 
         built["config"] = sections(tuple(RunConfig.model_fields))
     elif spec.flow == "iteration":
-        from tasks.rollout.stage import IterationConfig
+        from tasks.iteration import IterationConfig
 
         built["config"] = sections(tuple(IterationConfig.model_fields))
     elif spec.flow == "evaluate":

@@ -26,7 +26,8 @@ from storage.lake import Lake
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.curation.gate import admit_made, refused_but_drawn
-from tasks.rollout.stage import IterationConfig, current_model_version, next_iteration, sample_iteration
+from tasks.iteration import IterationConfig, sample_iteration
+from tasks.rollout.stage import current_model_version, next_iteration
 from trainers.grpo import TrainConfig
 from storage.registry import latest_version
 from trainers.stage import train_iteration
@@ -104,12 +105,12 @@ def bank_added(lake: Lake, problems, iteration: int, what: str, drawn: Iterable[
 
 
 def self_verification_tasks(lake: Lake, settings: IterationConfig, sampled) -> pl.DataFrame:
-    """Verification tasks (tasks/selfplay/self_verify.py) from an iteration's rollouts and their own verdicts."""
+    """Verification tasks (tasks/rise.py) from an iteration's rollouts and their own verdicts."""
     import pyarrow.compute as pc
 
-    from tasks.selfplay.self_verify import verification_problems
+    from tasks.rise import verification_problems
     from tasks.selfplay.stage import problem_rows
-    from tasks.verification import own_rewards
+    from tasks.verification.stage import own_rewards
 
     rollouts = sampled.rollouts.select("rollout_id", "iteration", "problem_id", "response")
     problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),

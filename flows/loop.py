@@ -38,7 +38,8 @@ from policy import vllm_servers
 from policy.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
 from policy.openai_backend import OpenAIBackendConfig
 from policy.publish import staged
-from tasks.rollout.stage import IterationConfig, current_model_version
+from tasks.iteration import IterationConfig
+from tasks.rollout.stage import current_model_version
 from trainers.grpo import rank_devices, strategy_of
 from trainers.stage import run_warmup, warmup_version
 

@@ -13,7 +13,7 @@ from tasks.curation.config import CurationConfig
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
 from policy.publish import PublishConfig
-from tasks.rollout.stage import IterationConfig
+from tasks.iteration import IterationConfig
 from trainers.grpo import TrainConfig
 from trainers.warmup import WarmupConfig
 

@@ -23,8 +23,8 @@ from tasks.advantages.stage import latest_dbb_iteration
 from storage.config import merged_config
 from tasks.evaluation import pinned_bank_version
 from tasks.rewards.compose import RewardConfig
-from tasks.rollout.stage import IterationConfig
-from tasks.verification import VerifyConfig
+from tasks.iteration import IterationConfig
+from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig
 
 STAGES = ("rollout", "verify", "advantages", "train", "evaluate")

@@ -15,7 +15,7 @@ from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import verify_key
 from storage.lake import Lake
 from tasks.rewards.compose import RewardConfig
-from tasks.verification import (VerifyConfig, record_noise, rollouts_with_problems, score_with_components,
+from tasks.verification.stage import (VerifyConfig, record_noise, rollouts_with_problems, score_with_components,
                                 with_composition, with_noise_correction, write_rewards)
 
 read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=STORAGE_RETRY_DELAYS)
@@ -101,7 +101,7 @@ def audit_verifier(audit_file: str, verifier: str | None = None, reference: str 
     """Re-estimate a verifier version's noise (ρ0, ρ1 with 95 % intervals) from a labelled sample and store it
     in `verifier_noise`, where `verify.noise_correction` reads the latest one. Scheduled weekly by
     configs/deployments.yaml; `rlvr audit-verifier` runs it once."""
-    from tasks.verification import audit_file as audit_sample
+    from tasks.verification.stage import audit_file as audit_sample
 
     lake = Lake.open(lake_uri)
     name, version, noise, audit = audit_sample(audit_file, verifier, reference, workers)

@@ -171,6 +171,13 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False, 
     return model.to(device).eval(), tokenizer
 
 
+def load_tokenizer(uri: str):
+    """The tokenizer of a checkpoint alone (a sampler on a server needs it for chat templates and tool output)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(local_checkpoint(uri))
+
+
 def load_training_state(uri: str) -> dict | None:
     """The optimizer state saved with a checkpoint, or None (a base model)."""
     import torch

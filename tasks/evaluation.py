@@ -23,8 +23,9 @@ from tasks.curation.stage import bank_problems
 from storage.seeds import derive_seed
 from policy.prompts import format_prompt
 from policy.sampling import SamplerConfig
-from tasks.rollout.stage import IterationConfig, open_policy
-from tasks.verification import PROBLEM_FIELDS, score_rollouts
+from tasks.iteration import IterationConfig
+from tasks.rollout.stage import open_policy
+from tasks.verification.stage import PROBLEM_FIELDS, score_rollouts
 
 
 class EvalConfig(Strict):

@@ -14,7 +14,7 @@ from storage.lineage import problem_lineage
 from tasks.curation.config import CurationConfig
 from tasks.curation.gate import Admitted, GateSettings, admit, bank_run, refusals, refused_but_drawn
 from tasks.curation.load import load_source
-from tasks.selfplay.documents import challenge_text
+from tasks.proposals.documents import challenge_text
 from tasks.selfplay.stage import problem_rows, selfplay_problem
 from test_documents import Replay
 
@@ -86,9 +86,9 @@ def test_the_gate_applies_the_settings_the_bank_was_curated_with(tmp_path, bank)
 
 
 def test_the_stage_never_solves_a_task_the_gate_refuses(tmp_path, bank):
-    from tasks.rollout.stage import IterationConfig
+    from tasks.iteration import IterationConfig
     from tasks.selfplay.stage import sample_selfplay
-    from tasks.verification import score_with_components, verifier_pool
+    from tasks.verification.stage import score_with_components, verifier_pool
 
     lake = Lake.open(str(tmp_path / "lake"))
     curated(lake, bank)

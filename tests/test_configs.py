@@ -10,7 +10,7 @@ from tasks.curation.config import CurationConfig, parse_source_spec
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig
 from tasks.rollout.stage import RolloutConfig
-from tasks.verification import VerifyConfig
+from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig
 from flows.run_config import LoopConfig
 from tasks.evaluation import EvalConfig
@@ -19,7 +19,7 @@ from tasks.curriculum.stage import CurriculumConfig
 
 from tasks.rewards.compose import RewardConfig
 from policy.publish import PublishConfig
-from tasks.selfplay.self_verify import SelfVerifyConfig
+from tasks.rise import SelfVerifyConfig
 from tasks.selfplay.stage import SelfPlayConfig
 from tasks.interop.tracking import TrackingConfig
 

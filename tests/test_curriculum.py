@@ -132,7 +132,7 @@ def test_a_solved_gym_source_moves_a_step_harder_with_new_problems_that_verify(p
     from tasks.curation.stage import bank_problems
     from tasks.curriculum.gym_difficulty import step_params
     from tasks.curriculum.stage import CurriculumConfig, at_current_difficulty, gym_sources, moved_gym_difficulty
-    from tasks.verifiers.registry import build_verifier
+    from tasks.verification.registry import build_verifier
 
     lake_uri = str(tmp_path / "lake")
     curate_bank({"sources": [ARITHMETIC, {"kind": "generator", "generator": "level1", "count": 10}]}, lake_uri)

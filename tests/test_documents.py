@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks.selfplay.documents import (Document, challenge_text, generate_documents, parse_challenge, read_documents,
+from tasks.proposals.documents import (Document, challenge_text, generate_documents, parse_challenge, read_documents,
                                       variance_reward)
 
 DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
@@ -148,9 +148,9 @@ def test_the_stage_grounds_questions_in_their_documents_and_lineage_finds_the_sp
     from flows.iteration import bank_added
     from storage.lake import Lake
     from storage.lineage import problem_lineage
-    from tasks.rollout.stage import IterationConfig
+    from tasks.iteration import IterationConfig
     from tasks.selfplay.stage import sample_selfplay
-    from tasks.verification import score_with_components, verifier_pool
+    from tasks.verification.stage import score_with_components, verifier_pool
 
     corpus = tmp_path / "towns.jsonl"
     corpus.write_text(json.dumps({"id": DOCUMENT.document_id, "text": DOCUMENT.text, "license": "CC0"}) + "\n")
@@ -197,7 +197,7 @@ def test_the_warm_up_challenges_are_valid_and_the_drill_corpus_is_reproducible()
     import random
 
     from tasks.generators.grounded import challenger_example, drill_documents
-    from tasks.verifiers.selfplay import ChallengeVerifier
+    from tasks.proposals.verifiers import ChallengeVerifier
 
     verifier, kinds = ChallengeVerifier(), set()
     for seed in range(40):
@@ -290,7 +290,7 @@ BSD3_CLAUSE = """3. Neither the name of the copyright holder nor the names of it
     ("Copyright (c) 2020 Some One. All rights reserved.\n", None),           # not a licence we know
 ])
 def test_a_licence_is_read_from_its_files_text_not_its_first_line(text, spdx):
-    from tasks.selfplay.licences import spdx_of
+    from tasks.proposals.licences import spdx_of
 
     assert spdx_of(text) == spdx
 

@@ -124,7 +124,7 @@ def test_translation_scores_are_continuous_and_guarded():
 
 
 def test_every_domain_is_curated_and_scored_through_the_pool():
-    from tasks.verifiers.engine import VerifierPool
+    from tasks.verification.engine import VerifierPool
 
     items = []
     for name in ("sat", "tictactoe", "connect4", "translation"):

@@ -108,7 +108,8 @@ def test_each_round_is_planned_under_the_round_fill_batch_counts():
 
 def test_the_sampler_plans_from_its_history():
     """`GroupSampler.plan` ranks a pool drawn by the mix and sizes the round from the ranked predictions."""
-    from tasks.rollout.stage import GroupSampler, IterationConfig
+    from tasks.iteration import IterationConfig
+    from tasks.rollout.stage import GroupSampler
 
     bank = pl.DataFrame({"problem_id": [f"p{i}" for i in range(40)], "domain": ["math"] * 40, "prompt": ["q"] * 40,
                          "answer": ["1"] * 40, "level": [1] * 40, "source": ["drill"] * 40})
@@ -119,7 +120,8 @@ def test_the_sampler_plans_from_its_history():
                                                 "solve_rate": [0.5, 0.25, 0.75] * 10, "n_samples": [8] * 30})])
     config = IterationConfig.model_validate({"rollout": {"group_size": 8}, "dynamic_sampling": {
         "groups_per_batch": 6, "guidance": {"enabled": True, "pool": 3.0}}})
-    sampler = GroupSampler(config, None, None, None, bank, 7, 1, history=history)
+    configs = (config.rollout, config.dynamic_sampling, config.selfverify, config.verify.verifier)
+    sampler = GroupSampler(*configs, None, None, None, bank, 7, 1, history=history)
     n = sampler.plan(6, 2)
     keep = sampler.ranked["keep_probability"].to_list()
     assert sampler.ranked.height == 18 and n == groups_to_draw(keep, 6, 0.8, 18)
@@ -128,7 +130,7 @@ def test_the_sampler_plans_from_its_history():
     pool = sample_mix(bank, 18, derive_seed(config.rollout.seed, 7, 2, "draw"), config.rollout.mix.level_weights,
                       config.rollout.mix.domain_weights)
     assert set(sampler.ranked["problem_id"]) == set(pool["problem_id"])  # drawn with the round's own seed
-    fresh = GroupSampler(config, None, None, None, bank, 1, 0, history=history.clear())
+    fresh = GroupSampler(*configs, None, None, None, bank, 1, 0, history=history.clear())
     assert fresh.plan(6, 1) == math.ceil(6 * 1.5) and fresh.ranked is None   # no history: the fixed oversampling
 
 

@@ -145,7 +145,7 @@ def test_injection_the_guard_misses_is_still_fenced(judge_server):
 
 
 def test_an_unreachable_judge_stops_the_stage_instead_of_scoring_zero():
-    from tasks.verifiers.engine import VerifierPool
+    from tasks.verification.engine import VerifierPool
 
     verifier = JudgeVerifier(base_url="http://127.0.0.1:9/v1", model="v0", retries=1, timeout_seconds=1)
     with pytest.raises(JudgeUnavailable, match="did not answer"):

@@ -3,7 +3,8 @@
 import pytest
 
 from tasks.curation import layouts
-from tasks.curation.layouts import Rejected, last_boxed
+from tasks.curation.layouts import Rejected
+from tasks.verifiers.extract import last_boxed
 
 
 def test_gsm8k_keeps_calculator_steps_and_final_answer():

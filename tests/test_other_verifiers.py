@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import reasoning_gym
 
-from tasks.verifiers.registry import build_verifier
+from tasks.verification.registry import build_verifier
 from tasks.verifiers.code import CodeVerifier, extract_program
 from tasks.verifiers.formats import format_reward
 from tasks.verifiers.noise import corrected_reward, estimate_noise
@@ -80,7 +80,7 @@ def test_padding_with_true_but_irrelevant_arithmetic_earns_nothing():
 
 
 def test_small_process_weight_warns_once_where_the_config_is_read():
-    from tasks.verification import VerifyConfig
+    from tasks.verification.stage import VerifyConfig
 
     with pytest.warns(UserWarning, match="worse than outcome-only"):
         VerifyConfig(options={"process": {"process_weight": 0.1}})

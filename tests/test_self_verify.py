@@ -6,8 +6,9 @@ import json
 import polars as pl
 import pytest
 
-from tasks.selfplay.self_verify import (SelfVerifyConfig, first_wrong_step, judgement_reward, verification_answer,
-                                        verification_problems)
+from tasks.proposals.judgements import first_wrong_step, judgement_reward, verification_answer
+
+from tasks.rise import SelfVerifyConfig, verification_problems
 
 STEPS = ["12*7=84", "84+61=145"]
 
@@ -137,7 +138,7 @@ def test_in_batch_the_same_policy_verifies_its_own_batch_and_both_train_in_one_u
     ({"selfverify": {"enabled": True}, "selfplay": {"enabled": True}}, "a self-play iteration samples its own"),
 ])
 def test_a_config_in_batch_cannot_honour_is_refused(section, message):
-    from tasks.rollout.stage import IterationConfig
+    from tasks.iteration import IterationConfig
 
     with pytest.raises(ValueError, match=message):
         IterationConfig.model_validate(section)

@@ -6,10 +6,10 @@ from datetime import datetime, timezone
 import pytest
 
 from tasks.sandbox.client import Sandbox
-from tasks.selfplay.code_tasks import (CodeTask, ProposalRules, Rejection, learnability, parse_proposal,
+from tasks.proposals.code_tasks import (CodeTask, ProposalRules, Rejection, learnability, parse_proposal,
                                        solver_prompt)
-from tasks.selfplay.executor import PROPOSAL_LIMITS, judge_answer, validate, validate_all
-from tasks.verifiers.registry import build_verifier
+from tasks.proposals.executor import PROPOSAL_LIMITS, judge_answer, validate, validate_all
+from tasks.verification.registry import build_verifier
 
 RULES = ProposalRules(induction_pairs=4)
 
@@ -143,9 +143,9 @@ def test_every_warm_up_template_agrees_with_the_sandbox_and_its_worked_examples_
     import random
 
     from tasks.generators.programs import TEMPLATES, draw_task, proposer_example, solver_example
-    from tasks.selfplay.code_tasks import proposal_text
-    from tasks.verifiers.selfplay import ANSWER_BLOCKS, ProposalVerifier, SelfPlayVerifier
-    from tasks.selfplay.code_tasks import last_block
+    from tasks.proposals.code_tasks import proposal_text
+    from tasks.proposals.verifiers import ANSWER_BLOCKS, ProposalVerifier, SelfPlayVerifier
+    from tasks.proposals.code_tasks import last_block
 
     rng = random.Random(0)
     drawn = [draw_task(rng, False, "induction") for _ in range(120)]

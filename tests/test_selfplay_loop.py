@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 import yaml
 
-from tasks.selfplay.code_tasks import learnability
+from tasks.proposals.code_tasks import learnability
 
 pytestmark = pytest.mark.slow                     # one self-play run, killed and resumed, shared by every test here
 

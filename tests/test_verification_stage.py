@@ -66,7 +66,7 @@ def test_rescoring_replaces_its_own_rows_and_keeps_other_verifiers(verify_iterat
 
 
 def record_audit(lake, rho0: float, rho1: float, verifier: str = "math", version: str = "2.2") -> None:
-    from tasks.verification import record_noise
+    from tasks.verification.stage import record_noise
     from tasks.verifiers.noise import NoiseEstimate
 
     with lake.run("test", "audit", {}) as run:
@@ -133,7 +133,7 @@ def test_audit_against_a_reference_verifier_keeps_lines_aligned(cli, tmp_path):
 
 
 def test_a_rollout_without_its_problem_is_reported_and_the_rest_scored(lake, capsys):
-    from tasks.verification import VerifyConfig, rollouts_with_problems, score_rollouts
+    from tasks.verification.stage import VerifyConfig, rollouts_with_problems, score_rollouts
 
     rollouts = seed_iteration(lake)
     orphan = rollouts.head(1).with_columns(rollout_id=pl.lit("orphan"), problem_id=pl.lit("gone"))
@@ -178,6 +178,6 @@ def test_wilson_intervals_by_hand():
 
 
 def _version(name: str) -> str:
-    from tasks.verifiers.registry import build_verifier
+    from tasks.verification.registry import build_verifier
 
     return build_verifier(name).version

@@ -5,7 +5,7 @@ import json
 import reasoning_gym
 
 from conftest import run_cli
-from tasks.verifiers.engine import VerifierPool
+from tasks.verification.engine import VerifierPool
 
 
 def write_lines(path, lines):
@@ -50,7 +50,7 @@ def test_every_domain_and_bad_lines(tmp_path):
 
 def test_a_verifier_that_serves_one_domain_may_be_given_as_the_domain():
     """Issue 37: `"domain": "translation"` was refused although the translation verifier exists."""
-    from tasks.verifiers.files import BadLine, parse_line
+    from tasks.verification.files import BadLine, parse_line
 
     line = {"id": 1, "domain": "translation", "prompt": "Translate into French: The cat is black.",
             "ground_truth": "Le chat est noir.", "response": "Translation: Le chat est noir."}
@@ -161,7 +161,7 @@ def test_bad_lines_are_skipped_never_the_file(tmp_path):
 
 
 def test_deep_json_is_a_bad_line_not_a_traceback(tmp_path):
-    from tasks.verifiers.files import BadLine, read_lines
+    from tasks.verification.files import BadLine, read_lines
 
     source = tmp_path / "in.jsonl"
     source.write_text("[" * 100_000 + "]" * 100_000 + "\n")

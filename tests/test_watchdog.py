@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
-from tasks.verifiers.engine import VerifierPool
+from tasks.verification.engine import VerifierPool
 
 
 def watchdog_threads() -> int:

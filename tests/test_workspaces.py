@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from tasks.verifiers.credit import credit, credit_rule
-from tasks.verifiers.workspace import WorkspaceVerifier
+from tasks.workspaces.verifier import WorkspaceVerifier
 from tasks.workspaces.answer import extract_files
 from tasks.workspaces.problem import ProblemError, load_problem, load_problems
 

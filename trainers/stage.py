@@ -71,7 +71,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     from policy.prompts import format_prompt
     from policy.sampling import SamplerConfig
     from tasks.rollout.stage import training_bank
-    from tasks.verification import score_rollouts, verifier_pool
+    from tasks.verification.stage import score_rollouts, verifier_pool
     from trainers.warmup import warm_up
 
     config, prompt = settings.warmup, settings.rollout.prompt

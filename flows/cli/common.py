@@ -120,7 +120,7 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
     from pydantic import ValidationError
 
     from storage.config import load_yaml_config
-    from tasks.rollout.stage import IterationConfig
+    from tasks.iteration import IterationConfig
 
     try:
         settings = load_yaml_config(path, IterationConfig, tuple(IterationConfig.model_fields)) if path else \

@@ -106,7 +106,7 @@ def reward_serve(
     from storage.leases import LOOP
     from tasks.interop.reward_http import MiB, RewardServer, read_token
     from tasks.interop.reward_service import RewardService
-    from tasks.verification import VerifyConfig
+    from tasks.verification.stage import VerifyConfig
 
     try:
         token = None if token_file is None else read_token(token_file)

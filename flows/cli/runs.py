@@ -41,7 +41,7 @@ def run(
     except ValueError as error:
         fail(str(error), 2)
     if documents is not None:
-        from tasks.selfplay.documents import read_documents
+        from tasks.proposals.documents import read_documents
 
         try:
             corpus = read_documents(documents)        # a bad corpus fails here, naming its file and line

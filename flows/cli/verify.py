@@ -33,9 +33,9 @@ def verify_file(
 
     from rich.progress import Progress
 
-    from tasks.verifiers.engine import VerifierPool
+    from tasks.verification.engine import VerifierPool
     if verifier is not None:
-        from tasks.verifiers.registry import build_verifier
+        from tasks.verification.registry import build_verifier
 
         build_verifier(verifier)                    # an unknown name fails here, before any work
     items, bad = _verify_lines(input_path, max_line_bytes)
@@ -69,7 +69,7 @@ def verify_file(
 
 def _verify_lines(path: Path, max_line_bytes: int | None = None) -> tuple[list, list]:
     """(usable items, bad lines) of a verify-file JSONL; each bad line is reported on stderr."""
-    from tasks.verifiers.files import MAX_LINE_BYTES, BadLine, read_lines
+    from tasks.verification.files import MAX_LINE_BYTES, BadLine, read_lines
 
     parsed = list(read_lines(str(path), max_line_bytes or MAX_LINE_BYTES))
     bad = [line for line in parsed if isinstance(line, BadLine)]
@@ -94,7 +94,7 @@ def verify(
     import polars as pl
 
     from storage.config import load_yaml_config
-    from tasks.verification import VerifyConfig
+    from tasks.verification.stage import VerifyConfig
 
     settings = load_yaml_config(config, VerifyConfig, section="verify") if config else VerifyConfig()
     updates = {"verifier": verifier or settings.verifier, "noise_correction": noise_correction or settings.noise_correction}

@@ -21,7 +21,7 @@ from tasks.advantages.shaping import (group_statistics, shape_overlong, stalenes
                                       truncated_importance_weight)
 from storage.config import Strict
 from tasks.rewards.compose import RewardConfig, compose
-from tasks.verification import composition_inputs
+from tasks.verification.stage import composition_inputs
 
 
 DEFAULT_BAND = (0.0, 1.0)
@@ -89,7 +89,7 @@ def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tup
 def own_verifier_first(lake: Lake, rollouts: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
     """Rewards ordered so each rollout's score by its problem's own verifier comes first (an iteration
     re-scored with another verifier holds both)."""
-    from tasks.verifiers.engine import own_verifier
+    from tasks.verification.engine import own_verifier
 
     problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
                          columns=["problem_id", "domain", "verifier"]).unique("problem_id")

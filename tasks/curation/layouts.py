@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from tasks.verifiers.extract import last_boxed
+
 # MATH-500 / AIME 2025 / HMMT prompts end with the evaluation harness's own instruction; the
 # rollout stage applies its own template, so the bank stores the bare problem.
 HARNESS_SUFFIX = re.compile(r"\s*Please reason step by step,? and put your final answer within \\boxed\{\}\.?\s*$")
@@ -21,22 +23,6 @@ class Rejected(ValueError):
         super().__init__(reason)
         self.field = field
         self.reason = reason
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    open_brace = text.find("{", start)
-    if open_brace < 0:
-        return None
-    depth = 0
-    for position in range(open_brace, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[position], 0)
-        if depth == 0:
-            return text[open_brace + 1:position].strip()
-    return None
 
 
 def _text(record: dict[str, Any], *names: str, required: bool = True) -> tuple[str | None, str | None]:

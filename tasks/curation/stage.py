@@ -124,7 +124,7 @@ def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> 
     """Move code problems whose reference solution fails its own tests (run in the sandbox) to quarantine."""
     from tasks.sandbox.client import Sandbox
     from tasks.verifiers.code import extract_program
-    from tasks.verifiers.workspace import WORKSPACE_LIMITS
+    from tasks.workspaces.verifier import WORKSPACE_LIMITS
 
     problems = loaded.problems
     runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null()

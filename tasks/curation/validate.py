@@ -25,7 +25,7 @@ EXECUTOR_VERIFIERS = {"selfplay", "proposal", "learnability"}      # code checke
 
 def executor_task_issue(problem: dict[str, Any]) -> tuple[str, str] | None:
     """A self-play problem: a solver's task (its CodeTask JSON parses) or a proposer's prompt (a task type)."""
-    from tasks.selfplay.code_tasks import TASK_TYPES, CodeTask
+    from tasks.proposals.code_tasks import TASK_TYPES, CodeTask
 
     answer = problem.get("answer") or ""
     if problem["verifier"] == "selfplay":

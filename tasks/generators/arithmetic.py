@@ -119,7 +119,7 @@ def word_problem(rng: random.Random) -> Generated:
 def two_step_verify(rng: random.Random) -> Generated:
     """A worked `a*b+c` solution to judge (RISE's warm-up): right, or wrong at its first or second step;
     the worked solution is the judgement, `correct` or `wrong at step N` (verifier `self_verify`)."""
-    from tasks.selfplay.self_verify import verification_answer, verification_prompt
+    from tasks.proposals.judgements import verification_answer, verification_prompt
 
     problem = two_step(rng)
     a, b, c = problem.params["a"], problem.params["b"], problem.params["c"]

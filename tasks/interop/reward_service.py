@@ -40,7 +40,7 @@ from storage.lake import Lake
 from tasks.interop.bank_index import BankIndex
 from tasks.interop.recording import NAME, Attempt, ExternalRun
 from tasks.interop.rewards import score
-from tasks.verification import VerifyConfig, verifier_pool
+from tasks.verification.stage import VerifyConfig, verifier_pool
 
 
 # OpenRLHF decodes the query with its special tokens: the end-of-sequence text (`<|im_end|>`, `</s>`, ...) trails it

@@ -23,7 +23,7 @@ import polars as pl
 from storage.lake import Lake
 from storage.leases import LOOP
 from tasks.interop.recording import Attempt, ExternalRun, external_problem_id
-from tasks.verification import VerifyConfig, score_rollouts, verifier_pool
+from tasks.verification.stage import VerifyConfig, score_rollouts, verifier_pool
 
 
 def problem_from(ground_truth: str, domain: str | None = None, verifier: str | None = None,

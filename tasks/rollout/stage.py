@@ -9,38 +9,38 @@ Ids sort in draw order: group `i00003-r02-g000007` is the 8th group of round 2 o
 
 from __future__ import annotations
 
-import contextlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
-from pydantic import Field, model_validator
+import pyarrow.compute as pc
+from pydantic import Field
 
+from policy.certainty import WithSelfCertainty
+from policy.checkpoints import load_policy, load_tokenizer
+from policy.hf import HFPolicy
+from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy
+from policy.prompts import PromptConfig, format_prompt
+from policy.sampling import Policy, SamplerConfig
+from storage.config import Strict
 from storage.lake import Lake
-from storage.schemas import VERIFICATION_ROUND
-from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
+from storage.registry import latest_version, version_row
+from storage.seeds import derive_seed
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.guided_sampling import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
 from tasks.advantages.shaping import success
-from tasks.advantages.stage import AdvantageConfig
-from storage.config import Strict
 from tasks.curation.config import MixConfig
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
-from storage.seeds import derive_seed
+from tasks.rise import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig
+from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from tasks.rollout.episodes import EpisodePolicy, ToolConfig
-from policy.openai_backend import OpenAIBackendConfig
-from policy.prompts import PromptConfig, format_prompt
 from tasks.rollout.rows import rollout_rows
-from policy.sampling import Policy, SamplerConfig
-from tasks.rewards.compose import RewardConfig
-from tasks.selfplay.self_verify import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig, verification_problems
-from tasks.selfplay.stage import SelfPlayConfig, problem_rows, sample_selfplay, solve_frame, solve_problems
-from tasks.verification import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components, verifier_pool,
-                                with_composition, with_noise_correction)
-from tasks.rollout.base_policy import BasePolicyConfig
+from tasks.verification.stage import PROBLEM_FIELDS, own_rewards
 
 
 class RolloutConfig(Strict):
@@ -79,35 +79,14 @@ class RolloutConfig(Strict):
         return self.devices[0] if self.devices else self.device
 
 
-class IterationConfig(Strict):
-    """The sections of a run config that one RL iteration reads."""
-
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
-    verify: VerifyConfig = Field(default_factory=VerifyConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="how the reward training sees is "
-                                 "composed (tasks/rewards/compose.py)")
-    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
-    selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig, description="self-play: the policy proposes "
-                                     "the tasks it solves (tasks/selfplay)")
-    selfverify: SelfVerifyConfig = Field(default_factory=SelfVerifyConfig, description="RISE: verification tasks "
-                                         "made of the policy's own rollouts (tasks/selfplay/self_verify.py)")
-
-    @model_validator(mode="after")
-    def _verification_has_a_batch(self):
-        """`selfverify.mode: in_batch` is refused with `selfplay.enabled` (it verifies the rollout stage's batch,
-        and a self-play iteration samples its own): use `selfverify.mode: lagged` with self-play."""
-        if self.selfplay.enabled and self.selfverify.enabled and self.selfverify.mode == "in_batch":
-            raise ValueError("selfverify.mode in_batch verifies the rollout stage's batch, and a self-play iteration "
-                             "samples its own: use selfverify.mode lagged with self-play, or turn one of them off")
-        return self
-
-
 @dataclass
 class GroupSampler:
     """Draws, samples and scores groups round by round; keeps everything it made."""
 
-    config: IterationConfig
+    rollout: RolloutConfig
+    sampling: DynamicSamplingConfig
+    selfverify: SelfVerifyConfig          # lagged RISE: a share of each round's draw is banked verification tasks
+    verifier: str | None                  # the verifier whose verdict says a rollout is correct (verify.verifier)
     policy: Policy
     tokenizer: object | None
     score: Callable[[pl.DataFrame], pl.DataFrame]    # rollouts with their problems -> reward rows
@@ -127,7 +106,7 @@ class GroupSampler:
         draw as many as those predictions need to fill the batch (tasks/advantages/guided_sampling.py). Without
         history (a first iteration) the round is `oversample` × missing, drawn by the mix. `round_` is the
         generation round it plans (its pool's seed), as `fill_batch` counts them."""
-        sampling, rollout = self.config.dynamic_sampling, self.config.rollout
+        sampling, rollout = self.sampling, self.rollout
         guidance = sampling.guidance
         self.ranked = None
         if self.history is None or self.history.is_empty():
@@ -151,7 +130,7 @@ class GroupSampler:
 
     def draw(self, n_groups: int, round_: int) -> pl.DataFrame:
         """`n_groups` new groups, scored: one row per rollout with group_id, problem_id, reward, correct."""
-        rollout = self.config.rollout
+        rollout = self.rollout
         available = self._available()
         n = min(n_groups, available.height)
         if n == 0:
@@ -173,37 +152,15 @@ class GroupSampler:
         self.rollouts.append(rows)
         self.rewards.append(rewards)
         self.scored.append(to_score)
-        own = own_rewards(rewards, to_score, self.config.verify.verifier)
+        own = own_rewards(rewards, to_score, self.verifier)
         return rows.select("rollout_id", "group_id", "problem_id").join(
             own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
 
 
-    def verify_own(self, groups: pl.DataFrame) -> pl.DataFrame:
-        """RISE in the batch: verification tasks from the kept groups' own solutions (tasks/selfplay/self_verify.py),
-        answered now by the same policy in round `VERIFICATION_ROUND`; their rollouts and rewards join the
-        iteration's. Returns the tasks, for the bank."""
-        kept = groups.filter("kept")["group_id"]
-        solutions = pl.concat(self.rollouts).filter(pl.col("group_id").is_in(kept.implode()))["rollout_id"]
-        scored = pl.concat(self.scored, how="diagonal_relaxed").filter(pl.col("rollout_id").is_in(solutions.implode()))
-        verdicts = own_rewards(pl.concat(self.rewards, how="diagonal_relaxed"), scored, self.config.verify.verifier)
-        frame = scored.join(verdicts.select("rollout_id", "correct"), on="rollout_id").join(
-            self.bank.select("problem_id", "source").unique("problem_id"), on="problem_id", how="left")
-        tasks = problem_rows(verification_problems(frame, self.config.selfverify, self.iteration)).unique(
-            "problem_id", keep="first", maintain_order=True)
-        if tasks.is_empty():
-            return tasks
-        problems = tasks.select(*PROBLEM_FIELDS, "level")
-        rows, rewards = solve_problems(problems, self.config, self.iteration, self.model_version, self.policy,
-                                       self.tokenizer, self.score, round_=VERIFICATION_ROUND, role="verifier")
-        self.rollouts.append(rows)
-        self.rewards.append(rewards)
-        self.scored.append(solve_frame(rows, problems))
-        return tasks
-
     def _drawn(self, available: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
         """`n` problems by the training mix; with self-verification, `selfverify.ratio` of them are verification
         tasks (as many as the bank holds), the rest the mix's."""
-        mix, verify = self.config.rollout.mix, self.config.selfverify
+        mix, verify = self.rollout.mix, self.selfverify
         lagged = verify.enabled and verify.mode == "lagged"
         is_task = pl.col("source") == SELF_VERIFY_SOURCE
         tasks = available.filter(is_task) if lagged else available.clear()
@@ -221,8 +178,6 @@ class GroupSampler:
 
 def sampling_history(lake: Lake, config: DynamicSamplingConfig, iteration: int) -> pl.DataFrame | None:
     """Guided sampling's evidence: the groups of the last `guidance.history` iterations (None when off)."""
-    import pyarrow.compute as pc
-
     if not config.guidance.enabled or not lake.exists("groups"):
         return None
     window = (pc.field("iteration") >= iteration - config.guidance.history) & (pc.field("iteration") < iteration)
@@ -239,118 +194,24 @@ def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
 
 def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[Policy, object | None]:
     """The configured backend holding `model_version`, and the tokenizer chat templates need (if any)."""
-    from storage.registry import version_row
-
     row = version_row(lake, model_version)
     checkpoint = row["checkpoint_uri"]
     if config.backend == "hf":
-        from policy.hf import HFPolicy
-        from policy.checkpoints import load_policy
-
         model, tokenizer = load_policy(checkpoint, config.sampling_device(), read_only=True)
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
     else:
-        import os
-
-        from policy.openai_backend import OpenAIPolicy
-
         tokenizer = None
         if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
-            from transformers import AutoTokenizer
-
-            from policy.checkpoints import local_checkpoint
-
-            tokenizer = AutoTokenizer.from_pretrained(local_checkpoint(checkpoint))
+            tokenizer = load_tokenizer(checkpoint)
         served = {model_version: row["served_name"]} if row["served_name"] else {}
         policy = OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served)
     return (EpisodePolicy(policy, tokenizer, config.tools) if config.tools.enabled else policy), tokenizer
 
 
-def needs_self_certainty(config: IterationConfig) -> bool:
-    """A backend that does not report self-certainty must compute it: asked for, or the reward composes it."""
-    wanted = config.rollout.self_certainty
-    return config.rollout.backend != "hf" and (wanted or (wanted is None and "self_certainty" in
-                                                          config.reward.components))
-
-
 def with_self_certainty(lake: Lake, policy: Policy, config: RolloutConfig, model_version: int) -> Policy:
     """`policy`, its samples' self-certainty filled from the local copy of `model_version` (policy/certainty.py)."""
-    from storage.registry import version_row
-    from policy.certainty import WithSelfCertainty
-    from policy.checkpoints import load_policy
-
     model, tokenizer = load_policy(version_row(lake, model_version)["checkpoint_uri"], config.sampling_device())
     return WithSelfCertainty(policy, model, tokenizer, config.batch_size)
-
-
-@dataclass
-class SampledIteration:
-    rollouts: pl.DataFrame
-    rewards: pl.DataFrame
-    rounds: int
-    short_by: int
-    failure: Exception | None        # a shortfall the config says must fail, or a backend error mid-way
-    proposals: pl.DataFrame | None = None      # self-play: every proposal, with its verdict and reward
-    new_problems: pl.DataFrame | None = None   # self-play's prompts and valid tasks, RISE's in-batch tasks, for the bank
-
-
-def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int,
-                     score: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> SampledIteration:
-    """Rounds of draw → sample → score until the batch is full or the round bound is hit.
-
-    Each round is scored by `score` (the flow's fan-out over a Dask cluster), else by this process's
-    verifier pool. A failure after the first round (a shortfall the config says must fail, an
-    inference server that stays down) is returned, not raised, so that the rollouts and rewards
-    already paid for are written before the iteration fails.
-    """
-    policy, tokenizer = open_policy(lake, config.rollout, model_version)
-    verification_tasks = None
-    if needs_self_certainty(config):
-        policy = with_self_certainty(lake, policy, config.rollout, model_version)
-    if config.selfplay.enabled:
-        return _selfplay_iteration(lake, config, iteration, model_version, policy, tokenizer, score)
-    bank = training_bank(lake, config.rollout.mix)
-    rounds, short_by, failure = 0, 0, None
-    try:
-        with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
-            score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
-            sampler = GroupSampler(config, policy, tokenizer, score, bank, iteration, model_version,
-                                   history=sampling_history(lake, config.dynamic_sampling, iteration))
-            guided = config.dynamic_sampling.guidance.enabled
-            try:
-                filled = fill_batch(sampler.draw, config.dynamic_sampling, sampler.plan if guided else None)
-                rounds, short_by = filled.rounds, filled.short_by
-                if config.selfverify.enabled and config.selfverify.mode == "in_batch":
-                    verification_tasks = sampler.verify_own(filled.groups)
-            except BatchShortfall as error:
-                rounds, short_by, failure = error.rounds, error.short_by, error
-            except Exception as error:
-                if not sampler.rollouts:
-                    raise
-                rounds, failure = len(sampler.rollouts), error
-    finally:
-        getattr(policy, "close", lambda: None)()
-    if not sampler.rollouts:
-        raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
-    rewards = pl.concat(sampler.rewards, how="diagonal_relaxed")
-    if config.verify.noise_correction:             # the correction reaches training through the reward config
-        rewards = with_noise_correction(lake, rewards)
-    rewards = with_composition(rewards, pl.concat(sampler.scored), config.reward, config.verify.verifier)
-    return SampledIteration(pl.concat(sampler.rollouts, how="vertical_relaxed"), rewards, rounds, short_by, failure,
-                            new_problems=verification_tasks)
-
-
-def _selfplay_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int, policy: Policy,
-                        tokenizer, score: Callable[[pl.DataFrame], pl.DataFrame] | None) -> SampledIteration:
-    """Proposer and solver rounds of a self-play iteration (tasks/selfplay/stage.py)."""
-    try:
-        with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
-            score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
-            sampled = sample_selfplay(lake, config, iteration, model_version, policy, tokenizer, score)
-    finally:
-        getattr(policy, "close", lambda: None)()
-    return SampledIteration(sampled.rollouts, sampled.rewards, rounds=2, short_by=0, failure=None,
-                            proposals=sampled.proposals, new_problems=sampled.new_problems)
 
 
 def next_iteration(lake: Lake) -> int:
@@ -360,8 +221,5 @@ def next_iteration(lake: Lake) -> int:
 
 def current_model_version(lake: Lake, base: BasePolicyConfig) -> int:
     """The latest registered version; registers version 0 first on a new lake."""
-    from storage.registry import latest_version
-    from tasks.rollout.base_policy import ensure_base_policy
-
     latest = latest_version(lake)
     return latest if latest is not None else ensure_base_policy(lake, base)

@@ -1,7 +1,6 @@
-"""Toward an autonomous loop: code tasks the policy proposes, their validity rules and prompts, the sandboxed
-executor, the self-play sampler of an iteration, SPICE's documents and challenges, RISE's verification tasks,
-collapse metrics and the tripwire.
+"""Self-play as a stage: the sampler of a self-play iteration (propose, validate, solve, reward), collapse
+metrics and the tripwire. The tasks it makes and checks are `tasks/proposals/`'s.
 
-May import: storage, storage.config, tasks.curation, tasks.generators, tasks.rollout, tasks.sandbox,
-tasks.tripwires, tasks.verification, tasks.verifiers.
+May import: storage, policy, tasks.curation, tasks.generators, tasks.proposals, tasks.rollout, tasks.sandbox,
+tasks.tripwires, tasks.verification.
 """

@@ -14,7 +14,7 @@ its task proved. The rest of the iteration (advantages, the training step) is th
 4. A proposer rollout's reward: learnability (1 − solve rate, when strictly between 0 and 1) for a valid
    task, `invalid_reward` for one that broke a rule, `format_error_reward` for one that does not parse.
    A challenger's (SPICE, with `documents`): the Gaussian of its reasoner's correctness variance for a
-   valid task (tasks/selfplay/documents.py), the same penalties otherwise; its document's id, file and
+   valid task (tasks/proposals/documents.py), the same penalties otherwise; its document's id, file and
    licence go with the proposal and the task it became.
 
 Returns the rollouts and rewards of both roles, with the proposals and the new problems to write.
@@ -43,14 +43,14 @@ from storage.seeds import derive_seed
 from tasks.generators.programs import draw_task
 from policy.prompts import format_prompt
 from tasks.rollout.rows import rollout_rows
-from tasks.selfplay.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
+from tasks.proposals.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
                                        proposer_prompt, shape_key, solver_prompt)
-from tasks.selfplay.code_tasks import Rejection
-from tasks.selfplay.documents import (Challenge, Document, challenger_prompt, parse_challenge, read_documents,
+from tasks.proposals.code_tasks import Rejection
+from tasks.proposals.documents import (Challenge, Document, challenger_prompt, parse_challenge, read_documents,
                                       variance_reward)
-from tasks.selfplay.executor import Validated, validate_all
+from tasks.proposals.executor import Validated, validate_all
 from tasks.selfplay.health import TripwireConfig
-from tasks.verification import PROBLEM_FIELDS, own_rewards
+from tasks.verification.stage import PROBLEM_FIELDS, own_rewards
 
 SOURCE, PROPOSER_SOURCE = "self-play", "self-play:proposer"
 GROUNDED = "grounded"                                          # SPICE's document-grounded questions
@@ -269,7 +269,7 @@ def document_lineage(document: Document | None) -> dict:
 
 
 def grounded(text: str, document: Document, seen: set[str]) -> Validated:
-    """A challenger's response checked against its document (tasks/selfplay/documents.py); a question asked
+    """A challenger's response checked against its document (tasks/proposals/documents.py); a question asked
     of the same document before is a duplicate."""
     challenge = parse_challenge(text, document)
     if isinstance(challenge, Rejection):

@@ -1,6 +1,7 @@
-"""Rule-based verifiers: math, code (sandboxed), logic (reasoning-gym), QA, format, process, controls; the worker pool
-that scores with per-item deadlines (`engine.py`); every verifier registered by name in `registry.py`.
+"""Rule-based verifiers: math, code (sandboxed), logic (reasoning-gym), QA, format, process, controls, and the
+registry's base (`base.py`). A domain library: it imports no stage and no other task maker; the verifiers of
+self-play's tasks and of workspaces sit with them (`tasks/proposals/`, `tasks/workspaces/`), and the registry of
+them all with the verification stage (`tasks/verification/`).
 
-May import: tasks.curation, tasks.errors, tasks.generators, tasks.sandbox, tasks.selfplay, tasks.workspaces; no
-storage: a verifier is pure.
+May import: tasks.errors, tasks.sandbox; no storage: a verifier is pure.
 """

@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tasks.curation.layouts import last_boxed
 
 EXTRACTORS = ("boxed", "hash", "answer_is", "math", "number")
 STATEMENTS = ("boxed", "hash", "answer_is")          # explicit final-answer statements
@@ -50,6 +49,22 @@ class Statement:
     text: str                # the answer it states
     start: int               # where in the response it begins and ends
     end: int
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`), braces balanced."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    open_brace = text.find("{", start)
+    if open_brace < 0:
+        return None
+    depth = 0
+    for position in range(open_brace, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[position], 0)
+        if depth == 0:
+            return text[open_brace + 1:position].strip()
+    return None
 
 
 def boxed_spans(text: str) -> list[tuple[int, int, str]]:

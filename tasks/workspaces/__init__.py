@@ -1,5 +1,5 @@
 """File- and project-level code problems: the YAML format and loader, the shipped problems, reading files out of a
-response, the seeded family, and the reference / wrong-solution check.
+response, the seeded family, their verifier (`verifier.py`) and the reference / wrong-solution check.
 
-May import: tasks.generators, tasks.verifiers.
+May import: storage, tasks.errors, tasks.sandbox, tasks.verifiers.
 """

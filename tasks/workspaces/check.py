@@ -31,7 +31,7 @@ _verifier = None
 def run_sandboxed(problem: WorkspaceProblem, files: dict[str, str]) -> tuple[bool, str]:
     """(every test and the performance budget passed, the failures) in the sandbox, on one shared server."""
     global _verifier
-    from tasks.verifiers.workspace import WorkspaceVerifier
+    from tasks.workspaces.verifier import WorkspaceVerifier
 
     if _verifier is None:
         _verifier = WorkspaceVerifier(partial_credit="fraction")

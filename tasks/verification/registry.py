@@ -1,4 +1,5 @@
-"""Every verifier, registered: building one by name from here imports them all first.
+"""Every verifier, registered: building one by name from here imports them all first (the rule-based ones of
+`tasks/verifiers/`, the self-play and RISE ones of `tasks/proposals/`, the workspace one of `tasks/workspaces/`).
 
 `base.py` holds the registry itself and knows no verifier; a verifier that wraps another by name (the process
 and control verifiers) looks it up there when it runs, by which time whoever built it from here has
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.verifiers import (code, controls, formats, games, gym, judge, math, process, qa, sat, selfplay,  # noqa: F401
-                             translation, workspace)
+from tasks.proposals import verifiers as proposal_verifiers  # noqa: F401
+from tasks.verifiers import code, controls, formats, games, gym, judge, math, process, qa, sat, translation  # noqa: F401
+from tasks.workspaces import verifier as workspace_verifier  # noqa: F401
 from tasks.verifiers.base import VERIFIERS, Verifier, build_registered
 
 

@@ -15,7 +15,7 @@ p = ½ (the variance of a fair coin, ¼), falling off as the task gets too easy 
 A corpus is any user's text: a JSONL file, a text file, or a folder of both; dataset rows (GSM8K's
 `question`/`answer`, MATH's `problem`/`solution`, `prompt`/`answer`) become documents of statement and
 solution. Each document keeps the file it came from and its licence (a row's `license`, else the SPDX id the
-text of the nearest LICENSE, LICENCE or COPYING file is, tasks/selfplay/licences.py), so every task grounded in
+text of the nearest LICENSE, LICENCE or COPYING file is, tasks/proposals/licences.py), so every task grounded in
 it can say so.
 """
 
@@ -30,8 +30,8 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.selfplay.code_tasks import Rejection
-from tasks.selfplay.licences import UNKNOWN, licence_of_file
+from tasks.proposals.code_tasks import Rejection
+from tasks.proposals.licences import UNKNOWN, licence_of_file
 from tasks.verifiers.qa import normalise_answer
 
 BLOCK = re.compile(r"```[ \t]*(question|answer|span)[ \t]*\n(.*?)```", re.DOTALL)
@@ -158,7 +158,7 @@ def _row_text(row) -> str | None:
 
 def licence_of(path: Path, root: Path) -> str | None:
     """The SPDX id of the nearest licence file (LICENSE, LICENCE or COPYING, any suffix) from `path`'s folder up to
-    `root` (a single file: its own folder), read from its text (tasks/selfplay/licences.py), or
+    `root` (a single file: its own folder), read from its text (tasks/proposals/licences.py), or
     `LicenseRef-unknown (<file>)` when the text is not one it knows; None when there is no licence file."""
     folder = path.parent
     while True:

@@ -75,7 +75,7 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
             isinstance(record.get("metadata"), dict) and record["metadata"].get("source_dataset")):
         return BadLine(number, "metadata", "logic lines need the reasoning-gym entry's metadata (with source_dataset)")
     if verifier is not None:
-        from tasks.verifiers.registry import known_verifiers
+        from tasks.verification.registry import known_verifiers
 
         if verifier not in known_verifiers():
             return BadLine(number, "verifier", f"unknown verifier {verifier!r}; known: {', '.join(known_verifiers())}")

@@ -23,7 +23,7 @@ from storage.runs import Run
 from storage.config import Strict
 from storage.progress import track
 from tasks.rewards.compose import RewardConfig, compose
-from tasks.verifiers.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
+from tasks.verification.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
 from tasks.verifiers.noise import NoiseEstimate, corrected_reward
 
 PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
@@ -210,7 +210,7 @@ def audit_file(path: str, verifier: str | None = None, reference: str | None = N
                workers: int = 2) -> tuple[str, str, NoiseEstimate, str]:
     """(verifier, version, noise with its intervals, what the truth was) of a verifier on a labelled sample:
     verify-file lines with a boolean `label`, or — with `reference` — the verdicts of a stricter verifier."""
-    from tasks.verifiers.files import BadLine, read_lines
+    from tasks.verification.files import BadLine, read_lines
     from tasks.verifiers.noise import estimate_noise
 
     items = [line for line in read_lines(path) if not isinstance(line, BadLine)]

@@ -23,7 +23,7 @@ from tasks.errors import VerifierUnavailable
 from tasks.verifiers.base import DEFAULT_VERIFIER, VERIFIERS, Verdict
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verifiers.formats import format_reward
-from tasks.verifiers.registry import build_verifier
+from tasks.verification.registry import build_verifier
 
 MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them
 MAX_DETAIL_CHARS = 1_000       # each string in a verdict's details, and each list's items beyond MAX_DETAIL_ITEMS

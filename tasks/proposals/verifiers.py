@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.sandbox.client import Sandbox
-from tasks.selfplay.code_tasks import TASK_TYPES, CodeTask, Rejection, last_block, parse_proposal
-from tasks.selfplay.executor import PROPOSAL_LIMITS, judge_answer, validate
+from tasks.proposals.code_tasks import TASK_TYPES, CodeTask, Rejection, last_block, parse_proposal
+from tasks.proposals.executor import PROPOSAL_LIMITS, judge_answer, validate
 from tasks.errors import VerifierUnavailable
 from tasks.verifiers.base import Verdict, register
 
@@ -89,7 +89,7 @@ class ChallengeVerifier:
     version: str = "1.1"                  # 1.1: the answer must be a span of whole words the question asks for
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        from tasks.selfplay.documents import Document, parse_challenge
+        from tasks.proposals.documents import Document, parse_challenge
 
         document = problem.get("answer")
         if not document:
@@ -119,13 +119,13 @@ class LearnabilityVerifier:
 @dataclass
 class SelfVerifyVerifier:
     """A policy's judgement of a solution (RISE): against the verdict, and the first wrong step where known
-    (tasks/selfplay/self_verify.py)."""
+    (tasks/rise.py)."""
 
     name: str = "self_verify"
     version: str = "1.0"
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        from tasks.selfplay.self_verify import judgement_reward
+        from tasks.proposals.judgements import judgement_reward
 
         try:
             reward, correct, details = judgement_reward(response, problem.get("answer") or "")

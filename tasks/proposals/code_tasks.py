@@ -1,6 +1,6 @@
 """Absolute Zero-style code tasks: what a proposer writes, the rules a proposal must pass, the solver's
-prompts and how a solver's answer is judged. Pure: no sandbox, no lake (`tasks/selfplay/executor.py`
-runs the programs; `tasks/verifiers/selfplay.py` scores the solver).
+prompts and how a solver's answer is judged. Pure: no sandbox, no lake (`tasks/proposals/executor.py`
+runs the programs; `tasks/proposals/verifiers.py` scores the solver).
 
 A proposal is a program defining `f` and one or more inputs, each in its own fenced block:
 
@@ -66,7 +66,7 @@ class Proposal:
 @dataclass(frozen=True)
 class Rejection:
     reason: str                              # one of REASONS (a code task's), GROUNDED_REASONS (a grounded one's,
-    detail: str = ""                         # tasks/selfplay/documents.py) or the bank gate's (tasks/curation/gate.py)
+    detail: str = ""                         # tasks/proposals/documents.py) or the bank gate's (tasks/curation/gate.py)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tasks.sandbox.client import Sandbox, SandboxResult
 from tasks.sandbox.limits import SandboxLimits
-from tasks.selfplay.code_tasks import (CodeTask, Proposal, ProposalRules, Rejection, canonical_literal,
+from tasks.proposals.code_tasks import (CodeTask, Proposal, ProposalRules, Rejection, canonical_literal,
                                        execution_script, literal_arguments, outputs_of, task_key)
 
 # a proposal's run: small, quick and quiet; a task that needs more is not one the solver should learn from
