@@ -22,7 +22,8 @@ from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py). Here what
 # `rlvr --help` and `rlvr sql` import: the command tree, the bench group (its entry point), the lake.
-DEPENDS_ON = ("bench/startup.py", "bench/worktrees.py", "bench/__init__.py", "bench/cli.py", "flows/__init__.py",
+DEPENDS_ON = ("bench/startup.py", "bench/worktrees.py", "bench/__init__.py", "bench/cli.py", "bench/command.py",
+              "bench/component_commands.py", "bench/loop_commands.py", "flows/__init__.py",
               "flows/cli/", "flows/display.py", "storage/", "tasks/__init__.py", "tasks/errors.py")
 
 ROOT = Path(__file__).resolve().parents[1]

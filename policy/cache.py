@@ -67,8 +67,8 @@ def remember(kind: str, folder: str, value: Any) -> None:
 
 def recall(kind: str, folder: str, shared: bool = False) -> Any | None:
     """A copy of what `folder` was remembered to hold, or None if it was not, or its files changed since.
-    `shared`: the kept object itself, for a caller that only reads it (a sampler: a copy costs 10-40 ms a
-    load, once a loop step); it must not change it, or every later caller gets the change."""
+    `shared`: the kept object itself, for a caller that only reads it (a sampler, which loads once a loop
+    step: a copy of the weights each time is avoidable work); it must not change it, or every later caller gets the change."""
     with _LOCK:
         entry = _KEPT.get((kind, folder))
     if entry is None or not os.path.isdir(folder) or entry[0] != folder_stamp(folder):

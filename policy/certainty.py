@@ -29,7 +29,7 @@ class WithSelfCertainty:
 
     def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
                  model_version: int) -> list[list[Sample]]:
-        from policy.logprobs import response_self_certainty
+        from policy.logprobs import response_self_certainty  # lazy: torch
 
         groups = self.policy.generate(prompts, n, sampler, seed, model_version)
         missing = [(prompt, sample) for prompt, group in zip(prompts, groups) for sample in group

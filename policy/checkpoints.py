@@ -22,6 +22,8 @@ from pathlib import Path
 from policy import cache as policy_cache
 from storage.lake import Lake
 from storage.registry import claim_checkpoint
+from storage.location import s3_filesystem
+from policy.threads import use_given_cores
 
 # transformers' from_pretrained changes process-wide state while it builds a model (it disables
 # `PreTrainedModel.tie_weights` and sets torch's default dtype, then restores them): a model built in another
@@ -85,7 +87,6 @@ def local_checkpoint(uri: str) -> str:
         if not os.path.isdir(uri):
             raise FileNotFoundError(f"checkpoint folder {uri} does not exist")
         return uri
-    from storage.location import s3_filesystem
 
     fs = s3_filesystem()
     remote = uri.removeprefix("s3://")
@@ -143,7 +144,6 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False, 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from policy.threads import use_given_cores
 
     _quiet_transformers()
     use_given_cores()                                  # every torch stage loads a policy first

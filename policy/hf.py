@@ -52,7 +52,7 @@ class HFPolicy:
                       penalties: Penalties = NO_PENALTIES) -> list[Sample]:
         import torch
 
-        from policy.logprobs import kv_cache_field, left_padded_prompts, shared_prefill
+        from policy.logprobs import kv_cache_field, left_padded_prompts, shared_prefill  # lazy: torch
 
         model, tokenizer = self.model, self.tokenizer
         pad = tokenizer.pad_token_id
@@ -184,7 +184,7 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
 
     With the sampler's defaults they equal the behaviour log-probs the hf backend stored.
     """
-    from policy.logprobs import response_logprobs
+    from policy.logprobs import response_logprobs  # lazy: torch
 
     logprobs, _, _ = response_logprobs(model, prompt_ids, response_ids, temperature)
     return [logprobs[row, :len(response)] for row, response in enumerate(response_ids)]

@@ -5,6 +5,7 @@ responses from the same pass, for backends that do not report it."""
 from __future__ import annotations
 
 import torch
+from policy.sampling import self_certainty
 
 
 def _response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]], share_prompts: bool = False):
@@ -139,7 +140,6 @@ def response_self_certainty(model, prompt_ids: list[list[int]], response_ids: li
     """Each response's self-certainty: the mean over its tokens of KL(uniform ‖ softmax(logits)) of the raw
     (temperature-1) distribution that predicted it, as the hf backend accumulates it while sampling. An empty
     response has 0."""
-    from policy.sampling import self_certainty
 
     if not any(response_ids):
         return [0.0] * len(response_ids)

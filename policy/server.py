@@ -43,6 +43,10 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from policy.sampling import NEUTRAL, Penalties, SamplerConfig
+from storage.lake import Lake
+from storage.registry import version_row
+from policy.hf import HFPolicy
+from policy.checkpoints import load_policy
 
 
 class NotServed(LookupError):
@@ -319,8 +323,6 @@ class CompletionsHandler(BaseHTTPRequestHandler):
 
 def lake_loader(lake_uri: str | None, device: str = "cpu", batch_size: int = 64):
     """Load model version N of a lake's registry as an HFPolicy."""
-    from storage.lake import Lake
-    from storage.registry import version_row
 
     lake = Lake.open(lake_uri)
     load = folder_loader(device, batch_size)
@@ -329,7 +331,6 @@ def lake_loader(lake_uri: str | None, device: str = "cpu", batch_size: int = 64)
 
 def lake_versions(lake_uri: str | None):
     """The lake's registered version numbers, read at each call (what an on-demand server can serve)."""
-    from storage.lake import Lake
 
     lake = Lake.open(lake_uri)
     return lambda: lake.read("model_versions", columns=["model_version"])["model_version"].sort().to_list()
@@ -338,8 +339,6 @@ def lake_versions(lake_uri: str | None):
 def folder_loader(device: str = "cpu", batch_size: int = 64):
     """Load a checkpoint or LoRA adapter folder (what `load_lora_adapter` names) as an HFPolicy; a name
     `vN` is model version N, any other name version -1."""
-    from policy.hf import HFPolicy
-    from policy.checkpoints import load_policy
 
     def load(name: str, path: str) -> HFPolicy:
         model, tokenizer = load_policy(path, device)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from storage.config_errors import describe
 
 
 class Strict(BaseModel):
@@ -67,6 +68,5 @@ def validated_config(whole: dict, path: str | Path, model: type[BaseModel],
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        from storage.config_errors import describe
 
         raise ValueError(describe(error, path, model, section, whole)) from None

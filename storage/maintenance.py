@@ -141,8 +141,8 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
 def _keep_history_for(lake: Lake, name: str, retention_hours: float, snapshot: DeltaTable) -> None:
     """Make the table's log retention the maintenance's: `cleanup_metadata` then removes the commit files older
     than the latest checkpoint and than this. Delta's default (30 days) kept a commit file for every write of a
-    month: `runs` takes ten commits an iteration, and delta-rs lists the log on each write (45 ms a write at
-    2,700 commit files on local disk, 4 ms after). Only the log's: the removed files' retention, which `vacuum`
+    month: `runs` takes ten commits an iteration, and delta-rs lists the log on each write, so every write slowed
+    as the log grew (`rlvr bench lake-scale`). Only the log's: the removed files' retention, which `vacuum`
     without an explicit one (`rlvr doctor --repair`) reads, stays Delta's week, so a short maintenance
     retention never lets another vacuum delete a live writer's files.
 

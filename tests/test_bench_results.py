@@ -158,10 +158,12 @@ def test_a_changed_dependency_makes_a_result_stale():
 
 
 def test_every_benchmark_is_registered_with_the_name_its_command_records():
-    """A module with a `run_benchmark` is in bench.results.MODULES, under the name bench/cli.py records it by."""
+    """A module with a `run_benchmark` is in bench.results.MODULES, under the name its command records it by."""
     measuring = {path.stem for path in (ROOT / "bench").glob("*.py") if "\ndef run_benchmark(" in path.read_text()}
     assert measuring == set(MODULES.values())
-    recorded = dict(re.findall(r'measured\(context, "([\w-]+)", (\w+),', (ROOT / "bench" / "cli.py").read_text()))
+    commands = "".join((ROOT / "bench" / name).read_text() for name in ("cli.py", "component_commands.py",
+                                                                          "loop_commands.py"))
+    recorded = dict(re.findall(r'measured\(context, "([\w-]+)", (\w+),', commands))
     assert recorded == MODULES
 
 

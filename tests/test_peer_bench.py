@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from bench.peer import (CannotMirror, T_975, check_trl_arguments, in_mode, interval, isolated, mean_curve, mirror,
-                        time_to_accuracy, trl_arguments, trl_layout)
+from bench.peer import T_975, in_mode, interval, isolated, mean_curve, time_to_accuracy
+from bench.peer_trl import CannotMirror, check_trl_arguments, mirror, trl_arguments, trl_layout
 from conftest import ROOT, run_cli
 from flows.run_config import RunConfig, load_run_config
 

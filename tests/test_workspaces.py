@@ -340,11 +340,11 @@ def test_process_a_answers_calls_itself_when_no_thread_can_start(monkeypatch):
     that id can use it up): A then answers each call on its reading thread instead of dying."""
     import threading
 
-    from tasks.sandbox import remote
+    from tasks.sandbox import proxies, remote
 
     to_a, from_b = os.pipe()
     to_b, from_a = os.pipe()
-    connection = remote.Connection(from_b, to_b)          # B's reading thread starts before the limit bites
+    connection = proxies.Connection(from_b, to_b)          # B's reading thread starts before the limit bites
     workspace = remote.Workspace(to_a, from_a)
     serving = threading.Thread(target=workspace.serve, daemon=True)
     serving.start()

@@ -21,6 +21,7 @@ from pydantic import Field
 from storage.config import Strict
 from policy.logprobs import response_logprobs
 from trainers.loss import policy_loss
+from trainers.distributed import SingleDevice
 
 
 class LoraSettings(Strict):
@@ -101,7 +102,6 @@ def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_sta
     `rows` holds one row per rollout: prompt_token_ids, response_token_ids, behaviour_logprobs,
     advantage, weight, temperature. Several ranks: `trainers/workers.py` calls `train_steps` itself.
     """
-    from trainers.distributed import SingleDevice
 
     placement = SingleDevice(config.device, config.mixed_precision)
     optimizer, step = build_optimizer(model, config, optimizer_state)

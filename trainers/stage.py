@@ -15,6 +15,15 @@ from trainers.grpo import TrainConfig, strategy_of, train_on_batch
 from trainers.trainable import trainable_policy
 from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
 from trainers.batch import training_rows
+from trainers.workers import trainer_group
+from tasks.evaluation import evaluation_problems
+from tasks.rollout.episodes import EpisodePolicy, PythonTool
+from policy.hf import HFPolicy
+from policy.prompts import format_prompt
+from policy.sampling import SamplerConfig
+from tasks.rollout.stage import training_bank
+from tasks.verification.stage import score_rollouts, verifier_pool
+from trainers.warmup import warm_up
 
 
 
@@ -36,7 +45,6 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
         config = config.model_copy(update={"max_completion_length": int(rows["max_new_tokens"].max())})
     version = next_version_number(lake)
     if strategy_of(config) != "single":                # persistent ranks train; rank 0 writes the checkpoint
-        from trainers.workers import trainer_group
 
         stepped = trainer_group(config).step(lake.uri, iteration, parent_uri, version, config, reference_uri)
         uri, metrics = stepped["uri"], stepped["metrics"]
@@ -65,14 +73,6 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
 
     `settings` is the run config (rollout prompt and mix, evaluation set, warm-up).
     """
-    from tasks.evaluation import evaluation_problems
-    from tasks.rollout.episodes import EpisodePolicy, PythonTool
-    from policy.hf import HFPolicy
-    from policy.prompts import format_prompt
-    from policy.sampling import SamplerConfig
-    from tasks.rollout.stage import training_bank
-    from tasks.verification.stage import score_rollouts, verifier_pool
-    from trainers.warmup import warm_up
 
     config, prompt = settings.warmup, settings.rollout.prompt
     parent = latest_version(lake)

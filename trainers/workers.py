@@ -25,6 +25,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from trainers.grpo import TrainConfig, rank_devices, strategy_of
+from policy.threads import cores_given
+from storage import faults
+from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
+from storage.lake import Lake
+from trainers.batch import training_rows
+from trainers.distributed import Distributed, indexed_optimizer_state, trainable_names, unwrapped
+from trainers.grpo import build_optimizer, train_steps
+from trainers.trainable import trainable_policy
 
 STRUCTURE = ("strategy", "processes", "devices", "device", "lora", "mixed_precision")   # what a group is built for
 
@@ -159,7 +167,6 @@ def free_port() -> int:
 
 def rank_main(rank: int, world: int, port: int, strategy: str, device: str, connection) -> None:
     """One rank's life: join the group, then train each step it is sent until told to stop."""
-    from policy.threads import cores_given
 
     threads = os.environ.get("RLVR_TORCH_THREADS") or str(max(1, cores_given() // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
@@ -205,13 +212,6 @@ def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
     import polars as pl
     import torch.distributed as dist
 
-    from storage import faults
-    from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
-    from storage.lake import Lake
-    from trainers.batch import training_rows
-    from trainers.distributed import Distributed, indexed_optimizer_state, trainable_names, unwrapped
-    from trainers.grpo import build_optimizer, train_steps
-    from trainers.trainable import trainable_policy
 
     config = TrainConfig.model_validate_json(command["config"])
     placement = Distributed(strategy, device, config.mixed_precision)

@@ -22,6 +22,11 @@ from tasks.advantages.shaping import (group_statistics, shape_overlong, stalenes
 from storage.config import Strict
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verification.stage import composition_inputs
+from tasks.verification.engine import own_verifier
+from policy.hf import sequence_logprobs
+from policy.sampling import sampled_temperature
+from storage.registry import version_row
+from policy.checkpoints import load_policy
 
 
 DEFAULT_BAND = (0.0, 1.0)
@@ -89,7 +94,6 @@ def scored_rollouts(lake: Lake, iteration: int, verifier: str | None, extra: tup
 def own_verifier_first(lake: Lake, rollouts: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
     """Rewards ordered so each rollout's score by its problem's own verifier comes first (an iteration
     re-scored with another verifier holds both)."""
-    from tasks.verification.engine import own_verifier
 
     problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
                          columns=["problem_id", "domain", "verifier"]).unique("problem_id")
@@ -233,10 +237,6 @@ def off_policy_logprob_sums(lake: Lake, iteration: int, scored: pl.DataFrame, co
 
     import torch
 
-    from policy.hf import sequence_logprobs
-    from policy.sampling import sampled_temperature
-    from storage.registry import version_row
-    from policy.checkpoints import load_policy
 
     rows = lake.read("rollouts", filter=(pc.field("iteration") == iteration) & pc.field("rollout_id").isin(ids),
                      columns=["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler",

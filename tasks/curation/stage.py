@@ -21,6 +21,9 @@ from tasks.generators import families
 from storage.progress import track
 from tasks.curation.readers import probe
 from tasks.curation.validate import EXECUTOR_VERIFIERS
+from tasks.sandbox.client import Sandbox
+from tasks.verifiers.code import extract_program
+from tasks.workspaces.verifier import WORKSPACE_LIMITS
 
 
 def next_bank_version(lake: Lake) -> int:
@@ -122,9 +125,6 @@ def source_report(loaded: list[LoadedSource], kept: pl.DataFrame, dropped: pl.Da
 
 def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> LoadedSource:
     """Move code problems whose reference solution fails its own tests (run in the sandbox) to quarantine."""
-    from tasks.sandbox.client import Sandbox
-    from tasks.verifiers.code import extract_program
-    from tasks.workspaces.verifier import WORKSPACE_LIMITS
 
     problems = loaded.problems
     runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null()

@@ -7,6 +7,8 @@ import logging
 import re
 from functools import lru_cache
 from typing import Any
+from tasks.proposals.code_tasks import TASK_TYPES, CodeTask
+from tasks.workspaces.problem import parse_spec
 
 # Answers most sources use: integers, decimals, simple fractions, with optional sign, $, % or commas.
 SIMPLE_ANSWER = re.compile(r"^\$?-?\d[\d,]*(\.\d+)?%?$|^-?\d+/\d+$|^-?\.\d+$")
@@ -25,7 +27,6 @@ EXECUTOR_VERIFIERS = {"selfplay", "proposal", "learnability"}      # code checke
 
 def executor_task_issue(problem: dict[str, Any]) -> tuple[str, str] | None:
     """A self-play problem: a solver's task (its CodeTask JSON parses) or a proposer's prompt (a task type)."""
-    from tasks.proposals.code_tasks import TASK_TYPES, CodeTask
 
     answer = problem.get("answer") or ""
     if problem["verifier"] == "selfplay":
@@ -66,7 +67,6 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
 
 def workspace_issue(tests: str | None) -> tuple[str, str] | None:
     """A file- or project-level problem's spec: JSON naming the files to write and the test modules."""
-    from tasks.workspaces.problem import parse_spec
 
     if parse_spec(tests) is None:
         return "tests", "not a workspace spec (JSON naming the files to write and the test modules)"

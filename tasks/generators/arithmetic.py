@@ -7,6 +7,7 @@ import random
 from storage.seeds import derive_seed
 
 from tasks.generators.base import Generated, step
+from tasks.proposals.judgements import verification_answer, verification_prompt
 
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca",
          "Maya", "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yara", "Zane"]
@@ -119,7 +120,6 @@ def word_problem(rng: random.Random) -> Generated:
 def two_step_verify(rng: random.Random) -> Generated:
     """A worked `a*b+c` solution to judge (RISE's warm-up): right, or wrong at its first or second step;
     the worked solution is the judgement, `correct` or `wrong at step N` (verifier `self_verify`)."""
-    from tasks.proposals.judgements import verification_answer, verification_prompt
 
     problem = two_step(rng)
     a, b, c = problem.params["a"], problem.params["b"], problem.params["c"]

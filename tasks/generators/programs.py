@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from storage.seeds import derive_seed
 
 from tasks.generators.base import Generated
+from tasks.proposals.code_tasks import CodeTask
+from tasks.proposals.code_tasks import solver_prompt
+from tasks.proposals.code_tasks import proposal_text, proposer_prompt
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,6 @@ def arguments_text(arguments: tuple) -> str:
 
 def draw_task(rng: random.Random, heldout: bool, task_type: str | None = None):
     """(task_type, program text, inputs as argument tuples, outputs): a program from the templates."""
-    from tasks.proposals.code_tasks import CodeTask
 
     task_type = task_type or rng.choice(TASK_TYPES)
     while True:
@@ -84,7 +86,6 @@ def draw_task(rng: random.Random, heldout: bool, task_type: str | None = None):
 
 def solver_example(rng: random.Random, heldout: bool = False) -> Generated:
     """A solver's task and its answer block."""
-    from tasks.proposals.code_tasks import solver_prompt
 
     task = draw_task(rng, heldout)
     if task.task_type == "deduction":
@@ -98,7 +99,6 @@ def solver_example(rng: random.Random, heldout: bool = False) -> Generated:
 
 def proposer_example(rng: random.Random, heldout: bool = False, references: int = 1) -> Generated:
     """A proposer's prompt (with `references` reference tasks) and a proposal of the same type."""
-    from tasks.proposals.code_tasks import proposal_text, proposer_prompt
 
     task_type = rng.choice(TASK_TYPES)
     shown = [draw_task(rng, heldout, task_type) for _ in range(references)]

@@ -20,6 +20,7 @@ import polars as pl
 from storage.lake import Lake
 from tasks.interop.tracking import LakeRun, MlflowConfig, Step, TensorBoardConfig, TrackingConfig, TrackingError, \
     lake_run_of, logged_through, steps_after
+from tasks.report.stage import OVERVIEW_NAME, build_report
 
 BATCH = 1000                          # MLflow's limit of metrics in one runs/log-batch request
 
@@ -170,7 +171,6 @@ def trackers(config: TrackingConfig) -> list[MlflowTracker | TensorBoardTracker]
 
 def report_plots(lake: Lake) -> dict[str, bytes]:
     """The report's plots as PNGs by name (its overview too), drawn from the lake as it is."""
-    from tasks.report.stage import OVERVIEW_NAME, build_report
 
     report = build_report(lake)
     plots = {section.name: section.png for section in report.sections if section.png is not None}

@@ -20,6 +20,8 @@ from tasks.proposals.code_tasks import TASK_TYPES, CodeTask, Rejection, last_blo
 from tasks.proposals.executor import PROPOSAL_LIMITS, judge_answer, validate
 from tasks.errors import VerifierUnavailable
 from tasks.verifiers.base import Verdict, register
+from tasks.proposals.documents import Document, parse_challenge
+from tasks.proposals.judgements import judgement_reward
 
 ANSWER_BLOCKS = {"deduction": ("output",), "abduction": ("input",), "induction": ("python", "py", "")}
 
@@ -89,7 +91,6 @@ class ChallengeVerifier:
     version: str = "1.1"                  # 1.1: the answer must be a span of whole words the question asks for
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        from tasks.proposals.documents import Document, parse_challenge
 
         document = problem.get("answer")
         if not document:
@@ -125,7 +126,6 @@ class SelfVerifyVerifier:
     version: str = "1.0"
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        from tasks.proposals.judgements import judgement_reward
 
         try:
             reward, correct, details = judgement_reward(response, problem.get("answer") or "")

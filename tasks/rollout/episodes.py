@@ -23,6 +23,8 @@ from pydantic import Field
 from storage.config import Strict
 from storage.seeds import derive_seed
 from policy.sampling import Policy, Sample, SamplerConfig
+from tasks.sandbox.client import Sandbox
+from tasks.sandbox.limits import SandboxLimits
 
 
 class ToolConfig(Strict):
@@ -48,8 +50,6 @@ class PythonTool:
     """Runs a tool call's code as a script in the sandbox; its stdout and stderr are the output."""
 
     def __init__(self, seconds: float = 3.0):
-        from tasks.sandbox.client import Sandbox
-        from tasks.sandbox.limits import SandboxLimits
 
         self.limits = SandboxLimits(cpu_seconds=max(1, int(seconds)), wall_seconds=seconds, memory_mb=256,
                                     scratch_mb=16, processes=4, output_bytes=64_000)

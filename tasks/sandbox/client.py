@@ -284,6 +284,5 @@ def _die_with_parent() -> None:
 
 
 def _package_root() -> str:
-    import tasks
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(tasks.__file__)))
+    """The folder holding the `tasks` package (this file is tasks/sandbox/client.py)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

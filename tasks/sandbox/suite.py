@@ -17,7 +17,8 @@ import types
 import unittest
 
 from tasks.sandbox.protocol import send_value
-from tasks.sandbox.remote import Connection, RemoteImporter, candidate_roots, forget_modules
+from tasks.sandbox.proxies import Connection, RemoteImporter
+from tasks.sandbox.remote import candidate_roots, forget_modules
 
 
 def declared_tests(name: str, source: str) -> list[str]:

@@ -21,24 +21,19 @@ from __future__ import annotations
 import json
 import os
 import resource
-import select
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 
 from tasks.sandbox import budget, harness, linux, remote, suite
+from tasks.sandbox.jail import JAIL, build_jail, empty_folder, private_view, refuse_network
 from tasks.sandbox.protocol import recv_json, recv_value, send_json
+from tasks.sandbox.watch import MB, Watch, readable
 
-JAIL = "/tmp/rlvr-jail"          # on a tmpfs mounted over /tmp in the server's own mount namespace
-# What a jailed program sees of the machine: the system's libraries and Python's own, read-only.
-# Not the orchestrator's files, the lake, the repository, /etc or anyone's home.
-JAIL_READ_ONLY = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
-JAIL_FILES = ("/etc/ld.so.cache", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib", "heapq",
              "bisect", "random", "statistics", "fractions", "decimal", "copy", "json", "operator")
 # Runs' user ids: far above any a distribution allocates (Debian hands out 60000-64999 to packages, rootless
@@ -47,11 +42,8 @@ UID_BASE = 2_000_000_000
 UID_SLOTS = 2000                 # pairs of ids; each live sandbox on the host holds one (client.claim_uid_slot)
 JAILED_MODES = ("namespaces", "userns")
 OWN_PROCESSES = 6                # the server's own processes a run's user id shares in userns mode
-POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them,
-NEAR_POLL_SECONDS = 0.001        # and how often once they hold half their memory budget (less slips through)
 # The server recycles itself (the client starts a fresh one, no run fails) past any of these.
 HEALTH_LIMITS = {"open_fds": 128, "rss_mb": 300, "leftover_processes": 0}
-_MB = 1024 * 1024
 
 
 class Zygote:
@@ -65,7 +57,7 @@ class Zygote:
         for module in PRELOADED:
             __import__(module)
         if self.jailed:
-            _build_jail()
+            build_jail()
             self.scratch = os.path.join(JAIL, "tmp", "runs")
             os.makedirs(self.scratch)
         else:
@@ -123,7 +115,7 @@ class Zygote:
         limits = job["limits"]
         started = time.monotonic()
         if self.cgroups:
-            budget.set_limits(self.cgroups, limits["memory_mb"] * _MB, limits["processes"] + 2)
+            budget.set_limits(self.cgroups, limits["memory_mb"] * MB, limits["processes"] + 2)
         kills_before = budget.oom_kills(self.cgroups) if self.cgroups else 0
         try:
             if job["kind"] in ("tests", "suite"):
@@ -134,7 +126,7 @@ class Zygote:
                 result["status"] = "memory_limit"
             if self.cgroups:
                 peak = budget.peak_bytes(self.cgroups)
-                result["peak_mb"] = None if peak is None else round(peak / _MB, 1)
+                result["peak_mb"] = None if peak is None else round(peak / MB, 1)
         finally:
             self._clean_up()
         result["seconds"] = round(time.monotonic() - started, 4)
@@ -147,9 +139,9 @@ class Zygote:
         pid = self._spawn_candidate("script", job["program"], limits, [out_write, status_write])
         os.close(out_write)
         os.close(status_write)
-        watch = _Watch(limits, self._run_usage((pid,)))
+        watch = Watch(limits, self._run_usage((pid,)))
         watch.output(out_read)
-        status = watch.until(lambda: _readable(status_read), extra=(status_read,))
+        status = watch.until(lambda: readable(status_read), extra=(status_read,))
         code = os.read(status_read, 16) if status == "ok" else b""
         os.close(status_read)
         _kill_group(pid)
@@ -173,7 +165,7 @@ class Zygote:
         tester = self._fork_tester(limits, (request_write, response_read, result_write), body)
         for fd in (request_read, request_write, response_read, response_write, result_write, out_write):
             os.close(fd)
-        watch = _Watch(limits, self._run_usage((candidate,), spare=(tester,)))
+        watch = Watch(limits, self._run_usage((candidate,), spare=(tester,)))
         watch.output(out_read)
         report = {"total": None, "results": {}}
         try:
@@ -199,7 +191,7 @@ class Zygote:
 
     def _collect(self, result_fd: int, report: dict) -> bool:
         """Read what the test process reported; True once it is done (or gone)."""
-        while _readable(result_fd):
+        while readable(result_fd):
             try:
                 message = recv_value(result_fd)
             except (EOFError, ValueError):
@@ -232,7 +224,7 @@ class Zygote:
         whether any passed its limit (then it is recycled)."""
         leftovers = [e for e in os.listdir("/proc") if e.isdigit() and int(e) not in (os.getpid(), self.template_pid)]
         health = {"open_fds": len(os.listdir("/proc/self/fd")),
-                  "rss_mb": round(budget.usage([os.getpid()])[0] / _MB, 1),
+                  "rss_mb": round(budget.usage([os.getpid()])[0] / MB, 1),
                   "leftover_processes": len(leftovers) if self.jailed else 0,
                   "template_alive": _alive(self.template_pid)}
         health["recycle"] = (not health["template_alive"]) or any(health[k] > v for k, v in limits.items())
@@ -259,7 +251,7 @@ class Zygote:
                     _, status = os.waitpid(inner, 0)
                     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
                 linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-                workdir = _private_view(limits, self.candidate_uid if self.own_uids else None)
+                workdir = private_view(limits, self.candidate_uid if self.own_uids else None)
             else:
                 workdir = self._workdir(self.candidate_uid)
             self._enter_jail(self.candidate_uid, workdir, limits, stdout, keep, candidate=True)
@@ -307,9 +299,9 @@ class Zygote:
         os.chdir(workdir)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
-        memory = limits["memory_mb"] * _MB
+        memory = limits["memory_mb"] * MB
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        file_size = limits["file_size_mb"] * _MB
+        file_size = limits["file_size_mb"] * MB
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
         if candidate:                          # its first process counts; in userns mode so do the server's own
@@ -325,7 +317,7 @@ class Zygote:
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "TMPDIR": workdir})
         if not self.jailed:
-            sys.addaudithook(_refuse_network)
+            sys.addaudithook(refuse_network)
         sys.stdout = os.fdopen(1, "w", buffering=1)
         sys.stderr = os.fdopen(2, "w", buffering=1)
 
@@ -340,96 +332,10 @@ class Zygote:
                         pass
         _reap((os.getpid(), self.template_pid), self.jailed)
         if self.jailed:                        # everything else a run can write lives under the jail's /tmp
-            _empty_folder(os.path.join(JAIL, "tmp"))
+            empty_folder(os.path.join(JAIL, "tmp"))
         else:
             shutil.rmtree(self.scratch, ignore_errors=True)
         os.makedirs(self.scratch, exist_ok=True)
-
-
-class _Watch:
-    """Collects a run's output up to the limit while waiting, and enforces its wall clock and, where
-    `measure` is given, its summed memory and CPU time."""
-
-    def __init__(self, limits: dict, measure=None):
-        self.deadline = time.monotonic() + limits["wall_seconds"]
-        self.limit = limits["output_bytes"]
-        self.memory = (limits["memory_mb"] - limits.get("scratch_mb", 0)) * _MB
-        self.cpu = limits["cpu_seconds"]
-        self.measure = measure
-        self.buffers: dict[int, bytearray] = {}
-        self.open: set[int] = set()
-
-    def output(self, fd: int) -> None:
-        self.buffers[fd] = bytearray()
-        self.open.add(fd)
-
-    def until(self, finished, extra: tuple[int, ...] = ()) -> str:
-        tick = POLL_SECONDS if self.measure else 0.05
-        while True:
-            if finished():
-                return "ok" if self._drain() else "output_limit"
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            if self.measure is not None:
-                resident, cpu = self.measure()
-                if resident > self.memory:
-                    return "memory_limit"
-                if cpu > self.cpu:
-                    return "cpu_limit"
-                tick = NEAR_POLL_SECONDS if resident > self.memory / 2 else POLL_SECONDS
-            for fd in _ready([*self.open, *extra], min(remaining, tick)):
-                if fd in self.open and not self._read(fd):
-                    return "output_limit"
-
-    def _read(self, fd: int) -> bool:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            self.open.discard(fd)
-            return True
-        self.buffers[fd] += chunk
-        return len(self.buffers[fd]) <= self.limit
-
-    def _drain(self) -> bool:
-        """Keep what the run wrote and was not read yet when it finished (a quick run's whole output, often);
-        False when that takes it past the limit."""
-        for fd in list(self.open):
-            while fd in self.open and _readable(fd):
-                if not self._read(fd):
-                    return False
-        return True
-
-    def text(self, fd: int) -> str:
-        os.close(fd)
-        return bytes(self.buffers[fd][: min(len(self.buffers[fd]), 4000)]).decode("utf-8", "replace")
-
-
-def _ready(fds: list[int], timeout: float) -> list[int]:
-    """The descriptors that can be read (or hit end of file) within `timeout` seconds. poll, not select:
-    select cannot watch a descriptor numbered 1024 or above."""
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    return [fd for fd, _ in poller.poll(max(0, int(timeout * 1000)))]
-
-
-def _readable(fd: int) -> bool:
-    return bool(_ready([fd], 0))
-
-
-def _private_view(limits: dict, uid: int | None) -> str:
-    """In the candidate's own mount namespace: its own /proc (its PID namespace only), a private tmpfs of
-    `scratch_mb` as /tmp and working folder, and the jail's root read-only. Returns the working folder."""
-    linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
-    hardened = linux.MS_NOSUID | linux.MS_NODEV
-    linux.mount("proc", JAIL + "/proc", "proc", hardened | linux.MS_NOEXEC)
-    linux.mount("tmpfs", JAIL + "/tmp", "tmpfs", hardened, f"size={limits.get('scratch_mb', 64)}m,mode=1777")
-    workdir = JAIL + "/tmp/work"
-    os.mkdir(workdir, 0o700)
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-    linux.mount(None, JAIL, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | hardened)
-    return workdir
 
 
 def _close_all(keep: tuple[int, ...]) -> None:
@@ -496,51 +402,6 @@ def _recv_exactly(connection: socket.socket, size: int) -> bytes:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
-
-
-def _empty_folder(folder: str) -> None:
-    for entry in os.listdir(folder):
-        path = os.path.join(folder, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-
-def _mount(*arguments: str) -> None:
-    subprocess.run(["mount", *arguments], check=True, capture_output=True)
-
-
-def _build_jail() -> None:
-    """A root for the children: a private tmpfs holding read-only, nosuid binds of the system and of Python."""
-    _mount("-t", "tmpfs", "-o", "mode=1777,size=16m", "tmpfs", "/tmp")      # nothing below is seen by the host
-    os.makedirs(JAIL)
-    _mount("-t", "tmpfs", "-o", "mode=755,size=64m", "tmpfs", JAIL)
-    python_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
-    for source in [*JAIL_READ_ONLY, *sorted(python_roots)]:
-        if not os.path.isdir(source) or any(source.startswith(r + "/") for r in JAIL_READ_ONLY):
-            continue
-        target = JAIL + source
-        os.makedirs(target, exist_ok=True)
-        _mount("--rbind", source, target)
-        _mount("-o", "remount,bind,ro,nosuid,nodev", target)
-    for source in JAIL_FILES:
-        if os.path.exists(source):
-            os.makedirs(os.path.dirname(JAIL + source), exist_ok=True)
-            open(JAIL + source, "a").close()
-            _mount("--bind", source, JAIL + source)
-    os.makedirs(JAIL + "/proc")
-    _mount("-t", "proc", "-o", "nosuid,nodev,noexec", "proc", JAIL + "/proc")
-    os.makedirs(JAIL + "/tmp", mode=0o1777)
-    os.chmod(JAIL + "/tmp", 0o1777)
-
-
-def _refuse_network(event: str, args: tuple) -> None:
-    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo"):
-        raise PermissionError(f"network access is not allowed in the sandbox ({event})")
 
 
 def main() -> None:

@@ -24,6 +24,9 @@ from tasks.verifiers.base import DEFAULT_VERIFIER, VERIFIERS, Verdict
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verifiers.formats import format_reward
 from tasks.verification.registry import build_verifier
+from tasks.sandbox.client import require_isolation
+from tasks.sandbox.client import Sandbox
+from tasks.verifiers.math import warm_up
 
 MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them
 MAX_DETAIL_CHARS = 1_000       # each string in a verdict's details, and each list's items beyond MAX_DETAIL_ITEMS
@@ -46,7 +49,6 @@ def _isolation_checked(items: Iterable[tuple[Mapping[str, Any], str, str | None]
         if not checked:
             name = item[2] or own_verifier(item[0])
             if getattr(VERIFIERS.get(name), "runs_code", False):
-                from tasks.sandbox.client import require_isolation
 
                 require_isolation()
                 checked = True
@@ -99,7 +101,6 @@ class VerifierSet:
         if name not in self._built:
             verifier = build_verifier(name, **self.options.get(name, {}))
             if hasattr(verifier, "_sandbox") and verifier._sandbox is None:
-                from tasks.sandbox.client import Sandbox
 
                 verifier._sandbox = Sandbox(worker=self.worker, limits=verifier.limits)
             self._built[name] = verifier
@@ -143,7 +144,6 @@ class VerifierSet:
 def _worker_main(connection: Connection, options: dict, worker: int, max_response_chars: int) -> None:
     """Score each chunk of items it receives, sending every result as soon as it is ready."""
     verifiers = VerifierSet(options, worker, max_response_chars)
-    from tasks.verifiers.math import warm_up
 
     warm_up(verifiers.get("math"))                  # sympy and the LaTeX parser, before the first item
     connection.send(READY)

@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from tasks.verification.registry import known_verifiers
 
 DOMAINS = ("math", "code", "logic", "qa")
 # The verifiers that serve one domain, which a line may give as its `domain` for short (`"domain": "translation"`
@@ -75,7 +76,6 @@ def parse_line(number: int, text: str) -> tuple[dict[str, Any], str, str | None]
             isinstance(record.get("metadata"), dict) and record["metadata"].get("source_dataset")):
         return BadLine(number, "metadata", "logic lines need the reasoning-gym entry's metadata (with source_dataset)")
     if verifier is not None:
-        from tasks.verification.registry import known_verifiers
 
         if verifier not in known_verifiers():
             return BadLine(number, "verifier", f"unknown verifier {verifier!r}; known: {', '.join(known_verifiers())}")

@@ -25,6 +25,9 @@ from storage.progress import track
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verification.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
 from tasks.verifiers.noise import NoiseEstimate, corrected_reward
+from tasks.verifiers.process import warn_low_process_weight
+from tasks.verification.files import BadLine, read_lines
+from tasks.verifiers.noise import estimate_noise
 
 PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
                   "params"]
@@ -59,7 +62,6 @@ class VerifyConfig(Strict):
     def _danger_zone(self) -> "VerifyConfig":
         """A warning, not a refusal: `options.process.process_weight` above 0 and at most 0.1 (the seed measured
         λ = 0.1 worse than outcome-only rewards)."""
-        from tasks.verifiers.process import warn_low_process_weight
 
         warn_low_process_weight(float((self.options.get("process") or {}).get("process_weight", 0.5)))
         return self
@@ -210,8 +212,6 @@ def audit_file(path: str, verifier: str | None = None, reference: str | None = N
                workers: int = 2) -> tuple[str, str, NoiseEstimate, str]:
     """(verifier, version, noise with its intervals, what the truth was) of a verifier on a labelled sample:
     verify-file lines with a boolean `label`, or — with `reference` — the verdicts of a stricter verifier."""
-    from tasks.verification.files import BadLine, read_lines
-    from tasks.verifiers.noise import estimate_noise
 
     items = [line for line in read_lines(path) if not isinstance(line, BadLine)]
     if not items:

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from tasks.workspaces.problem import WorkspaceProblem, load_problem, load_problems
+from tasks.workspaces.verifier import WorkspaceVerifier
 
 
 def run_local(problem: WorkspaceProblem, files: dict[str, str]) -> tuple[bool, str]:
@@ -31,7 +32,6 @@ _verifier = None
 def run_sandboxed(problem: WorkspaceProblem, files: dict[str, str]) -> tuple[bool, str]:
     """(every test and the performance budget passed, the failures) in the sandbox, on one shared server."""
     global _verifier
-    from tasks.workspaces.verifier import WorkspaceVerifier
 
     if _verifier is None:
         _verifier = WorkspaceVerifier(partial_credit="fraction")
