@@ -49,7 +49,7 @@ def per_group_python(frame: pl.DataFrame) -> int:
     for rollout in frame.iter_rows(named=True):
         groups[rollout["group_id"]].append(rollout)
     batch = []
-    for group_id, rollouts in groups.items():
+    for rollouts in groups.values():
         rewards = np.array([rollout["reward"] for rollout in rollouts])
         solve_rate = float(np.mean([rollout["correct"] for rollout in rollouts]))
         if solve_rate in (0.0, 1.0):                                    # all wrong or all right: no signal

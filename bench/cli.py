@@ -12,11 +12,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli.common import fail
-from flows.display import errors
-
 from bench import component_commands, loop_commands  # noqa: F401  (their commands join the group, in this order)
 from bench.command import BenchFormat, FormatOption, SaveOption, app, measured
+from flows.cli.common import fail
+from flows.display import errors
 
 
 @app.command("reward-serve")

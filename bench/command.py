@@ -52,7 +52,8 @@ def report_on_stderr() -> Iterator[None]:
 def measured(context: typer.Context, name: str, module: ModuleType, run: Callable[[], Any]) -> Any:
     """Run a benchmark, its report as the command's --format asks; with json print its result object, with --save
     write it. The parameters recorded are the command's own options."""
-    from bench.results import code_state, envelope, save as save_result
+    from bench.results import code_state, envelope
+    from bench.results import save as save_result
 
     parameters = {key: value for key, value in context.params.items() if key not in ("format", "save")}
     format, save = context.params["format"], context.params["save"]

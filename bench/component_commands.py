@@ -7,9 +7,8 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.common import fail
-
 from bench.command import BenchFormat, FormatOption, SaveOption, app, measured
+from flows.cli.common import fail
 
 
 @app.command("dedup")

@@ -94,8 +94,8 @@ def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: in
     """Per dtype, the mismatch figures of one server's samples against the fp32 trainer."""
     from policy import vllm_servers
     from policy.checkpoints import load_policy
-    from tasks.generators import generate
     from policy.prompts import format_prompt
+    from tasks.generators import generate
     from tasks.rollout.stage import RolloutConfig
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-mismatch-") as work:

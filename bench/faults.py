@@ -296,10 +296,12 @@ def run_cases(lakes: list[str], run_points: list[str], curate_points: list[str],
         for kind in lakes:
             expected = baseline(bench, kind) if run_points or concurrency else None
             expected_ids = _generated_ids(bench, kind, [CURATE_SOURCES]) if curate_points else set()
-            cases = [lambda p=p: killed_run(bench, kind, p, expected) for p in run_points]
-            cases += [lambda p=p: killed_curation(bench, kind, p, expected_ids) for p in curate_points]
+            cases = [lambda p=p, kind=kind, expected=expected: killed_run(bench, kind, p, expected) for p in run_points]
+            cases += [lambda p=p, kind=kind, expected_ids=expected_ids: killed_curation(bench, kind, p, expected_ids)
+                      for p in curate_points]
             if concurrency:
-                cases += [lambda: concurrent_runs(bench, kind, expected), lambda: concurrent_curations(bench, kind)]
+                cases += [lambda kind=kind, expected=expected: concurrent_runs(bench, kind, expected),
+                          lambda kind=kind: concurrent_curations(bench, kind)]
             for case in cases:
                 outcomes.append(case())
                 report(outcomes[-1])

@@ -234,9 +234,9 @@ def planted_files(marker: str) -> list[str]:
 def score_all(mode: str, context: dict, names: list[str]) -> dict[str, dict]:
     """Score each named case in one sandbox of `mode`; per case: reward, status, whether the server was
     replaced, the processes of the sandbox left beside its server, planted files, and the server's health."""
+    from tasks.sandbox.client import Sandbox
     from tasks.sandbox.limits import SandboxLimits
     from tasks.verifiers.code import CodeVerifier
-    from tasks.sandbox.client import Sandbox
 
     limits = SandboxLimits(**context["limits"])
     verifier = CodeVerifier(limits=limits, _sandbox=Sandbox(isolation=mode, limits=limits))

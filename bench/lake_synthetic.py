@@ -98,7 +98,7 @@ def synthetic_iteration(rng, bank, iteration: int, rollouts: int, max_tokens: in
         "n_tokens": pa.array(lengths.astype(np.int32)),
         "finish_reason": np.where(lengths >= max_tokens, "length", "stop").tolist(),
         "self_certainty": rng.uniform(1, 5, n), "backend": ["openai http://gpu-1:8000"] * n,
-        "sampler": ['{"max_new_tokens": %d, "temperature": 1.0}' % max_tokens] * n,
+        "sampler": [f'{{"max_new_tokens": {max_tokens}, "temperature": 1.0}}'] * n,
         "seed": pa.array(np.full(n, iteration, np.int64)),
     }))
     correct = rng.random(n) < solve[group_of]

@@ -64,9 +64,9 @@ def run_benchmark(config: str, lake_uri: str | None, iterations: int | None) -> 
 
     from rich.console import Console
 
-    from flows.run_config import load_run_config
     from flows.curation import curate_bank
     from flows.loop import rl_loop
+    from flows.run_config import load_run_config
     from storage.config import load_yaml_config
     from tasks.curation.config import CurationConfig
 

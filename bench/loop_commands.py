@@ -8,9 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli.common import fail, prefect_defaults
-
 from bench.command import BenchFormat, FormatOption, SaveOption, app, check_run_config, measured
+from flows.cli.common import fail, prefect_defaults
 
 
 @app.command("learning")

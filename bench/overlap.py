@@ -29,9 +29,9 @@ from pathlib import Path
 import polars as pl
 import pyarrow.compute as pc
 
+from bench.results import LOOP_CODE
 from bench.warm import copy_of, started_once, warmed_once
 from storage.lake import Lake
-from bench.results import LOOP_CODE
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/overlap.py", "bench/warm.py", "configs/demo-learn.yaml", "configs/demo.yaml", *LOOP_CODE)

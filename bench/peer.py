@@ -38,7 +38,13 @@ import time
 import polars as pl
 import pyarrow.compute as pc
 
-from bench.peer_trl import TRL_LAYOUTS, CannotMirror, mirror, trl_arguments, trl_layout  # noqa: F401  (CannotMirror: the command catches it here)
+from bench.peer_trl import (  # noqa: F401  (CannotMirror: the command catches it here)
+    TRL_LAYOUTS,
+    CannotMirror,
+    mirror,
+    trl_arguments,
+    trl_layout,
+)
 from bench.results import LOOP_CODE
 from bench.stage_time import outside_share
 from bench.warm import copy_of, started_once, warmed_once
@@ -175,10 +181,10 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     from trl import GRPOTrainer
 
     from policy.checkpoints import load_policy, save_checkpoint
-    from storage.registry import BRANCH, next_version_number, register, version_row
-    from policy.threads import use_given_cores
-    from tasks.evaluation import evaluate, overall_solve_rate
     from policy.prompts import format_prompt
+    from policy.threads import use_given_cores
+    from storage.registry import BRANCH, next_version_number, register, version_row
+    from tasks.evaluation import evaluate, overall_solve_rate
     from tasks.iteration import IterationConfig
     from tasks.rollout.stage import training_bank
     from tasks.verification.stage import PROBLEM_FIELDS, score_rollouts, verifier_pool
@@ -213,7 +219,7 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[KeepWeights()])
-    with verifier_pool(config.verify) as pool:
+    with verifier_pool(config.verify) as pool:  # noqa: F811  (the reward closure reads it)
         clock["started"] = time.perf_counter()
         trainer.train()
         rl_seconds = time.perf_counter() - clock["started"] - clock["copying"]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from policy import vllm_servers
 from flows.display import console
+from policy import vllm_servers
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/publish_time.py", "policy/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "policy/publish.py", "policy/server.py",
@@ -89,8 +89,8 @@ def register_versions(lake, count: int, adapters: bool = False) -> None:
     """Versions 1..count: the tiny policy with other random weights (as big as a trained version), or with
     `adapters`, LoRA adapters on version 0 (r 8 on every projection, random B) as `train.lora` writes them."""
     from policy.checkpoints import load_policy, save_checkpoint
-    from storage.registry import register, version_row
     from policy.tiny import TinyModelConfig, build_model
+    from storage.registry import register, version_row
 
     base = version_row(lake, 0)["checkpoint_uri"]
     for version in range(1, count + 1):
@@ -140,13 +140,13 @@ class Servers:
 def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
     """Median seconds per publish each way, the gate's, and the restart's ratio to the swap."""
     from flows.publishing import check_agreement
+    from policy.openai_backend import OpenAIBackendConfig
+    from policy.publish import PublishConfig, publish
+    from policy.sampling import SamplerConfig
     from storage.lake import Lake
     from storage.registry import version_row
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-    from policy.openai_backend import OpenAIBackendConfig
-    from policy.publish import PublishConfig, publish
     from tasks.rollout.stage import RolloutConfig
-    from policy.sampling import SamplerConfig
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-publish-") as work:
         lake = Lake.open(f"{work}/lake")

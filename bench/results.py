@@ -16,7 +16,7 @@ import os
 import platform
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ def envelope(name: str, figures: Any, parameters: dict[str, Any], depends_on: tu
                                                                    ended["commit"], "--", *depends_on).strip())}
     dirty = None if state["dirty"] is None else bool(state["dirty"] or ended["dirty"])
     return {"benchmark": name, "figures": jsonable(figures), "parameters": jsonable(parameters),
-            "commit": state["commit"], "dirty": dirty, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "commit": state["commit"], "dirty": dirty, "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "host": host(), "depends_on": list(depends_on)}
 
 

@@ -122,7 +122,7 @@ def run_benchmark(problems: int = 200, samples: int = 8, clients: int = 64, batc
         commits = runs.filter(pl.col("stage") == "reward").height
 
     latency = [seconds for seconds, _ in answered]
-    agree = sum(reward == expected[i] for i, (_, reward) in enumerate(answered)) 
+    agree = sum(reward == expected[i] for i, (_, reward) in enumerate(answered))
     figures = {
         "responses": len(items), "clients": clients, "batch": batch, "workers": workers,
         "in_process_rewards_per_second": len(items) / in_process_seconds,

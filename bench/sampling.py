@@ -126,9 +126,8 @@ def compare(shape: str, prompts: int, group_size: int, max_new_tokens: int, repe
 
 
 def run_benchmark(shapes: list[str], repeats: int = 3, backend: str = "generate") -> list[dict]:
-    from rich.console import Console
-
     import torch
+    from rich.console import Console
 
     console = Console()
     batches = {"tiny": (48, 8, 48), "0.5b": (2, 4, 24)}     # (prompts, group size, new tokens): the demo's batch

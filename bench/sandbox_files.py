@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from flows.display import console
 from tasks.sandbox.client import Sandbox, isolation_mode
-from tasks.workspaces.verifier import WORKSPACE_LIMITS
 from tasks.workspaces.check import run_local
 from tasks.workspaces.problem import load_problems
+from tasks.workspaces.verifier import WORKSPACE_LIMITS
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/sandbox_files.py", "tasks/sandbox/", "tasks/workspaces/", "tasks/workspaces/verifier.py")

@@ -22,7 +22,6 @@ from bench.docs import PAGES, commands
 from bench.docs import main as render_docs
 from bench.results import MODULES, RESULTS, ROOT, changed_since, depends_on, git, load_results
 
-
 ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 
 

@@ -16,10 +16,10 @@ import time
 import polars as pl
 import torch
 
-from trainers.grpo import TrainConfig, train_on_batch
 from policy.logprobs import response_logprobs
 from policy.tiny import TinyModelConfig, build_model, train_tokenizer
 from tasks.rollout.base_policy import tokenizer_corpus
+from trainers.grpo import TrainConfig, train_on_batch
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
 DEPENDS_ON = ("bench/train_throughput.py", "trainers/grpo.py", "trainers/loss.py", "policy/logprobs.py",

@@ -14,9 +14,9 @@ from storage.lake import Lake
 
 def warmed_lake(config: str, folder: str) -> str:
     """A lake with the bank, the warm-up version and its held-out evaluation (iteration 0)."""
-    from flows.run_config import load_run_config
     from flows.curation import curate_bank
     from flows.loop import rl_loop
+    from flows.run_config import load_run_config
     from storage.config import load_yaml_config
     from tasks.curation.config import CurationConfig
 

@@ -14,8 +14,12 @@ from typing import Any
 
 import polars as pl
 import pyarrow.compute as pc
-from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.runtime import task_run
 
 from storage.lake import Lake

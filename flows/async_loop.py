@@ -39,11 +39,11 @@ from flows.async_workers import on_workers
 from flows.handoff import Handoff, Plan, RoleFailed
 from flows.loop_state import resume_point
 from flows.run_config import RunConfig
+from policy.checkpoints import import_model_code
+from policy.threads import cores_given, use_given_cores
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
-from policy.checkpoints import import_model_code
-from policy.threads import cores_given, use_given_cores
 
 
 def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int,

@@ -9,8 +9,9 @@ flow run of its own deployment."""
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from flows.artifacts import Publisher
 from flows.handoff import Handoff, Plan
@@ -18,10 +19,10 @@ from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.loop_steps import Baselines, finish_iteration, sampling_config
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
+from policy.checkpoints import import_model_code
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
-from policy.checkpoints import import_model_code
 
 
 def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan) -> None:

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from uuid import UUID
 
 import pyarrow.compute as pc
 from prefect import flow
 from prefect.artifacts import update_progress_artifact
 
-from flows.async_roles import sample_role, train_role
 from flows.artifacts import publishing
+from flows.async_roles import sample_role, train_role
 from flows.handoff import Handoff, Plan
 from flows.policies import without_flow_heartbeats
 from flows.run_config import RunConfig

@@ -16,12 +16,12 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.policies import stage_task
+from flows.run_config import EvaluationRunConfig
 from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import evaluate_key, iteration_of_version
-from flows.run_config import EvaluationRunConfig
 from storage.lake import Lake
-from tasks.evaluation import evaluate, overall_solve_rate
 from storage.registry import latest_version
+from tasks.evaluation import evaluate, overall_solve_rate
 
 evaluate_task = stage_task(evaluate, "evaluate", gpu=True)
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from storage import leases, objects, presence
 from storage.lake import Lake

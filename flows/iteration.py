@@ -19,17 +19,16 @@ from prefect.runtime import flow_run
 
 from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
+from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, trained_version, verify_key
 from flows.verification import dask_runner, score_on_cluster
-from flows.stage_plans import (advantages_key, latest_bank_version, rollout_key, train_key, trained_version,
-                               verify_key)
 from storage.lake import Lake
+from storage.registry import latest_version
 from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.curation.gate import admit_made, refused_but_drawn
 from tasks.iteration import IterationConfig, sample_iteration
 from tasks.rollout.stage import current_model_version, next_iteration
 from trainers.grpo import TrainConfig
-from storage.registry import latest_version
 from trainers.stage import train_iteration
 
 DOWNSTREAM_OF_ROLLOUT = ("groups", "advantages", "batches", "dbb_state")

@@ -11,15 +11,15 @@ recorded, so no iteration is repeated or lost.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 import polars as pl
 import pyarrow.compute as pc
 from prefect import flow
-from prefect.runtime import flow_run
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.runtime import flow_run
 
 from flows.artifacts import Publisher, publishing
 from flows.async_loop import overlapped_iterations
@@ -29,15 +29,15 @@ from flows.loop_steps import evaluate_and_record, finish_iteration, sampling_con
 from flows.policies import stage_task, writes_iterations
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
-from storage.lake import Lake
-from policy.checkpoints import adapter_base
-from storage.registry import version_row
-from tasks.evaluation import overall_solve_rate
-from storage.progress import track
 from policy import vllm_servers
+from policy.checkpoints import adapter_base
 from policy.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
 from policy.openai_backend import OpenAIBackendConfig
 from policy.publish import staged
+from storage.lake import Lake
+from storage.progress import track
+from storage.registry import version_row
+from tasks.evaluation import overall_solve_rate
 from tasks.iteration import IterationConfig
 from tasks.rollout.stage import current_model_version
 from trainers.grpo import rank_devices, strategy_of
@@ -103,7 +103,7 @@ def _loop(lake: Lake, settings: RunConfig, latest: int, warm: int | None,
         evaluation = evaluate_and_record(lake, settings, warm, iteration=0)
         with lake.run("rl-loop", "record", {}, iteration=0, prefect_flow_run_id=flow_run.id) as run:
             row = {"iteration": 0, "model_version": warm, "trained_version": warm,
-                   "eval_solve_rate": overall_solve_rate(evaluation), "created_at": datetime.now(timezone.utc)}
+                   "eval_solve_rate": overall_solve_rate(evaluation), "created_at": datetime.now(UTC)}
             lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}, run)
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)

@@ -5,7 +5,7 @@ curriculum and the iteration's artifacts)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
@@ -54,7 +54,7 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
         "mean_staleness": float(staleness.mean()) if staleness.len() else None,
         "loss": training.get("loss"), "clip_fraction": training.get("clip_fraction"), "entropy": training.get("entropy"),
         "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
-        "created_at": datetime.now(timezone.utc), "mean_self_certainty": rollouts["self_certainty"].mean()}
+        "created_at": datetime.now(UTC), "mean_self_certainty": rollouts["self_certainty"].mean()}
 
 
 def drawn_rounds(rounds: pl.Series) -> int | None:

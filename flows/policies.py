@@ -16,19 +16,18 @@ import functools
 import inspect
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from collections.abc import Callable
 from typing import Any
 
 from prefect import Task, tags
 from prefect.cache_policies import NO_CACHE
 
 from flows.artifacts import progress_listener
+from policy.openai_backend import BackendUnavailable, RequestRefused
 from storage.lake import Lake
 from storage.leases import LOOP
 from storage.progress import reporting_to
-from policy.openai_backend import BackendUnavailable, RequestRefused
 
 GPU_TAG = "gpu"
 GPU_LIMIT_LOOKUP_SECONDS = 30.0      # how long the answer to "is there a gpu limit?" is kept

@@ -18,15 +18,15 @@ import pyarrow.compute as pc
 from prefect import flow
 from prefect.runtime import flow_run
 
+from policy.agreement import Agreement, GateFailed, check_endpoint, describe
 from policy.checkpoints import load_policy
+from policy.endpoints import server_root
+from policy.prompts import format_prompt
+from policy.publish import PublishConfig, publish, require_confirmed, version_of
 from storage.lake import Lake
 from storage.registry import version_row
 from storage.runs import utc_now
-from policy.endpoints import server_root
 from tasks.generators import generate
-from policy.agreement import Agreement, GateFailed, check_endpoint, describe
-from policy.prompts import format_prompt
-from policy.publish import PublishConfig, publish, require_confirmed, version_of
 from tasks.rollout.stage import RolloutConfig, training_bank
 
 

@@ -8,11 +8,11 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from policy.publish import PublishConfig
 from storage.config import Strict, read_yaml, validated_config
 from tasks.curation.config import CurationConfig
 from tasks.curriculum.stage import CurriculumConfig
 from tasks.evaluation import EvalConfig
-from policy.publish import PublishConfig
 from tasks.iteration import IterationConfig
 from trainers.grpo import TrainConfig
 from trainers.warmup import WarmupConfig
@@ -50,7 +50,7 @@ class RunConfig(IterationConfig):
     loop: LoopConfig = Field(default_factory=LoopConfig)
 
     @model_validator(mode="after")
-    def _staleness_fits(self) -> "RunConfig":
+    def _staleness_fits(self) -> RunConfig:
         """With `loop.mode: async`, `loop.max_staleness` ≤ `advantages.max_stale_versions` (else the overlapped loop
         drops its own batches); `train.off_policy_loss: decoupled` needs `advantages.off_policy_weight: none` (else
         the correction is applied twice)."""

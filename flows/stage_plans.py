@@ -16,14 +16,14 @@ from typing import Any
 import pyarrow.compute as pc
 
 from flows.run_config import EvaluationRunConfig
+from storage.config import merged_config
 from storage.fingerprints import fingerprint, in_place_run, run_ids
 from storage.lake import Lake
 from storage.registry import latest_version
 from tasks.advantages.stage import latest_dbb_iteration
-from storage.config import merged_config
 from tasks.evaluation import pinned_bank_version
-from tasks.rewards.compose import RewardConfig
 from tasks.iteration import IterationConfig
+from tasks.rewards.compose import RewardConfig
 from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig
 

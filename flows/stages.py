@@ -24,8 +24,16 @@ from prefect.runtime import flow_run
 from flows.evaluation import evaluate_model
 from flows.iteration import compute_advantages, rl_iteration, train_policy
 from flows.policies import writes_iterations
-from flows.stage_plans import (EVALUATION_SECTIONS, ITERATION_OUTPUTS, ITERATION_SECTIONS, chain_settings,
-                               policy_version_of, sampled_version_of, stage_chain, trained_version_of)
+from flows.stage_plans import (
+    EVALUATION_SECTIONS,
+    ITERATION_OUTPUTS,
+    ITERATION_SECTIONS,
+    chain_settings,
+    policy_version_of,
+    sampled_version_of,
+    stage_chain,
+    trained_version_of,
+)
 from flows.verification import verify_iteration
 from storage.fingerprints import OUTPUT_TABLE
 from storage.lake import Lake

@@ -15,8 +15,15 @@ from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import verify_key
 from storage.lake import Lake
 from tasks.rewards.compose import RewardConfig
-from tasks.verification.stage import (VerifyConfig, record_noise, rollouts_with_problems, score_with_components,
-                                with_composition, with_noise_correction, write_rewards)
+from tasks.verification.stage import (
+    VerifyConfig,
+    record_noise,
+    rollouts_with_problems,
+    score_with_components,
+    with_composition,
+    with_noise_correction,
+    write_rewards,
+)
 
 read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=STORAGE_RETRY_DELAYS)
 score_task = stage_task(score_with_components, "score-rollouts")

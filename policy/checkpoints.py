@@ -20,10 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from policy import cache as policy_cache
-from storage.lake import Lake
-from storage.registry import claim_checkpoint
-from storage.location import s3_filesystem
 from policy.threads import use_given_cores
+from storage.lake import Lake
+from storage.location import s3_filesystem
+from storage.registry import claim_checkpoint
 
 # transformers' from_pretrained changes process-wide state while it builds a model (it disables
 # `PreTrainedModel.tie_weights` and sets torch's default dtype, then restores them): a model built in another
@@ -130,8 +130,13 @@ def import_model_code() -> None:
     """Import transformers' model and tokenizer classes now, in this thread, before other threads load
     policies: its lazy module is not safe to import from two threads at once (the overlapped loop's
     trainer once failed with `cannot import name 'AutoModelForCausalLM' from 'transformers'`)."""
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast,  # noqa: F401
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (  # noqa: F401
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
 
 def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False, read_only: bool = False):

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storage.progress import track
 from policy.sampling import NO_PENALTIES, Penalties, Sample, SamplerConfig, sampling_logprobs, self_certainty
-
+from storage.progress import track
 
 # The model's batch drops its finished rows once they are 1/NARROW_AT of it: the remaining rows' KV cache is
 # copied out then, so narrowing on every finish would cost more than carrying a few padded rows.

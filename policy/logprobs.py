@@ -5,6 +5,7 @@ responses from the same pass, for backends that do not report it."""
 from __future__ import annotations
 
 import torch
+
 from policy.sampling import self_certainty
 
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import httpx
 from pydantic import Field, field_validator
 
-from storage.config import Strict
 from policy.endpoints import server_root
-from storage.seeds import derive_seed
 from policy.sampling import NEUTRAL, Sample, SamplerConfig
+from storage.config import Strict
+from storage.seeds import derive_seed
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -158,7 +158,7 @@ class OpenAIPolicy:
                     samples = parse_choices(response.json(), n * len(prompts), endpoint)
                     return [samples[i * n:(i + 1) * n] for i in range(len(prompts))]
             except httpx.UnsupportedProtocol as error:
-                raise RequestRefused(f"endpoint {endpoint!r}: {error} (endpoints look like http://host:8000)")
+                raise RequestRefused(f"endpoint {endpoint!r}: {error} (endpoints look like http://host:8000)") from error
             except (httpx.TransportError, BadResponse, ValueError) as error:   # ValueError: a body that is not JSON
                 errors.append(f"{endpoint}: {type(error).__name__}: {error}")
             else:
@@ -191,7 +191,7 @@ def server_routes(client: httpx.Client, endpoint: str) -> set[str]:
     dev-mode ones included when on); empty when it does not say."""
     try:
         response = client.get(f"{server_root(endpoint)}/openapi.json")
-        return set((response.json().get("paths") or {})) if response.status_code == 200 else set()
+        return set(response.json().get("paths") or {}) if response.status_code == 200 else set()
     except (httpx.HTTPError, ValueError, AttributeError):
         return set()
 

@@ -35,8 +35,8 @@ import httpx
 from pydantic import Field
 
 from policy.checkpoints import adapter_base, local_checkpoint
-from storage.config import Strict
 from policy.openai_backend import RequestRefused, held_versions, served_models, server_routes
+from storage.config import Strict
 
 
 class PublishConfig(Strict):

@@ -42,11 +42,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+from policy.checkpoints import load_policy
+from policy.hf import HFPolicy
 from policy.sampling import NEUTRAL, Penalties, SamplerConfig
 from storage.lake import Lake
 from storage.registry import version_row
-from policy.hf import HFPolicy
-from policy.checkpoints import load_policy
 
 
 class NotServed(LookupError):
@@ -271,7 +271,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         asked = {} if penalties.neutral else {"penalties": penalties}
         groups = policy.generate(prompts, n, sampler, int(body.get("seed") or 0), policy.model_version, **asked)
         choices = []
-        for prompt_index, group in enumerate(groups):
+        for group in groups:
             for sample in group:
                 choice = {"index": len(choices), "text": sample.text, "finish_reason": sample.finish_reason,
                           "logprobs": {"tokens": [f"token_id:{t}" for t in sample.token_ids],

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+
 from storage.config_errors import describe
 
 

@@ -218,7 +218,7 @@ def check_unreferenced_files(lake: Lake, readable: set[str], repair: bool) -> li
         finding = Finding(INFO, name, f"{len(removable)} file(s) no version references, older than the retention",
                           "disk space only: time travel within the retention keeps its files", "vacuum them")
         if repair:
-            retry_on_conflict(lambda: lake.table(name).vacuum(dry_run=False, full=True), f"vacuum {name}")
+            retry_on_conflict(lambda name=name: lake.table(name).vacuum(dry_run=False, full=True), f"vacuum {name}")
             finding.repaired = True
         findings.append(finding)
     return findings

@@ -31,7 +31,7 @@ class KeptTables:
 
     def __init__(self, entries: int | None = None, max_bytes: int | None = None):
         self.entries, self.max_bytes = entries, max_bytes
-        self._kept: "OrderedDict[tuple, pa.Table]" = OrderedDict()
+        self._kept: OrderedDict[tuple, pa.Table] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 

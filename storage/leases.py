@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 from storage import objects, presence
 from storage.errors import LeaseHeld, LeaseLost
@@ -86,7 +87,7 @@ def holder(location: LakeLocation, name: str) -> Holder | None:
 def describe_holder(location: LakeLocation, name: str, found: Holder) -> str:
     record = presence.current_record(location, found.record) or found.record
     runs = record.get("runs") or []
-    since = datetime.fromtimestamp(float(found.record.get("since", 0)), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    since = datetime.fromtimestamp(float(found.record.get("since", 0)), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     run = f", run {runs[-1]}" if runs else ""
     return f"the lake's {name} lease is held by {presence.describe(record)}{run}, since {since}"
 

@@ -32,7 +32,7 @@ class LakeLocation:
     uri: str
 
     @classmethod
-    def resolve(cls, uri: str | None = None) -> "LakeLocation":
+    def resolve(cls, uri: str | None = None) -> LakeLocation:
         """`--lake URI` first, then `$RLVR_LAKE`, then `./lake`."""
         chosen = uri or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
         if chosen.startswith("s3://"):

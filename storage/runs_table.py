@@ -46,7 +46,7 @@ def run_ids_predicate(run_ids: list[str]) -> str:
     return "run_id IN (" + ", ".join(sql_literal(run_id) for run_id in run_ids) + ")"
 
 
-_FILE_STATUSES: "OrderedDict[tuple[str, str], dict[str, str]]" = OrderedDict()   # (table, file) -> {run: status}
+_FILE_STATUSES: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()   # (table, file) -> {run: status}
 _FILE_STATUSES_LOCK = threading.Lock()
 FILES_KEPT = 64
 

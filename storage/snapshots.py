@@ -50,7 +50,7 @@ READ_CACHE_MAX_ROWS = 20_000
 READS = fragment_reads.KeptTables(entries=READ_CACHE_ENTRIES)
 
 
-def next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") -> "pads.FileSystemDataset":
+def next_dataset(table: DeltaTable, previous: pads.FileSystemDataset | None) -> pads.FileSystemDataset:
     """The table's Arrow dataset, built from the previous version's where it can be. delta-rs writes each file's
     statistics into an expression, and the loop adds a file to most tables every iteration, so a full build
     grows with the run, and a table is read after each of its writes (`rlvr bench lake-scale`); files are immutable, so only the files that are new since `previous`
@@ -77,7 +77,7 @@ def next_dataset(table: DeltaTable, previous: "pads.FileSystemDataset | None") -
     return pads.FileSystemDataset([fragments[path] for path in paths], schema, previous.format, previous.filesystem)
 
 
-def footer_fragment(dataset: "pads.FileSystemDataset", path: str) -> "pads.ParquetFileFragment":
+def footer_fragment(dataset: pads.FileSystemDataset, path: str) -> pads.ParquetFileFragment:
     """A new file of an unpartitioned table as a fragment, bounded by its footer's statistics as delta-rs bounds
     a file by the log's (read once: the fragment is kept with the process's snapshot). The integer columns'
     bounds (iteration, model_version) let a read skip the file without looking at it; other filters fall to
@@ -114,7 +114,7 @@ def integer_bounds(metadata, schema: pa.Schema) -> pc.Expression | None:
     return bounds
 
 
-def entry_dataset(entry: Snapshot) -> "pads.FileSystemDataset":
+def entry_dataset(entry: Snapshot) -> pads.FileSystemDataset:
     """A snapshot's Arrow dataset at its table's version, built once per version (under the snapshot lock)."""
     if entry.dataset is None or entry.dataset[0] != entry.table.version():
         entry.dataset = (entry.table.version(), next_dataset(entry.table, entry.dataset[1] if entry.dataset else None))
@@ -203,7 +203,7 @@ class SnapshotReads:
                 return None
             return entry.table, entry_dataset(entry), entry.stamp
 
-    def _dataset_of(self, name: str, table: DeltaTable) -> "pads.FileSystemDataset":
+    def _dataset_of(self, name: str, table: DeltaTable) -> pads.FileSystemDataset:
         """`table`'s Arrow dataset: the process's, built on from its last, when `table` is the process's snapshot
         (a write's conditions check the table they commit on, most often that one); else built in full."""
         with SNAPSHOT_LOCK:
@@ -213,7 +213,7 @@ class SnapshotReads:
     def _snapshot_key(self, name: str) -> str:
         return self.location.table_uri(name) + "|" + json.dumps(self.location.storage_options(), sort_keys=True)
 
-    def _cached(self, name: str) -> "Snapshot | None":
+    def _cached(self, name: str) -> Snapshot | None:
         """The process's snapshot of a table, up to date; reopened when the table at this location is no longer
         the one cached (its current commit file changed or vanished: a lake removed and made again)."""
         key = self._snapshot_key(name)

@@ -4,7 +4,7 @@ so that a read as of a lake version is consistent across tables."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from storage.arrow_reads import arrow_dataset
 from storage.errors import LakeError
@@ -45,7 +45,7 @@ class TimeTravel:
         except ValueError:
             raise LakeError(f"--as-of {moment!r} is neither a lake version nor an ISO timestamp") from None
         if instant.tzinfo is None:
-            instant = instant.replace(tzinfo=timezone.utc)
+            instant = instant.replace(tzinfo=UTC)
         runs = self.table("runs")
         history = runs.history() if runs is not None else []
         before = [c["version"] for c in history if c["timestamp"] <= instant.timestamp() * 1000]

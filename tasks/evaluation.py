@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 from pydantic import Field
 
-from storage.lake import Lake
-from storage.config import Strict
-from tasks.curation.mix import sample_mix
-from tasks.curation.stage import bank_problems
-from storage.seeds import derive_seed
 from policy.prompts import format_prompt
 from policy.sampling import SamplerConfig
+from storage.config import Strict
+from storage.lake import Lake
+from storage.seeds import derive_seed
+from tasks.curation.mix import sample_mix
+from tasks.curation.stage import bank_problems
 from tasks.iteration import IterationConfig
 from tasks.rollout.stage import open_policy
 from tasks.verification.stage import PROBLEM_FIELDS, score_rollouts
@@ -148,7 +148,7 @@ def score_responses(responses: pl.DataFrame, problems: pl.DataFrame, verify, sam
                                                   "details")
     return (responses.join(scored.rename({"rollout_id": "response_id"}), on="response_id", how="left")
             .join(problems.select("problem_id", "source", "level"), on="problem_id", how="left")
-            .with_columns(sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(timezone.utc))))
+            .with_columns(sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(UTC))))
 
 
 def summarise(scored: pl.DataFrame, config: EvalConfig, model_version: int, bank_version: int | None, scoring: str,
@@ -163,7 +163,7 @@ def summarise(scored: pl.DataFrame, config: EvalConfig, model_version: int, bank
     return by_cell.with_columns(
         model_version=pl.lit(model_version, pl.Int64), split=pl.lit(config.split),
         bank_version=pl.lit(bank_version, pl.Int64), solve_rate=pl.col("solved") / pl.col("samples"),
-        sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(timezone.utc)), k=pl.lit(config.k, pl.Int64),
+        sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(UTC)), k=pl.lit(config.k, pl.Int64),
         scoring=pl.lit(scoring)).sort("source", "level")
 
 

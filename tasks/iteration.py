@@ -12,19 +12,32 @@ from dataclasses import dataclass
 import polars as pl
 from pydantic import Field, model_validator
 
+from policy.sampling import Policy
 from storage.config import Strict
 from storage.lake import Lake
-from policy.sampling import Policy
 from storage.schemas import VERIFICATION_ROUND
 from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
 from tasks.advantages.stage import AdvantageConfig
 from tasks.rewards.compose import RewardConfig
 from tasks.rise import SelfVerifyConfig, verification_problems
-from tasks.rollout.stage import (GroupSampler, RolloutConfig, open_policy, sampling_history, training_bank,
-                                 with_self_certainty)
+from tasks.rollout.stage import (
+    GroupSampler,
+    RolloutConfig,
+    open_policy,
+    sampling_history,
+    training_bank,
+    with_self_certainty,
+)
 from tasks.selfplay.stage import SelfPlayConfig, problem_rows, sample_selfplay, solve_frame, solve_problems
-from tasks.verification.stage import (PROBLEM_FIELDS, VerifyConfig, own_rewards, score_with_components,
-                                      verifier_pool, with_composition, with_noise_correction)
+from tasks.verification.stage import (
+    PROBLEM_FIELDS,
+    VerifyConfig,
+    own_rewards,
+    score_with_components,
+    verifier_pool,
+    with_composition,
+    with_noise_correction,
+)
 
 
 class IterationConfig(Strict):

@@ -22,8 +22,8 @@ import polars as pl
 from pydantic import Field, model_validator
 
 from storage.config import Strict
-from tasks.curation.records import problem_id
 from storage.seeds import derive_seed
+from tasks.curation.records import problem_id
 from tasks.proposals.judgements import verification_answer, verification_prompt
 
 SOURCE = "self-verify"

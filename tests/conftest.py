@@ -151,10 +151,9 @@ def register_random_version(lake, version: int, seed: int) -> None:
     """Register another randomly initialised policy, shaped like version 0, as `version` (a stand-in for training)."""
     from transformers import AutoConfig
 
-    from storage.registry import register, version_row
-
     from policy.checkpoints import load_policy, save_checkpoint
     from policy.tiny import TinyModelConfig, build_model
+    from storage.registry import register, version_row
 
     base = version_row(lake, 0)["checkpoint_uri"]
     _, tokenizer = load_policy(base)

@@ -4,12 +4,12 @@ import math
 
 import polars as pl
 import pytest
+from test_verification_stage import seed_iteration
 
 from storage.catalog import open_catalog
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig, compute, latest_dbb_state, scored_rollouts, write
 from tasks.verification.stage import VerifyConfig, rollouts_with_problems, score_rollouts, write_rewards
-from test_verification_stage import seed_iteration
 
 
 def verified_iteration(lake, iteration=1):

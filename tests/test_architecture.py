@@ -6,10 +6,8 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import BIN, ROOT
 
 PACKAGES = ("storage", "policy", "tasks", "trainers", "flows", "bench")

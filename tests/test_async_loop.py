@@ -4,7 +4,6 @@ importance-weighted, every stage's run row and lineage kept, and a second run re
 
 import polars as pl
 import pytest
-
 from test_loop import RUN, curated_with_eval
 
 ASYNC = {**RUN, "loop": {"iterations": 4, "mode": "async", "max_staleness": 1}}

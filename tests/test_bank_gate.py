@@ -7,6 +7,7 @@ import json
 
 import polars as pl
 import pytest
+from test_documents import Replay
 
 from flows.iteration import bank_added
 from storage.lake import Lake
@@ -16,7 +17,6 @@ from tasks.curation.gate import Admitted, GateSettings, admit, bank_run, refusal
 from tasks.curation.load import load_source
 from tasks.proposals.documents import challenge_text
 from tasks.selfplay.stage import problem_rows, selfplay_problem
-from test_documents import Replay
 
 STORY = ("Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
          "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. "

@@ -9,11 +9,11 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import BIN
 
 import bench.results
 from bench.docs import PAGES, REGION, FigureError, commands, literal_figures, main, render, templates
 from bench.results import MODULES, ROOT, changed_since, envelope, load_results
-from conftest import BIN
 
 HAS_HISTORY = shutil.which("git") is not None and (ROOT / ".git").exists()
 REGION_TEXT = ("<!-- figures dedup `rlvr bench dedup --save dedup`: {{dedup.figures.seconds:.1f}} s -->\nold\n"

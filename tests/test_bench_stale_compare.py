@@ -11,6 +11,7 @@ import sys
 from contextlib import contextmanager
 
 import pytest
+from conftest import BIN
 
 import bench.results as results_module
 from bench import compare as compare_module
@@ -18,7 +19,6 @@ from bench.compare import PROBES, compare, slowdown
 from bench.results import ROOT, git
 from bench.stale import Stale, refresh, stale
 from bench.worktrees import worktree
-from conftest import BIN
 
 HAS_HISTORY = shutil.which("git") is not None and (ROOT / ".git").exists()
 needs_history = pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")

@@ -3,14 +3,13 @@
 import json
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-import polars as pl
 import pytest
-
 from conftest import run_cli
-from storage.catalog import open_catalog
 from test_lake_writes import write
+
+from storage.catalog import open_catalog
 
 
 def test_every_table_is_a_view(lake):
@@ -25,7 +24,7 @@ def test_every_table_is_a_view(lake):
 def test_as_of_a_lake_version_and_a_timestamp(lake):
     write(lake, 1, ["first"])
     version_after_first = lake.runs_version()
-    moment = datetime.now(timezone.utc).isoformat()
+    moment = datetime.now(UTC).isoformat()
     write(lake, 1, ["second"])
     old = open_catalog(lake, as_of=version_after_first)
     assert old.sql("select source from quarantine").fetchall() == [("first",)]

@@ -3,25 +3,24 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
+from flows.run_config import LoopConfig
+from policy.publish import PublishConfig
 from storage.config import load_yaml_config
-from tasks.curation.config import CurationConfig, parse_source_spec
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig
+from tasks.curation.config import CurationConfig, parse_source_spec
+from tasks.curriculum.stage import CurriculumConfig
+from tasks.evaluation import EvalConfig
+from tasks.interop.tracking import TrackingConfig
+from tasks.rewards.compose import RewardConfig
+from tasks.rise import SelfVerifyConfig
 from tasks.rollout.stage import RolloutConfig
+from tasks.selfplay.stage import SelfPlayConfig
 from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig
-from flows.run_config import LoopConfig
-from tasks.evaluation import EvalConfig
 from trainers.warmup import WarmupConfig
-from tasks.curriculum.stage import CurriculumConfig
-
-from tasks.rewards.compose import RewardConfig
-from policy.publish import PublishConfig
-from tasks.rise import SelfVerifyConfig
-from tasks.selfplay.stage import SelfPlayConfig
-from tasks.interop.tracking import TrackingConfig
 
 SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
             "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,

@@ -7,8 +7,8 @@ import json
 import polars as pl
 import pyarrow.compute as pc
 import pytest
-
 from conftest import run_cli
+
 from storage.lineage import problem_lineage
 from tasks.curation.readers import SourceReadError
 from tasks.generators import regenerate
@@ -25,7 +25,7 @@ GSM8K_LINES = [
 @pytest.fixture
 def files(tmp_path):
     gsm8k = tmp_path / "gsm8k.jsonl"
-    gsm8k.write_text("".join((json.dumps(l) if isinstance(l, dict) else l) + "\n" for l in GSM8K_LINES))
+    gsm8k.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in GSM8K_LINES))
     math_eval = tmp_path / "math.parquet"
     pl.DataFrame({"problem": ["Compute $\\frac{1}{2} + \\frac{1}{3}$.", "Find the area of a unit circle."],
                   "solution": ["We get $\\boxed{\\frac{5}{6}}$.", "It is $\\boxed{\\pi}$."]}).write_parquet(math_eval)
@@ -184,8 +184,9 @@ def test_cli_quick_sources_without_a_prefect_server(files, tmp_path):
 
 
 def test_a_failed_problems_write_puts_the_other_slices_back(lake):
-    from tasks.curation.stage import write_bank
     from test_dedup import candidates
+
+    from tasks.curation.stage import write_bank
 
     kept = candidates([{"problem_id": "p1", "prompt": "What is 1+1?", "answer": "2"}])
     quarantine = pl.DataFrame({"source": ["s"], "source_uri": ["f"], "source_line": [3], "field": ["answer"],

@@ -36,12 +36,11 @@ def test_the_loop_rebalances_and_the_next_iteration_draws_by_the_new_mix(prefect
     import json
 
     import polars as pl
-
-    from flows.loop import rl_loop
-    from storage.lake import Lake
     from test_loop import RUN, curated_with_eval
 
     from flows.curation import curate_bank
+    from flows.loop import rl_loop
+    from storage.lake import Lake
 
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from conftest import BIN, ROOT, run_cli, stop_group
 
 TINY_BANK = {"sources": [{"kind": "generator", "generator": "mix", "count": 20, "seed": 0}]}

@@ -11,7 +11,6 @@ import time
 
 import pytest
 import torch
-
 from test_iteration import CONFIG, curated
 
 
@@ -185,9 +184,10 @@ def test_the_overlapped_loops_trainer_role_trains_on_persistent_ranks(prefect_ap
     """`loop.mode: async` with two DDP ranks: the trainer role steps the same ranks while the sampler samples."""
     import json
 
+    from test_loop import RUN, curated_with_eval
+
     from flows.loop import rl_loop
     from storage.lake import Lake
-    from test_loop import RUN, curated_with_eval
     from trainers.workers import GROUPS
 
     lake_uri = str(tmp_path / "lake")

@@ -10,8 +10,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks.proposals.documents import (Document, challenge_text, generate_documents, parse_challenge, read_documents,
-                                      variance_reward)
+from tasks.proposals.documents import (
+    Document,
+    challenge_text,
+    generate_documents,
+    parse_challenge,
+    read_documents,
+    variance_reward,
+)
 
 DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 
@@ -215,10 +221,11 @@ def test_the_warm_up_challenges_are_valid_and_the_drill_corpus_is_reproducible()
 def test_spice_on_the_tiny_model_records_each_challenge_with_its_document(prefect_api, tmp_path):
     """One SPICE iteration with a real (untrained) tiny policy: every challenger rollout is a proposal carrying its
     document's id, file and licence, rewarded by the validity rules, and the step trains on them."""
+    from test_iteration import SMALL_POLICY
+
     from flows.curation import curate_bank
     from flows.loop import rl_loop
     from storage.lake import Lake
-    from test_iteration import SMALL_POLICY
 
     corpus = Path(__file__).resolve().parents[1] / "configs" / "data" / "drill-documents.jsonl"
     lake_uri = str(tmp_path / "lake")

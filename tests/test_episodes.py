@@ -11,14 +11,14 @@ import polars as pl
 import pytest
 import torch
 
-from tasks.rollout.episodes import PythonTool, ToolConfig, run_episodes, tool_call
 from policy.hf import HFPolicy
-from policy.sampling import Sample, SamplerConfig
-from tasks.rollout.rows import rollout_rows
-from trainers.grpo import TrainConfig, policy_tokens, train_on_batch
 from policy.logprobs import response_logprobs
+from policy.sampling import Sample, SamplerConfig
 from policy.tiny import TinyModelConfig, build_model, train_tokenizer
 from tasks.rollout.base_policy import tokenizer_corpus
+from tasks.rollout.episodes import PythonTool, ToolConfig, run_episodes, tool_call
+from tasks.rollout.rows import rollout_rows
+from trainers.grpo import TrainConfig, policy_tokens, train_on_batch
 
 SCRIPT = ["Let me multiply. <python>print(12 * 7)</python>", "Check: <python>print(1 / 0)</python>",
           "So 84 + 5 = 89.\n#### 89"]

@@ -54,8 +54,9 @@ def test_pass_at_k_by_hand():
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory, prefect_api):
     """A lake after one loop iteration whose evaluation sampled 3 responses per problem (pass@3)."""
-    from flows.loop import rl_loop
     from test_loop import RUN, curated_with_eval
+
+    from flows.loop import rl_loop
 
     lake_uri = str(tmp_path_factory.mktemp("evaluated") / "lake")
     curated_with_eval(lake_uri)

@@ -6,8 +6,8 @@ import json
 
 import polars as pl
 import pytest
-
 from conftest import run_cli
+
 from tasks.interop.formats import ground_truth
 
 
@@ -91,9 +91,10 @@ def test_code_problems_carry_their_tests_as_ground_truth():
 
 
 def test_a_kept_batch_exports_its_problems_with_iteration_and_solve_rate(prefect_api, tmp_path):
+    from test_iteration import CONFIG, curated
+
     from flows.iteration import rl_iteration
     from storage.lake import Lake
-    from test_iteration import CONFIG, curated
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

@@ -5,7 +5,6 @@ has one trained version, no problem repeats, nothing is left running, and the me
 run's. The full matrix (13 points of `rlvr run`, 4 of `rlvr curate`, local and S3): `rlvr bench faults`."""
 
 import signal
-import time
 
 import polars as pl
 import pytest

@@ -10,16 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, ROOT, free_port, register_sharpened_version, wait_for
+
 from policy.checkpoints import load_policy
-from storage.registry import version_row
-from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from policy.layout import LayoutRefused, preflight
 from policy.openai_backend import OpenAIBackendConfig
 from policy.publish import PublishConfig, staged
 from policy.sampling import SamplerConfig
 from policy.tiny import TinyModelConfig
+from storage.registry import version_row
+from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
 SAMPLER = SamplerConfig(max_new_tokens=12)
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
@@ -92,16 +92,15 @@ def test_launched_servers_name_versions_as_serve_sh_does_and_refuse_what_cannot_
 
 @pytest.mark.parametrize("name", ["gpu.yaml", "gpu-8.yaml", "gpu-2x8.yaml"])
 def test_the_shipped_gpu_layouts_pass_the_preflight(name):
-    from flows.run_config import load_run_config
-
     from flows.loop import check_layout
+    from flows.run_config import load_run_config
 
     check_layout(load_run_config(ROOT / "configs" / name))     # every rank's device against the servers'
 
 
 def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
-    from storage.lake import Lake
     from policy.publish import publish
+    from storage.lake import Lake
 
     lake = Lake.open(f"s3://{s3_env}/lake")
     ensure_base_policy(lake, BasePolicyConfig(tiny=SMALL, tokenizer_corpus=50))

@@ -7,8 +7,8 @@ from fractions import Fraction
 
 import pytest
 
-from tasks.generators import GENERATORS, families, generate, regenerate
 from storage.seeds import derive_seed
+from tasks.generators import GENERATORS, families, generate, regenerate
 
 SAMPLES = 60
 

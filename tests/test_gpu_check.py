@@ -13,9 +13,8 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-
 from conftest import ROOT
+from packaging.requirements import Requirement
 
 GPU_HOST = ["torch", "transformers", "accelerate", "peft"]
 PLATFORM_ONLY = ["prefect", "polars", "deltalake", "duckdb", "pyarrow"]

@@ -7,11 +7,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig, fill_batch
-from tasks.advantages.guided_sampling import (GuidanceConfig, beta_prior, groups_to_draw, keep_probability,
-                                              ranked_candidates)
-from tasks.curation.mix import sample_mix
 from storage.seeds import derive_seed
+from tasks.advantages.dynamic_sampling import DynamicSamplingConfig, fill_batch
+from tasks.advantages.guided_sampling import (
+    GuidanceConfig,
+    beta_prior,
+    groups_to_draw,
+    keep_probability,
+    ranked_candidates,
+)
+from tasks.curation.mix import sample_mix
 
 
 def exact_keep(alpha: float, beta: float, group_size: int, band=(0.0, 1.0), points: int = 200_001) -> float:
@@ -152,9 +157,10 @@ def test_the_prior_of_a_source_comes_from_its_past_groups_in_the_bank_not_among_
 
 
 def test_a_guided_loop_fills_its_batches_and_stores_everything(prefect_api, tmp_path):
+    from test_iteration import CONFIG, curated
+
     from flows.iteration import rl_iteration
     from storage.lake import Lake
-    from test_iteration import CONFIG, curated
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

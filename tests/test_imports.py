@@ -6,8 +6,8 @@ import json
 
 import polars as pl
 import pyarrow.compute as pc
-
 from conftest import run_cli
+
 from flows.curation import curate_bank
 from storage.lake import Lake
 from tasks.interop.rewards import compute_score

@@ -7,8 +7,8 @@ import math
 
 import polars as pl
 import pytest
-
 from conftest import register_random_version
+
 from storage.catalog import open_catalog
 from tasks.advantages.dynamic_sampling import BatchShortfall
 
@@ -124,10 +124,10 @@ def test_off_policy_rollouts_get_truncated_importance_weights_and_stale_ones_are
     import torch
 
     from flows.iteration import compute_advantages
-    from storage.lake import Lake
-    from policy.hf import sequence_logprobs
-    from storage.registry import version_row
     from policy.checkpoints import load_policy
+    from policy.hf import sequence_logprobs
+    from storage.lake import Lake
+    from storage.registry import version_row
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -197,9 +197,10 @@ def test_sampling_an_older_version_measures_staleness_against_the_latest(rl_iter
 
 
 def test_an_inference_server_failing_mid_iteration_keeps_the_rounds_already_sampled(rl_iteration, tmp_path):
-    from storage.lake import Lake
-    from policy.openai_backend import BackendUnavailable
     from test_openai_backend import Scripted, completion
+
+    from policy.openai_backend import BackendUnavailable
+    from storage.lake import Lake
 
     first_round = 5                                       # 3 groups wanted × 1.5 oversample
     server = Scripted(lambda body, count: (200, completion(body["n"])) if count <= first_round

@@ -171,9 +171,10 @@ def test_judge_rewards_mix_with_verifiable_ones_in_the_composition():
 def test_one_iteration_mixes_judge_and_verifiable_rewards(judge_server, prefect_api, lake, lake_uri):
     """A bank of drill problems (math verifier) and open prompts (judge): one RL iteration scores each by its
     own verifier, and the composition maps math to ±1 while the judge's score passes through."""
+    from test_iteration import CONFIG
+
     from flows.curation import curate_bank
     from flows.iteration import rl_iteration
-    from test_iteration import CONFIG
 
     server, _ = judge_server
     curate_bank({"sources": [

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from datetime import UTC
 
 import polars as pl
 import pyarrow as pa
@@ -445,14 +446,14 @@ def test_a_lake_whose_iteration_tables_were_made_partitioned_keeps_them_so(lake)
 def test_a_partitioned_table_written_before_a_column_was_added_takes_replaces_with_it(lake):
     """An older lake's `iteration_metrics`: partitioned by iteration, without `mean_self_certainty`. A replace adds
     the column (schema merge) and swaps exactly its slice."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from deltalake import write_deltalake
 
     from storage.schemas import TABLES
 
     older = pa.schema([f for f in TABLES["iteration_metrics"].schema if f.name != "mean_self_certainty"])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [{**dict.fromkeys(older.names), "iteration": i, "model_version": 0, "run_id": "before", "created_at": now}
             for i in (1, 2)]
     write_deltalake(lake.location.table_uri("iteration_metrics"), pa.Table.from_pylist(rows, schema=older),

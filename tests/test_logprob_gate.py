@@ -12,16 +12,16 @@ import subprocess
 
 import httpx
 import pytest
-
 from conftest import BIN, register_sharpened_version, serve_policy
-from policy.checkpoints import load_policy
-from storage.registry import version_row
+
 from policy.agreement import GateFailed
-from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
+from policy.checkpoints import load_policy
 from policy.hf import HFPolicy
 from policy.openai_backend import OpenAIBackendConfig, completion_request, parse_choices
 from policy.sampling import NEUTRAL, SamplerConfig
 from policy.tiny import TinyModelConfig
+from storage.registry import version_row
+from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]

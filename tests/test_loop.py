@@ -7,7 +7,6 @@ import json
 import polars as pl
 import pyarrow.compute as pc
 import pytest
-
 from test_iteration import CONFIG
 
 RUN = {**CONFIG, "train": {"micro_batch_size": 8}, "evaluation": {"max_problems": 12, "sampler": {"max_new_tokens": 8}},

@@ -48,7 +48,8 @@ def test_reports_fit_an_80_column_terminal(cli, tmp_path):
 
 def test_verification_benchmarks_measure_both_sides():
     from bench.sandbox_rate import run_benchmark as sandbox_benchmark
-    from bench.verify_throughput import build_items, run_benchmark as verify_benchmark, symbolic_golds
+    from bench.verify_throughput import build_items, symbolic_golds
+    from bench.verify_throughput import run_benchmark as verify_benchmark
 
     items = build_items(20)
     assert len(items) == 40 and {label for _, _, label in items} == {True, False}

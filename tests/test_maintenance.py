@@ -6,16 +6,17 @@ import json
 import subprocess
 import threading
 import time
+from datetime import UTC
 
 import polars as pl
-import pytest
 import pyarrow.compute as pc
+import pytest
 import yaml
-
 from conftest import BIN, ROOT
+from test_loop import BANK, RUN
+
 from storage.lake import Lake
 from storage.maintenance import MaintenanceConfig, layout, maintain
-from test_loop import BANK, RUN
 
 
 def groups_rows(iteration: int, n: int) -> pl.DataFrame:
@@ -30,10 +31,10 @@ def test_maintain_compacts_checkpoints_and_vacuums_keeping_time_travel(cli, tmp_
         with lake.run("test", "write", {"commit": commit}) as run:
             lake.append("groups", groups_rows(commit % 2, 3 + commit), run)
     before = lake.read("groups").sort("run_id", "group_id", "iteration")
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     time.sleep(1.1)
-    moment = datetime.now(timezone.utc).isoformat()                # the lake as it was before maintenance
+    moment = datetime.now(UTC).isoformat()                # the lake as it was before maintenance
     assert layout(lake, "groups").files == 12 and layout(lake, "groups").last_checkpoint is None
 
     kept = cli("lake", "maintain", "--lake", lake_uri, "--format", "json")
@@ -59,7 +60,7 @@ def test_maintain_compacts_checkpoints_and_vacuums_keeping_time_travel(cli, tmp_
     assert gone[0].vacuumed_files == 12 and lake.read("groups").sort("run_id", "group_id", "iteration").equals(before)
     assert gone[0].log_files == len(list(log.glob("*.json"))) == 1    # the checkpoint's commit: the rest expired
     assert Lake.open(lake_uri).read("groups").sort("run_id", "group_id", "iteration").equals(before)   # from a fresh open
-    from flows.maintenance import lake_maintenance               # the scheduled deployment's flow
+    from flows.maintenance import lake_maintenance  # the scheduled deployment's flow
 
     ran = lake_maintenance({"tables": ["groups"]}, lake_uri)
     assert ran == [{"table": "groups", "files_before": 1, "files_after": 1, "compacted": "nothing to do",
@@ -192,9 +193,10 @@ def test_a_replace_planned_before_a_compaction_commits_after_it_losing_and_doubl
     three small files, which the compaction merges; slice 3 was empty, so its replace is an append that must
     land right on its snapshot). Today delta-rs refuses the stale commit and the lake retries it on a fresh
     snapshot; the test holds the outcome, whatever the mechanism."""
-    import storage.lake as lake_module
     from deltalake import DeltaTable
     from test_read_cache_property import OtherProcess
+
+    import storage.lake as lake_module
 
     lake_uri = str(tmp_path / "lake")
     lake = Lake.open(lake_uri)

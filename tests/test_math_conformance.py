@@ -11,8 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from tasks.verifiers.math import MathVerifier
 
 CASES = ROOT.parent / "shared" / "conformance" / "math-verify" / "cases.jsonl"

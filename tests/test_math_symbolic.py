@@ -9,8 +9,8 @@ import json
 import re
 
 import pytest
-
 from conftest import ROOT
+
 from tasks.verifiers import symbolic
 from tasks.verifiers.extract import EXTRACTORS, extract_answer, gold_answer
 

@@ -3,7 +3,7 @@ over the chain (the same output as the per-version filtering it replaced, 1a9b9f
 as versions × rollouts."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
@@ -12,7 +12,7 @@ import pytest
 from storage.lake import Lake
 from storage.lineage import _chain_batches, model_version_lineage
 
-NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def write(lake: Lake, table: str, rows: dict, key: dict) -> str:

@@ -7,15 +7,15 @@ import threading
 import time
 
 import pytest
-
 from conftest import BIN, free_port, register_random_version, wait_for
-from storage.seeds import derive_seed
+
+from policy.checkpoints import load_policy
 from policy.hf import HFPolicy
 from policy.openai_backend import BackendUnavailable, OpenAIBackendConfig, OpenAIPolicy
 from policy.sampling import SamplerConfig
-from policy.checkpoints import load_policy
-from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from policy.tiny import TinyModelConfig
+from storage.seeds import derive_seed
+from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
 SAMPLER = SamplerConfig(max_new_tokens=12)
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, run_cli
+
 from flows.orchestration import LOG_NAME, PID_NAME
 
 
@@ -57,8 +57,9 @@ def test_a_server_that_does_not_answer_is_one_line(tmp_path, fresh_home):
 
 
 def test_commands_without_orchestration_start_no_server(tmp_path, fresh_home):
-    from storage.lake import Lake
     from test_lake_writes import write
+
+    from storage.lake import Lake
 
     lake = str(tmp_path / "lake")
     write(Lake.open(lake), 1, ["a"])

@@ -4,10 +4,10 @@ what TRL will really run read back from its GRPOConfig, the paired intervals, an
 import os
 
 import pytest
+from conftest import ROOT, run_cli
 
 from bench.peer import T_975, in_mode, interval, isolated, mean_curve, time_to_accuracy
 from bench.peer_trl import CannotMirror, check_trl_arguments, mirror, trl_arguments, trl_layout
-from conftest import ROOT, run_cli
 from flows.run_config import RunConfig, load_run_config
 
 

@@ -4,10 +4,10 @@ files, every load is a copy of its own, and a folder whose files changed is read
 import pytest
 import torch
 
-from storage.lake import Lake
 from policy import cache as policy_cache
 from policy.checkpoints import load_policy, load_training_state, save_checkpoint
 from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from storage.lake import Lake
 from tasks.rollout.base_policy import tokenizer_corpus
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)

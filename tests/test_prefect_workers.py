@@ -15,7 +15,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-
 from conftest import BIN, ROOT, free_port, wait_for
 
 PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))

@@ -9,13 +9,13 @@ import httpx
 import pyarrow.compute as pc
 import pytest
 import yaml
-
 from conftest import BIN, free_port, register_random_version, wait_for
+from test_iteration import CONFIG, SMALL_POLICY
+from test_openai_backend import Scripted
+
 from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy, RequestRefused
 from policy.publish import PublishConfig, PublishFailed, publish, require_confirmed, version_of
 from policy.sampling import SamplerConfig
-from test_iteration import CONFIG, SMALL_POLICY
-from test_openai_backend import Scripted
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
 SAMPLER = SamplerConfig(max_new_tokens=8)
@@ -101,10 +101,11 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
     """`rlvr run` on the openai backend against `rlvr policy serve --no-on-demand` (a separate process that
     knows only v0 at start, as a vLLM server started on the base model does): every trained version is
     loaded, confirmed and recorded before the iteration and evaluation that sample it."""
+    from test_loop import RUN, curated_with_eval
+
     from flows.loop import rl_loop
     from policy.layout import LayoutRefused
     from storage.lake import Lake
-    from test_loop import RUN, curated_with_eval
 
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)

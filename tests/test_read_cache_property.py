@@ -20,13 +20,13 @@ from contextlib import ExitStack
 import polars as pl
 import pyarrow.compute as pc
 import pytest
+from conftest import ROOT
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from conftest import ROOT
 from lake_writer_process import SLICE_COLUMN, rows
+
 from storage import fragment_reads
 from storage.lake import Lake
 

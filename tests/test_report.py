@@ -7,9 +7,9 @@ import struct
 
 import polars as pl
 import pytest
+from conftest import run_cli
 from polars.testing import assert_frame_equal
 
-from conftest import run_cli
 from tasks.report import data
 from tasks.report.plots import PLOTS
 
@@ -21,10 +21,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def looped_lake(tmp_path_factory, prefect_api):
+    from test_loop import RUN, curated_with_eval
+
     from flows.loop import rl_loop
     from flows.verification import verify_iteration
     from storage.lake import Lake
-    from test_loop import RUN, curated_with_eval
 
     lake_uri = str(tmp_path_factory.mktemp("report") / "lake")
     curated_with_eval(lake_uri)

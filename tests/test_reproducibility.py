@@ -15,9 +15,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from bench.results import host, instruction_set
-from conftest import ROOT
 
 STEPS = """
 import hashlib, polars as pl, torch

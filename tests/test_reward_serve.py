@@ -8,19 +8,19 @@ import inspect
 import json
 import os
 import signal
-from collections import Counter
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 
 import polars as pl
 import pyarrow.compute as pc
 import pytest
+from conftest import run_cli
 
 from bench.reward_serve import start_server
-from conftest import run_cli
 from flows.cli.interop import reward_serve
 from flows.curation import curate_bank
 from storage.lake import Lake

@@ -3,12 +3,13 @@ advantages end to end (an iteration, then a re-composition by `compute-advantage
 
 import json
 import warnings
+from datetime import UTC
 
 import polars as pl
 import pytest
+from test_iteration import CONFIG, curated
 
 from tasks.rewards.compose import RewardConfig, compose
-from test_iteration import CONFIG, curated
 
 ROWS = pl.DataFrame({
     "rollout_id": ["a", "b", "c", "d"], "domain": ["math", "math", "code", "qa"],
@@ -121,10 +122,11 @@ def test_the_self_reward_tripwire_names_each_signal_that_fell_below_its_bound():
 
 def test_a_self_rewarded_loop_stops_when_its_tripwire_fires(prefect_api, tmp_path):
     """INTUITOR's reward has no verifier: the tripwire runs without self-play, after the iteration is recorded."""
+    from test_loop import RUN, curated_with_eval
+
     from flows.loop import rl_loop
     from storage.lake import Lake
     from tasks.selfplay.health import CollapseDetected
-    from test_loop import RUN, curated_with_eval
 
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
@@ -140,7 +142,7 @@ def test_the_self_reward_tripwire_reads_the_first_iterations_rollouts_once_a_run
     """Each iteration is compared with the run's first: that iteration's rollouts are read once a run (kept in
     the run's baselines), and every later check reads only its own. Iteration 1's responses average 50 tokens,
     iterations 2 and 3 40 (80 %), iteration 4 10 (20 %, below the 25 % bound)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from flows.loop_steps import check_self_reward
     from flows.run_config import RunConfig
@@ -158,7 +160,7 @@ def test_the_self_reward_tripwire_reads_the_first_iterations_rollouts_once_a_run
                 "response": [f"step {iteration}\n#### {i}" for i in range(4)]}), {"iteration": iteration}, run)
             lake.replace("iteration_metrics", pl.DataFrame({
                 "iteration": [iteration], "model_version": [iteration - 1], "entropy": [0.9],
-                "created_at": [datetime.now(timezone.utc)]}), {"iteration": iteration}, run)
+                "created_at": [datetime.now(UTC)]}), {"iteration": iteration}, run)
     read_rows, original = [], Lake.read
 
     def counted(self, name, *args, **kwargs):

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from policy.hf import HFPolicy, _cut, sequence_logprobs, stop_token_ids
 from policy import logprobs as shared_logprobs
+from policy.hf import HFPolicy, _cut, sequence_logprobs, stop_token_ids
 from policy.sampling import SamplerConfig, sampling_logprobs, self_certainty
 from policy.tiny import TinyModelConfig, build_model, train_tokenizer
 from tasks.rollout.base_policy import tokenizer_corpus

@@ -26,7 +26,7 @@ import pytest
 
 from bench.hostile_programs import HOSTILE, REPO, planted_files, score_all
 from tasks.sandbox import client
-from tasks.sandbox.client import Sandbox, SandboxUnavailable, isolation_mode
+from tasks.sandbox.client import Sandbox, SandboxUnavailable
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.zygote import UID_BASE, UID_SLOTS
 

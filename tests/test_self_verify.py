@@ -7,7 +7,6 @@ import polars as pl
 import pytest
 
 from tasks.proposals.judgements import first_wrong_step, judgement_reward, verification_answer
-
 from tasks.rise import SelfVerifyConfig, verification_problems
 
 STEPS = ["12*7=84", "84+61=145"]
@@ -58,9 +57,10 @@ def test_tasks_are_balanced_between_right_and_wrong_rollouts_and_never_made_of_v
 
 def drill_loop(tmp_path, selfverify: dict, extra: dict) -> str:
     """Two loop iterations of a small tiny model on the drill, 8 groups of 4 a batch, with `selfverify`."""
+    from test_iteration import SMALL_POLICY
+
     from flows.curation import curate_bank
     from flows.loop import rl_loop
-    from test_iteration import SMALL_POLICY
 
     lake_uri = str(tmp_path / "lake")
     curate_bank({"sources": [{"kind": "generator", "generator": "two_step", "count": 80, "seed": 0}]}, lake_uri)
@@ -97,8 +97,8 @@ def test_in_batch_the_same_policy_verifies_its_own_batch_and_both_train_in_one_u
     """RISE as published: the verification prompts are built from this iteration's kept solutions, sampled by
     the same model version in the same iteration, scored against the verifier's verdicts, and trained in the
     same batch (outside `groups_per_batch`, so the solver's groups all stay)."""
-    from storage.lake import Lake
     from storage.catalog import open_catalog
+    from storage.lake import Lake
     from storage.schemas import VERIFICATION_ROUND
 
     lake_uri = drill_loop(tmp_path, {"enabled": True, "tasks_per_iteration": 6},

@@ -1,14 +1,13 @@
 """Absolute Zero-style self-play: every validity rule of a proposal on a hand-written one, the solver's
 answers judged by execution for each task type, hostile answers, and the learnability reward by hand."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from tasks.sandbox.client import Sandbox
-from tasks.proposals.code_tasks import (CodeTask, ProposalRules, Rejection, learnability, parse_proposal,
-                                       solver_prompt)
+from tasks.proposals.code_tasks import CodeTask, ProposalRules, Rejection, learnability, parse_proposal, solver_prompt
 from tasks.proposals.executor import PROPOSAL_LIMITS, judge_answer, validate, validate_all
+from tasks.sandbox.client import Sandbox
 from tasks.verification.registry import build_verifier
 
 RULES = ProposalRules(induction_pairs=4)
@@ -143,9 +142,8 @@ def test_every_warm_up_template_agrees_with_the_sandbox_and_its_worked_examples_
     import random
 
     from tasks.generators.programs import TEMPLATES, draw_task, proposer_example, solver_example
-    from tasks.proposals.code_tasks import proposal_text
+    from tasks.proposals.code_tasks import last_block, proposal_text
     from tasks.proposals.verifiers import ANSWER_BLOCKS, ProposalVerifier, SelfPlayVerifier
-    from tasks.proposals.code_tasks import last_block
 
     rng = random.Random(0)
     drawn = [draw_task(rng, False, "induction") for _ in range(120)]
@@ -197,7 +195,7 @@ def test_collapse_metrics_by_hand_and_the_sql_view_agrees(tmp_path):
         0.8, 1.0, pytest.approx(1 / 3))
     lake = Lake.open(str(tmp_path / "lake"))
     full = [{**row, "role": "proposer", "task_type": "deduction", "model_version": 1, "rollout_id": row["proposal_id"],
-             "created_at": datetime.now(timezone.utc)} for row in [*HISTORY, challenge]]
+             "created_at": datetime.now(UTC)} for row in [*HISTORY, challenge]]
     for iteration in (1, 2):
         with lake.run("test", "rollout", {}, iteration=iteration) as run:
             lake.replace("proposals", pl.DataFrame([r for r in full if r["iteration"] == iteration]),

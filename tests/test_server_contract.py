@@ -13,16 +13,21 @@ import time
 
 import httpx
 import pytest
-
 from conftest import BIN
 
-from policy.checkpoints import load_policy
-from storage.registry import version_row
 from policy.agreement import measure
-from policy.openai_backend import (OpenAIBackendConfig, OpenAIPolicy, completion_request, held_versions,
-                                          parse_choices, served_models)
+from policy.checkpoints import load_policy
+from policy.openai_backend import (
+    OpenAIBackendConfig,
+    OpenAIPolicy,
+    completion_request,
+    held_versions,
+    parse_choices,
+    served_models,
+)
 from policy.publish import PublishConfig, publish
 from policy.sampling import NEUTRAL, SamplerConfig
+from storage.registry import version_row
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
@@ -234,7 +239,6 @@ def test_the_cpu_lora_extension_gives_rows_without_an_adapter_no_adapter_term(mo
     stacked weights indexed by each row's slot, so -1 is the last): rows of slot -1 get 0, the others their
     adapter's term, unchanged."""
     import torch
-
     from conftest import ROOT
 
     monkeypatch.syspath_prepend(str(ROOT / "infra" / "vllm"))

@@ -7,8 +7,7 @@ import json
 
 import polars as pl
 import pytest
-
-from conftest import ROOT, run_cli
+from conftest import run_cli
 
 EXPECTED_ROWS = {"gsm8k-train": 7473, "gsm8k-test": 1319, "math500": 500, "aime24": 30, "humaneval": 164,
                  "gen:mix": 100_000, "gym:propositional_logic": 500, "gym:knights_knaves": 500}

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+from test_lake_writes import write
+
 from storage.catalog import open_lake_catalog
 from storage.lake import LakeError
-from test_lake_writes import write
 
 ESCAPES = {
     "overwrite a Delta log": "copy (select 'x') to '{lake}/quarantine/_delta_log/00000000000000000000.json'",

@@ -1,13 +1,13 @@
 """The loop's time outside its stage runs (bench/stage_time.py), as the learning and peer benchmarks report it."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
 
 from bench.stage_time import outside_share
 
-T0 = datetime(2026, 12, 6, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 6, tzinfo=UTC)
 
 
 def runs(*intervals) -> pl.DataFrame:

@@ -9,15 +9,15 @@ import time
 import polars as pl
 import pyarrow.compute as pc
 import pytest
-
 from conftest import run_cli
 
 
 @pytest.fixture(scope="module")
 def looped(tmp_path_factory, prefect_api):
     """A lake after a 2-iteration loop (rewards from the `random` reward control)."""
-    from flows.loop import rl_loop
     from test_loop import RUN, curated_with_eval
+
+    from flows.loop import rl_loop
 
     lake_uri = str(tmp_path_factory.mktemp("stages") / "lake")
     curated_with_eval(lake_uri)
@@ -255,7 +255,6 @@ def test_gpu_tagged_stages_share_one_concurrency_limit(prefect_api):
     GPU longer than the second flow takes to start."""
     from prefect import flow
     from prefect.client.orchestration import get_client
-
     from prefect.runtime import task_run
 
     from flows import policies
@@ -362,10 +361,10 @@ def test_the_loop_scores_its_rounds_on_a_dask_cluster(cli, tmp_path):
     cluster for the iteration (two worker processes with their own verifier processes), and the rewards equal
     those of the same iteration scored in the loop's own process."""
     import yaml
+    from test_loop import BANK, RUN, curated_with_eval
 
     from flows.loop import rl_loop
     from storage.lake import Lake
-    from test_loop import BANK, RUN, curated_with_eval
 
     looped = str(tmp_path / "local")                       # the same iteration, scored in the loop's own process
     curated_with_eval(looped)

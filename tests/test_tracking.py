@@ -13,14 +13,14 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import polars as pl
 import pytest
-
 from conftest import BIN, ROOT, free_port, run_cli, stop_group, wait_for
+
 from tasks.interop.tracking import TrackingConfig, lake_run_of, stage_seconds, steps_after
 
 MLFLOW = Path(os.environ.get("RLVR_MLFLOW") or ROOT / ".venv-mlflow" / "bin" / "mlflow")
@@ -30,7 +30,7 @@ CLI_ENV = {"PYTHONPATH": str(ROOT)}          # this checkout's code in the `rlvr
 # ---- the pure part -----------------------------------------------------------------------------------------------
 
 def stamp(second: float) -> datetime:
-    return datetime.fromtimestamp(1_800_000_000 + second, timezone.utc)
+    return datetime.fromtimestamp(1_800_000_000 + second, UTC)
 
 
 RUNS = pl.DataFrame([
@@ -198,8 +198,8 @@ def test_metrics_stage_times_and_plots_reach_mlflow_and_tensorboard_once(mlflow_
     from test_loop import RUN
 
     from flows.loop import rl_loop
-    from storage.lake import Lake
     from storage.config import load_yaml_config
+    from storage.lake import Lake
     from tasks.interop.trackers import track
 
     log_dir = tmp_path / "tb"
@@ -250,8 +250,8 @@ def test_metrics_stage_times_and_plots_reach_mlflow_and_tensorboard_once(mlflow_
 
 def test_a_crash_between_logging_and_recording_loses_and_doubles_nothing(mlflow_server, loop_lake, tmp_path,
                                                                          monkeypatch):
-    from storage.lake import Lake
     from storage.config import load_yaml_config
+    from storage.lake import Lake
     from tasks.interop.trackers import track
 
     log_dir = tmp_path / "tb"

@@ -49,17 +49,17 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_lan
     then found with `rlvr sql`, re-scored with another verifier and walked back with `rlvr lineage`."""
     import warnings
 
+    from conftest import run_cli
     from datasets import load_from_disk
+    from test_iteration import SMALL_POLICY
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from conftest import run_cli
     from flows.curation import curate_bank
     from policy.checkpoints import load_policy
     from storage.lake import Lake
     from storage.registry import version_row
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
-    from test_iteration import SMALL_POLICY
 
     lake_uri = str(tmp_path / "lake")
     curate_bank({"sources": [{"kind": "generator", "generator": "mix", "count": 40, "seed": 0}]}, lake_uri)
@@ -130,7 +130,7 @@ def test_trls_grpo_trainer_trains_with_the_platforms_reward_and_its_rollouts_lan
                     "--lake", lake_uri, "--format", "json")
     assert [json.loads(line)["status"] for line in again.stdout.splitlines()] == ["imported before"] * 2
     assert lake.read("rollouts", filter=pc.field("iteration") >= 100).height == 16
-    import polars as pl                                # TRL logs a batch again at a later logging step
+    import polars as pl  # TRL logs a batch again at a later logging step
 
     relogged = pl.read_parquet(logged_files[0]).with_columns(step=pl.lit(3, pl.Int64))
     relogged.write_parquet(tmp_path / "out" / "completions" / "completions_00003.parquet")

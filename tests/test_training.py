@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 import torch
 
-from trainers.grpo import TrainConfig, train_on_batch
 from policy.logprobs import response_logprobs
 from policy.tiny import TinyModelConfig, build_model, train_tokenizer
 from tasks.rollout.base_policy import tokenizer_corpus
+from trainers.grpo import TrainConfig, train_on_batch
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2)
 
@@ -101,10 +101,11 @@ def test_the_optimizer_state_and_step_count_carry_over(policy):
 
 
 def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path):
+    from test_iteration import CONFIG, curated
+
     from flows.iteration import rl_iteration, train_policy
     from storage.catalog import open_catalog
     from storage.lake import Lake
-    from test_iteration import CONFIG, curated
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -127,8 +128,9 @@ def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path)
 
 
 def test_command_line_train_and_model_version_lineage(cli, tmp_path):
-    from flows.iteration import rl_iteration
     from test_iteration import CONFIG, curated
+
+    from flows.iteration import rl_iteration
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -163,11 +165,12 @@ def test_throughput_benchmark_runs_both_sides():
 def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, tmp_path):
     import os
 
-    from flows.iteration import rl_iteration, train_policy
-    from storage.lake import Lake
     from test_iteration import CONFIG, curated
-    from storage.registry import version_row
+
+    from flows.iteration import rl_iteration, train_policy
     from policy.checkpoints import adapter_base, load_policy
+    from storage.lake import Lake
+    from storage.registry import version_row
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
@@ -192,11 +195,12 @@ def test_two_data_parallel_processes_train_as_one(prefect_api, tmp_path):
     """`train.processes: 2` (gloo on CPU): each process trains half of the batch and the gradients are summed,
     so the loss, gradient norm and trained weights equal one process's on the same batch, and one checkpoint
     is written (by this process, from process 0's weights)."""
+    from test_iteration import CONFIG, curated
+
     from flows.iteration import rl_iteration, train_policy
+    from policy.checkpoints import load_policy
     from storage.lake import Lake
     from storage.registry import version_row
-    from test_iteration import CONFIG, curated
-    from policy.checkpoints import load_policy
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)

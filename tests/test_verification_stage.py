@@ -98,7 +98,7 @@ def test_audit_command_stores_rho(cli, tmp_path):
     lines += [{"id": 200, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": True},   # a false negative
               {"id": 201, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": False}]  # a false positive
     path = tmp_path / "audit.jsonl"
-    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = cli("audit-verifier", str(path), "--workers", "2", "--lake", lake)
     assert result.returncode == 0, result.stderr
     stored = cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
@@ -124,7 +124,7 @@ def test_audit_against_a_reference_verifier_keeps_lines_aligned(cli, tmp_path):
         lines.append({"id": i, "domain": "math", "ground_truth": "17", "steps": ["3*4=12", "12+5=17"],
                       "response": f"{steps}. \\boxed{{{answer}}}"})
     path = tmp_path / "audit.jsonl"
-    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = cli("audit-verifier", str(path), "--reference", "flipped", "--workers", "2", "--lake", lake)
     assert result.returncode == 0, result.stderr
     stored = json.loads(cli("sql", "select rho0, rho1 from verifier_noise", "--format", "json", "--lake", lake).stdout)
@@ -150,8 +150,9 @@ def test_a_rollout_without_its_problem_is_reported_and_the_rest_scored(lake, cap
 
 def test_noise_correction_reaches_training_through_the_loop(lake, lake_uri, prefect_api):
     """The loop's own scoring applies the latest audit, and the `corrected` component makes advantages use it."""
-    from flows.iteration import rl_iteration
     from test_iteration import CONFIG, curated
+
+    from flows.iteration import rl_iteration
 
     curated(lake_uri)
     config = {**CONFIG, "verify": {"workers": 0, "verifier": "random", "noise_correction": True},

@@ -3,13 +3,13 @@
 import json
 
 import reasoning_gym
-
 from conftest import run_cli
+
 from tasks.verification.engine import VerifierPool
 
 
 def write_lines(path, lines):
-    path.write_text("".join((json.dumps(l) if isinstance(l, dict) else l) + "\n" for l in lines))
+    path.write_text("".join((json.dumps(line) if isinstance(line, dict) else line) + "\n" for line in lines))
 
 
 def test_every_domain_and_bad_lines(tmp_path):

@@ -8,10 +8,11 @@ from storage.views import VIEWS
 
 @pytest.fixture(scope="module")
 def looped_lake(tmp_path_factory, prefect_api):
+    from test_loop import RUN, curated_with_eval
+
     from flows.loop import rl_loop
     from flows.verification import verify_iteration
     from storage.lake import Lake
-    from test_loop import RUN, curated_with_eval
 
     lake_uri = str(tmp_path_factory.mktemp("views") / "lake")
     curated_with_eval(lake_uri)

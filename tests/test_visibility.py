@@ -7,11 +7,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+from datetime import UTC
 
 import polars as pl
 import pytest
-
 from conftest import run_cli
+
 from storage.catalog import open_catalog
 from storage.lake import LakeError
 from storage.lineage import problem_lineage
@@ -29,18 +30,18 @@ KILLED_CURATION = textwrap.dedent("""
 
 
 def noise_rows() -> pl.DataFrame:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     return pl.DataFrame([{"verifier": "math", "verifier_version": "1", "rho0": 0.1, "rho1": 0.1, "n_wrong": 1,
-                          "n_correct": 1, "audit": "x", "created_at": datetime.now(timezone.utc)}])
+                          "n_correct": 1, "audit": "x", "created_at": datetime.now(UTC)}])
 
 
 def curate_small(lake_uri, count=30, seed=1, generator="level1"):
+    from storage.lake import Lake
     from tasks.curation.config import CurationConfig
     from tasks.curation.filter import deduplicate
     from tasks.curation.load import load_source
     from tasks.curation.stage import existing_bank, write_bank
-    from storage.lake import Lake
 
     config = CurationConfig.model_validate({"sources": [{"kind": "generator", "generator": generator,
                                                           "count": count, "seed": seed}]})
@@ -141,6 +142,7 @@ def test_a_model_version_number_is_taken_once_and_checkpoints_never_overwritten(
 def test_a_lost_registry_commit_never_lets_a_checkpoint_be_overwritten(lake, lake_uri, prefect_api):
     """Deleting the last `model_versions` commit: the number comes back, the folder does not; doctor says why."""
     from conftest import register_random_version
+
     from storage.registry import claim_checkpoint
     from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 

@@ -12,13 +12,13 @@ import json
 import httpx
 import polars as pl
 import pytest
+from conftest import sharpened_base
+from test_iteration import CONFIG
+from test_loop import RUN, curated_with_eval
+from test_server_contract import FP32_GATE, fresh
 
 from policy.checkpoints import load_policy
 from storage.registry import version_row
-from conftest import sharpened_base
-from test_loop import RUN, curated_with_eval
-from test_iteration import CONFIG
-from test_server_contract import FP32_GATE, fresh
 
 pytestmark = pytest.mark.vllm
 
@@ -97,8 +97,8 @@ def test_the_overlapped_loop_starts_its_own_vllm_server_and_stops_it(prefect_api
     """`rollout.openai.launch: 1`: the loop starts a vLLM server from .venv-vllm on version 0's folder (serve.sh,
     LoRA adapters with train.lora), samples two overlapped iterations from it within the gate, and stops it."""
     from flows.loop import rl_loop
-    from storage.lake import Lake
     from policy import vllm_servers
+    from storage.lake import Lake
 
     if vllm_servers.missing():
         pytest.skip(vllm_servers.missing())

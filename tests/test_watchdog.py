@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verification.engine import VerifierPool
+from tasks.verifiers.deadline import ItemTimeout, Watchdog
 
 
 def watchdog_threads() -> int:

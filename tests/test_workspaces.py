@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 from tasks.verifiers.credit import credit, credit_rule
-from tasks.workspaces.verifier import WorkspaceVerifier
 from tasks.workspaces.answer import extract_files
 from tasks.workspaces.problem import ProblemError, load_problem, load_problems
+from tasks.workspaces.verifier import WorkspaceVerifier
 
 PROBLEMS = {problem.id: problem for problem in load_problems()}
 LRU = PROBLEMS["ds-lru-cache"]

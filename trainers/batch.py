@@ -8,8 +8,8 @@ import json
 import polars as pl
 import pyarrow.compute as pc
 
-from storage.lake import Lake
 from policy.sampling import sampled_temperature
+from storage.lake import Lake
 
 ROLLOUT_COLUMNS = ["rollout_id", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler", "loss_mask"]
 

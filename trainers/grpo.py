@@ -18,10 +18,10 @@ from typing import Literal
 import polars as pl
 from pydantic import Field
 
-from storage.config import Strict
 from policy.logprobs import response_logprobs
-from trainers.loss import policy_loss
+from storage.config import Strict
 from trainers.distributed import SingleDevice
+from trainers.loss import policy_loss
 
 
 class LoraSettings(Strict):
@@ -264,7 +264,8 @@ def rank_micro_batches(mini: pl.DataFrame, rank: int, world: int, size: int) -> 
     """This rank's micro-batches of a mini-batch: (rows, idle). Every rank gets the same count, the longest
     share's; a shorter share is topped up with idle ones (one row, weight 0: it runs, and adds nothing)."""
     mine = mini[rank::world]                                         # lengths interleaved over ranks
-    count = -(-(-(-mini.height // world)) // size)                   # ceil(ceil(height / world) / size)
+    per_rank = -(-mini.height // world)                              # ceilings of integer divisions
+    count = -(-per_rank // size)
     batches = [(mine[start:start + size], False) for start in range(0, mine.height, size)]
     idle = mini[:1].with_columns(pl.lit(0.0).alias("weight"), pl.lit(0.0).alias("advantage"))
     return batches + [(idle, True)] * (count - len(batches))

@@ -7,24 +7,23 @@ import json
 import polars as pl
 import pyarrow.compute as pc
 
+from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
+from policy.hf import HFPolicy
+from policy.prompts import format_prompt
+from policy.sampling import SamplerConfig
 from storage import faults
 from storage.lake import Lake
 from storage.registry import BRANCH, latest_version, next_version_number, register, version_row
 from storage.runs import Run
-from trainers.grpo import TrainConfig, strategy_of, train_on_batch
-from trainers.trainable import trainable_policy
-from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
-from trainers.batch import training_rows
-from trainers.workers import trainer_group
 from tasks.evaluation import evaluation_problems
 from tasks.rollout.episodes import EpisodePolicy, PythonTool
-from policy.hf import HFPolicy
-from policy.prompts import format_prompt
-from policy.sampling import SamplerConfig
 from tasks.rollout.stage import training_bank
 from tasks.verification.stage import score_rollouts, verifier_pool
+from trainers.batch import training_rows
+from trainers.grpo import TrainConfig, strategy_of, train_on_batch
+from trainers.trainable import trainable_policy
 from trainers.warmup import warm_up
-
+from trainers.workers import trainer_group
 
 
 def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, parent: int | None = None) -> dict:

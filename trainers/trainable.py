@@ -3,8 +3,8 @@ the parent is an adapter, fresh otherwise). One process or each rank of several 
 
 from __future__ import annotations
 
-from trainers.grpo import TrainConfig
 from policy.checkpoints import adapter_base, load_policy, peft_warnings_quiet
+from trainers.grpo import TrainConfig
 
 
 def trainable_policy(parent_uri: str, config: TrainConfig):

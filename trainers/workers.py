@@ -24,14 +24,13 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from trainers.grpo import TrainConfig, rank_devices, strategy_of
+from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
 from policy.threads import cores_given
 from storage import faults
-from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
 from storage.lake import Lake
 from trainers.batch import training_rows
 from trainers.distributed import Distributed, indexed_optimizer_state, trainable_names, unwrapped
-from trainers.grpo import build_optimizer, train_steps
+from trainers.grpo import TrainConfig, build_optimizer, rank_devices, strategy_of, train_steps
 from trainers.trainable import trainable_policy
 
 STRUCTURE = ("strategy", "processes", "devices", "device", "lora", "mixed_precision")   # what a group is built for

@@ -11,8 +11,14 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.markup import escape
 
-from flows.cli.common import FormatOption, LakeOption, fail, fail_on_bad_request, mix_from_options, \
-    serve_until_interrupted
+from flows.cli.common import (
+    FormatOption,
+    LakeOption,
+    fail,
+    fail_on_bad_request,
+    mix_from_options,
+    serve_until_interrupted,
+)
 from flows.display import TableFormat, console, errors, show_table, use_format
 
 if TYPE_CHECKING:
@@ -174,8 +180,8 @@ def track(
     use_format(format)
     import time
 
-    from storage.lake import Lake
     from storage.config import load_yaml_config
+    from storage.lake import Lake
     from tasks.interop.tracking import TrackingConfig
 
     try:
@@ -195,7 +201,7 @@ def track(
         return
 
 
-def _track_once(opened: "Lake", settings: "TrackingConfig", follow: bool, interval: float) -> None:
+def _track_once(opened: Lake, settings: TrackingConfig, follow: bool, interval: float) -> None:
     """One pass, shown; with --follow a tracker that refuses is a warning, and the next pass tries again."""
     from tasks.interop.trackers import track as track_pass
     from tasks.interop.tracking import TrackingError

@@ -62,9 +62,9 @@ def lake_maintain(
     use_format(format)
     import polars as pl
 
+    from storage.config import load_yaml_config
     from storage.lake import Lake, LakeError, LeaseHeld
     from storage.maintenance import MaintenanceConfig, maintain
-    from storage.config import load_yaml_config
 
     with_interop_tables()
     try:

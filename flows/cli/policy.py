@@ -8,10 +8,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli.common import ConfigOption, FormatOption, LakeOption, fail, iteration_config, prefect_defaults, run_config, \
-    serve_until_interrupted
+from flows.cli.common import (
+    ConfigOption,
+    FormatOption,
+    LakeOption,
+    fail,
+    iteration_config,
+    prefect_defaults,
+    run_config,
+    serve_until_interrupted,
+)
 from flows.display import TableFormat, console, show_table, use_format
-
 
 app = typer.Typer(help="The model registry and policy servers.", no_args_is_help=True)
 
@@ -107,8 +114,8 @@ def policy_check(
                                          "logprob_tolerance": tolerance or rollout.logprob_tolerance})
     prefect_defaults()
     from flows.publishing import check_policy
-    from storage.lake import Lake
     from policy.openai_backend import BackendUnavailable
+    from storage.lake import Lake
 
     try:
         agreement = check_policy(Lake.open(lake), rollout, url, model)

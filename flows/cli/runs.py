@@ -9,8 +9,16 @@ from typing import Annotated, Optional
 import typer
 
 from flows.cli.bank import curate_and_print, print_bank_stats
-from flows.cli.common import (ConfigOption, FormatOption, LakeOption, WaitOption, fail, iteration_config, loop_writer,
-                              prefect_defaults)
+from flows.cli.common import (
+    ConfigOption,
+    FormatOption,
+    LakeOption,
+    WaitOption,
+    fail,
+    iteration_config,
+    loop_writer,
+    prefect_defaults,
+)
 from flows.display import TableFormat, console, show_table, use_format
 
 app = typer.Typer()
@@ -30,11 +38,10 @@ def run(
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
     use_format(format)
-    from storage.lake import Lake
-    from tasks.curation.stage import identical_curation
-
     from flows.loop_state import nothing_left
     from flows.run_config import load_run_configs
+    from storage.lake import Lake
+    from tasks.curation.stage import identical_curation
 
     try:
         curation, settings = load_run_configs(config)
@@ -91,8 +98,8 @@ def iterate(
     with loop_writer(lake, wait):
         prefect_defaults()
         from flows.iteration import rl_iteration
-        from tasks.advantages.dynamic_sampling import BatchShortfall
         from policy.openai_backend import BackendUnavailable
+        from tasks.advantages.dynamic_sampling import BatchShortfall
 
         try:
             result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
@@ -177,8 +184,8 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
 
     prefect_defaults()
     from flows.loop import rl_loop
-    from tasks.advantages.dynamic_sampling import BatchShortfall
     from policy.openai_backend import BackendUnavailable
+    from tasks.advantages.dynamic_sampling import BatchShortfall
     from tasks.selfplay.health import CollapseDetected
     from trainers.workers import RankFailed
 

@@ -87,8 +87,8 @@ def stage(
         if pending:
             prefect_defaults()
             from flows.stages import rerun_stage
-            from tasks.advantages.dynamic_sampling import BatchShortfall
             from policy.openai_backend import BackendUnavailable
+            from tasks.advantages.dynamic_sampling import BatchShortfall
 
         for number in pending:
             try:
@@ -147,9 +147,9 @@ def evaluate(
 
     from flows.run_config import EvaluationRunConfig
     from flows.stage_plans import evaluate_key, iteration_of_version, recorded_config, skip_if_in_place
+    from storage.config import merged_config
     from storage.lake import Lake
     from storage.registry import latest_version
-    from storage.config import merged_config
 
     opened = Lake.open(lake)
     try:

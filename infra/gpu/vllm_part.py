@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from policy import vllm_servers          # standard library only at import: no pydantic, no httpx
+from policy import vllm_servers  # standard library only at import: no pydantic, no httpx
 
 SERVED_NAME = "policy"
 

@@ -15,11 +15,11 @@ from typing import Literal
 import polars as pl
 from pydantic import Field
 
+from storage.config import Strict
+from storage.schemas import VERIFICATION_ROUND
 from tasks.advantages.estimators import with_group_columns
 from tasks.advantages.guided_sampling import GuidanceConfig
 from tasks.advantages.shaping import filter_reason, kept
-from storage.config import Strict
-from storage.schemas import VERIFICATION_ROUND
 
 LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]

@@ -12,22 +12,20 @@ import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field
 
+from policy.checkpoints import load_policy
+from policy.hf import sequence_logprobs
+from policy.sampling import sampled_temperature
+from storage.config import Strict
 from storage.lake import Lake
+from storage.registry import version_row
 from storage.runs import Run
 from storage.schemas import VERIFICATION_ROUND
 from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
-from tasks.advantages.shaping import (group_statistics, shape_overlong, staleness, success,
-                                      truncated_importance_weight)
-from storage.config import Strict
+from tasks.advantages.shaping import group_statistics, shape_overlong, staleness, success, truncated_importance_weight
 from tasks.rewards.compose import RewardConfig, compose
-from tasks.verification.stage import composition_inputs
 from tasks.verification.engine import own_verifier
-from policy.hf import sequence_logprobs
-from policy.sampling import sampled_temperature
-from storage.registry import version_row
-from policy.checkpoints import load_policy
-
+from tasks.verification.stage import composition_inputs
 
 DEFAULT_BAND = (0.0, 1.0)
 ZERO_ADVANTAGE = 1e-9

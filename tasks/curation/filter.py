@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tasks.curation.config import DecontaminationConfig, DedupConfig, FILE_KINDS, PROPOSAL_URI
+from tasks.curation.config import FILE_KINDS, PROPOSAL_URI, DecontaminationConfig, DedupConfig
 from tasks.curation.dedup import near_duplicates, ngram_overlap
 from tasks.curation.records import normalise_text
 

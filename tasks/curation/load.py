@@ -8,15 +8,15 @@ from typing import Any
 
 import polars as pl
 
+from storage.progress import track
 from tasks.curation import layouts
 from tasks.curation.config import DEFAULT_LEVELS, FILE_KINDS, SourceConfig, ValidationConfig
 from tasks.curation.gym import gym_domain, gym_entries
 from tasks.curation.readers import read_rows
 from tasks.curation.records import problem_id
-from tasks.curation.workspaces import workspace_drafts
 from tasks.curation.validate import problem_issue
+from tasks.curation.workspaces import workspace_drafts
 from tasks.generators import generate
-from storage.progress import track
 from tasks.verifiers.base import DEFAULT_VERIFIER
 
 CANDIDATE_SCHEMA = {

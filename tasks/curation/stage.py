@@ -12,15 +12,15 @@ import polars as pl
 import pyarrow.compute as pc
 
 from storage.lake import Lake
+from storage.progress import track
 from storage.runs import Run
 from tasks.curation.config import CurationConfig, DecontaminationConfig, MixConfig, ValidationConfig
-from tasks.curation.load import LoadedSource, load_source
 from tasks.curation.gym import check_dataset
+from tasks.curation.load import LoadedSource, load_source
 from tasks.curation.mix import sample_mix
-from tasks.generators import families
-from storage.progress import track
 from tasks.curation.readers import probe
 from tasks.curation.validate import EXECUTOR_VERIFIERS
+from tasks.generators import families
 from tasks.sandbox.client import Sandbox
 from tasks.verifiers.code import extract_program
 from tasks.workspaces.verifier import WORKSPACE_LIMITS

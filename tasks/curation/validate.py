@@ -7,6 +7,7 @@ import logging
 import re
 from functools import lru_cache
 from typing import Any
+
 from tasks.proposals.code_tasks import TASK_TYPES, CodeTask
 from tasks.workspaces.problem import parse_spec
 

@@ -18,13 +18,13 @@ import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field
 
+from storage.config import Strict
 from storage.lake import Lake
 from storage.schemas import VERIFICATION_ROUND
-from storage.config import Strict
+from storage.seeds import derive_seed
 from tasks.curation.config import SourceConfig
 from tasks.curriculum.gym_difficulty import has_steps, max_step, next_difficulty, start_step
 from tasks.curriculum.rebalance import rebalance
-from storage.seeds import derive_seed
 
 
 class CurriculumConfig(Strict):

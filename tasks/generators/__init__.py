@@ -17,11 +17,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-
 from functools import partial
 
-from tasks.generators import algebra, arithmetic, competition, games, grounded, logic, programs, translation
 from storage.seeds import derive_seed
+from tasks.generators import algebra, arithmetic, competition, games, grounded, logic, programs, translation
 from tasks.generators.base import Generated
 
 

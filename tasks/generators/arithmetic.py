@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 from storage.seeds import derive_seed
-
 from tasks.generators.base import Generated, step
 from tasks.proposals.judgements import verification_answer, verification_prompt
 

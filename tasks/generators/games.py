@@ -12,8 +12,17 @@ from __future__ import annotations
 import random
 
 from tasks.generators.base import Generated
-from tasks.verifiers.games import (COLUMNS, ROWS, c4_drop, c4_move_values, c4_to_move, c4_winner, ttt_move_values,
-                                   ttt_to_move, ttt_winner)
+from tasks.verifiers.games import (
+    COLUMNS,
+    ROWS,
+    c4_drop,
+    c4_move_values,
+    c4_to_move,
+    c4_winner,
+    ttt_move_values,
+    ttt_to_move,
+    ttt_winner,
+)
 
 TTT_EMPTY = {1: (2, 3), 2: (4, 5), 3: (6, 7), 4: (8, 8)}      # empty squares left, by level
 C4_PLIES = {1: (4, 8), 2: (8, 14), 3: (14, 20), 4: (20, 28)}

@@ -20,11 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from storage.seeds import derive_seed
-
 from tasks.generators.base import Generated
-from tasks.proposals.code_tasks import CodeTask
-from tasks.proposals.code_tasks import solver_prompt
-from tasks.proposals.code_tasks import proposal_text, proposer_prompt
+from tasks.proposals.code_tasks import CodeTask, proposal_text, proposer_prompt, solver_prompt
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class BankIndex:
             self._by_truth.setdefault(ground_truth(row).strip(), []).append(row)
 
     @classmethod
-    def of(cls, lake: Lake) -> "BankIndex":
+    def of(cls, lake: Lake) -> BankIndex:
         """Every split of the lake's bank (an empty index where nothing was curated)."""
         return cls(bank_problems(lake, None, None) if lake.exists("problems") else pl.DataFrame())
 

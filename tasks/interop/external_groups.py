@@ -49,11 +49,11 @@ class IterationGroups:
     responses: dict[str, pl.DataFrame]
 
     @classmethod
-    def of(cls, responses: pl.DataFrame, iteration: int) -> "IterationGroups":
+    def of(cls, responses: pl.DataFrame, iteration: int) -> IterationGroups:
         """From every scored response stored in the iteration."""
         return cls(iteration, group_stats(responses, iteration), _by_group(responses))
 
-    def add(self, responses: pl.DataFrame) -> "IterationGroups":
+    def add(self, responses: pl.DataFrame) -> IterationGroups:
         """With a commit's scored responses: their groups recomputed, the others' rows kept."""
         added = _by_group(responses)
         merged = {**self.responses, **{group: pl.concat([self.responses[group], rows])

@@ -42,7 +42,6 @@ from tasks.interop.recording import NAME, Attempt, ExternalRun
 from tasks.interop.rewards import score
 from tasks.verification.stage import VerifyConfig, verifier_pool
 
-
 # OpenRLHF decodes the query with its special tokens: the end-of-sequence text (`<|im_end|>`, `</s>`, ...) trails it
 END_TOKENS = re.compile(r"(?:\s*(?:<\|[^|<>\s]{1,40}\|>|</s>|<eos>|<end_of_turn>))+\s*$")
 # and versions that decode a padded batch (before `agent.py`) lead it with padding or a start-of-sequence token
@@ -127,7 +126,7 @@ class RewardService:
         self._thread: threading.Thread | None = None
         self.commits = 0
 
-    def start(self) -> "RewardService":
+    def start(self) -> RewardService:
         self._pool = verifier_pool(self.config).start()
         self._stored = self._external(self.run).stored_rollouts()      # a restarted server numbers its steps on
         self._thread = threading.Thread(target=self._commit_loop, name="reward-commits", daemon=True)

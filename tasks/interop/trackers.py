@@ -9,7 +9,7 @@ nothing of MLflow's own pins meets the platform's. TensorBoard event files are w
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from io import BytesIO
 from pathlib import Path
 from urllib.parse import quote, urlparse
@@ -18,8 +18,17 @@ import httpx
 import polars as pl
 
 from storage.lake import Lake
-from tasks.interop.tracking import LakeRun, MlflowConfig, Step, TensorBoardConfig, TrackingConfig, TrackingError, \
-    lake_run_of, logged_through, steps_after
+from tasks.interop.tracking import (
+    LakeRun,
+    MlflowConfig,
+    Step,
+    TensorBoardConfig,
+    TrackingConfig,
+    TrackingError,
+    lake_run_of,
+    logged_through,
+    steps_after,
+)
 from tasks.report.stage import OVERVIEW_NAME, build_report
 
 BATCH = 1000                          # MLflow's limit of metrics in one runs/log-batch request
@@ -211,7 +220,7 @@ def track(lake: Lake, config: TrackingConfig) -> list[dict]:
     logged = [row for row in results if row["last_iteration"] is not None]
     if logged:                                        # recorded only once every tracker has its steps
         with lake.run("track", "track", config.model_dump(mode="json")) as run:
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             lake.append("tracked_runs", pl.DataFrame([{**row, "created_at": now} for row in logged],
                                                      schema_overrides={"plots": pl.Int64}), run)
         for row in logged:

@@ -40,8 +40,8 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from storage.schemas import TableSpec, column, register
 from storage.config import Strict
+from storage.schemas import TableSpec, column, register
 
 # ---- config ----------------------------------------------------------------------------------------------------
 

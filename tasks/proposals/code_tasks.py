@@ -84,7 +84,7 @@ class CodeTask:
                            "outputs": list(self.outputs), "shown": self.shown}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "CodeTask":
+    def from_json(cls, text: str) -> CodeTask:
         data = json.loads(text)
         return cls(data["task_type"], data["program"], tuple(data["inputs"]), tuple(data["outputs"]), data["shown"])
 

@@ -12,10 +12,19 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tasks.proposals.code_tasks import (
+    CodeTask,
+    Proposal,
+    ProposalRules,
+    Rejection,
+    canonical_literal,
+    execution_script,
+    literal_arguments,
+    outputs_of,
+    task_key,
+)
 from tasks.sandbox.client import Sandbox, SandboxResult
 from tasks.sandbox.limits import SandboxLimits
-from tasks.proposals.code_tasks import (CodeTask, Proposal, ProposalRules, Rejection, canonical_literal,
-                                       execution_script, literal_arguments, outputs_of, task_key)
 
 # a proposal's run: small, quick and quiet; a task that needs more is not one the solver should learn from
 PROPOSAL_LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256, scratch_mb=16, processes=1,

@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.sandbox.client import Sandbox
-from tasks.proposals.code_tasks import TASK_TYPES, CodeTask, Rejection, last_block, parse_proposal
-from tasks.proposals.executor import PROPOSAL_LIMITS, judge_answer, validate
 from tasks.errors import VerifierUnavailable
-from tasks.verifiers.base import Verdict, register
+from tasks.proposals.code_tasks import TASK_TYPES, CodeTask, Rejection, last_block, parse_proposal
 from tasks.proposals.documents import Document, parse_challenge
+from tasks.proposals.executor import PROPOSAL_LIMITS, judge_answer, validate
 from tasks.proposals.judgements import judgement_reward
+from tasks.sandbox.client import Sandbox
+from tasks.verifiers.base import Verdict, register
 
 ANSWER_BLOCKS = {"deduction": ("output",), "abduction": ("input",), "induction": ("python", "py", "")}
 

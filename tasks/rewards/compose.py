@@ -99,7 +99,7 @@ class RewardConfig(Strict):
         return components
 
     @model_validator(mode="after")
-    def _process_share(self) -> "RewardConfig":
+    def _process_share(self) -> RewardConfig:
         """A warning, not a refusal: a `process` component whose weight is at most 10 % of the outcome-plus-process
         weight (the seed's danger zone; raised once where the config is read, not in every worker)."""
         process = self.components.get("process")

@@ -9,10 +9,10 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from policy.checkpoints import load_policy, save_checkpoint
+from policy.tiny import TinyModelConfig, build_model, train_tokenizer
+from storage.config import Strict
 from storage.lake import Lake
 from storage.registry import register
-from storage.config import Strict
-from policy.tiny import TinyModelConfig, build_model, train_tokenizer
 from tasks.generators import generate
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from pydantic import Field
 
+from policy.sampling import Policy, Sample, SamplerConfig
 from storage.config import Strict
 from storage.seeds import derive_seed
-from policy.sampling import Policy, Sample, SamplerConfig
 from tasks.sandbox.client import Sandbox
 from tasks.sandbox.limits import SandboxLimits
 

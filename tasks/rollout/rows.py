@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import polars as pl
 
@@ -14,7 +14,7 @@ from policy.sampling import Sample
 def rollout_rows(problems: pl.DataFrame, prompts: list[str], groups: list[list[Sample]], *, iteration: int,
                  round_: int, model_version: int, sampler: dict, seed: int) -> pl.DataFrame:
     """One row per sample, in the `rollouts` contract."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = []
     for k, (problem_id, prompt, samples) in enumerate(zip(problems["problem_id"], prompts, groups)):
         group_id = f"i{iteration:05d}-r{round_:02d}-g{k:06d}"

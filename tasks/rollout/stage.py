@@ -36,7 +36,8 @@ from tasks.curation.config import MixConfig
 from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
-from tasks.rise import SOURCE as SELF_VERIFY_SOURCE, SelfVerifyConfig
+from tasks.rise import SOURCE as SELF_VERIFY_SOURCE
+from tasks.rise import SelfVerifyConfig
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from tasks.rollout.episodes import EpisodePolicy, ToolConfig
 from tasks.rollout.rows import rollout_rows

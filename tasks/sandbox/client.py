@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from tasks.sandbox import budget
 from tasks.errors import VerifierUnavailable
+from tasks.sandbox import budget
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.protocol import recv_json, send_json
 from tasks.sandbox.zygote import UID_SLOTS
@@ -197,7 +197,7 @@ class Sandbox:
             except Exception:  # noqa: BLE001 - at interpreter exit anything may be half torn down
                 pass
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         self.start()
         return self
 

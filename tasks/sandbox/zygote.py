@@ -18,6 +18,7 @@ explicitly (`--insecure-sandbox`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -93,11 +94,11 @@ class Zygote:
                 keep = (request_fd, response_fd)
                 status_fd = None
                 serve = harness.serve_candidate if job["kind"] == "tests" else remote.serve_workspace
-                body = lambda: serve(job["program"], request_fd, response_fd)  # noqa: E731
+                body = functools.partial(serve, job["program"], request_fd, response_fd)
             else:
                 out_fd, status_fd = fds
                 keep = (status_fd,)
-                body = lambda: harness.run_script(job["program"])  # noqa: E731
+                body = functools.partial(harness.run_script, job["program"])
             pid = self._fork_candidate(job["limits"], out_fd, keep, body, status_fd)
             for fd in fds:
                 os.close(fd)

@@ -26,29 +26,43 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Literal
 
 import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field
 
-from storage.lake import Lake
+from policy.prompts import format_prompt
 from storage.config import Strict
+from storage.lake import Lake
+from storage.seeds import derive_seed
 from tasks.curation.config import PROPOSAL_URI
 from tasks.curation.gate import refusals
 from tasks.curation.load import CANDIDATE_SCHEMA
 from tasks.curation.records import problem_id
-from storage.seeds import derive_seed
 from tasks.generators.programs import draw_task
-from policy.prompts import format_prompt
-from tasks.rollout.rows import rollout_rows
-from tasks.proposals.code_tasks import (TASK_TYPES, CodeTask, ProposalRules, learnability, parse_proposal,
-                                       proposer_prompt, shape_key, solver_prompt)
-from tasks.proposals.code_tasks import Rejection
-from tasks.proposals.documents import (Challenge, Document, challenger_prompt, parse_challenge, read_documents,
-                                      variance_reward)
+from tasks.proposals.code_tasks import (
+    TASK_TYPES,
+    CodeTask,
+    ProposalRules,
+    Rejection,
+    learnability,
+    parse_proposal,
+    proposer_prompt,
+    shape_key,
+    solver_prompt,
+)
+from tasks.proposals.documents import (
+    Challenge,
+    Document,
+    challenger_prompt,
+    parse_challenge,
+    read_documents,
+    variance_reward,
+)
 from tasks.proposals.executor import Validated, validate_all
+from tasks.rollout.rows import rollout_rows
 from tasks.selfplay.health import TripwireConfig
 from tasks.verification.stage import PROBLEM_FIELDS, own_rewards
 
@@ -176,7 +190,7 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
             for row, result in zip(proposed.iter_rows(named=True), validated)]
     refused = refusals(lake, problem_rows([problem for problem in made if problem])) if any(made) else {}
     validated = [gated(result, problem, refused) for result, problem in zip(validated, made)]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     proposal_rows = [proposal_row(row, result, problem, iteration, model_version, types[row["problem_id"]],
                                   documents.get(read_from[row["problem_id"]]), now)
                      for row, result, problem in zip(proposed.iter_rows(named=True), validated, made)]

@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-from collections import deque
-from functools import lru_cache
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cache
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from tasks.errors import VerifierUnavailable
+from tasks.sandbox.client import Sandbox, require_isolation
+from tasks.verification.registry import build_verifier
 from tasks.verifiers.base import DEFAULT_VERIFIER, VERIFIERS, Verdict
 from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verifiers.formats import format_reward
-from tasks.verification.registry import build_verifier
-from tasks.sandbox.client import require_isolation
-from tasks.sandbox.client import Sandbox
 from tasks.verifiers.math import warm_up
 
 MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them
@@ -165,7 +164,7 @@ def _worker_main(connection: Connection, options: dict, worker: int, max_respons
         verifiers.close()
 
 
-@lru_cache(maxsize=None)
+@cache
 def version_of(name: str) -> str:
     try:
         return build_verifier(name).version
@@ -195,7 +194,7 @@ class VerifierPool:
         self._context = multiprocessing.get_context("spawn")
         self._slots: list[dict[str, Any]] = []
 
-    def start(self) -> "VerifierPool":
+    def start(self) -> VerifierPool:
         """Start (and warm up) the workers now rather than at the first `score`; they serve every call."""
         if not self._slots and self.workers:
             self._slots = [self._start(w) for w in range(self.workers)]
@@ -206,7 +205,7 @@ class VerifierPool:
             self._stop(slot)
         self._slots = []
 
-    def __enter__(self) -> "VerifierPool":
+    def __enter__(self) -> VerifierPool:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -247,7 +246,7 @@ class VerifierPool:
             if owned:
                 self.close()
 
-    def _feed(self, slot: dict[str, Any], queue: "_Queue") -> None:
+    def _feed(self, slot: dict[str, Any], queue: _Queue) -> None:
         chunk = queue.take(self.chunk_size)
         if chunk:
             slot["in_flight"].extend(chunk)
@@ -255,7 +254,7 @@ class VerifierPool:
                 slot["deadline"] = time.monotonic() + self.item_timeout
             slot["connection"].send(chunk)
 
-    def _collect(self, slot: dict[str, Any], queue: "_Queue") -> Iterator[Scored]:
+    def _collect(self, slot: dict[str, Any], queue: _Queue) -> Iterator[Scored]:
         connection = slot["connection"]
         try:
             while slot["in_flight"] and connection.poll():
@@ -278,7 +277,7 @@ class VerifierPool:
         if not slot["in_flight"]:
             self._feed(slot, queue)
 
-    def _replace(self, slot: dict[str, Any], queue: "_Queue", reason: str) -> Scored:
+    def _replace(self, slot: dict[str, Any], queue: _Queue, reason: str) -> Scored:
         """Kill the worker; its current item fails, the rest of its chunk goes back in the queue."""
         index, problem, _, name = slot["in_flight"].popleft()
         queue.put_back(slot["in_flight"])

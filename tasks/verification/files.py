@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
 from tasks.verification.registry import known_verifiers
 
 DOMAINS = ("math", "code", "logic", "qa")

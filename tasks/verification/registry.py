@@ -10,9 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.proposals import verifiers as proposal_verifiers  # noqa: F401
-from tasks.verifiers import code, controls, formats, games, gym, judge, math, process, qa, sat, translation  # noqa: F401
-from tasks.workspaces import verifier as workspace_verifier  # noqa: F401
+from tasks.verifiers import (  # noqa: F401
+    code,
+    controls,
+    formats,
+    games,
+    gym,
+    judge,
+    math,
+    process,
+    qa,
+    sat,
+    translation,
+)
 from tasks.verifiers.base import VERIFIERS, Verifier, build_registered
+from tasks.workspaces import verifier as workspace_verifier  # noqa: F401
 
 
 def build_verifier(name: str, **options: Any) -> Verifier:

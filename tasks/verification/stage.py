@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -18,16 +18,15 @@ import polars as pl
 import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
-from storage.lake import Lake
-from storage.runs import Run
 from storage.config import Strict
+from storage.lake import Lake
 from storage.progress import track
+from storage.runs import Run
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verification.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
-from tasks.verifiers.noise import NoiseEstimate, corrected_reward
-from tasks.verifiers.process import warn_low_process_weight
 from tasks.verification.files import BadLine, read_lines
-from tasks.verifiers.noise import estimate_noise
+from tasks.verifiers.noise import NoiseEstimate, corrected_reward, estimate_noise
+from tasks.verifiers.process import warn_low_process_weight
 
 PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
                   "params"]
@@ -59,7 +58,7 @@ class VerifyConfig(Strict):
                                                           "dask_workers"})
 
     @model_validator(mode="after")
-    def _danger_zone(self) -> "VerifyConfig":
+    def _danger_zone(self) -> VerifyConfig:
         """A warning, not a refusal: `options.process.process_weight` above 0 and at most 0.1 (the seed measured
         λ = 0.1 worse than outcome-only rewards)."""
 
@@ -204,7 +203,7 @@ def record_noise(lake: Lake, run: Run, verifier: str, version: str, noise: Noise
     lake.append("verifier_noise", pl.DataFrame([{
         "verifier": verifier, "verifier_version": version, "rho0": noise.rho0, "rho1": noise.rho1,
         "n_correct": noise.n_correct, "n_wrong": noise.n_wrong, "audit": audit,
-        "created_at": datetime.now(timezone.utc), "rho0_low": noise.rho0_low, "rho0_high": noise.rho0_high,
+        "created_at": datetime.now(UTC), "rho0_low": noise.rho0_low, "rho0_high": noise.rho0_high,
         "rho1_low": noise.rho1_low, "rho1_high": noise.rho1_high}]), run)
 
 

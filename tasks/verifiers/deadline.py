@@ -13,8 +13,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class ItemTimeout(Exception):

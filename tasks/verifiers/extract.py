@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 EXTRACTORS = ("boxed", "hash", "answer_is", "math", "number")
 STATEMENTS = ("boxed", "hash", "answer_is")          # explicit final-answer statements
 FALLBACKS = ("math", "number")

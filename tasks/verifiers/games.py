@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from tasks.verifiers.base import Verdict, failed, register
@@ -37,7 +37,7 @@ def ttt_to_move(board: str) -> str:
     return "X" if board.count("X") == board.count("O") else "O"
 
 
-@lru_cache(maxsize=None)
+@cache
 def ttt_value(board: str) -> int:
     """+1 if the player to move can force a win, 0 a draw, −1 if the opponent can."""
     if ttt_winner(board) is not None:

@@ -31,8 +31,17 @@ from typing import Any
 from tasks.verifiers import symbolic
 from tasks.verifiers.base import Verdict, failed, register
 from tasks.verifiers.extract import EXTRACTORS, Statement, fallback, gold_answer, statements
-from tasks.verifiers.forms import (Structure, assignment, choice_letter, clean, is_parenthesised_choice, multi_part,
-                                   split_top_level, structure, word_answer)
+from tasks.verifiers.forms import (
+    Structure,
+    assignment,
+    choice_letter,
+    clean,
+    is_parenthesised_choice,
+    multi_part,
+    split_top_level,
+    structure,
+    word_answer,
+)
 from tasks.verifiers.guards import canonical, costly, lists_candidates, qualifies
 from tasks.verifiers.numbers import PRECISION, numbers_equal, parse_number, strip_noise
 
@@ -255,7 +264,7 @@ WARM_UP = [r"\frac{1}{2}", r"\sqrt{2}", r"3\sqrt{13}", r"\left( 3, \frac{\pi}{2}
            r"10^{\circ}", r"\text{(C)}", r"a^2+b^2", r"\infty", r"-\frac{7}{3}", r"\log_2 8", r"e^{i\pi}"]
 
 
-def warm_up(verifier: "MathVerifier | None" = None) -> None:
+def warm_up(verifier: MathVerifier | None = None) -> None:
     """Parse a spread of LaTeX forms once: the LaTeX parser builds its tables lazily, and a worker
     that will score thousands of answers should not pay that on its first few."""
     verifier = verifier or MathVerifier()

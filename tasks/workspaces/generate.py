@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 
 from storage.seeds import derive_seed
-from tasks.workspaces.problem import Wrong, WorkspaceProblem
+from tasks.workspaces.problem import WorkspaceProblem, Wrong
 
 ORDERS = {"stack": "last in, first out", "queue": "first in, first out"}
 POLICIES = {
@@ -144,12 +144,12 @@ def bounded_buffer(rng: random.Random) -> WorkspaceProblem:
              Wrong(f"{other} order instead of {order}", {f"{module}.py": reference_code(name, other, ">=", policy)}),
              Wrong("the overflow policy ignored (grows past capacity)",
                    {f"{module}.py": reference_code(name, order, ">=", policy).replace(
-                       f"if len(self._items) >= self._capacity:", "if False:")})]
+                       "if len(self._items) >= self._capacity:", "if False:")})]
     return WorkspaceProblem(
         id=f"gen-bounded-buffer-{order}-{policy.replace('_', '-')}-{capacity}-{module}", level="file",
         difficulty=1 if policy == "raise" else 2, topic="data-structures", statement=statement,
         files=[f"{module}.py"], reference={f"{module}.py": reference_code(name, order, ">=", policy)},
-        tests={f"test_{module}.py": tests}, wrong=wrong, path=f"generator:bounded_buffer")
+        tests={f"test_{module}.py": tests}, wrong=wrong, path="generator:bounded_buffer")
 
 
 WORKSPACE_GENERATORS: dict[str, Callable[[random.Random], WorkspaceProblem]] = {"bounded_buffer": bounded_buffer}
