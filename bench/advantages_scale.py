@@ -25,15 +25,17 @@ DEPENDS_ON = ("bench/advantages_scale.py", "tasks/advantages/")
 
 def synthetic_rollouts(groups: int, group_size: int, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
-    solve_rate = rng.beta(0.6, 0.6, size=groups)                       # many groups near 0 % and 100 %
+    solve_rate = rng.beta(0.6, 0.6, size=groups)  # many groups near 0 % and 100 %
     correct = rng.random((groups, group_size)) < solve_rate[:, None]
-    return pl.DataFrame({
-        "group_id": np.repeat(np.arange(groups, dtype=np.int64), group_size),
-        "problem_id": np.repeat(np.arange(groups, dtype=np.int64), group_size),
-        "model_version": np.zeros(groups * group_size, dtype=np.int64),
-        "reward": correct.ravel().astype(np.float64),
-        "correct": correct.ravel(),
-    })
+    return pl.DataFrame(
+        {
+            "group_id": np.repeat(np.arange(groups, dtype=np.int64), group_size),
+            "problem_id": np.repeat(np.arange(groups, dtype=np.int64), group_size),
+            "model_version": np.zeros(groups * group_size, dtype=np.int64),
+            "reward": correct.ravel().astype(np.float64),
+            "correct": correct.ravel(),
+        }
+    )
 
 
 def ours(frame: pl.DataFrame) -> int:
@@ -52,7 +54,7 @@ def per_group_python(frame: pl.DataFrame) -> int:
     for rollouts in groups.values():
         rewards = np.array([rollout["reward"] for rollout in rollouts])
         solve_rate = float(np.mean([rollout["correct"] for rollout in rollouts]))
-        if solve_rate in (0.0, 1.0):                                    # all wrong or all right: no signal
+        if solve_rate in (0.0, 1.0):  # all wrong or all right: no signal
             continue
         mean, std = rewards.mean(), rewards.std(ddof=1)
         batch.extend({**rollout, "advantage": (rollout["reward"] - mean) / (std + 1e-4)} for rollout in rollouts)
@@ -81,7 +83,7 @@ def measure(name: str, groups: int, group_size: int) -> dict:
         try:
             seconds, rows, peak_mb = queue.get(timeout=5)
             break
-        except Exception:                     # queue.Empty: is the measuring process still alive?
+        except Exception:  # queue.Empty: is the measuring process still alive?
             if not process.is_alive():
                 raise RuntimeError(f"measuring {name} failed (exit code {process.exitcode})") from None
     process.join()
@@ -92,10 +94,14 @@ def run_benchmark(groups: int = 625_000, group_size: int = 16) -> dict:
     results = {name: measure(name, groups, group_size) for name in ("ours", "per_group_python", "bare_group_by")}
     console.print(f"{groups * group_size:,} rollouts in {groups:,} groups of {group_size}")
     for result in results.values():
-        console.print(f"{result['name']:>18}: {result['seconds']:7.2f} s, {result['rows']:,} rows out, "
-                      f"peak RSS {result['peak_mb']:,.0f} MB")
+        console.print(
+            f"{result['name']:>18}: {result['seconds']:7.2f} s, {result['rows']:,} rows out, "
+            f"peak RSS {result['peak_mb']:,.0f} MB"
+        )
     faster = results["per_group_python"]["seconds"] / results["ours"]["seconds"]
     slower = results["ours"]["seconds"] / results["bare_group_by"]["seconds"]
-    console.print(f"ours is ×{faster:.1f} faster than per-group Python (target ≥ 50) and ×{slower:.2f} the time of a "
-                  f"bare group-by (target ≤ 2)")
+    console.print(
+        f"ours is ×{faster:.1f} faster than per-group Python (target ≥ 50) and ×{slower:.2f} the time of a "
+        f"bare group-by (target ≤ 2)"
+    )
     return {**results, "rollouts": groups * group_size, "faster_than_python": faster, "time_vs_group_by": slower}

@@ -32,8 +32,12 @@ def bench_reward_serve(
     """Rewards a second and latency of `rlvr reward serve` over HTTP with lake writes, against scoring in-process."""
     from bench import reward_serve
 
-    measured(context, "reward-serve", reward_serve,
-             lambda: reward_serve.run_benchmark(problems, samples, clients, batch, workers))
+    measured(
+        context,
+        "reward-serve",
+        reward_serve,
+        lambda: reward_serve.run_benchmark(problems, samples, clients, batch, workers),
+    )
 
 
 @app.command("lake-scale")
@@ -41,19 +45,34 @@ def bench_lake_scale(
     context: typer.Context,
     iterations: Annotated[int, typer.Option(min=1, help="iterations the synthetic run writes")] = 2000,
     rollouts: Annotated[int, typer.Option(min=16, help="rollouts an iteration (groups of 16)")] = 8192,
-    max_tokens: Annotated[int, typer.Option(min=16, help="longest response in tokens (lengths are long-tailed "
-                                            "below it)")] = 16384,
-    problems: Annotated[int, typer.Option(min=0, help="bank size (0: four iterations' worth of groups, at least "
-                                          "400)")] = 0,
-    s3_iterations: Annotated[int, typer.Option(min=0, help="iterations written to a lake on moto's S3 server to "
-                                               "count requests (0: none)")] = 20,
+    max_tokens: Annotated[
+        int, typer.Option(min=16, help="longest response in tokens (lengths are long-tailed below it)")
+    ] = 16384,
+    problems: Annotated[
+        int, typer.Option(min=0, help="bank size (0: four iterations' worth of groups, at least 400)")
+    ] = 0,
+    s3_iterations: Annotated[
+        int, typer.Option(min=0, help="iterations written to a lake on moto's S3 server to count requests (0: none)")
+    ] = 20,
     seed: Annotated[int, typer.Option(help="seed of the synthetic responses")] = 0,
-    maintain_every: Annotated[int, typer.Option(min=0, help="run `rlvr lake maintain`'s maintenance after every "
-                                                "this many iterations, as the scheduled deployment would (0: "
-                                                "never)")] = 10,
-    retention_hours: Annotated[float, typer.Option(min=0, help="the scheduled maintenance's retention (time "
-                                                   "travel kept; the synthetic run lasts minutes, so a week's "
-                                                   "retention would keep everything)")] = 0.0,
+    maintain_every: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="run `rlvr lake maintain`'s maintenance after every "
+            "this many iterations, as the scheduled deployment would (0: "
+            "never)",
+        ),
+    ] = 10,
+    retention_hours: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="the scheduled maintenance's retention (time "
+            "travel kept; the synthetic run lasts minutes, so a week's "
+            "retention would keep everything)",
+        ),
+    ] = 0.0,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -61,13 +80,20 @@ def bench_lake_scale(
     against plain Parquet, S3 requests an iteration."""
     from bench import lake_scale
 
-    measured(context, "lake-scale", lake_scale,
-             lambda: lake_scale.run_benchmark(iterations, rollouts, max_tokens, problems, s3_iterations, seed,
-                                              maintain_every, retention_hours))
+    measured(
+        context,
+        "lake-scale",
+        lake_scale,
+        lambda: lake_scale.run_benchmark(
+            iterations, rollouts, max_tokens, problems, s3_iterations, seed, maintain_every, retention_hours
+        ),
+    )
 
 
 @app.command("judge-guard")
-def bench_judge_guard(context: typer.Context, format: FormatOption = BenchFormat.table, save: SaveOption = None) -> None:
+def bench_judge_guard(
+    context: typer.Context, format: FormatOption = BenchFormat.table, save: SaveOption = None
+) -> None:
     """The judge's injection guard: benign responses it refuses and injected ones it catches (a labelled set and,
     where ../shared/datasets is present, real worked solutions), against the guard before."""
     from bench import judge_guard
@@ -78,8 +104,9 @@ def bench_judge_guard(context: typer.Context, format: FormatOption = BenchFormat
 @app.command("startup")
 def bench_startup(
     context: typer.Context,
-    against: Annotated[str, typer.Option(help="the git revision to compare with (a worktree of it is made for the "
-                                         "run)")] = "7eaa8ff",
+    against: Annotated[
+        str, typer.Option(help="the git revision to compare with (a worktree of it is made for the run)")
+    ] = "7eaa8ff",
     repeats: Annotated[int, typer.Option(min=1, help="alternating runs of each command on each side (median)")] = 7,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
@@ -105,10 +132,16 @@ def bench_stale(format: FormatOption = BenchFormat.table) -> None:
 
 @app.command("compare")
 def bench_compare(
-    base: Annotated[str, typer.Option(help="the commit to compare with (a git worktree of it is made for the run)")]
-        = "main",
-    only: Annotated[Optional[list[str]], typer.Option(help="a fast benchmark to compare (repeatable) [default: "
-                                                    "advantages, verify, sandbox, train, sampling, startup]")] = None,
+    base: Annotated[
+        str, typer.Option(help="the commit to compare with (a git worktree of it is made for the run)")
+    ] = "main",
+    only: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="a fast benchmark to compare (repeatable) [default: "
+            "advantages, verify, sandbox, train, sampling, startup]"
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="alternating runs of each side (median), after a warm-up")] = 3,
     threshold: Annotated[float, typer.Option(min=0, help="a slowdown past 1 + this is a regression (exit 1)")] = 0.15,
     format: FormatOption = BenchFormat.table,
@@ -119,15 +152,21 @@ def bench_compare(
 
     names = list(only or PROBES)
     try:
-        outcome = compare(base, names, repeats, threshold,
-                          say=lambda line: errors.print(line, highlight=False, soft_wrap=True))
+        outcome = compare(
+            base, names, repeats, threshold, say=lambda line: errors.print(line, highlight=False, soft_wrap=True)
+        )
     except (ValueError, RuntimeError) as error:
         fail(str(error), 2)
     if format is BenchFormat.json:
         sys.stdout.write(json.dumps(outcome) + "\n")
     else:
-        print(f"{len(outcome['rows'])} figures compared with {outcome['base'][:7]}: "
-              + (f"regressed past ×{1 + threshold:.2f}: {', '.join(outcome['regressed'])}" if outcome["regressed"]
-                 else f"none slower than ×{1 + threshold:.2f}"))
+        print(
+            f"{len(outcome['rows'])} figures compared with {outcome['base'][:7]}: "
+            + (
+                f"regressed past ×{1 + threshold:.2f}: {', '.join(outcome['regressed'])}"
+                if outcome["regressed"]
+                else f"none slower than ×{1 + threshold:.2f}"
+            )
+        )
     if outcome["regressed"]:
         raise typer.Exit(1)

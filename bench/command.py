@@ -23,16 +23,28 @@ app = typer.Typer(help="Benchmarks, measured as ratios on this machine.", no_arg
 
 class BenchFormat(str, Enum):
     """A benchmark's report for people, or its result as one JSON object for programs."""
+
     table = "table"
     json = "json"
 
 
-FormatOption = Annotated[BenchFormat, typer.Option(
-    "--format", help="table: the report for people; json: one JSON object on stdout (figures, parameters, commit, "
-    "date, host), the report on stderr")]
-SaveOption = Annotated[Optional[str], typer.Option(
-    "--save", metavar="NAME", help="also write the JSON object to bench/results/NAME.json, where docs/benchmarks.md "
-    "and the README take their figures from (python -m bench.docs)")]
+FormatOption = Annotated[
+    BenchFormat,
+    typer.Option(
+        "--format",
+        help="table: the report for people; json: one JSON object on stdout (figures, parameters, commit, "
+        "date, host), the report on stderr",
+    ),
+]
+SaveOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--save",
+        metavar="NAME",
+        help="also write the JSON object to bench/results/NAME.json, where docs/benchmarks.md "
+        "and the README take their figures from (python -m bench.docs)",
+    ),
+]
 
 
 @contextmanager
@@ -57,7 +69,7 @@ def measured(context: typer.Context, name: str, module: ModuleType, run: Callabl
 
     parameters = {key: value for key, value in context.params.items() if key not in ("format", "save")}
     format, save = context.params["format"], context.params["save"]
-    started = code_state(module.DEPENDS_ON)             # the code that runs is the code at the start
+    started = code_state(module.DEPENDS_ON)  # the code that runs is the code at the start
     with report_on_stderr() if format is BenchFormat.json else nullcontext():
         result = run()
     if format is BenchFormat.json or save:

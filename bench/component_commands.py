@@ -22,15 +22,24 @@ def bench_dedup(
     """Near-duplicate detection time as the bank grows: the ratio shows how it scales."""
     from bench import dedup_scaling
 
-    measured(context, "dedup", dedup_scaling,
-             lambda: {"sizes": dedup_scaling.run_benchmark([int(s) for s in sizes.split(",")], repeats)})
+    measured(
+        context,
+        "dedup",
+        dedup_scaling,
+        lambda: {"sizes": dedup_scaling.run_benchmark([int(s) for s in sizes.split(",")], repeats)},
+    )
 
 
 @app.command("verify")
 def bench_verify(
     context: typer.Context,
-    limit: Annotated[int, typer.Option(help="gold answers per mix (numeric: MATH-500 then GSM8K test, two responses "
-                                       "each; symbolic: MATH-500's non-numeric golds, 16 responses each)")] = 2000,
+    limit: Annotated[
+        int,
+        typer.Option(
+            help="gold answers per mix (numeric: MATH-500 then GSM8K test, two responses "
+            "each; symbolic: MATH-500's non-numeric golds, 16 responses each)"
+        ),
+    ] = 2000,
     workers: Annotated[int, typer.Option(min=1, help="our verifier's worker processes")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="back-to-back measurements; the median is reported")] = 3,
     mix: Annotated[str, typer.Option(help="numeric, symbolic or both (comma separated)")] = "numeric,symbolic",
@@ -43,8 +52,9 @@ def bench_verify(
     mixes = tuple(m for m in mix.split(",") if m)
     if not set(mixes) <= {"numeric", "symbolic"}:
         fail(f"--mix takes numeric and symbolic, not {mix!r}", 2)
-    measured(context, "verify", verify_throughput,
-             lambda: verify_throughput.run_benchmark(limit, workers, repeats, mixes))
+    measured(
+        context, "verify", verify_throughput, lambda: verify_throughput.run_benchmark(limit, workers, repeats, mixes)
+    )
 
 
 @app.command("advantages")
@@ -66,12 +76,17 @@ def bench_sandbox(
     context: typer.Context,
     workers: Annotated[int, typer.Option(min=1, help="concurrent runs on both sides")] = 2,
     repeats: Annotated[int, typer.Option(min=1, help="passes over the 164 problems")] = 1,
-    hostile: Annotated[bool, typer.Option("--hostile", help="score a mix of honest and hostile programs through "
-                                          "the verification pool instead")] = False,
+    hostile: Annotated[
+        bool,
+        typer.Option(
+            "--hostile", help="score a mix of honest and hostile programs through the verification pool instead"
+        ),
+    ] = False,
     rows: Annotated[int, typer.Option(min=1, help="--hostile: rows to score")] = 10_000,
     hostile_share: Annotated[float, typer.Option(min=0, max=1, help="--hostile: share of hostile rows")] = 0.1,
-    files: Annotated[bool, typer.Option("--files", help="file-level unittest suites against bare python -m "
-                                        "unittest instead")] = False,
+    files: Annotated[
+        bool, typer.Option("--files", help="file-level unittest suites against bare python -m unittest instead")
+    ] = False,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -86,8 +101,12 @@ def bench_sandbox(
     if hostile:
         from bench import sandbox_hostile
 
-        summary = measured(context, "sandbox-hostile", sandbox_hostile,
-                           lambda: sandbox_hostile.run_benchmark(rows, hostile_share, workers))
+        summary = measured(
+            context,
+            "sandbox-hostile",
+            sandbox_hostile,
+            lambda: sandbox_hostile.run_benchmark(rows, hostile_share, workers),
+        )
         if summary["honest_pass_rate_vs_bare"] < 1 or summary["hostile_rows_rewarded"] or summary["crashed"]:
             raise typer.Exit(1)
         return
@@ -102,11 +121,19 @@ def bench_train(
     sequences: Annotated[int, typer.Option(min=2, help="sequences per training step")] = 128,
     response_length: Annotated[int, typer.Option(min=1, help="response tokens per sequence")] = 40,
     repeats: Annotated[int, typer.Option(min=1, help="timed steps per side (median)")] = 5,
-    processes: Annotated[int, typer.Option(min=1, help="with 2 or more: persistent ranks against one process with "
-                                           "the same total threads, instead of the comparison with TRL")] = 1,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="with 2 or more: persistent ranks against one process with "
+            "the same total threads, instead of the comparison with TRL",
+        ),
+    ] = 1,
     strategy: Annotated[str, typer.Option(help="the ranks' strategy: ddp or fsdp")] = "ddp",
-    shape: Annotated[list[str], typer.Option(help="model shapes of the ranks' comparison: tiny, 0.5b")]
-        = ["tiny", "0.5b"],
+    shape: Annotated[list[str], typer.Option(help="model shapes of the ranks' comparison: tiny, 0.5b")] = [
+        "tiny",
+        "0.5b",
+    ],
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -117,23 +144,37 @@ def bench_train(
 
         if strategy not in ("ddp", "fsdp") or set(shape) - set(train_ranks.BATCHES):
             fail(f"--strategy is ddp or fsdp and --shape one of {', '.join(train_ranks.BATCHES)}")
-        measured(context, "train-ranks", train_ranks, lambda: train_ranks.run_benchmark(
-            processes, strategy, tuple(shape), min(repeats, 3)))
+        measured(
+            context,
+            "train-ranks",
+            train_ranks,
+            lambda: train_ranks.run_benchmark(processes, strategy, tuple(shape), min(repeats, 3)),
+        )
         return
     from bench import train_throughput
 
-    measured(context, "train", train_throughput, lambda: train_throughput.run_benchmark(
-        sequences=sequences, response_length=response_length, repeats=repeats))
+    measured(
+        context,
+        "train",
+        train_throughput,
+        lambda: train_throughput.run_benchmark(sequences=sequences, response_length=response_length, repeats=repeats),
+    )
 
 
 @app.command("sampling")
 def bench_sampling(
     context: typer.Context,
-    shape: Annotated[list[str], typer.Option(help="model shapes: tiny (the demo policy), 0.5b (Qwen2.5-0.5B-shaped)")]
-        = ["tiny", "0.5b"],
+    shape: Annotated[
+        list[str], typer.Option(help="model shapes: tiny (the demo policy), 0.5b (Qwen2.5-0.5B-shaped)")
+    ] = ["tiny", "0.5b"],
     repeats: Annotated[int, typer.Option(min=1, help="alternating repeats per side (best)")] = 3,
-    backend: Annotated[str, typer.Option(help="what the hf sampler is measured against: generate (transformers') "
-                                         "or vllm (a real vLLM server from .venv-vllm)")] = "generate",
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="what the hf sampler is measured against: generate (transformers') "
+            "or vllm (a real vLLM server from .venv-vllm)"
+        ),
+    ] = "generate",
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:

@@ -57,8 +57,10 @@ def run_benchmark(sizes: list[int], repeats: int = 2) -> list[dict]:
         texts = bank_texts(size)
         seconds, found, warm = time_near_duplicates(texts, repeats)
         results.append({"size": size, "seconds": seconds, "near_duplicates": found, "warm_seconds": warm})
-        console.print(f"{size:>9,} problems: {seconds:6.2f} s  ({found:,} near-duplicates; screened again with "
-                      f"every signature known {warm:.2f} s)")
+        console.print(
+            f"{size:>9,} problems: {seconds:6.2f} s  ({found:,} near-duplicates; screened again with "
+            f"every signature known {warm:.2f} s)"
+        )
     for smaller, larger in zip(results, results[1:]):
         ratio = larger["seconds"] / smaller["seconds"]
         size_ratio = larger["size"] / smaller["size"]

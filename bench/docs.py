@@ -25,13 +25,32 @@ from typing import Any
 
 from bench.results import RESULTS, ROOT, load_results
 
-PAGES = (ROOT / "docs" / "benchmarks.md", ROOT / "README.md",
-         *(ROOT / "docs" / f"{page}.md" for page in ("autonomous", "concepts", "curation", "getting-started", "index",
-                                                     "operating", "sandbox", "scale-out", "training", "verification")))
-REGION = re.compile(r"<!-- figures (?P<names>[\w,-]+) `(?P<command>[^`]+)`: (?P<template>.*?) -->\n"
-                    r"(?P<rendered>.*?)<!-- /figures -->", re.S)
+PAGES = (
+    ROOT / "docs" / "benchmarks.md",
+    ROOT / "README.md",
+    *(
+        ROOT / "docs" / f"{page}.md"
+        for page in (
+            "autonomous",
+            "concepts",
+            "curation",
+            "getting-started",
+            "index",
+            "operating",
+            "sandbox",
+            "scale-out",
+            "training",
+            "verification",
+        )
+    ),
+)
+REGION = re.compile(
+    r"<!-- figures (?P<names>[\w,-]+) `(?P<command>[^`]+)`: (?P<template>.*?) -->\n"
+    r"(?P<rendered>.*?)<!-- /figures -->",
+    re.S,
+)
 PLACEHOLDER = re.compile(r"\{\{\s*(?P<path>[\w.\[\] -]+?)\s*(?::(?P<spec>[^}]*))?\}\}")
-NUMBER = re.compile(r"(?<![\w.-])\d[\d.,]*(?!\w)")    # a number standing alone: not GSM8K, MATH-500 or S3
+NUMBER = re.compile(r"(?<![\w.-])\d[\d.,]*(?!\w)")  # a number standing alone: not GSM8K, MATH-500 or S3
 ALLOWED_DIGITS = re.compile(r"`[^`]*`|\btargets? (?:of )?[≥≤<>=]+ ?[-+×]?[\d.,]+ ?%?|<!--.*?-->|\]\([^)]*\)", re.S)
 
 
@@ -48,8 +67,10 @@ def provenance(result: dict) -> str:
     host = result.get("host") or {}
     load = f", load average {host['load_average'][1]:.1f} over the last 5 minutes" if host.get("load_average") else ""
     isa = f", {ISA_NAMES.get(host['isa'], host['isa'])}" if host.get("isa") else ""
-    return (f"measured {result['date'][:10]} on commit {str(result['commit'])[:7]}, {host.get('cores')} cores "
-            f"({host.get('cpu')}{isa}){load}")
+    return (
+        f"measured {result['date'][:10]} on commit {str(result['commit'])[:7]}, {host.get('cores')} cores "
+        f"({host.get('cpu')}{isa}){load}"
+    )
 
 
 ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2", "default": "no vector instructions"}
@@ -62,6 +83,7 @@ class FigureError(ValueError):
 def fill(template: str, results: dict[str, dict], names: list[str]) -> str:
     """The template with each placeholder replaced; one naming a result outside `names` (the region's list, which
     decides when it has no result on record) or a field its result lacks is a FigureError naming both."""
+
     def one(match: re.Match) -> str:
         path, spec = match["path"], match["spec"] or ""
         name = path.partition(".")[0]
@@ -77,7 +99,7 @@ def fill(template: str, results: dict[str, dict], names: list[str]) -> str:
 
 def render_region(match: re.Match, results: dict[str, dict]) -> str:
     names = match["names"].split(",")
-    head = match.group(0)[:match.start("rendered") - match.start()]
+    head = match.group(0)[: match.start("rendered") - match.start()]
     missing = [name for name in names if name not in results]
     if missing:
         body = f"*No result on record for {', '.join(missing)}: run `{match['command']} --format json`.*"

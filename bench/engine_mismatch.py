@@ -18,8 +18,14 @@ from pathlib import Path
 
 from flows.display import console
 
-DEPENDS_ON = ("bench/engine_mismatch.py", "policy/vllm_servers.py", "infra/vllm/serve.sh", "policy/logprobs.py",
-              "policy/openai_backend.py", "policy/sampling.py")
+DEPENDS_ON = (
+    "bench/engine_mismatch.py",
+    "policy/vllm_servers.py",
+    "infra/vllm/serve.sh",
+    "policy/logprobs.py",
+    "policy/openai_backend.py",
+    "policy/sampling.py",
+)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -35,15 +41,22 @@ def mismatch_figures(token_deltas: list[list[float]]) -> dict:
     absolute = [abs(delta) for delta in tokens]
     ratios = [math.exp(-delta) for delta in tokens]
     sequences = [-sum(sequence) for sequence in token_deltas if sequence]
-    return {"tokens": len(tokens), "sequences": len(sequences),
-            "mean_abs_delta": statistics.fmean(absolute), "p50_abs_delta": quantile(absolute, 0.5),
-            "p90_abs_delta": quantile(absolute, 0.9), "p99_abs_delta": quantile(absolute, 0.99),
-            "max_abs_delta": max(absolute),
-            "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_std": statistics.pstdev(ratios),
-            "tokens_outside_half_to_two": sum(not 0.5 <= r <= 2 for r in ratios) / len(ratios),
-            "mean_abs_sequence_log_ratio": statistics.fmean(abs(s) for s in sequences),
-            "max_abs_sequence_log_ratio": max(abs(s) for s in sequences),
-            "sequences_outside_half_to_two": sum(abs(s) > math.log(2) for s in sequences) / len(sequences)}
+    return {
+        "tokens": len(tokens),
+        "sequences": len(sequences),
+        "mean_abs_delta": statistics.fmean(absolute),
+        "p50_abs_delta": quantile(absolute, 0.5),
+        "p90_abs_delta": quantile(absolute, 0.9),
+        "p99_abs_delta": quantile(absolute, 0.99),
+        "max_abs_delta": max(absolute),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratio_std": statistics.pstdev(ratios),
+        "tokens_outside_half_to_two": sum(not 0.5 <= r <= 2 for r in ratios) / len(ratios),
+        "mean_abs_sequence_log_ratio": statistics.fmean(abs(s) for s in sequences),
+        "max_abs_sequence_log_ratio": max(abs(s) for s in sequences),
+        "sequences_outside_half_to_two": sum(abs(s) > math.log(2) for s in sequences) / len(sequences),
+    }
 
 
 def sharpened_checkpoint(target: Path, scratch: Path, factor: float = 4.0) -> str:
@@ -85,12 +98,15 @@ def sequence_deltas(url: str, model, tokenizer, prompts: list[str], samples: int
     pairs = [(ids, sample) for ids, group in zip(prompt_ids, groups) for sample in group if sample.token_ids]
     with torch.no_grad():
         recomputed, mask, _ = response_logprobs(model, [ids for ids, _ in pairs], [s.token_ids for _, s in pairs])
-    return [[served - float(local) for served, local in zip(sample.logprobs, row[keep.bool()])]
-            for (_, sample), row, keep in zip(pairs, recomputed, mask)]
+    return [
+        [served - float(local) for served, local in zip(sample.logprobs, row[keep.bool()])]
+        for (_, sample), row, keep in zip(pairs, recomputed, mask)
+    ]
 
 
-def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: int = 16, samples: int = 4,
-                  max_tokens: int = 64) -> dict:
+def run_benchmark(
+    dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: int = 16, samples: int = 4, max_tokens: int = 64
+) -> dict:
     """Per dtype, the mismatch figures of one server's samples against the fp32 trainer."""
     from policy import vllm_servers
     from policy.checkpoints import load_policy
@@ -102,21 +118,28 @@ def run_benchmark(dtypes: tuple[str, ...] = ("float32", "bfloat16"), prompts: in
         folder = sharpened_checkpoint(Path(work) / "base", Path(work) / "lake")
         model, tokenizer = load_policy(folder)
         template = RolloutConfig().prompt
-        texts = [format_prompt(problem.prompt, template, tokenizer)
-                 for _, _, problem in generate("mix", count=prompts, seed=0)]
+        texts = [
+            format_prompt(problem.prompt, template, tokenizer)
+            for _, _, problem in generate("mix", count=prompts, seed=0)
+        ]
         figures = {}
         for dtype in dtypes:
-            server = vllm_servers.serving(folder, Path(work) / "logs", vllm_servers.free_port(), WEIGHTS="full", DTYPE=dtype)
+            server = vllm_servers.serving(
+                folder, Path(work) / "logs", vllm_servers.free_port(), WEIGHTS="full", DTYPE=dtype
+            )
             try:
-                figures[dtype] = mismatch_figures(sequence_deltas(server.url, model, tokenizer, texts, samples,
-                                                                  max_tokens))
+                figures[dtype] = mismatch_figures(
+                    sequence_deltas(server.url, model, tokenizer, texts, samples, max_tokens)
+                )
             finally:
                 server.stop()
     for dtype, figure in figures.items():
-        console.print(f"{dtype} server against the float32 trainer, {figure['tokens']} tokens: mean |Δ log p| "
-                      f"{figure['mean_abs_delta']:.2e} (p99 {figure['p99_abs_delta']:.2e}, max {figure['max_abs_delta']:.2e}); "
-                      f"token ratio {figure['ratio_min']:.3f}…{figure['ratio_max']:.3f}; sequence |log ratio| mean "
-                      f"{figure['mean_abs_sequence_log_ratio']:.3f}, max {figure['max_abs_sequence_log_ratio']:.3f}; "
-                      f"outside [0.5, 2]: {figure['tokens_outside_half_to_two']:.2%} of tokens, "
-                      f"{figure['sequences_outside_half_to_two']:.2%} of sequences")
+        console.print(
+            f"{dtype} server against the float32 trainer, {figure['tokens']} tokens: mean |Δ log p| "
+            f"{figure['mean_abs_delta']:.2e} (p99 {figure['p99_abs_delta']:.2e}, max {figure['max_abs_delta']:.2e}); "
+            f"token ratio {figure['ratio_min']:.3f}…{figure['ratio_max']:.3f}; sequence |log ratio| mean "
+            f"{figure['mean_abs_sequence_log_ratio']:.3f}, max {figure['max_abs_sequence_log_ratio']:.3f}; "
+            f"outside [0.5, 2]: {figure['tokens_outside_half_to_two']:.2%} of tokens, "
+            f"{figure['sequences_outside_half_to_two']:.2%} of sequences"
+        )
     return {"dtypes": figures, "prompts": prompts, "samples": samples, "max_tokens": max_tokens}

@@ -36,24 +36,42 @@ DEPENDS_ON = ("bench/faults.py", "configs/faults.yaml", *ALL_CODE)
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "faults.yaml"
 BIN = Path(sys.executable).parent
-RUN_POINTS = [                      # ≥ 10 points of `rlvr run`, from curation to the last record
-    "lease-taken:loop", "committed:curate:problems", "checkpoint-saved:warmup", "committed:warmup:model_versions",
-    "committed:rollout:rollouts", "committed:verify:rewards", "committed:advantages:batches",
-    "checkpoint-saved:train", "committed:train:model_versions", "run-ending:train@2",
-    "committed:evaluate:evaluations@2", "committed:record:iteration_metrics@2", "run-started:rollout@2",
+RUN_POINTS = [  # ≥ 10 points of `rlvr run`, from curation to the last record
+    "lease-taken:loop",
+    "committed:curate:problems",
+    "checkpoint-saved:warmup",
+    "committed:warmup:model_versions",
+    "committed:rollout:rollouts",
+    "committed:verify:rewards",
+    "committed:advantages:batches",
+    "checkpoint-saved:train",
+    "committed:train:model_versions",
+    "run-ending:train@2",
+    "committed:evaluate:evaluations@2",
+    "committed:record:iteration_metrics@2",
+    "run-started:rollout@2",
 ]
 CURATE_POINTS = ["run-started:curate", "lease-taken:bank", "committed:curate:quarantine", "committed:curate:problems"]
 CURATE_SOURCES = ["--source", "gen:level3:3000", "--source", "gen:level2:2000"]
 OVERLAPPING = ["--source", "gen:level3:4000", "--source", "gen:level2:1000"]
-METRIC_COLUMNS = ["iteration", "model_version", "trained_version", "rounds", "groups", "groups_kept",
-                  "mean_reward", "loss", "eval_solve_rate"]
+METRIC_COLUMNS = [
+    "iteration",
+    "model_version",
+    "trained_version",
+    "rounds",
+    "groups",
+    "groups_kept",
+    "mean_reward",
+    "loss",
+    "eval_solve_rate",
+]
 
 
 @dataclass
 class Outcome:
     case: str
     lake: str
-    killed: str = ""                          # how the first command ended
+    killed: str = ""  # how the first command ended
     checks: dict[str, bool] = field(default_factory=dict)
     seconds: float = 0.0
     note: str = ""
@@ -69,16 +87,29 @@ class Bench:
     def __init__(self, work: Path, s3_endpoint: str | None = None, prefect_api: str | None = None):
         self.work = work
         self.tag = uuid.uuid4().hex
-        self.env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "RLVR_CACHE": str(work / "cache"),
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RLVR_BENCH_TAG": self.tag, "COLUMNS": "200"}
+        self.env = {
+            **os.environ,
+            "PREFECT_HOME": str(work / "prefect"),
+            "RLVR_CACHE": str(work / "cache"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "RLVR_BENCH_TAG": self.tag,
+            "COLUMNS": "200",
+        }
         for name in ("PREFECT_API_URL", "RLVR_LAKE", "RLVR_FAULT"):
             self.env.pop(name, None)
-        if prefect_api:                      # the test suite's shared server: no temporary server per command
+        if prefect_api:  # the test suite's shared server: no temporary server per command
             self.env["PREFECT_API_URL"] = prefect_api
         self.s3_endpoint = s3_endpoint
         if s3_endpoint:
-            self.env.update({"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "bench",
-                             "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "eu-west-1", "AWS_ALLOW_HTTP": "true"})
+            self.env.update(
+                {
+                    "AWS_ENDPOINT_URL": s3_endpoint,
+                    "AWS_ACCESS_KEY_ID": "bench",
+                    "AWS_SECRET_ACCESS_KEY": "bench",
+                    "AWS_REGION": "eu-west-1",
+                    "AWS_ALLOW_HTTP": "true",
+                }
+            )
 
     def lake(self, kind: str, name: str) -> str:
         if kind == "local":
@@ -100,8 +131,9 @@ class Bench:
         if hold_at:
             hold = self.work / f"hold-{uuid.uuid4().hex}"
             env |= {"RLVR_FAULT": hold_at, "RLVR_FAULT_HOLD": str(hold)}
-        process = subprocess.Popen([str(BIN / "rlvr"), *args], env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [str(BIN / "rlvr"), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         process.hold = hold
         return process
 
@@ -161,14 +193,18 @@ def lake_checks(bench: Bench, lake_uri: str, iterations: int | None) -> dict[str
     from storage.catalog import open_catalog
 
     catalog = open_catalog(lake)
-    tables = [name for (name,) in catalog.sql("show tables").fetchall() if name != "runs"
-              and "run_id" in [c for (c, *_rest) in catalog.sql(f"describe {name}").fetchall()]]
+    tables = [
+        name
+        for (name,) in catalog.sql("show tables").fetchall()
+        if name != "runs" and "run_id" in [c for (c, *_rest) in catalog.sql(f"describe {name}").fetchall()]
+    ]
     seen = {run_id for name in tables for (run_id,) in catalog.sql(f"select distinct run_id from {name}").fetchall()}
     checks["no visible row of an unfinished run"] = not (seen & unfinished)
     if iterations is not None:
         trained = lake.read("model_versions").filter(pl.col("kind") == "rl")
         checks["one trained version per iteration"] = sorted(trained["iteration"].to_list()) == list(
-            range(1, iterations + 1))
+            range(1, iterations + 1)
+        )
     return checks
 
 
@@ -230,12 +266,13 @@ def concurrent_runs(bench: Bench, kind: str, expected: pl.DataFrame) -> Outcome:
     refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)
     second = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, "--wait")
     bench.release(first)
-    for process in (first, second):              # read their output as they go: a full pipe would stall them
+    for process in (first, second):  # read their output as they go: a full pipe would stall them
         process.communicate(timeout=900)
     codes = [first.returncode, second.returncode]
     outcome.killed = f"exits {codes}, a third without --wait: {refused.returncode}"
     outcome.checks["a third writer refused at once, naming the holder"] = (
-        refused.returncode == 1 and "lease is held by" in refused.stderr and f"pid {first.pid}" in refused.stderr)
+        refused.returncode == 1 and "lease is held by" in refused.stderr and f"pid {first.pid}" in refused.stderr
+    )
     outcome.checks["both finished"] = codes == [0, 0]
     outcome.checks |= lake_checks(bench, lake_uri, len(expected) - 1)
     outcome.checks["metrics equal the unkilled run's"] = metrics(lake_uri).equals(expected)
@@ -248,8 +285,9 @@ def concurrent_curations(bench: Bench, kind: str, count: int = 3) -> Outcome:
     started = time.monotonic()
     lake_uri = bench.lake(kind, "curations")
     outcome = Outcome(f"{count} rlvr curate of overlapping sources at once", kind)
-    processes = [bench.start("curate", *(CURATE_SOURCES if i % 2 else OVERLAPPING), "--lake", lake_uri)
-                 for i in range(count)]
+    processes = [
+        bench.start("curate", *(CURATE_SOURCES if i % 2 else OVERLAPPING), "--lake", lake_uri) for i in range(count)
+    ]
     finished = [process.communicate(timeout=900) for process in processes]
     codes = [process.returncode for process in processes]
     outcome.killed = f"exits {codes}"
@@ -260,7 +298,8 @@ def concurrent_curations(bench: Bench, kind: str, count: int = 3) -> Outcome:
     lake = Lake.open(lake_uri)
     versions = lake.read("runs").filter(pl.col("stage") == "curate")["bank_version"].to_list()
     outcome.checks["all finished, each its own bank version"] = codes == [0] * count and sorted(versions) == list(
-        range(1, count + 1))
+        range(1, count + 1)
+    )
     expected = _generated_ids(bench, kind, [CURATE_SOURCES, OVERLAPPING])
     outcome.checks["each problem exactly once"] = _problem_ids(lake_uri) == expected
     outcome.checks |= lake_checks(bench, lake_uri, None)
@@ -286,8 +325,9 @@ def _generated_ids(bench: Bench, kind: str, source_lists: list[list[str]]) -> se
 
 
 # ---- running it ---------------------------------------------------------------------------------------------
-def run_cases(lakes: list[str], run_points: list[str], curate_points: list[str], concurrency: bool,
-              report=print) -> list[Outcome]:
+def run_cases(
+    lakes: list[str], run_points: list[str], curate_points: list[str], concurrency: bool, report=print
+) -> list[Outcome]:
     work = Path(tempfile.mkdtemp(prefix="rlvr-faults-"))
     moto, endpoint = start_moto() if "s3" in lakes else (None, None)
     bench = Bench(work, endpoint)
@@ -297,11 +337,15 @@ def run_cases(lakes: list[str], run_points: list[str], curate_points: list[str],
             expected = baseline(bench, kind) if run_points or concurrency else None
             expected_ids = _generated_ids(bench, kind, [CURATE_SOURCES]) if curate_points else set()
             cases = [lambda p=p, kind=kind, expected=expected: killed_run(bench, kind, p, expected) for p in run_points]
-            cases += [lambda p=p, kind=kind, expected_ids=expected_ids: killed_curation(bench, kind, p, expected_ids)
-                      for p in curate_points]
+            cases += [
+                lambda p=p, kind=kind, expected_ids=expected_ids: killed_curation(bench, kind, p, expected_ids)
+                for p in curate_points
+            ]
             if concurrency:
-                cases += [lambda kind=kind, expected=expected: concurrent_runs(bench, kind, expected),
-                          lambda kind=kind: concurrent_curations(bench, kind)]
+                cases += [
+                    lambda kind=kind, expected=expected: concurrent_runs(bench, kind, expected),
+                    lambda kind=kind: concurrent_curations(bench, kind),
+                ]
             for case in cases:
                 outcomes.append(case())
                 report(outcomes[-1])
@@ -313,20 +357,27 @@ def run_cases(lakes: list[str], run_points: list[str], curate_points: list[str],
     return outcomes
 
 
-def run_benchmark(lakes: list[str], run_points: list[str] | None = None, curate_points: list[str] | None = None,
-                  concurrency: bool = True) -> list[Outcome]:
+def run_benchmark(
+    lakes: list[str],
+    run_points: list[str] | None = None,
+    curate_points: list[str] | None = None,
+    concurrency: bool = True,
+) -> list[Outcome]:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(emoji=False)       # fault points such as committed:train:... are not emoji codes
+    console = Console(emoji=False)  # fault points such as committed:train:... are not emoji codes
     run_points = RUN_POINTS if run_points is None else run_points
     curate_points = CURATE_POINTS if curate_points is None else curate_points
 
     def report(outcome: Outcome) -> None:
         failed = [name for name, ok in outcome.checks.items() if not ok]
-        console.print(f"{'ok  ' if outcome.passed else 'FAIL'} {outcome.lake:5} {outcome.case} "
-                      f"({outcome.seconds:.0f} s){': ' + ', '.join(failed) if failed else ''}"
-                      f"{' — ' + outcome.note if outcome.note else ''}", highlight=False)
+        console.print(
+            f"{'ok  ' if outcome.passed else 'FAIL'} {outcome.lake:5} {outcome.case} "
+            f"({outcome.seconds:.0f} s){': ' + ', '.join(failed) if failed else ''}"
+            f"{' — ' + outcome.note if outcome.note else ''}",
+            highlight=False,
+        )
 
     outcomes = run_cases(lakes, run_points, curate_points, concurrency, report)
     table = Table(title="fault → outcome", title_justify="left")
@@ -334,9 +385,14 @@ def run_benchmark(lakes: list[str], run_points: list[str] | None = None, curate_
         table.add_column(column, overflow="fold")
     for outcome in outcomes:
         failed = [name for name, ok in outcome.checks.items() if not ok]
-        table.add_row(outcome.lake, outcome.case, outcome.killed,
-                      f"{sum(outcome.checks.values())}/{len(outcome.checks)}",
-                      "ok" if outcome.passed else "FAILED: " + ", ".join(failed), f"{outcome.seconds:.0f}")
+        table.add_row(
+            outcome.lake,
+            outcome.case,
+            outcome.killed,
+            f"{sum(outcome.checks.values())}/{len(outcome.checks)}",
+            "ok" if outcome.passed else "FAILED: " + ", ".join(failed),
+            f"{outcome.seconds:.0f}",
+        )
     console.print(table)
     console.print(json.dumps({"cases": len(outcomes), "passed": sum(o.passed for o in outcomes)}))
     return outcomes

@@ -28,7 +28,8 @@ PREVIOUS_GUARD = re.compile(
     r"|\bas (?:the|an|a) (?:judge|grader|evaluator|reviewer)\b"
     r"|\b(?:dear|hey|to the|attention|note to the) (?:judge|grader|evaluator)\b"
     r"|^\s*(?:judge|grader|evaluator)\s*[,:]",
-    re.IGNORECASE | re.MULTILINE)
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def labelled() -> list[dict]:
@@ -37,8 +38,11 @@ def labelled() -> list[dict]:
 
 def real_solutions() -> dict[str, list[str]]:
     """Worked solutions from the shared datasets, by source; empty where they are absent."""
-    sources = {"gsm8k": ("gsm8k/train.jsonl", "answer"), "minerva_math": ("minerva_math/test.jsonl", "solution"),
-               "olympiadbench": ("olympiadbench/test.jsonl", "solution")}
+    sources = {
+        "gsm8k": ("gsm8k/train.jsonl", "answer"),
+        "minerva_math": ("minerva_math/test.jsonl", "solution"),
+        "olympiadbench": ("olympiadbench/test.jsonl", "solution"),
+    }
     found = {}
     for name, (path, field) in sources.items():
         if (SHARED / path).exists():
@@ -56,29 +60,41 @@ def measure(guard: re.Pattern, cases: list[dict], solutions: dict[str, list[str]
     injected = [f for f, case in zip(flagged, cases) if case["injected"]]
     real = [text for texts in solutions.values() for text in texts]
     real_hits = [text for text in real if guard.search(text)]
-    return {"false_positive_rate": sum(benign) / len(benign), "detection_rate": sum(injected) / len(injected),
-            "false_positives": [case["text"] for f, case in zip(flagged, cases) if f and not case["injected"]],
-            "missed": [case["text"] for f, case in zip(flagged, cases) if not f and case["injected"]],
-            "real_solutions": len(real), "real_false_positives": len(real_hits),
-            "real_false_positive_rate": len(real_hits) / len(real) if real else None,
-            "real_examples": [text[:200] for text in real_hits[:5]]}
+    return {
+        "false_positive_rate": sum(benign) / len(benign),
+        "detection_rate": sum(injected) / len(injected),
+        "false_positives": [case["text"] for f, case in zip(flagged, cases) if f and not case["injected"]],
+        "missed": [case["text"] for f, case in zip(flagged, cases) if not f and case["injected"]],
+        "real_solutions": len(real),
+        "real_false_positives": len(real_hits),
+        "real_false_positive_rate": len(real_hits) / len(real) if real else None,
+        "real_examples": [text[:200] for text in real_hits[:5]],
+    }
 
 
 def run_benchmark() -> dict:
     from tasks.verifiers.judge import ADDRESSES_THE_JUDGE
 
     cases, solutions = labelled(), real_solutions()
-    figures = {"benign": sum(not c["injected"] for c in cases), "injected": sum(c["injected"] for c in cases),
-               "real_sources": {name: len(texts) for name, texts in solutions.items()},
-               **measure(ADDRESSES_THE_JUDGE, cases, solutions),
-               "previous": measure(PREVIOUS_GUARD, cases, solutions)}
+    figures = {
+        "benign": sum(not c["injected"] for c in cases),
+        "injected": sum(c["injected"] for c in cases),
+        "real_sources": {name: len(texts) for name, texts in solutions.items()},
+        **measure(ADDRESSES_THE_JUDGE, cases, solutions),
+        "previous": measure(PREVIOUS_GUARD, cases, solutions),
+    }
     report(figures)
     return figures
 
 
 def report(figures: dict) -> None:
     for label, row in (("guard", figures), ("previous guard", figures["previous"])):
-        real = (f"; {row['real_false_positives']} of {row['real_solutions']:,} real solutions refused"
-                if row["real_solutions"] else "")
-        console.print(f"{label}: {row['false_positive_rate']:.1%} of {figures['benign']} benign responses refused, "
-                      f"{row['detection_rate']:.1%} of {figures['injected']} injected caught{real}")
+        real = (
+            f"; {row['real_false_positives']} of {row['real_solutions']:,} real solutions refused"
+            if row["real_solutions"]
+            else ""
+        )
+        console.print(
+            f"{label}: {row['false_positive_rate']:.1%} of {figures['benign']} benign responses refused, "
+            f"{row['detection_rate']:.1%} of {figures['injected']} injected caught{real}"
+        )

@@ -34,39 +34,48 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.lake_scale_s3 import s3_requests
 from bench.lake_synthetic import GROUP_SIZE, seeded_lake, vocabulary, write_iteration
-from bench.memory import MIB, Child, high_water_mb, memory_now, run_child
+from bench.memory import MIB, Child, memory_now, run_child
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/lake_scale.py", "bench/lake_synthetic.py", "bench/memory.py", "storage/", "tasks/advantages/",
-              "flows/stage_plans.py", "flows/loop_steps.py", "flows/cli/")
+DEPENDS_ON = (
+    "bench/lake_scale.py",
+    "bench/lake_scale_s3.py",
+    "bench/lake_synthetic.py",
+    "bench/memory.py",
+    "storage/",
+    "tasks/advantages/",
+    "flows/stage_plans.py",
+    "flows/loop_steps.py",
+    "flows/cli/",
+)
 
 BIN = Path(sys.executable).parent
 CHECKPOINTS = (10, 100, 1000, 2000)
-WINDOW = 5                                     # iterations whose median bookkeeping a checkpoint reports
+WINDOW = 5  # iterations whose median bookkeeping a checkpoint reports
 QUERIES = {
     "solve_rate_by_level": "select g.iteration, p.level, avg(g.solve_rate) as solve_rate from groups g join "
-                           "(select distinct problem_id, level from problems) p using (problem_id) group by all "
-                           "order by 1, 2",
+    "(select distinct problem_id, level from problems) p using (problem_id) group by all "
+    "order by 1, 2",
     "filter_stats": "select * from filter_stats",
     "staleness_histogram": "select staleness, count(*) as rollouts from advantages group by 1 order by 1",
     "problem_history": "select r.iteration, count(*) as samples, avg(w.reward) as mean_reward from rollouts r join "
-                       "rewards w using (rollout_id) where r.problem_id = '{problem}' group by 1 order by 1",
+    "rewards w using (rollout_id) where r.problem_id = '{problem}' group by 1 order by 1",
     "tokens_by_model_version": "select model_version, count(*) as rollouts, sum(n_tokens) as tokens from rollouts "
-                               "group by 1 order by 1",
+    "group by 1 order by 1",
 }
 ITERATION_TABLES = ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state", "iteration_metrics")
-BATCH_ROWS = 1024                # rows a scan hands over at once: about 15 MiB of rollouts at the default lengths
-ROW_GROUP_BYTES = 128 * MIB      # the plain baseline's row groups, in Arrow bytes (Delta's compaction targets 128 MB)
-ROW_GROUP_ROWS = 1024 * 1024     # pq.write_table's default row group
+BATCH_ROWS = 1024  # rows a scan hands over at once: about 15 MiB of rollouts at the default lengths
+ROW_GROUP_BYTES = 128 * MIB  # the plain baseline's row groups, in Arrow bytes (Delta's compaction targets 128 MB)
+ROW_GROUP_ROWS = 1024 * 1024  # pq.write_table's default row group
 
 
 def cli(*arguments: str, lake_uri: str, env: dict | None = None) -> Child:
@@ -79,8 +88,10 @@ def cli(*arguments: str, lake_uri: str, env: dict | None = None) -> Child:
 
 def query_runs(lake_uri: str, problem: str, last_version: int) -> dict[str, Child]:
     """The standard queries, each an `rlvr sql` process, and `rlvr lineage model-version` of the last version."""
-    runs = {name: cli("sql", "--format", "json", sql.format(problem=problem), lake_uri=lake_uri)
-            for name, sql in QUERIES.items()}
+    runs = {
+        name: cli("sql", "--format", "json", sql.format(problem=problem), lake_uri=lake_uri)
+        for name, sql in QUERIES.items()
+    }
     runs["lineage"] = cli("lineage", "model-version", str(last_version), lake_uri=lake_uri)
     return runs
 
@@ -99,8 +110,9 @@ print(time.perf_counter() - started)
 def lineage_in_process(lake_uri: str, last_version: int) -> Child:
     """The lineage walk itself, timed inside a fresh process (its imports and start-up not counted: the seconds
     are what it prints)."""
-    result = run_child([sys.executable, "-c", LINEAGE_WALK, lake_uri, str(last_version)],
-                       cwd=Path(__file__).resolve().parent.parent)
+    result = run_child(
+        [sys.executable, "-c", LINEAGE_WALK, lake_uri, str(last_version)], cwd=Path(__file__).resolve().parent.parent
+    )
     if result.returncode != 0:
         raise RuntimeError(f"the lineage walk failed: {result.stderr[-2000:]}")
     result.seconds = float(result.stdout.split()[-1])
@@ -117,8 +129,7 @@ def batches(lake, name: str, columns: list[str] | None = None, batch_rows: int =
         raise RuntimeError(f"{len(hidden)} runs never completed (the first: {sorted(hidden)[0]})")
     dataset = lake.dataset(name)
     for fragment in dataset.get_fragments():
-        yield from fragment.to_batches(schema=dataset.schema, columns=columns, batch_size=batch_rows,
-                                       batch_readahead=1)
+        yield from fragment.to_batches(schema=dataset.schema, columns=columns, batch_size=batch_rows, batch_readahead=1)
 
 
 def rollout_totals(lake) -> dict[str, int]:
@@ -132,8 +143,9 @@ def rollout_totals(lake) -> dict[str, int]:
     return {"rollouts": rollouts, "tokens": tokens}
 
 
-def plain_parquet(lake, name: str, path: Path, batch_rows: int = BATCH_ROWS,
-                  row_group_bytes: int = ROW_GROUP_BYTES) -> int:
+def plain_parquet(
+    lake, name: str, path: Path, batch_rows: int = BATCH_ROWS, row_group_bytes: int = ROW_GROUP_BYTES
+) -> int:
     """Writes a table's visible rows once as plain zstd Parquet and returns its bytes. Streamed: the batches
     of a row group are held until they reach `row_group_bytes` of Arrow data or `pq.write_table`'s default of
     1 Mi rows, then written as one row group; a table smaller than that is one row group, as `pq.write_table`
@@ -155,87 +167,38 @@ def plain_parquet(lake, name: str, path: Path, batch_rows: int = BATCH_ROWS,
     return path.stat().st_size
 
 
-def stored_bytes(lake, folder: Path, tables: tuple[str, ...] = ITERATION_TABLES,
-                 **streaming) -> dict[str, dict[str, int]]:
+def stored_bytes(
+    lake, folder: Path, tables: tuple[str, ...] = ITERATION_TABLES, **streaming
+) -> dict[str, dict[str, int]]:
     """Per iteration table: its live data files' bytes, its log's bytes, and the same rows written once as plain
     zstd Parquet (`plain_parquet`, with `streaming`'s batch and row-group sizes; the copy is removed once
     measured, so the disk holds one table's copy at a time)."""
     sizes = {}
     for name in tables:
         actions = lake.table(name).get_add_actions(flatten=True)
-        log = Path(lake.log_path(name))                # a local lake: the log's files as they are on disk
+        log = Path(lake.log_path(name))  # a local lake: the log's files as they are on disk
         plain = folder / f"{name}.parquet"
-        sizes[name] = {"delta_bytes": int(sum(actions.column("size_bytes").to_pylist())),
-                       "log_bytes": sum(f.stat().st_size for f in log.iterdir() if f.is_file()),
-                       "plain_bytes": plain_parquet(lake, name, plain, **streaming), "files": actions.num_rows}
+        sizes[name] = {
+            "delta_bytes": int(sum(actions.column("size_bytes").to_pylist())),
+            "log_bytes": sum(f.stat().st_size for f in log.iterdir() if f.is_file()),
+            "plain_bytes": plain_parquet(lake, name, plain, **streaming),
+            "files": actions.num_rows,
+        }
         plain.unlink()
     return sizes
 
 
-REQUEST = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) ')
-
-
-class RequestLog:
-    """moto's access log, read on from where the last look ended (a whole line at a time): counting an
-    iteration's requests costs that iteration's lines, not the log's."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset = path, 0
-
-    def new_requests(self) -> list[str]:
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        return REQUEST.findall(complete.decode(errors="replace"))
-
-
-def s3_requests(iterations: int, rollouts: int, max_tokens: int, problems: int, seed: int, work: Path) -> dict:
-    """Requests per iteration to an S3 lake (moto's server), counted in its access log, and the server's peak
-    resident set (it holds the whole S3 lake in memory)."""
-    import boto3
-    import numpy as np
-
-    from bench.moto import start_moto
-
-    log = RequestLog(work / "moto.log")
-    moto, endpoint = start_moto(log.path)
-    aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
-    saved = {name: os.environ.get(name) for name in aws}
-    os.environ.update(aws)
-    methods: dict[str, int] = {}
-    try:
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="lake-scale")
-        lake, bank = seeded_lake("s3://lake-scale/lake", problems, seed)
-        rng, words = np.random.default_rng(seed), vocabulary()
-        counts = []
-        for iteration in range(0, iterations + 1):      # 0: the bucket and the seeded bank, not counted
-            if iteration:
-                write_iteration(lake, bank, rng, iteration, rollouts, max_tokens, words, work)
-            requests = log.new_requests()
-            counts.append(len(requests))
-            for method in requests:
-                methods[method] = methods.get(method, 0) + 1
-    finally:
-        server_peak = high_water_mb(moto.pid)
-        moto.terminate()
-        moto.wait(10)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    counts = counts[1:]
-    tail = counts[-min(5, len(counts)):]
-    return {"iterations": iterations, "requests": counts, "requests_per_iteration": statistics.median(tail),
-            "first_iteration_requests": counts[0], "requests_by_method": methods,
-            "server_peak_rss_mb": server_peak}
-
-
-def write_run(lake, bank, work: Path, iterations: int, rollouts: int, max_tokens: int, seed: int,
-              maintain_every: int, retention_hours: float) -> tuple[list[dict], float, list[float]]:
+def write_run(
+    lake,
+    bank,
+    work: Path,
+    iterations: int,
+    rollouts: int,
+    max_tokens: int,
+    seed: int,
+    maintain_every: int,
+    retention_hours: float,
+) -> tuple[list[dict], float, list[float]]:
     """The synthetic run's iterations, with the scheduled maintenance; returns the checkpoints (bookkeeping and
     row-write medians, this process's resident set then and at its peak so far), the seconds spent writing
     and each maintenance's seconds."""
@@ -259,10 +222,15 @@ def write_run(lake, bank, work: Path, iterations: int, rollouts: int, max_tokens
     write_seconds = time.perf_counter() - started - sum(maintenances)
     growth = []
     for checkpoint in checkpoints:
-        window = clocks[max(0, checkpoint - WINDOW):checkpoint]
-        growth.append({"iteration": checkpoint,
-                       "bookkeeping_seconds": statistics.median(c.bookkeeping for c in window),
-                       "write_seconds": statistics.median(c.writes for c in window), **memory[checkpoint]})
+        window = clocks[max(0, checkpoint - WINDOW) : checkpoint]
+        growth.append(
+            {
+                "iteration": checkpoint,
+                "bookkeeping_seconds": statistics.median(c.bookkeeping for c in window),
+                "write_seconds": statistics.median(c.writes for c in window),
+                **memory[checkpoint],
+            }
+        )
     return growth, write_seconds, maintenances
 
 
@@ -284,38 +252,71 @@ def after_the_run(lake, lake_uri: str, problem: str, work: Path) -> dict:
     queries_after = query_runs(lake_uri, problem, last)
     files_after = {name: len(lake.table(name).file_uris()) for name in ITERATION_TABLES}
     rss_after["end"] = memory_now()
-    children = {"select_1": startup.peak_rss_mb, "lineage_walk": lineage_walk.peak_rss_mb,
-                "maintenance": maintenance.peak_rss_mb}
-    return {**totals, "queries": queries, "queries_after": queries_after, "startup": startup.seconds,
-            "lineage_walk": lineage_walk.seconds, "sizes": sizes, "maintenance": maintenance.seconds,
-            "files_after": files_after, "rss_after": rss_after, "children": children}
+    children = {
+        "select_1": startup.peak_rss_mb,
+        "lineage_walk": lineage_walk.peak_rss_mb,
+        "maintenance": maintenance.peak_rss_mb,
+    }
+    return {
+        **totals,
+        "queries": queries,
+        "queries_after": queries_after,
+        "startup": startup.seconds,
+        "lineage_walk": lineage_walk.seconds,
+        "sizes": sizes,
+        "maintenance": maintenance.seconds,
+        "files_after": files_after,
+        "rss_after": rss_after,
+        "children": children,
+    }
 
 
-def run_benchmark(iterations: int = 2000, rollouts: int = 8192, max_tokens: int = 16384, problems: int = 0,
-                  s3_iterations: int = 20, seed: int = 0, maintain_every: int = 10, retention_hours: float = 0.0) -> dict:
+def run_benchmark(
+    iterations: int = 2000,
+    rollouts: int = 8192,
+    max_tokens: int = 16384,
+    problems: int = 0,
+    s3_iterations: int = 20,
+    seed: int = 0,
+    maintain_every: int = 10,
+    retention_hours: float = 0.0,
+) -> dict:
     problems = problems or max(400, 4 * rollouts // GROUP_SIZE)
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-lake-scale-") as folder:
         work = Path(folder)
         lake_uri = str(work / "lake")
         lake, bank = seeded_lake(lake_uri, problems, seed)
-        growth, write_seconds, maintenances = write_run(lake, bank, work, iterations, rollouts, max_tokens, seed,
-                                                        maintain_every, retention_hours)
+        growth, write_seconds, maintenances = write_run(
+            lake, bank, work, iterations, rollouts, max_tokens, seed, maintain_every, retention_hours
+        )
         after = after_the_run(lake, lake_uri, bank["problem_id"][0], work)
         expected = iterations * min(max(1, rollouts // GROUP_SIZE), bank.height) * GROUP_SIZE
         if after["rollouts"] != expected:
             raise RuntimeError(f"{expected:,} rollouts were written but {after['rollouts']:,} are in the lake")
         s3 = s3_requests(s3_iterations, rollouts, max_tokens, problems, seed, work) if s3_iterations else None
         after["rss_after"]["s3"] = memory_now()
-    scheduled = {"every": maintain_every, "retention_hours": retention_hours, "runs": len(maintenances),
-                 "first_seconds": maintenances[0] if maintenances else None,
-                 "last_seconds": maintenances[-1] if maintenances else None, "total_seconds": sum(maintenances)}
+    scheduled = {
+        "every": maintain_every,
+        "retention_hours": retention_hours,
+        "runs": len(maintenances),
+        "first_seconds": maintenances[0] if maintenances else None,
+        "last_seconds": maintenances[-1] if maintenances else None,
+        "total_seconds": sum(maintenances),
+    }
     figures = figures_of(iterations, bank.height, write_seconds, growth, scheduled, after, s3)
     report(figures)
     return figures
 
 
-def figures_of(iterations: int, problems: int, write_seconds: float, growth: list[dict], scheduled: dict,
-               after: dict, s3: dict | None) -> dict:
+def figures_of(
+    iterations: int,
+    problems: int,
+    write_seconds: float,
+    growth: list[dict],
+    scheduled: dict,
+    after: dict,
+    s3: dict | None,
+) -> dict:
     stored = after["rollouts"]
     delta = sum(entry["delta_bytes"] + entry["log_bytes"] for entry in after["sizes"].values())
     plain = sum(entry["plain_bytes"] for entry in after["sizes"].values())
@@ -325,49 +326,78 @@ def figures_of(iterations: int, problems: int, write_seconds: float, growth: lis
     peak = memory_now()["peak_rss_mb"]
     query_peaks = {name: max(run.peak_rss_mb, queries_after[name].peak_rss_mb) for name, run in queries.items()}
     return {
-        "iterations": iterations, "rollouts_per_iteration": stored // iterations, "rollouts": stored,
-        "tokens": after["tokens"], "mean_response_tokens": after["tokens"] / stored, "problems": problems,
-        "write_seconds": write_seconds, "bookkeeping": growth,
+        "iterations": iterations,
+        "rollouts_per_iteration": stored // iterations,
+        "rollouts": stored,
+        "tokens": after["tokens"],
+        "mean_response_tokens": after["tokens"] / stored,
+        "problems": problems,
+        "write_seconds": write_seconds,
+        "bookkeeping": growth,
         "bookkeeping_growth": growth[-1]["bookkeeping_seconds"] / growth[0]["bookkeeping_seconds"],
-        "queries_seconds": seconds, "queries_seconds_after_maintenance": seconds_after,
+        "queries_seconds": seconds,
+        "queries_seconds_after_maintenance": seconds_after,
         "max_query_seconds": max(v for k, v in seconds.items() if k != "lineage"),
         "max_query_seconds_after_maintenance": max(v for k, v in seconds_after.items() if k != "lineage"),
-        "lineage_seconds": seconds["lineage"], "lineage_in_process_seconds": after["lineage_walk"],
-        "trivial_query_seconds": after["startup"], "bytes": after["sizes"], "maintenance_seconds": after["maintenance"],
-        "files_after_maintenance": after["files_after"], "scheduled_maintenance": scheduled,
-        "bytes_per_rollout": delta / stored, "plain_bytes_per_rollout": plain / stored, "bytes_ratio": delta / plain,
-        "s3": s3, "s3_requests_per_iteration": s3["requests_per_iteration"] if s3 else None,
+        "lineage_seconds": seconds["lineage"],
+        "lineage_in_process_seconds": after["lineage_walk"],
+        "trivial_query_seconds": after["startup"],
+        "bytes": after["sizes"],
+        "maintenance_seconds": after["maintenance"],
+        "files_after_maintenance": after["files_after"],
+        "scheduled_maintenance": scheduled,
+        "bytes_per_rollout": delta / stored,
+        "plain_bytes_per_rollout": plain / stored,
+        "bytes_ratio": delta / plain,
+        "s3": s3,
+        "s3_requests_per_iteration": s3["requests_per_iteration"] if s3 else None,
         # memory, MiB: this process's peak over the whole run (the S3 part included) and, up to the end of the
         # local lake's steps, against its peak at the first checkpoint (`peak_rss_growth`: 1 is flat in the
         # lake's size); each command's peak as the kernel accounts for the child, a query's the larger of its runs
-        "peak_rss_mb": peak, "peak_rss_growth": after["rss_after"]["end"]["peak_rss_mb"] / growth[0]["peak_rss_mb"],
-        "rss_after": after["rss_after"], "query_peak_rss_mb": max(v for k, v in query_peaks.items() if k != "lineage"),
-        "queries_peak_rss_mb": query_peaks, "child_peak_rss_mb": after["children"],
+        "peak_rss_mb": peak,
+        "peak_rss_growth": after["rss_after"]["end"]["peak_rss_mb"] / growth[0]["peak_rss_mb"],
+        "rss_after": after["rss_after"],
+        "query_peak_rss_mb": max(v for k, v in query_peaks.items() if k != "lineage"),
+        "queries_peak_rss_mb": query_peaks,
+        "child_peak_rss_mb": after["children"],
     }
 
 
 def report(figures: dict) -> None:
     growth = ", ".join(f"iteration {g['iteration']}: {g['bookkeeping_seconds']:.2f} s" for g in figures["bookkeeping"])
-    console.print(f"{figures['iterations']} iterations × {figures['rollouts_per_iteration']} rollouts "
-                  f"({figures['rollouts']:,} rollouts, {figures['tokens']:,} tokens, mean "
-                  f"{figures['mean_response_tokens']:.0f} a response) written in {figures['write_seconds']:.0f} s")
+    console.print(
+        f"{figures['iterations']} iterations × {figures['rollouts_per_iteration']} rollouts "
+        f"({figures['rollouts']:,} rollouts, {figures['tokens']:,} tokens, mean "
+        f"{figures['mean_response_tokens']:.0f} a response) written in {figures['write_seconds']:.0f} s"
+    )
     console.print(f"bookkeeping per iteration: {growth} (×{figures['bookkeeping_growth']:.2f})")
     scheduled = figures["scheduled_maintenance"]
     if scheduled["runs"]:
-        console.print(f"maintenance every {scheduled['every']} iterations: {scheduled['runs']} runs, the first "
-                      f"{scheduled['first_seconds']:.2f} s, the last {scheduled['last_seconds']:.2f} s")
-    console.print("rlvr sql: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures["queries_seconds"].items())
-                  + f"; after maintenance, the slowest {figures['max_query_seconds_after_maintenance']:.2f} s; "
-                  f"`select 1` {figures['trivial_query_seconds']:.2f} s; the lineage walk in-process "
-                  f"{figures['lineage_in_process_seconds']:.2f} s")
-    console.print(f"storage: {figures['bytes_per_rollout']:,.0f} bytes a rollout, plain zstd Parquet "
-                  f"{figures['plain_bytes_per_rollout']:,.0f} (×{figures['bytes_ratio']:.2f})")
+        console.print(
+            f"maintenance every {scheduled['every']} iterations: {scheduled['runs']} runs, the first "
+            f"{scheduled['first_seconds']:.2f} s, the last {scheduled['last_seconds']:.2f} s"
+        )
+    console.print(
+        "rlvr sql: "
+        + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in figures["queries_seconds"].items())
+        + f"; after maintenance, the slowest {figures['max_query_seconds_after_maintenance']:.2f} s; "
+        f"`select 1` {figures['trivial_query_seconds']:.2f} s; the lineage walk in-process "
+        f"{figures['lineage_in_process_seconds']:.2f} s"
+    )
+    console.print(
+        f"storage: {figures['bytes_per_rollout']:,.0f} bytes a rollout, plain zstd Parquet "
+        f"{figures['plain_bytes_per_rollout']:,.0f} (×{figures['bytes_ratio']:.2f})"
+    )
     memory = ", ".join(f"iteration {g['iteration']}: {g['peak_rss_mb']:,.0f}" for g in figures["bookkeeping"])
-    console.print(f"peak resident set: {memory}, after every step {figures['rss_after']['end']['peak_rss_mb']:,.0f} MiB "
-                  f"(×{figures['peak_rss_growth']:.2f}), with S3 {figures['peak_rss_mb']:,.0f} MiB; `rlvr sql` at "
-                  f"most {figures['query_peak_rss_mb']:,.0f} MiB, `rlvr lake maintain` "
-                  f"{figures['child_peak_rss_mb']['maintenance']:,.0f} MiB")
+    console.print(
+        f"peak resident set: {memory}, after every step {figures['rss_after']['end']['peak_rss_mb']:,.0f} MiB "
+        f"(×{figures['peak_rss_growth']:.2f}), with S3 {figures['peak_rss_mb']:,.0f} MiB; `rlvr sql` at "
+        f"most {figures['query_peak_rss_mb']:,.0f} MiB, `rlvr lake maintain` "
+        f"{figures['child_peak_rss_mb']['maintenance']:,.0f} MiB"
+    )
     if figures["s3"]:
-        console.print(f"S3: {figures['s3_requests_per_iteration']:.0f} requests an iteration (first "
-                      f"{figures['s3']['first_iteration_requests']}), {json.dumps(figures['s3']['requests_by_method'])}, "
-                      f"moto's server at most {figures['s3']['server_peak_rss_mb'] or 0:,.0f} MiB")
+        console.print(
+            f"S3: {figures['s3_requests_per_iteration']:.0f} requests an iteration (first "
+            f"{figures['s3']['first_iteration_requests']}), {json.dumps(figures['s3']['requests_by_method'])}, "
+            f"moto's server at most {figures['s3']['server_peak_rss_mb'] or 0:,.0f} MiB"
+        )

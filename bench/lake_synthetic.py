@@ -38,6 +38,7 @@ LEVEL_SOLVE_RATE = {1: 0.8, 2: 0.55, 3: 0.3, 4: 0.1}
 
 class Clock:
     """Seconds spent in bookkeeping and in row writes during one iteration."""
+
     def __init__(self):
         self.bookkeeping = self.writes = 0.0
 
@@ -80,32 +81,49 @@ def synthetic_iteration(rng, bank, iteration: int, rollouts: int, max_tokens: in
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     token_ids = (rng.zipf(1.3, int(offsets[-1])) % 151_000).astype(np.int32)
     logprobs = (-rng.exponential(0.6, int(offsets[-1]))).astype(np.float32)
-    responses = [" ".join(words[token_ids[offsets[i]:offsets[i + 1]] % len(words)]) for i in range(n)]
+    responses = [" ".join(words[token_ids[offsets[i] : offsets[i + 1]] % len(words)]) for i in range(n)]
     group_of = np.repeat(np.arange(len(problem_ids)), GROUP_SIZE)
     version = np.where(group_of % 4 == 3, max(iteration - 2, 0), iteration - 1)
     list_offsets = pa.array(offsets.astype(np.int32))
     ids = [f"{iteration}-{g}-{s}" for g in range(len(problem_ids)) for s in range(GROUP_SIZE)]
-    rollout_rows = pl.from_arrow(pa.table({
-        "rollout_id": ids, "iteration": pa.array(np.full(n, iteration, np.int64)),
-        "problem_id": [problem_ids[g] for g in group_of], "group_id": [f"{iteration}:{problem_ids[g]}" for g in group_of],
-        "sample_idx": pa.array(np.tile(np.arange(GROUP_SIZE, dtype=np.int32), len(problem_ids))),
-        "round": pa.array(np.ones(n, np.int32)), "model_version": pa.array(version.astype(np.int64)),
-        "prompt": [f"Problem {problem_ids[g]}: solve it and give the final answer." for g in group_of],
-        "prompt_token_ids": pa.array([list(range(3, 67))] * n, pa.list_(pa.int32())),
-        "response": responses,
-        "response_token_ids": pa.ListArray.from_arrays(list_offsets, pa.array(token_ids)),
-        "behaviour_logprobs": pa.ListArray.from_arrays(list_offsets, pa.array(logprobs)),
-        "n_tokens": pa.array(lengths.astype(np.int32)),
-        "finish_reason": np.where(lengths >= max_tokens, "length", "stop").tolist(),
-        "self_certainty": rng.uniform(1, 5, n), "backend": ["openai http://gpu-1:8000"] * n,
-        "sampler": [f'{{"max_new_tokens": {max_tokens}, "temperature": 1.0}}'] * n,
-        "seed": pa.array(np.full(n, iteration, np.int64)),
-    }))
+    rollout_rows = pl.from_arrow(
+        pa.table(
+            {
+                "rollout_id": ids,
+                "iteration": pa.array(np.full(n, iteration, np.int64)),
+                "problem_id": [problem_ids[g] for g in group_of],
+                "group_id": [f"{iteration}:{problem_ids[g]}" for g in group_of],
+                "sample_idx": pa.array(np.tile(np.arange(GROUP_SIZE, dtype=np.int32), len(problem_ids))),
+                "round": pa.array(np.ones(n, np.int32)),
+                "model_version": pa.array(version.astype(np.int64)),
+                "prompt": [f"Problem {problem_ids[g]}: solve it and give the final answer." for g in group_of],
+                "prompt_token_ids": pa.array([list(range(3, 67))] * n, pa.list_(pa.int32())),
+                "response": responses,
+                "response_token_ids": pa.ListArray.from_arrays(list_offsets, pa.array(token_ids)),
+                "behaviour_logprobs": pa.ListArray.from_arrays(list_offsets, pa.array(logprobs)),
+                "n_tokens": pa.array(lengths.astype(np.int32)),
+                "finish_reason": np.where(lengths >= max_tokens, "length", "stop").tolist(),
+                "self_certainty": rng.uniform(1, 5, n),
+                "backend": ["openai http://gpu-1:8000"] * n,
+                "sampler": [f'{{"max_new_tokens": {max_tokens}, "temperature": 1.0}}'] * n,
+                "seed": pa.array(np.full(n, iteration, np.int64)),
+            }
+        )
+    )
     correct = rng.random(n) < solve[group_of]
-    rewards = pl.DataFrame({"iteration": [iteration] * n, "rollout_id": ids,
-                            "problem_id": rollout_rows["problem_id"], "verifier": ["math"] * n,
-                            "verifier_version": ["1"] * n, "reward": correct.astype(float), "correct": correct,
-                            "format_reward": np.ones(n), "details": ['{"extracted": "42"}'] * n})
+    rewards = pl.DataFrame(
+        {
+            "iteration": [iteration] * n,
+            "rollout_id": ids,
+            "problem_id": rollout_rows["problem_id"],
+            "verifier": ["math"] * n,
+            "verifier_version": ["1"] * n,
+            "reward": correct.astype(float),
+            "correct": correct,
+            "format_reward": np.ones(n),
+            "details": ['{"extracted": "42"}'] * n,
+        }
+    )
     return rollout_rows, rewards
 
 
@@ -137,9 +155,17 @@ def write_iteration(lake, bank, rng, iteration: int, rollouts: int, max_tokens: 
     with clock.book():
         parameters = train_key(lake, TrainConfig(), iteration, version).parameters
     with stage_run(lake, clock, "train-policy", "train", parameters, iteration) as run, clock.write():
-        register(lake, run, version + 1, uri=str(work / "checkpoints" / f"v{version + 1}"), kind="rl",
-                 parent=version, iteration=iteration, batch_ids=[batch_id],
-                 metrics={"loss": float(rng.normal(0, 0.01)), "clip_fraction": 0.01, "entropy": 0.5})
+        register(
+            lake,
+            run,
+            version + 1,
+            uri=str(work / "checkpoints" / f"v{version + 1}"),
+            kind="rl",
+            parent=version,
+            iteration=iteration,
+            batch_ids=[batch_id],
+            metrics={"loss": float(rng.normal(0, 0.01)), "clip_fraction": 0.01, "entropy": 0.5},
+        )
     with stage_run(lake, clock, "rl-loop", "record", {}, iteration) as run:
         with clock.book():
             row = iteration_row(lake, iteration, None)
@@ -153,8 +179,9 @@ def off_policy_sums(rollout_rows, version: int):
     and the current policy's (here: the behaviour's, nudged)."""
     older = rollout_rows.filter(pl.col("model_version") < version)
     behaviour = older["behaviour_logprobs"].list.sum().cast(pl.Float64)
-    return pl.DataFrame({"rollout_id": older["rollout_id"], "behaviour_logprob_sum": behaviour,
-                         "current_logprob_sum": behaviour * 0.98})
+    return pl.DataFrame(
+        {"rollout_id": older["rollout_id"], "behaviour_logprob_sum": behaviour, "current_logprob_sum": behaviour * 0.98}
+    )
 
 
 def seeded_lake(lake_uri: str, problems: int, seed: int):

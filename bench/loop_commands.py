@@ -16,8 +16,10 @@ from flows.cli.common import fail, prefect_defaults
 def bench_learning(
     context: typer.Context,
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
-    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations [default: the config's]; 0 only "
-                                                                  "reports on an existing --lake")] = None,
+    iterations: Annotated[
+        Optional[int],
+        typer.Option(min=0, help="RL iterations [default: the config's]; 0 only reports on an existing --lake"),
+    ] = None,
     lake: Annotated[Optional[str], typer.Option(help="lake to run in or report on [default: a fresh folder]")] = None,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
@@ -37,14 +39,30 @@ def bench_peer(
     context: typer.Context,
     config: Annotated[Path, typer.Option(help="the learning run's config")] = Path("configs/demo-learn.yaml"),
     steps: Annotated[int, typer.Option(min=1, help="RL steps (our iterations, TRL's optimizer steps)")] = 50,
-    seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [0, 1, 2, 3, 4],
+    seed: Annotated[list[int], typer.Option(help="seeds; each runs both sides from the same warm-up")] = [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ],
     eval_every: Annotated[int, typer.Option(min=1, help="steps between held-out evaluations")] = 10,
     work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake and the runs (reused)")] = None,
     sweep_steps: Annotated[int, typer.Option(min=1, help="TRL steps timed per batch layout in the sweep")] = 6,
-    compare_fixed: Annotated[bool, typer.Option(help="also run ours with fixed oversampling (guidance off) per "
-                                                "seed: what sampling guided by the lake changes")] = True,
-    mode: Annotated[Optional[str], typer.Option(help="ours' loop mode, sync or async (default: both swept, the "
-                                                "faster compared); TRL's trainer samples and trains in turn")] = None,
+    compare_fixed: Annotated[
+        bool,
+        typer.Option(
+            help="also run ours with fixed oversampling (guidance off) per "
+            "seed: what sampling guided by the lake changes"
+        ),
+    ] = True,
+    mode: Annotated[
+        Optional[str],
+        typer.Option(
+            help="ours' loop mode, sync or async (default: both swept, the "
+            "faster compared); TRL's trainer samples and trains in turn"
+        ),
+    ] = None,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -61,8 +79,12 @@ def bench_peer(
     if mode not in (None, "sync", "async"):
         fail(f"--mode {mode}: sync or async", 2)
     prefect_defaults()
-    measured(context, "peer", peer, lambda: peer.run_benchmark(str(config), steps, seed, eval_every, work,
-                                                               sweep_steps, compare_fixed, mode))
+    measured(
+        context,
+        "peer",
+        peer,
+        lambda: peer.run_benchmark(str(config), steps, seed, eval_every, work, sweep_steps, compare_fixed, mode),
+    )
 
 
 @app.command("async")
@@ -72,8 +94,13 @@ def bench_async(
     iterations: Annotated[int, typer.Option(min=1, help="iterations each mode runs")] = 10,
     max_staleness: Annotated[int, typer.Option(min=0, help="async: versions a batch may lag its trainer")] = 1,
     batch_size: Annotated[int, typer.Option(min=1, help="the server's sequences generated together")] = 128,
-    correction: Annotated[str, typer.Option(help="async's off-policy correction: truncated (sequence weight), "
-                                            "none, or decoupled (per-token, in the training step)")] = "truncated",
+    correction: Annotated[
+        str,
+        typer.Option(
+            help="async's off-policy correction: truncated (sequence weight), "
+            "none, or decoupled (per-token, in the training step)"
+        ),
+    ] = "truncated",
     work: Annotated[Optional[str], typer.Option(help="folder for the warmed lake (reused)")] = None,
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
@@ -85,8 +112,12 @@ def bench_async(
     prefect_defaults()
     from bench import overlap
 
-    measured(context, "async", overlap,
-             lambda: overlap.run_benchmark(str(config), iterations, max_staleness, work, batch_size, correction))
+    measured(
+        context,
+        "async",
+        overlap,
+        lambda: overlap.run_benchmark(str(config), iterations, max_staleness, work, batch_size, correction),
+    )
 
 
 @app.command("orchestration")
@@ -106,9 +137,12 @@ def bench_orchestration(
 @app.command("faults")
 def bench_faults(
     context: typer.Context,
-    lakes: Annotated[str, typer.Option(help="where to run the cases: local, s3 (moto on loopback) or both")] = "local,s3",
-    run_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr run` to kill at, comma separated "
-                                                     "[default: all 13]")] = None,
+    lakes: Annotated[
+        str, typer.Option(help="where to run the cases: local, s3 (moto on loopback) or both")
+    ] = "local,s3",
+    run_points: Annotated[
+        Optional[str], typer.Option(help="fault points of `rlvr run` to kill at, comma separated [default: all 13]")
+    ] = None,
     curate_points: Annotated[Optional[str], typer.Option(help="fault points of `rlvr curate` [default: all 4]")] = None,
     concurrency: Annotated[bool, typer.Option(help="also run two `rlvr run` and three `rlvr curate` at once")] = True,
     format: FormatOption = BenchFormat.table,
@@ -121,8 +155,9 @@ def bench_faults(
         return None if text is None else [p for p in text.split(",") if p]
 
     def run() -> dict:
-        outcomes = faults.run_benchmark([k for k in lakes.split(",") if k], points(run_points), points(curate_points),
-                                        concurrency)
+        outcomes = faults.run_benchmark(
+            [k for k in lakes.split(",") if k], points(run_points), points(curate_points), concurrency
+        )
         return {"cases": len(outcomes), "passed": sum(o.passed for o in outcomes), "outcomes": outcomes}
 
     outcomes = measured(context, "faults", faults, run)["outcomes"]
@@ -134,8 +169,12 @@ def bench_faults(
 def bench_publish(
     context: typer.Context,
     versions: Annotated[int, typer.Option(min=1, help="model versions published each way (median)")] = 5,
-    engine: Annotated[str, typer.Option(help="stand-in (`rlvr policy serve`) or vllm (real vLLM servers from "
-                                        ".venv-vllm, `make vllm-server`)")] = "stand-in",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="stand-in (`rlvr policy serve`) or vllm (real vLLM servers from .venv-vllm, `make vllm-server`)"
+        ),
+    ] = "stand-in",
     format: FormatOption = BenchFormat.table,
     save: SaveOption = None,
 ) -> None:
@@ -154,8 +193,9 @@ def bench_publish(
 @app.command("mismatch")
 def bench_mismatch(
     context: typer.Context,
-    dtype: Annotated[Optional[list[str]], typer.Option(help="a server dtype to measure (repeat); default float32 "
-                                                       "and bfloat16")] = None,
+    dtype: Annotated[
+        Optional[list[str]], typer.Option(help="a server dtype to measure (repeat); default float32 and bfloat16")
+    ] = None,
     prompts: Annotated[int, typer.Option(min=1, help="prompts sampled from each server")] = 16,
     samples: Annotated[int, typer.Option(min=1, help="responses per prompt")] = 4,
     max_tokens: Annotated[int, typer.Option(min=1, help="longest response")] = 64,
@@ -169,5 +209,9 @@ def bench_mismatch(
 
     if vllm_servers.missing():
         raise typer.BadParameter(vllm_servers.missing())
-    measured(context, "mismatch", engine_mismatch,
-             lambda: engine_mismatch.run_benchmark(tuple(dtype or ("float32", "bfloat16")), prompts, samples, max_tokens))
+    measured(
+        context,
+        "mismatch",
+        engine_mismatch,
+        lambda: engine_mismatch.run_benchmark(tuple(dtype or ("float32", "bfloat16")), prompts, samples, max_tokens),
+    )

@@ -91,8 +91,14 @@ def run_child(argv: list[str], timeout: float = 600, **popen) -> Child:
     with tempfile.TemporaryDirectory(prefix="rlvr-child-") as folder:
         report = Path(folder) / "report"
         with open(Path(folder) / "out", "w+") as out, open(Path(folder) / "err", "w+") as err:
-            process = subprocess.Popen([sys.executable, "-I", "-S", "-c", LAUNCH, str(report), *argv], stdout=out,
-                                       stderr=err, text=True, start_new_session=True, **popen)
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", LAUNCH, str(report), *argv],
+                stdout=out,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+                **popen,
+            )
             try:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:

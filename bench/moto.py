@@ -19,8 +19,11 @@ def start_moto(log: Path | None = None, timeout: float = 30.0) -> tuple[subproce
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=log.open("w") if log else subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w") if log else subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:

@@ -94,8 +94,13 @@ print(json.dumps({"server_start_s": server_seconds, "first_flow_s": first_flow,
 
 
 def _env(work: Path) -> dict[str, str]:
-    env = {**os.environ, "PREFECT_HOME": str(work / "prefect"), "RLVR_CACHE": str(work / "cache"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(work / "prefect"),
+        "RLVR_CACHE": str(work / "cache"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "COLUMNS": "200",
+    }
     for name in ("PREFECT_API_URL", "RLVR_LAKE", "RLVR_FAULT"):
         env.pop(name, None)
     return env
@@ -117,8 +122,9 @@ def loop_overhead(work: Path, env: dict[str, str]) -> dict[str, float]:
 
     lake_uri = str(work / "lake")
     began = time.perf_counter()
-    result = subprocess.run([str(BIN / "rlvr"), "run", "--config", str(CONFIG), "--lake", lake_uri], env=env,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [str(BIN / "rlvr"), "run", "--config", str(CONFIG), "--lake", lake_uri], env=env, capture_output=True, text=True
+    )
     wall = time.perf_counter() - began
     if result.returncode != 0:
         raise RuntimeError(f"rlvr run failed: {result.stderr.strip()[-1000:]}")
@@ -126,8 +132,13 @@ def loop_overhead(work: Path, env: dict[str, str]) -> dict[str, float]:
     stages = runs.with_columns(seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6)
     by_stage = stages.group_by("stage").agg(pl.col("seconds").sum(), pl.len().alias("runs")).sort("stage")
     inside = float(by_stage["seconds"].sum())
-    return {"wall_s": wall, "inside_stage_runs_s": inside, "outside_share": 1 - inside / wall,
-            "stage_runs": int(by_stage["runs"].sum()), "lake": lake_uri}
+    return {
+        "wall_s": wall,
+        "inside_stage_runs_s": inside,
+        "outside_share": 1 - inside / wall,
+        "stage_runs": int(by_stage["runs"].sum()),
+        "lake": lake_uri,
+    }
 
 
 def run_benchmark(repeats: int = 3, subflows: int = 20) -> dict:
@@ -159,14 +170,23 @@ def run_benchmark(repeats: int = 3, subflows: int = 20) -> dict:
     for name, arguments in READ_ONLY:
         command = [rlvr, *[a.format(problem_id=problem_id) for a in arguments], *lake]
         read_only[name] = _timed(command, env, repeats)
-        table.add_row(f"rlvr {name}", f"{read_only[name]:.2f}", f"{read_only[name] / baseline:.1f}",
-                      f"{read_only[name] - imports:+.2f}")
+        table.add_row(
+            f"rlvr {name}",
+            f"{read_only[name]:.2f}",
+            f"{read_only[name] / baseline:.1f}",
+            f"{read_only[name] - imports:+.2f}",
+        )
     console.print(table)
     no_server = (log.stat().st_size if log.exists() else 0) == log_size
     console.print(f"temporary Prefect servers started by the read-only commands: {'none' if no_server else 'SOME'}")
 
-    probe = subprocess.run([sys.executable, "-c", PREFECT_PROBE, str(subflows)], env=env, capture_output=True,
-                           text=True, cwd=str(Path(__file__).resolve().parents[1]))
+    probe = subprocess.run(
+        [sys.executable, "-c", PREFECT_PROBE, str(subflows)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
     if probe.returncode != 0:
         raise RuntimeError(f"the Prefect probe failed: {probe.stderr.strip()[-1000:]}")
     prefect = json.loads(probe.stdout.strip().splitlines()[-1])
@@ -179,10 +199,18 @@ def run_benchmark(repeats: int = 3, subflows: int = 20) -> dict:
     table.add_row("one no-op task run", f"{prefect['task_s']:.4f}")
     table.add_row("the same stage body without Prefect", f"{prefect['plain_stage_s']:.6f}")
     console.print(table)
-    console.print(f"the loop (warm-up + 2 iterations): {loop['wall_s']:.1f} s wall, {loop['inside_stage_runs_s']:.1f} s "
-                  f"inside its {loop['stage_runs']} stage runs; {loop['outside_share']:.0%} outside them (process "
-                  "start-up, the temporary server, flow and task runs, bookkeeping)")
-    summary = {"read_only_s": read_only, "python_s": baseline, "imports_s": imports, "no_server": no_server,
-               "prefect": prefect, "loop": {k: v for k, v in loop.items() if k != "lake"}}
+    console.print(
+        f"the loop (warm-up + 2 iterations): {loop['wall_s']:.1f} s wall, {loop['inside_stage_runs_s']:.1f} s "
+        f"inside its {loop['stage_runs']} stage runs; {loop['outside_share']:.0%} outside them (process "
+        "start-up, the temporary server, flow and task runs, bookkeeping)"
+    )
+    summary = {
+        "read_only_s": read_only,
+        "python_s": baseline,
+        "imports_s": imports,
+        "no_server": no_server,
+        "prefect": prefect,
+        "loop": {k: v for k, v in loop.items() if k != "lake"},
+    }
     console.print(json.dumps(summary))
     return summary

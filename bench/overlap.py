@@ -14,7 +14,6 @@ log-probs only) or `decoupled` (`train.off_policy_loss: decoupled`, per-token we
 training step's own forward pass).
 """
 
-
 from __future__ import annotations
 
 import os
@@ -37,8 +36,11 @@ from storage.lake import Lake
 DEPENDS_ON = ("bench/overlap.py", "bench/warm.py", "configs/demo-learn.yaml", "configs/demo.yaml", *LOOP_CODE)
 
 TARGET_RATIO = 0.7
-CORRECTIONS = {"truncated": ("truncated", "behaviour"), "none": ("none", "behaviour"),   # advantages, train
-               "decoupled": ("none", "decoupled")}
+CORRECTIONS = {
+    "truncated": ("truncated", "behaviour"),
+    "none": ("none", "behaviour"),  # advantages, train
+    "decoupled": ("none", "decoupled"),
+}
 MAX_POINTS_BEHIND = 3.0
 
 
@@ -47,11 +49,25 @@ def serve(lake_uri: str, version: int, batch_size: int) -> tuple[subprocess.Pope
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([str(Path(sys.executable).parent / "rlvr"), "policy", "serve", "--lake", lake_uri,
-                                "--port", str(port), "--no-on-demand", "--preload", str(version),
-                                "--batch-size", str(batch_size)],
-                               env={**os.environ, "RLVR_TORCH_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "rlvr"),
+            "policy",
+            "serve",
+            "--lake",
+            lake_uri,
+            "--port",
+            str(port),
+            "--no-on-demand",
+            "--preload",
+            str(version),
+            "--batch-size",
+            str(batch_size),
+        ],
+        env={**os.environ, "RLVR_TORCH_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -66,8 +82,9 @@ def serve(lake_uri: str, version: int, batch_size: int) -> tuple[subprocess.Pope
     raise RuntimeError(f"rlvr policy serve did not answer at {url} within 120 s")
 
 
-def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, batch_size: int,
-             correction: str = "truncated") -> dict:
+def one_mode(
+    config, base: str, mode: str, iterations: int, max_staleness: int, batch_size: int, correction: str = "truncated"
+) -> dict:
     """The loop in `mode` from the warm version, in a copy of `base`, against its own server."""
     from flows.loop import rl_loop
 
@@ -79,11 +96,11 @@ def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, 
         settings = config.model_copy(deep=True)
         settings.rollout.backend = "openai"
         settings.rollout.openai.endpoints = [url]
-        settings.rollout.openai.prompts_per_request = 1024     # one request a round: the server batches within it
+        settings.rollout.openai.prompts_per_request = 1024  # one request a round: the server batches within it
         settings.loop.mode, settings.loop.max_staleness = mode, max_staleness
         # only async has off-policy rollouts; sync's are fresh, and every correction leaves them as they are
         settings.advantages.off_policy_weight, settings.train.off_policy_loss = CORRECTIONS[correction]
-        settings.loop.evaluate_every = iterations              # once, at the end
+        settings.loop.evaluate_every = iterations  # once, at the end
         started = time.perf_counter()
         rl_loop(settings.model_dump(mode="json"), iterations, lake_uri)
         wall = time.perf_counter() - started
@@ -91,16 +108,28 @@ def one_mode(config, base: str, mode: str, iterations: int, max_staleness: int, 
         process.terminate()
         process.wait(30)
     runs = lake.read("runs", filter=pc.field("iteration") > 0).with_columns(
-        seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6)
+        seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6
+    )
     evaluation = float(runs.filter(pl.col("stage") == "evaluate")["seconds"].sum())
     final = lake.read("iteration_metrics", filter=pc.field("iteration") == iterations)["eval_solve_rate"][0]
     staleness = lake.read("advantages", columns=["staleness"]).group_by("staleness").len().sort("staleness")
-    return {"mode": mode, "lake": lake_uri, "rl_seconds": wall - evaluation, "final_solve_rate": final,
-            "staleness": dict(staleness.rows())}
+    return {
+        "mode": mode,
+        "lake": lake_uri,
+        "rl_seconds": wall - evaluation,
+        "final_solve_rate": final,
+        "staleness": dict(staleness.rows()),
+    }
 
 
-def run_benchmark(config_path: str, iterations: int, max_staleness: int, work: str | None = None,
-                  batch_size: int = 128, correction: str = "truncated") -> dict:
+def run_benchmark(
+    config_path: str,
+    iterations: int,
+    max_staleness: int,
+    work: str | None = None,
+    batch_size: int = 128,
+    correction: str = "truncated",
+) -> dict:
     from rich.console import Console
 
     from flows.run_config import load_run_config
@@ -109,17 +138,25 @@ def run_benchmark(config_path: str, iterations: int, max_staleness: int, work: s
     config = load_run_config(config_path)
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-async-"), console)
     started_once()
-    os.environ["RLVR_TORCH_THREADS"] = "1"                  # one thread per torch worker, the server's included
-    results = {mode: one_mode(config, base, mode, iterations, max_staleness, batch_size, correction)
-               for mode in ("sync", "async")}
+    os.environ["RLVR_TORCH_THREADS"] = "1"  # one thread per torch worker, the server's included
+    results = {
+        mode: one_mode(config, base, mode, iterations, max_staleness, batch_size, correction)
+        for mode in ("sync", "async")
+    }
     sync, overlapped = results["sync"], results["async"]
     ratio = overlapped["rl_seconds"] / sync["rl_seconds"]
     behind = 100 * (sync["final_solve_rate"] - overlapped["final_solve_rate"])
-    console.print(f"{iterations} iterations, policy served by `rlvr policy serve`, 1 torch thread per process, "
-                  f"max_staleness {max_staleness}, correction {correction} (evaluation excluded): sync {sync['rl_seconds']:.1f} s, async {overlapped['rl_seconds']:.1f} s "
-                  f"— ×{ratio:.2f} (target ≤ {TARGET_RATIO})")
-    console.print(f"held-out solve rate after iteration {iterations}: sync {sync['final_solve_rate']:.1%}, async "
-                  f"{overlapped['final_solve_rate']:.1%} ({behind:+.1f} points behind; target ≤ {MAX_POINTS_BEHIND})")
-    console.print("async staleness (rollouts by versions behind the trainer): " + ", ".join(
-        f"{lag}: {count}" for lag, count in overlapped["staleness"].items()))
+    console.print(
+        f"{iterations} iterations, policy served by `rlvr policy serve`, 1 torch thread per process, "
+        f"max_staleness {max_staleness}, correction {correction} (evaluation excluded): sync {sync['rl_seconds']:.1f} s, async {overlapped['rl_seconds']:.1f} s "
+        f"— ×{ratio:.2f} (target ≤ {TARGET_RATIO})"
+    )
+    console.print(
+        f"held-out solve rate after iteration {iterations}: sync {sync['final_solve_rate']:.1%}, async "
+        f"{overlapped['final_solve_rate']:.1%} ({behind:+.1f} points behind; target ≤ {MAX_POINTS_BEHIND})"
+    )
+    console.print(
+        "async staleness (rollouts by versions behind the trainer): "
+        + ", ".join(f"{lag}: {count}" for lag, count in overlapped["staleness"].items())
+    )
     return {"ratio": ratio, "points_behind": behind, **results}

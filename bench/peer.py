@@ -38,6 +38,7 @@ import time
 import polars as pl
 import pyarrow.compute as pc
 
+from bench.peer_stats import interval, mean_curve, time_to_accuracy
 from bench.peer_trl import (  # noqa: F401  (CannotMirror: the command catches it here)
     TRL_LAYOUTS,
     CannotMirror,
@@ -51,8 +52,16 @@ from bench.warm import copy_of, started_once, warmed_once
 from storage.lake import Lake
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/peer.py", "bench/peer_trl.py", "bench/warm.py", "bench/stage_time.py", "configs/demo-learn.yaml",
-              "configs/demo.yaml", *LOOP_CODE)
+DEPENDS_ON = (
+    "bench/peer.py",
+    "bench/peer_trl.py",
+    "bench/peer_stats.py",
+    "bench/warm.py",
+    "bench/stage_time.py",
+    "configs/demo-learn.yaml",
+    "configs/demo.yaml",
+    *LOOP_CODE,
+)
 
 TARGET_RATIO = 1.0
 TARGET_TIME_TO_ACCURACY = 0.7
@@ -60,8 +69,6 @@ TARGET_TIME_TO_ACCURACY = 0.7
 OURS_MICRO_BATCHES = (64, 128, 256)
 # Ours' loop modes swept: in turn as TRL's trainer, or overlapped (the next step sampled while one trains).
 OURS_MODES = ("sync", "async")
-# Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval of a mean of n = df + 1 values).
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def in_mode(config, mode: str):
@@ -76,8 +83,9 @@ def in_mode(config, mode: str):
     return settings
 
 
-def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool, micro_batch_size: int,
-         mode: str) -> dict:
+def ours(
+    config, base: str, seed: int, steps: int, eval_every: int, guided: bool, micro_batch_size: int, mode: str
+) -> dict:
     """Our loop from the warmed version in a copy of `base`: RL seconds, the curve and its RL seconds per
     checkpoint, stage times, and what sampling drew.
 
@@ -102,23 +110,35 @@ def ours(config, base: str, seed: int, steps: int, eval_every: int, guided: bool
     settings.dynamic_sampling.guidance.enabled = guided
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
     runs = lake.read("runs", filter=pc.field("iteration") > 0)
-    began, ended = runs["started_at"].min(), runs["ended_at"].max()     # step 1's first stage to the last's end
+    began, ended = runs["started_at"].min(), runs["ended_at"].max()  # step 1's first stage to the last's end
     wall = (ended - began).total_seconds()
-    runs = runs.with_columns(seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6,
-                             since_start=(pl.col("ended_at") - began).dt.total_microseconds() / 1e6)
+    runs = runs.with_columns(
+        seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6,
+        since_start=(pl.col("ended_at") - began).dt.total_microseconds() / 1e6,
+    )
     stages = {stage: float(part["seconds"].sum()) for (stage,), part in runs.group_by("stage")}
     trained = runs.filter(pl.col("stage") == "train").group_by("iteration").agg(pl.col("since_start").max())
     elapsed = {int(i): float(t) for i, t in trained.rows() if eval_every and i % eval_every == 0}
-    measured = {"rl_seconds": wall, "stages": stages, "outside": outside_share(runs),
-                "sampling": sampling_drawn(lake, steps), "lake_intact": lake_intact(lake, steps), "mode": mode,
-                "micro_batch_size": micro_batch_size, "elapsed": elapsed, "curve": {}}
-    versions = lake.read("model_versions", columns=["model_version", "iteration", "kind"]).filter(pl.col("kind") == "rl")
+    measured = {
+        "rl_seconds": wall,
+        "stages": stages,
+        "outside": outside_share(runs),
+        "sampling": sampling_drawn(lake, steps),
+        "lake_intact": lake_intact(lake, steps),
+        "mode": mode,
+        "micro_batch_size": micro_batch_size,
+        "elapsed": elapsed,
+        "curve": {},
+    }
+    versions = lake.read("model_versions", columns=["model_version", "iteration", "kind"]).filter(
+        pl.col("kind") == "rl"
+    )
     iteration_settings = IterationConfig.model_validate(settings.model_dump(include=set(IterationConfig.model_fields)))
-    for step in sorted(elapsed):                       # scored after the run: not in its wall time
+    for step in sorted(elapsed):  # scored after the run: not in its wall time
         version = int(versions.filter(pl.col("iteration") == step)["model_version"][0])
         evaluation, _ = evaluate(lake, settings.evaluation, iteration_settings, version)
         measured["curve"][step] = overall_solve_rate(evaluation)
-    shutil.rmtree(lake_uri)                   # a version's checkpoint a step: hundreds of MB a run
+    shutil.rmtree(lake_uri)  # a version's checkpoint a step: hundreds of MB a run
     return measured
 
 
@@ -157,8 +177,13 @@ def sampling_drawn(lake: Lake, steps: int) -> dict:
     groups = lake.read("groups", filter=pc.field("iteration") > 0, columns=["iteration", "round", "n_samples", "kept"])
     sampled, kept = int(groups["n_samples"].sum()), int(groups["kept"].sum())
     rounds = groups.group_by("iteration").agg(pl.col("round").max())["round"]
-    return {"rollouts": sampled, "kept_groups": kept, "per_kept_group": sampled / max(kept, 1),
-            "per_step": sampled / steps, "rounds_per_step": float(rounds.mean())}
+    return {
+        "rollouts": sampled,
+        "kept_groups": kept,
+        "per_kept_group": sampled / max(kept, 1),
+        "per_step": sampled / steps,
+        "rounds_per_step": float(rounds.mean()),
+    }
 
 
 def lake_intact(lake: Lake, steps: int) -> bool:
@@ -166,11 +191,17 @@ def lake_intact(lake: Lake, steps: int) -> bool:
     groups = lake.read("groups", filter=pc.field("iteration") > 0, columns=["n_samples"])
     rollouts = lake.read("rollouts", filter=pc.field("iteration") > 0, columns=["rollout_id"])
     rewards = lake.read("rewards", filter=pc.field("iteration") > 0, columns=["rollout_id"])
-    versions = lake.read("model_versions", columns=["model_version", "parent_version", "kind"]).filter(
-        pl.col("kind") == "rl").sort("model_version")
-    chained = (versions["parent_version"].to_list() == (versions["model_version"] - 1).to_list())
-    return (rollouts.height == int(groups["n_samples"].sum()) == rewards["rollout_id"].n_unique()
-            and versions.height == steps and chained)
+    versions = (
+        lake.read("model_versions", columns=["model_version", "parent_version", "kind"])
+        .filter(pl.col("kind") == "rl")
+        .sort("model_version")
+    )
+    chained = versions["parent_version"].to_list() == (versions["model_version"] - 1).to_list()
+    return (
+        rollouts.height == int(groups["n_samples"].sum()) == rewards["rollout_id"].n_unique()
+        and versions.height == steps
+        and chained
+    )
 
 
 def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, eval_every: int | None) -> dict:
@@ -196,13 +227,21 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     use_given_cores()
     bank = training_bank(lake, config.rollout.mix)
     problems = {row["problem_id"]: row for row in bank.select(PROBLEM_FIELDS).iter_rows(named=True)}
-    dataset = Dataset.from_dict({"prompt": [format_prompt(p, config.rollout.prompt, tokenizer) for p in bank["prompt"]],
-                                 "problem_id": bank["problem_id"].to_list()})
-    pool = None                                      # the verifier pool, open while TRL trains
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [format_prompt(p, config.rollout.prompt, tokenizer) for p in bank["prompt"]],
+            "problem_id": bank["problem_id"].to_list(),
+        }
+    )
+    pool = None  # the verifier pool, open while TRL trains
 
     def reward(prompts, completions, problem_id, **_) -> list[float]:
-        frame = pl.DataFrame([{**problems[pid], "rollout_id": str(i), "iteration": 0, "response": text}
-                              for i, (pid, text) in enumerate(zip(problem_id, completions))])
+        frame = pl.DataFrame(
+            [
+                {**problems[pid], "rollout_id": str(i), "iteration": 0, "response": text}
+                for i, (pid, text) in enumerate(zip(problem_id, completions))
+            ]
+        )
         return score_rollouts(frame, config.verify, pool)["reward"].fill_null(0.0).to_list()
 
     args = trl_arguments(mirrored, layout, seed, steps, tempfile.mkdtemp(prefix="rlvr-peer-trl-out-"))
@@ -217,8 +256,14 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
                 kept[state.global_step] = copy.deepcopy(model.state_dict())
                 clock["copying"] += time.perf_counter() - now
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[KeepWeights()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[KeepWeights()],
+    )
     with verifier_pool(config.verify) as pool:  # noqa: F811  (the reward closure reads it)
         clock["started"] = time.perf_counter()
         trainer.train()
@@ -226,46 +271,24 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     settings = IterationConfig.model_validate(config.model_dump(include=set(IterationConfig.model_fields)))
     evaluation_config = config.evaluation.model_copy(update={"seed": seed})
     curve = {}
-    for step, weights in sorted(kept.items()):            # scored after training: not in TRL's wall time
+    for step, weights in sorted(kept.items()):  # scored after training: not in TRL's wall time
         model.load_state_dict(weights)
         with lake.run("bench-peer", "register", {"peer": "trl", "seed": seed, "step": step}) as run:
             version = next_version_number(lake)
-            register(lake, run, version, uri=save_checkpoint(lake, version, model, tokenizer), kind=BRANCH,
-                     parent=warm, metrics={"peer": "trl", "seed": seed, "step": step})
+            register(
+                lake,
+                run,
+                version,
+                uri=save_checkpoint(lake, version, model, tokenizer),
+                kind=BRANCH,
+                parent=warm,
+                metrics={"peer": "trl", "seed": seed, "step": step},
+            )
         evaluation, _ = evaluate(lake, evaluation_config, settings, version)
         curve[step] = overall_solve_rate(evaluation)
     shutil.rmtree(lake.uri)
     shutil.rmtree(args.output_dir, ignore_errors=True)
     return {"rl_seconds": rl_seconds, "curve": curve, "elapsed": clock["elapsed"]}
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """(mean, half-width of its 95 % interval by Student's t); half-width 0 for a single value."""
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
-
-
-def time_to_accuracy(points: list[tuple[float, float]], target: float) -> float | None:
-    """The first time a curve of (seconds, accuracy) points reaches `target`, linear between points; None if it
-    never does."""
-    previous = None
-    for seconds, accuracy in points:
-        if accuracy >= target:
-            if previous is None or accuracy == previous[1]:
-                return seconds
-            (t0, a0) = previous
-            return t0 + (target - a0) / (accuracy - a0) * (seconds - t0)
-        previous = (seconds, accuracy)
-    return None
-
-
-def mean_curve(runs: list[dict], start: float) -> list[tuple[float, float]]:
-    """(mean RL seconds, mean accuracy) at each checkpoint over the seeds, from (0, the warm-up's accuracy)."""
-    steps = sorted(set.intersection(*(set(r["curve"]) for r in runs)))
-    return [(0.0, start)] + [(statistics.mean(r["elapsed"][s] for r in runs), statistics.mean(r["curve"][s] for r in runs))
-                             for s in steps]
 
 
 def sweep(config, mirrored: dict, base: str, steps: int, console) -> dict:
@@ -279,8 +302,16 @@ def sweep(config, mirrored: dict, base: str, steps: int, console) -> dict:
     return {"layouts": timed, "fastest": min(timed, key=lambda row: row["seconds_per_step"])}
 
 
-def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: int, work: str | None = None,
-                  sweep_steps: int = 6, compare_fixed: bool = True, mode: str | None = None) -> dict:
+def run_benchmark(
+    config_path: str,
+    steps: int,
+    seeds: list[int],
+    eval_every: int,
+    work: str | None = None,
+    sweep_steps: int = 6,
+    compare_fixed: bool = True,
+    mode: str | None = None,
+) -> dict:
     """The comparison; `mode` fixes ours' loop mode (else the faster of `OURS_MODES` over the sweep)."""
     from rich.console import Console
     from rich.table import Table
@@ -296,9 +327,11 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     for name, ours_value, trl_value in mirrored["rows"]:
         settings_table.add_row(name, str(ours_value), str(trl_value))
     console.print(settings_table)
-    console.print("not mirrored, by design: ours draws extra groups and trains only on those with signal "
-                  "(dynamic sampling); each side's micro-batching is its own speed setting, and so is ours' loop "
-                  "mode (async samples the next step while one trains: TRL's GRPOTrainer samples and trains in turn)")
+    console.print(
+        "not mirrored, by design: ours draws extra groups and trains only on those with signal "
+        "(dynamic sampling); each side's micro-batching is its own speed setting, and so is ours' loop "
+        "mode (async samples the next step while one trains: TRL's GRPOTrainer samples and trains in turn)"
+    )
     base = warmed_once(config_path, work or tempfile.mkdtemp(prefix="rlvr-bench-peer-"), console)
     warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
     start = float(warmed["eval_solve_rate"][0])
@@ -306,8 +339,10 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     ours_layouts = ours_sweep(config, base, sweep_steps, (mode,) if mode else OURS_MODES, console)
     mode, micro = ours_layouts["fastest"]["mode"], ours_layouts["fastest"]["micro_batch_size"]
     console.print(f"ours runs {mode}, micro-batch {micro}; TRL {layouts['fastest']}")
-    fastest = {key: layouts["fastest"][key] for key in ("per_device_train_batch_size", "gradient_accumulation_steps",
-                                                        "steps_per_generation")}
+    fastest = {
+        key: layouts["fastest"][key]
+        for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
+    }
     sides = ("ours", "fixed", "trl") if compare_fixed else ("ours", "trl")
     results = {side: [] for side in sides}
     for seed in seeds:
@@ -320,8 +355,9 @@ def run_benchmark(config_path: str, steps: int, seeds: list[int], eval_every: in
     return {**summary, "ours_settings": {**ours_layouts["fastest"], "sweep": ours_layouts["layouts"]}}
 
 
-def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts: dict, mirrored: dict,
-              console) -> dict:
+def summarize(
+    results: dict, start: float, steps: int, seeds: list[int], layouts: dict, mirrored: dict, console
+) -> dict:
     """The verdicts: accuracy intervals and paired differences per checkpoint, wall-time and time-to-accuracy
     ratios, what guided sampling changed."""
     from rich.table import Table
@@ -334,8 +370,11 @@ def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts
     for step in checkpoints:
         accuracy[step] = {side: interval([r["curve"][step] for r in results[side]]) for side in results}
         paired[step] = interval([o["curve"][step] - t["curve"][step] for o, t in zip(results["ours"], results["trl"])])
-        table.add_row(str(step), *(f"{m:.1%} ± {h:.1%}" for m, h in accuracy[step].values()),
-                      f"{paired[step][0]:+.1%} ± {paired[step][1]:.1%}")
+        table.add_row(
+            str(step),
+            *(f"{m:.1%} ± {h:.1%}" for m, h in accuracy[step].values()),
+            f"{paired[step][0]:+.1%} ± {paired[step][1]:.1%}",
+        )
     console.print(table)
     wall = {side: statistics.mean(r["rl_seconds"] for r in results[side]) for side in results}
     ratio = wall["ours"] / wall["trl"]
@@ -344,30 +383,66 @@ def summarize(results: dict, start: float, steps: int, seeds: list[int], layouts
     time_ratio = reached["ours"] / reached["trl"] if reached["ours"] is not None and reached["trl"] else None
     last_low = paired[checkpoints[-1]][0] - paired[checkpoints[-1]][1]
     ahead = all(paired[step][0] >= 0 for step in checkpoints) and last_low >= 0
-    console.print(f"RL wall time for {steps} steps (evaluation excluded): " + ", ".join(
-        f"{side} {seconds:.1f} s" for side, seconds in wall.items()) + f" — ours / TRL ×{ratio:.2f} "
-        f"(target ≤ {TARGET_RATIO})")
-    console.print(f"time to TRL's final accuracy ({target:.1%}): " + ", ".join(
-        f"{side} {'not reached' if seconds is None else f'{seconds:.1f} s'}" for side, seconds in reached.items())
-        + (f" — ×{time_ratio:.2f}" if time_ratio is not None else "") + f" (target ≤ {TARGET_TIME_TO_ACCURACY})")
-    console.print(f"ahead of TRL at every checkpoint, and the paired interval at step {checkpoints[-1]} above zero: "
-                  f"{'yes' if ahead else 'no'}")
-    sampling = {side: {key: statistics.mean(r["sampling"][key] for r in results[side])
-                       for key in results[side][0]["sampling"]} for side in results if side != "trl"}
+    console.print(
+        f"RL wall time for {steps} steps (evaluation excluded): "
+        + ", ".join(f"{side} {seconds:.1f} s" for side, seconds in wall.items())
+        + f" — ours / TRL ×{ratio:.2f} "
+        f"(target ≤ {TARGET_RATIO})"
+    )
+    console.print(
+        f"time to TRL's final accuracy ({target:.1%}): "
+        + ", ".join(
+            f"{side} {'not reached' if seconds is None else f'{seconds:.1f} s'}" for side, seconds in reached.items()
+        )
+        + (f" — ×{time_ratio:.2f}" if time_ratio is not None else "")
+        + f" (target ≤ {TARGET_TIME_TO_ACCURACY})"
+    )
+    console.print(
+        f"ahead of TRL at every checkpoint, and the paired interval at step {checkpoints[-1]} above zero: "
+        f"{'yes' if ahead else 'no'}"
+    )
+    sampling = {
+        side: {key: statistics.mean(r["sampling"][key] for r in results[side]) for key in results[side][0]["sampling"]}
+        for side in results
+        if side != "trl"
+    }
     for side, drawn in sampling.items():
-        console.print(f"{side}: {drawn['per_kept_group']:.2f} rollouts sampled per kept group, {drawn['per_step']:.0f} "
-                      f"per optimizer step, {drawn['rounds_per_step']:.2f} generation rounds a step (TRL samples "
-                      f"{mirrored['rollouts_per_step']} a step and trains on all of them)")
+        console.print(
+            f"{side}: {drawn['per_kept_group']:.2f} rollouts sampled per kept group, {drawn['per_step']:.0f} "
+            f"per optimizer step, {drawn['rounds_per_step']:.2f} generation rounds a step (TRL samples "
+            f"{mirrored['rollouts_per_step']} a step and trains on all of them)"
+        )
     intact = all(r["lake_intact"] for side in results if side != "trl" for r in results[side])
-    console.print(f"every sampled rollout in the lake with its reward, one version per step: {'yes' if intact else 'no'}")
-    return {"warmup_solve_rate": start, "seeds": seeds, "steps": steps, "checkpoints": checkpoints,
-            "accuracy": {str(step): {side: {"mean": m, "half_width": h} for side, (m, h) in sides.items()}
-                         for step, sides in accuracy.items()},
-            "paired_difference": {str(step): {"mean": m, "half_width": h} for step, (m, h) in paired.items()},
-            "wall": wall, "ratio": ratio, "time_to_accuracy": reached, "time_to_accuracy_ratio": time_ratio,
-            "target_accuracy": target, "ahead_everywhere": ahead, "sampling": sampling, "lake_intact": intact,
-            "trl_settings": {**layouts["fastest"], "sweep": layouts["layouts"],
-                             "mirrored": {name: [str(o), str(t)] for name, o, t in mirrored["rows"]}},
-            "stages": {stage: statistics.mean(r["stages"].get(stage, 0.0) for r in results["ours"])
-                       for stage in results["ours"][0]["stages"]},
-            "outside": statistics.mean(r["outside"] for r in results["ours"]), "runs": results}
+    console.print(
+        f"every sampled rollout in the lake with its reward, one version per step: {'yes' if intact else 'no'}"
+    )
+    return {
+        "warmup_solve_rate": start,
+        "seeds": seeds,
+        "steps": steps,
+        "checkpoints": checkpoints,
+        "accuracy": {
+            str(step): {side: {"mean": m, "half_width": h} for side, (m, h) in sides.items()}
+            for step, sides in accuracy.items()
+        },
+        "paired_difference": {str(step): {"mean": m, "half_width": h} for step, (m, h) in paired.items()},
+        "wall": wall,
+        "ratio": ratio,
+        "time_to_accuracy": reached,
+        "time_to_accuracy_ratio": time_ratio,
+        "target_accuracy": target,
+        "ahead_everywhere": ahead,
+        "sampling": sampling,
+        "lake_intact": intact,
+        "trl_settings": {
+            **layouts["fastest"],
+            "sweep": layouts["layouts"],
+            "mirrored": {name: [str(o), str(t)] for name, o, t in mirrored["rows"]},
+        },
+        "stages": {
+            stage: statistics.mean(r["stages"].get(stage, 0.0) for r in results["ours"])
+            for stage in results["ours"][0]["stages"]
+        },
+        "outside": statistics.mean(r["outside"] for r in results["ours"]),
+        "runs": results,
+    }

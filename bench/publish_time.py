@@ -32,24 +32,43 @@ from flows.display import console
 from policy import vllm_servers
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/publish_time.py", "policy/vllm_servers.py", "infra/vllm/serve.sh", "infra/vllm/rlvr_weights.py", "policy/publish.py", "policy/server.py",
-              "policy/agreement.py", "policy/openai_backend.py", "policy/hf.py",
-              "policy/sampling.py", "policy/logprobs.py", "policy/checkpoints.py",
-              "flows/publishing.py", "flows/cli/policy.py")
+DEPENDS_ON = (
+    "bench/publish_time.py",
+    "policy/vllm_servers.py",
+    "infra/vllm/serve.sh",
+    "infra/vllm/rlvr_weights.py",
+    "policy/publish.py",
+    "policy/server.py",
+    "policy/agreement.py",
+    "policy/openai_backend.py",
+    "policy/hf.py",
+    "policy/sampling.py",
+    "policy/logprobs.py",
+    "policy/checkpoints.py",
+    "flows/publishing.py",
+    "flows/cli/policy.py",
+)
 
 BIN = Path(sys.executable).parent
 
 
 def start_server(lake_uri: str, port: int, *options: str) -> subprocess.Popen:
     """`rlvr policy serve`, returned once it answers a completion (the model is loaded and has run once)."""
-    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake_uri, "--port", str(port),
-                                *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(BIN / "rlvr"), "policy", "serve", "--lake", lake_uri, "--port", str(port), *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     model = options[options.index("--served-model-name") + 1] if "--served-model-name" in options else "v0"
     while time.monotonic() < deadline:
         try:
-            if httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "1+1=", "max_tokens": 1},
-                          timeout=30).status_code == 200:
+            if (
+                httpx.post(
+                    f"{url}/v1/completions", json={"model": model, "prompt": "1+1=", "max_tokens": 1}, timeout=30
+                ).status_code
+                == 200
+            ):
                 return process
         except httpx.HTTPError:
             time.sleep(0.05)
@@ -75,8 +94,9 @@ def random_adapter(base: str, rank: int, target_modules: list[str], seed: int, s
 
     model, tokenizer = load_policy(base)
     with peft_warnings_quiet():
-        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM",
-                                                 target_modules=target_modules))
+        model = get_peft_model(
+            model, LoraConfig(r=rank, lora_alpha=2 * rank, task_type="CAUSAL_LM", target_modules=target_modules)
+        )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -115,22 +135,33 @@ class Servers:
         if self.engine == "vllm":
             from storage.registry import version_row
 
-            server = vllm_servers.serving(version_row(self.lake, version)["checkpoint_uri"], self.work / "logs",
-                                          vllm_servers.free_port(), WEIGHTS="full", BASE_VERSION=str(version))
-            httpx.post(f"{server.url}/v1/completions", json={"model": "policy", "prompt": "1+1=", "max_tokens": 1},
-                       timeout=120).raise_for_status()            # as the stand-in's start: it has answered once
+            server = vllm_servers.serving(
+                version_row(self.lake, version)["checkpoint_uri"],
+                self.work / "logs",
+                vllm_servers.free_port(),
+                WEIGHTS="full",
+                BASE_VERSION=str(version),
+            )
+            httpx.post(
+                f"{server.url}/v1/completions", json={"model": "policy", "prompt": "1+1=", "max_tokens": 1}, timeout=120
+            ).raise_for_status()  # as the stand-in's start: it has answered once
             return server.url, server.stop
         port = vllm_servers.free_port()
-        process = start_server(self.lake.uri, port, "--served-model-name", "policy", "--dev-mode", "--preload",
-                               str(version))
+        process = start_server(
+            self.lake.uri, port, "--served-model-name", "policy", "--dev-mode", "--preload", str(version)
+        )
         return f"http://127.0.0.1:{port}", lambda: stop(process)
 
     def by_name(self):
         if self.engine == "vllm":
             from storage.registry import version_row
 
-            server = vllm_servers.serving(version_row(self.lake, 0)["checkpoint_uri"], self.work / "logs",
-                                          vllm_servers.free_port(), WEIGHTS="adapter")
+            server = vllm_servers.serving(
+                version_row(self.lake, 0)["checkpoint_uri"],
+                self.work / "logs",
+                vllm_servers.free_port(),
+                WEIGHTS="adapter",
+            )
             return server.url, server.stop
         port = vllm_servers.free_port()
         process = start_server(self.lake.uri, port, "--no-on-demand", "--preload", "0")
@@ -153,8 +184,8 @@ def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
         ensure_base_policy(lake, BasePolicyConfig())
         register_versions(lake, versions)
         folders = {v: version_row(lake, v)["checkpoint_uri"] for v in range(1, versions + 1)}
-        by_name_lake = lake                                  # the stand-in loads full checkpoints by name
-        if engine == "vllm":                                 # vLLM loads only LoRA adapters by name
+        by_name_lake = lake  # the stand-in loads full checkpoints by name
+        if engine == "vllm":  # vLLM loads only LoRA adapters by name
             by_name_lake = Lake.open(f"{work}/adapters")
             ensure_base_policy(by_name_lake, BasePolicyConfig(checkpoint=version_row(lake, 0)["checkpoint_uri"]))
             register_versions(by_name_lake, versions, adapters=True)
@@ -163,8 +194,11 @@ def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
         swap, by_name, gate, restart = [], [], [], []
 
         url, stop_server = servers.full(0)
-        rollout = RolloutConfig(backend="openai", sampler=SamplerConfig(max_new_tokens=48),
-                                openai=OpenAIBackendConfig(endpoints=[url], model_name="policy"))
+        rollout = RolloutConfig(
+            backend="openai",
+            sampler=SamplerConfig(max_new_tokens=48),
+            openai=OpenAIBackendConfig(endpoints=[url], model_name="policy"),
+        )
         try:
             for version, folder in folders.items():
                 started = time.perf_counter()
@@ -184,24 +218,33 @@ def run_benchmark(versions: int = 5, engine: str = "stand-in") -> dict:
         try:
             for version, folder in named.items():
                 started = time.perf_counter()
-                [result] = publish([url], f"v{version}", folder, PublishConfig(weights="adapter", max_loras=versions + 1))
+                [result] = publish(
+                    [url], f"v{version}", folder, PublishConfig(weights="adapter", max_loras=versions + 1)
+                )
                 by_name.append(time.perf_counter() - started)
                 if result.action != "loaded":
                     raise RuntimeError(f"version {version} was not loaded by name: {result.error}")
         finally:
             stop_server()
 
-        for version in folders:                      # the baseline: a new server on each version
+        for version in folders:  # the baseline: a new server on each version
             started = time.perf_counter()
             _, stop_server = servers.full(version)
             restart.append(time.perf_counter() - started)
             stop_server()
 
-    figures = {"engine": engine, "versions": versions, "swap_seconds": statistics.median(swap),
-               "by_name_seconds": statistics.median(by_name), "restart_seconds": statistics.median(restart),
-               "gate_seconds": statistics.median(gate)}
+    figures = {
+        "engine": engine,
+        "versions": versions,
+        "swap_seconds": statistics.median(swap),
+        "by_name_seconds": statistics.median(by_name),
+        "restart_seconds": statistics.median(restart),
+        "gate_seconds": statistics.median(gate),
+    }
     figures["restart_to_swap_ratio"] = figures["restart_seconds"] / figures["swap_seconds"]
-    console.print(f"per publish on {engine} (median of {versions}): full weights swapped in place {figures['swap_seconds']:.3f} s, "
-                  f"loaded by name {figures['by_name_seconds']:.3f} s, server restarted {figures['restart_seconds']:.2f} s "
-                  f"(×{figures['restart_to_swap_ratio']:.1f} the swap); the log-prob gate {figures['gate_seconds']:.2f} s")
+    console.print(
+        f"per publish on {engine} (median of {versions}): full weights swapped in place {figures['swap_seconds']:.3f} s, "
+        f"loaded by name {figures['by_name_seconds']:.3f} s, server restarted {figures['restart_seconds']:.2f} s "
+        f"(×{figures['restart_to_swap_ratio']:.1f} the swap); the log-prob gate {figures['gate_seconds']:.2f} s"
+    )
     return figures

@@ -71,8 +71,13 @@ def instruction_set() -> str:
     if torch is not None:
         return torch.backends.cpu.get_cpu_capability().lower()
     flags = set(cpu_info().get("flags", "").split())
-    best = ("avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else
-            "avx2" if {"avx2", "fma"} <= flags else "default")
+    best = (
+        "avx512"
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags
+        else "avx2"
+        if {"avx2", "fma"} <= flags
+        else "default"
+    )
     asked = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
     return asked if asked in TORCH_LEVELS and TORCH_LEVELS.index(asked) < TORCH_LEVELS.index(best) else best
 
@@ -80,9 +85,15 @@ def instruction_set() -> str:
 def host() -> dict[str, Any]:
     """The machine, and how busy it was (load averages over 1, 5 and 15 minutes as the run ended): a ratio measured
     beside other work is on record as such."""
-    return {"cores": os.cpu_count(), "cpu": cpu_model(), "cpu_id": cpu_id(), "isa": instruction_set(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
+        "isa": instruction_set(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def jsonable(value: Any) -> Any:
@@ -97,7 +108,7 @@ def jsonable(value: Any) -> Any:
         return None if math.isnan(value) or math.isinf(value) else value
     if isinstance(value, (str, int, bool)) or value is None:
         return value
-    if hasattr(value, "item"):                        # a NumPy or torch scalar
+    if hasattr(value, "item"):  # a NumPy or torch scalar
         return jsonable(value.item())
     return str(value)
 
@@ -105,26 +116,43 @@ def jsonable(value: Any) -> Any:
 def code_state(depends_on: tuple[str, ...]) -> dict[str, Any]:
     """The commit checked out and whether the files a benchmark depends on differ from it (None outside git)."""
     try:
-        return {"commit": git("rev-parse", "HEAD").strip(),
-                "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *depends_on).strip())}
-    except (OSError, subprocess.CalledProcessError):   # not a git checkout (a source archive)
+        return {
+            "commit": git("rev-parse", "HEAD").strip(),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", *depends_on).strip()),
+        }
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout (a source archive)
         return {"commit": None, "dirty": None}
 
 
-def envelope(name: str, figures: Any, parameters: dict[str, Any], depends_on: tuple[str, ...],
-             started: dict[str, Any] | None = None) -> dict[str, Any]:
+def envelope(
+    name: str,
+    figures: Any,
+    parameters: dict[str, Any],
+    depends_on: tuple[str, ...],
+    started: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The result object: what was measured, with what, on which code and machine. `started` is the code's state
     when the run began (`code_state`): the result names that commit, and is dirty if what it depends on was
     uncommitted then or now, or was committed anew during the run."""
     ended = code_state(depends_on)
     state = started or ended
     if started and started["commit"] and ended["commit"] != started["commit"]:
-        state = {**started, "dirty": started["dirty"] or bool(git("diff", "--name-only", started["commit"],
-                                                                   ended["commit"], "--", *depends_on).strip())}
+        state = {
+            **started,
+            "dirty": started["dirty"]
+            or bool(git("diff", "--name-only", started["commit"], ended["commit"], "--", *depends_on).strip()),
+        }
     dirty = None if state["dirty"] is None else bool(state["dirty"] or ended["dirty"])
-    return {"benchmark": name, "figures": jsonable(figures), "parameters": jsonable(parameters),
-            "commit": state["commit"], "dirty": dirty, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "host": host(), "depends_on": list(depends_on)}
+    return {
+        "benchmark": name,
+        "figures": jsonable(figures),
+        "parameters": jsonable(parameters),
+        "commit": state["commit"],
+        "dirty": dirty,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": host(),
+        "depends_on": list(depends_on),
+    }
 
 
 def save(result: dict[str, Any], name: str, folder: Path = RESULTS) -> Path:
@@ -151,12 +179,28 @@ def changed_since(result: dict[str, Any], also: tuple[str, ...] = ()) -> list[st
 
 
 # Each result's benchmark (the `benchmark` field, the name `rlvr bench` records) and the module that measures it.
-MODULES = {"startup": "startup", "dedup": "dedup_scaling", "verify": "verify_throughput",
-           "advantages": "advantages_scale", "sandbox": "sandbox_rate", "sandbox-files": "sandbox_files",
-           "sandbox-hostile": "sandbox_hostile", "train": "train_throughput", "sampling": "sampling",
-           "learning": "learning", "peer": "peer", "async": "overlap", "orchestration": "orchestration",
-           "faults": "faults", "publish": "publish_time", "reward-serve": "reward_serve", "lake-scale": "lake_scale",
-           "train-ranks": "train_ranks", "judge-guard": "judge_guard", "mismatch": "engine_mismatch"}
+MODULES = {
+    "startup": "startup",
+    "dedup": "dedup_scaling",
+    "verify": "verify_throughput",
+    "advantages": "advantages_scale",
+    "sandbox": "sandbox_rate",
+    "sandbox-files": "sandbox_files",
+    "sandbox-hostile": "sandbox_hostile",
+    "train": "train_throughput",
+    "sampling": "sampling",
+    "learning": "learning",
+    "peer": "peer",
+    "async": "overlap",
+    "orchestration": "orchestration",
+    "faults": "faults",
+    "publish": "publish_time",
+    "reward-serve": "reward_serve",
+    "lake-scale": "lake_scale",
+    "train-ranks": "train_ranks",
+    "judge-guard": "judge_guard",
+    "mismatch": "engine_mismatch",
+}
 
 
 def depends_on(benchmark: str) -> tuple[str, ...]:
@@ -167,8 +211,19 @@ def depends_on(benchmark: str) -> tuple[str, ...]:
 # The code an RL run executes, for the benchmarks that run the loop (the command line's tree is not among it, nor
 # trainer interop, the lake's upkeep and the deployments, which only the command line imports: the
 # `interop-beside-the-loop` and `upkeep-beside-the-loop` contracts in pyproject.toml).
-LOOP_CODE = ("storage/", "policy/", "tasks/", "trainers/", "flows/", ":(exclude)flows/cli/", ":(exclude)flows/reference.py",
-             ":(exclude)tasks/interop/", ":(exclude)storage/doctor.py", ":(exclude)storage/maintenance.py",
-             ":(exclude)flows/maintenance.py", ":(exclude)flows/deployments.py")
+LOOP_CODE = (
+    "storage/",
+    "policy/",
+    "tasks/",
+    "trainers/",
+    "flows/",
+    ":(exclude)flows/cli/",
+    ":(exclude)flows/reference.py",
+    ":(exclude)tasks/interop/",
+    ":(exclude)storage/doctor.py",
+    ":(exclude)storage/maintenance.py",
+    ":(exclude)flows/maintenance.py",
+    ":(exclude)flows/deployments.py",
+)
 # Every floor below the benchmarks, for those that time the command line too.
 ALL_CODE = ("storage/", "policy/", "tasks/", "trainers/", "flows/")

@@ -25,10 +25,19 @@ import time
 from bench.shapes import SHAPES, build  # noqa: F401  (build: the tests build from here too)
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sampling.py", "bench/shapes.py", "policy/vllm_servers.py", "infra/vllm/serve.sh",
-              "policy/openai_backend.py", "policy/hf.py", "policy/logprobs.py",
-              "policy/sampling.py", "policy/tiny.py",
-              "storage/progress.py")
+DEPENDS_ON = (
+    "bench/sampling.py",
+    "bench/shapes.py",
+    "policy/vllm_servers.py",
+    "infra/vllm/serve.sh",
+    "policy/openai_backend.py",
+    "policy/hf.py",
+    "policy/logprobs.py",
+    "policy/sampling.py",
+    "policy/tiny.py",
+    "storage/progress.py",
+)
+
 
 def hf_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int) -> tuple[int, float]:
     from policy.hf import HFPolicy
@@ -47,16 +56,26 @@ def generate_tokens_per_second(model, tokenizer, prompts: list[str], n: int, max
     from policy.hf import stop_token_ids
 
     stops = sorted(stop_token_ids(model, tokenizer))
-    encoded = tokenizer([p for p in prompts for _ in range(n)], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
+    encoded = tokenizer(
+        [p for p in prompts for _ in range(n)], return_tensors="pt", padding=True, add_special_tokens=False
+    )
     torch.manual_seed(1)
     started = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(**encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=stops)
+        out = model.generate(
+            **encoded,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=stops,
+        )
     seconds = time.perf_counter() - started
-    new = out.sequences[:, encoded.input_ids.shape[1]:]
+    new = out.sequences[:, encoded.input_ids.shape[1] :]
     # a row's tokens up to and including its first end token; pads after it are not generated work
     ended = torch.isin(new, torch.tensor(stops))
     first_end = torch.where(ended.any(-1), ended.float().argmax(-1) + 1, torch.tensor(new.shape[1]))
@@ -67,8 +86,11 @@ def vllm_tokens_per_second(url: str, prompts: list[str], n: int, max_new_tokens:
     from policy.openai_backend import OpenAIBackendConfig, OpenAIPolicy
     from policy.sampling import SamplerConfig
 
-    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[url], model_name="policy", confirm_served=False,
-                                              concurrency=max(1, len(prompts))))
+    client = OpenAIPolicy(
+        OpenAIBackendConfig(
+            endpoints=[url], model_name="policy", confirm_served=False, concurrency=max(1, len(prompts))
+        )
+    )
     try:
         started = time.perf_counter()
         groups = client.generate(prompts, n, SamplerConfig(max_new_tokens=max_new_tokens), seed=1, model_version=0)
@@ -91,12 +113,16 @@ def compare_with_vllm(shape: str, prompts: int, group_size: int, max_new_tokens:
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-sampling-") as work:
         model.save_pretrained(Path(work) / "model")
         tokenizer.save_pretrained(Path(work) / "model")
-        server = vllm_servers.serving(str(Path(work) / "model"), Path(work) / "logs", vllm_servers.free_port(), WEIGHTS="full")
+        server = vllm_servers.serving(
+            str(Path(work) / "model"), Path(work) / "logs", vllm_servers.free_port(), WEIGHTS="full"
+        )
         try:
-            measure = {"hf": partial(hf_tokens_per_second, model, tokenizer),
-                       "vllm": partial(vllm_tokens_per_second, server.url)}
+            measure = {
+                "hf": partial(hf_tokens_per_second, model, tokenizer),
+                "vllm": partial(vllm_tokens_per_second, server.url),
+            }
             best = {name: 0.0 for name in measure}
-            for name in measure:                                         # warm both once
+            for name in measure:  # warm both once
                 measure[name](texts[:1], 1, 4)
             for _ in range(repeats):
                 for name in measure:
@@ -104,9 +130,15 @@ def compare_with_vllm(shape: str, prompts: int, group_size: int, max_new_tokens:
                     best[name] = max(best[name], tokens / seconds)
         finally:
             server.stop()
-    return {"shape": shape, "backend": "vllm", "rows": prompts * group_size, "max_new_tokens": max_new_tokens,
-            "hf_tokens_per_s": round(best["hf"], 1), "vllm_tokens_per_s": round(best["vllm"], 1),
-            "ratio": round(best["vllm"] / best["hf"], 3)}
+    return {
+        "shape": shape,
+        "backend": "vllm",
+        "rows": prompts * group_size,
+        "max_new_tokens": max_new_tokens,
+        "hf_tokens_per_s": round(best["hf"], 1),
+        "vllm_tokens_per_s": round(best["vllm"], 1),
+        "ratio": round(best["vllm"] / best["hf"], 3),
+    }
 
 
 def compare(shape: str, prompts: int, group_size: int, max_new_tokens: int, repeats: int) -> dict:
@@ -114,15 +146,20 @@ def compare(shape: str, prompts: int, group_size: int, max_new_tokens: int, repe
     texts = [f"{a} * {b} + {a + b} =" for a, b in zip(range(10, 10 + prompts), range(3, 3 + prompts))]
     best = {"hf": 0.0, "generate": 0.0}
     measure = {"hf": hf_tokens_per_second, "generate": generate_tokens_per_second}
-    measure["hf"](model, tokenizer, texts[:1], 1, 4)                     # warm both paths once
+    measure["hf"](model, tokenizer, texts[:1], 1, 4)  # warm both paths once
     measure["generate"](model, tokenizer, texts[:1], 1, 4)
-    for _ in range(repeats):                                             # alternating: drift hits both
+    for _ in range(repeats):  # alternating: drift hits both
         for name in ("hf", "generate"):
             tokens, seconds = measure[name](model, tokenizer, texts, group_size, max_new_tokens)
             best[name] = max(best[name], tokens / seconds)
-    return {"shape": shape, "rows": prompts * group_size, "max_new_tokens": max_new_tokens,
-            "hf_tokens_per_s": round(best["hf"], 1), "generate_tokens_per_s": round(best["generate"], 1),
-            "ratio": round(best["hf"] / best["generate"], 3)}
+    return {
+        "shape": shape,
+        "rows": prompts * group_size,
+        "max_new_tokens": max_new_tokens,
+        "hf_tokens_per_s": round(best["hf"], 1),
+        "generate_tokens_per_s": round(best["generate"], 1),
+        "ratio": round(best["hf"] / best["generate"], 3),
+    }
 
 
 def run_benchmark(shapes: list[str], repeats: int = 3, backend: str = "generate") -> list[dict]:
@@ -130,20 +167,24 @@ def run_benchmark(shapes: list[str], repeats: int = 3, backend: str = "generate"
     from rich.console import Console
 
     console = Console()
-    batches = {"tiny": (48, 8, 48), "0.5b": (2, 4, 24)}     # (prompts, group size, new tokens): the demo's batch
+    batches = {"tiny": (48, 8, 48), "0.5b": (2, 4, 24)}  # (prompts, group size, new tokens): the demo's batch
     results = []
     for shape in shapes:
         prompts, group_size, max_new = batches[shape]
         if backend == "vllm":
             result = compare_with_vllm(shape, prompts, group_size, max_new, repeats)
             results.append(result)
-            console.print(f"{shape}: {result['rows']} rows × ≤{max_new} tokens — vLLM (CPU build) "
-                          f"{result['vllm_tokens_per_s']:,.0f} tokens/s, hf {result['hf_tokens_per_s']:,.0f} tokens/s "
-                          f"({torch.get_num_threads()} threads): vLLM ×{result['ratio']:.2f}")
+            console.print(
+                f"{shape}: {result['rows']} rows × ≤{max_new} tokens — vLLM (CPU build) "
+                f"{result['vllm_tokens_per_s']:,.0f} tokens/s, hf {result['hf_tokens_per_s']:,.0f} tokens/s "
+                f"({torch.get_num_threads()} threads): vLLM ×{result['ratio']:.2f}"
+            )
             continue
         result = compare(shape, prompts, group_size, max_new, repeats)
         results.append(result)
-        console.print(f"{shape}: {result['rows']} rows × ≤{max_new} tokens, {torch.get_num_threads()} threads — hf "
-                      f"{result['hf_tokens_per_s']:,.0f} tokens/s, generate {result['generate_tokens_per_s']:,.0f} "
-                      f"tokens/s: ×{result['ratio']:.2f} (target ≥ 1.05)")
+        console.print(
+            f"{shape}: {result['rows']} rows × ≤{max_new} tokens, {torch.get_num_threads()} threads — hf "
+            f"{result['hf_tokens_per_s']:,.0f} tokens/s, generate {result['generate_tokens_per_s']:,.0f} "
+            f"tokens/s: ×{result['ratio']:.2f} (target ≥ 1.05)"
+        )
     return results

@@ -26,7 +26,7 @@ def run_benchmark(workers: int = 2, repeats: int = 1, level: str = "file") -> di
     bare_seconds = time.perf_counter() - start
     sandboxes = [Sandbox(worker=w, limits=WORKSPACE_LIMITS) for w in range(workers)]
     for sandbox in sandboxes:
-        sandbox.start()                        # warm servers are part of the design, started before timing
+        sandbox.start()  # warm servers are part of the design, started before timing
 
     def sandboxed(index_problem) -> bool:
         index, problem = index_problem
@@ -40,10 +40,19 @@ def run_benchmark(workers: int = 2, repeats: int = 1, level: str = "file") -> di
     finally:
         for sandbox in sandboxes:
             sandbox.close()
-    console.print(f"{len(problems)} {level}-level suites (reference solutions), {workers} concurrent workers, "
-                  f"isolation: {isolation_mode()}")
+    console.print(
+        f"{len(problems)} {level}-level suites (reference solutions), {workers} concurrent workers, "
+        f"isolation: {isolation_mode()}"
+    )
     console.print(f"bare python -m unittest, no isolation: {bare_seconds:6.2f} s ({bare_passed} passed)")
     console.print(f"sandbox, tests and workspace apart:    {seconds:6.2f} s ({passed} passed)")
     console.print(f"time ×{seconds / bare_seconds:.2f} of bare unittest (target ≤ 1.5)")
-    return {"suites": len(problems), "bare_seconds": bare_seconds, "seconds": seconds, "passed": passed,
-            "bare_passed": bare_passed, "ratio": seconds / bare_seconds, "isolation": isolation_mode()}
+    return {
+        "suites": len(problems),
+        "bare_seconds": bare_seconds,
+        "seconds": seconds,
+        "passed": passed,
+        "bare_passed": bare_passed,
+        "ratio": seconds / bare_seconds,
+        "isolation": isolation_mode(),
+    }

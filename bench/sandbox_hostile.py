@@ -30,29 +30,50 @@ from tasks.sandbox.limits import SandboxLimits
 from tasks.verification.engine import VerifierPool
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/sandbox_hostile.py", "bench/hostile_programs.py", "bench/sandbox_rate.py", "tasks/sandbox/",
-              "tasks/verifiers/")
+DEPENDS_ON = (
+    "bench/sandbox_hostile.py",
+    "bench/hostile_programs.py",
+    "bench/sandbox_rate.py",
+    "tasks/sandbox/",
+    "tasks/verifiers/",
+)
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, output_bytes=200_000)
 
 
 def bare_passes(problems: list[dict], workers: int) -> set[str]:
     """Entry points whose canonical solution passes its tests in a bare subprocess (no isolation at all)."""
+
     def run(problem: dict) -> bool:
-        program = problem["prompt"] + problem["canonical_solution"] + "\n" + problem["test"] + \
-            f"\ncheck({problem['entry_point']})\n"
+        program = (
+            problem["prompt"]
+            + problem["canonical_solution"]
+            + "\n"
+            + problem["test"]
+            + f"\ncheck({problem['entry_point']})\n"
+        )
         return subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=60).returncode == 0
 
     with ThreadPoolExecutor(workers) as pool:
-        return {p["task_id"] if "task_id" in p else p["entry_point"]
-                for p, ok in zip(problems, pool.map(run, problems)) if ok}
+        return {
+            p["task_id"] if "task_id" in p else p["entry_point"]
+            for p, ok in zip(problems, pool.map(run, problems))
+            if ok
+        }
 
 
 def _context() -> dict:
-    return {"secret": "s3cr3t-" + uuid.uuid4().hex, "hidden": "hidden-" + uuid.uuid4().hex[:12],
-            "marker": "rlvr-bench-" + uuid.uuid4().hex[:8], "port": 9, "abstract": "rlvr-bench-none",
-            "socket_path": "/nonexistent.sock", "secret_path": "/nonexistent", "readme_line": "# RLVR",
-            "limits": LIMITS.to_dict()}
+    return {
+        "secret": "s3cr3t-" + uuid.uuid4().hex,
+        "hidden": "hidden-" + uuid.uuid4().hex[:12],
+        "marker": "rlvr-bench-" + uuid.uuid4().hex[:8],
+        "port": 9,
+        "abstract": "rlvr-bench-none",
+        "socket_path": "/nonexistent.sock",
+        "secret_path": "/nonexistent",
+        "readme_line": "# RLVR",
+        "limits": LIMITS.to_dict(),
+    }
 
 
 def build_rows(problems: list[dict], count: int, hostile_share: float, seed: int = 0) -> list[tuple[dict, str, str]]:
@@ -67,9 +88,19 @@ def build_rows(problems: list[dict], count: int, hostile_share: float, seed: int
             rows.append(({"domain": "code", "prompt": "", "tests": tests, "entry_point": "solve"}, program, name))
         else:
             problem = problems[index % len(problems)]
-            rows.append(({"domain": "code", "prompt": problem["prompt"], "tests": problem["test"],
-                          "entry_point": problem["entry_point"], "id": problem.get("task_id", problem["entry_point"])},
-                         problem["canonical_solution"], "honest"))
+            rows.append(
+                (
+                    {
+                        "domain": "code",
+                        "prompt": problem["prompt"],
+                        "tests": problem["test"],
+                        "entry_point": problem["entry_point"],
+                        "id": problem.get("task_id", problem["entry_point"]),
+                    },
+                    problem["canonical_solution"],
+                    "honest",
+                )
+            )
     return rows
 
 
@@ -146,13 +177,15 @@ def _available() -> int:
 def score(rows: list[tuple[dict, str, str]], workers: int) -> tuple[list, float, dict, dict, Sampler]:
     pool = VerifierPool(workers=workers, item_timeout=60, options={"code": {"limits": LIMITS.to_dict()}})
     pool.start()
-    honest = next(row for row in rows if row[2] == "honest")              # every worker's sandbox started, warm
+    honest = next(row for row in rows if row[2] == "honest")  # every worker's sandbox started, warm
     warm = list(pool.score([(honest[0], honest[1], None)] * (workers * pool.chunk_size)))
     assert warm
     before = footprint()
     started = time.perf_counter()
     with Sampler() as sampler:
-        results = sorted(pool.score([(problem, response, None) for problem, response, _ in rows]), key=lambda s: s.index)
+        results = sorted(
+            pool.score([(problem, response, None) for problem, response, _ in rows]), key=lambda s: s.index
+        )
     seconds = time.perf_counter() - started
     after = footprint()
     pool.close()
@@ -164,8 +197,10 @@ def run_benchmark(count: int = 10_000, hostile_share: float = 0.1, workers: int 
     passing = bare_passes(problems, workers)
     rows = build_rows(problems, count, hostile_share)
     honest = [row for row in rows if row[2] == "honest"]
-    console.print(f"{len(rows):,} rows ({len(honest):,} honest HumanEval solutions, {len(rows) - len(honest):,} hostile "
-                  f"programs of {len(HOSTILE)} kinds), {workers} verification workers, isolation: {isolation_mode()}")
+    console.print(
+        f"{len(rows):,} rows ({len(honest):,} honest HumanEval solutions, {len(rows) - len(honest):,} hostile "
+        f"programs of {len(HOSTILE)} kinds), {workers} verification workers, isolation: {isolation_mode()}"
+    )
     available_before = _available()
     results, seconds, before, after, sampler = score(rows, workers)
     honest_results = [(row, result) for row, result in zip(rows, results) if row[2] == "honest"]
@@ -178,25 +213,44 @@ def run_benchmark(count: int = 10_000, hostile_share: float = 0.1, workers: int 
     baseline_passed = sum(1 for row, r in zip(honest, baseline_results) if row[0]["id"] in passing and r.reward == 1.0)
     mixed_rate, honest_rate = len(honest) / seconds, len(honest) / baseline_seconds
     summary = {
-        "rows": len(rows), "honest": len(honest), "hostile": len(hostile),
-        "bare_python_passes": len(passing), "of_problems": len(problems),
+        "rows": len(rows),
+        "honest": len(honest),
+        "hostile": len(hostile),
+        "bare_python_passes": len(passing),
+        "of_problems": len(problems),
         "honest_pass_rate_vs_bare": honest_passed / max(1, len(expected)),
         "honest_only_pass_rate_vs_bare": baseline_passed / max(1, len(expected)),
-        "hostile_rows_rewarded": len([1 for _, r in hostile if r.reward != 0.0]), "hostile_kinds_rewarded": hostile_scored,
-        "crashed": crashed, "seconds": seconds, "honest_only_seconds": baseline_seconds,
+        "hostile_rows_rewarded": len([1 for _, r in hostile if r.reward != 0.0]),
+        "hostile_kinds_rewarded": hostile_scored,
+        "crashed": crashed,
+        "seconds": seconds,
+        "honest_only_seconds": baseline_seconds,
         "peak_memory_mb": sampler.peak_pss / 2**20,
         "host_available_drop_mb": (available_before - sampler.lowest_available) / 2**20,
-        "before": before, "after": after, "honest_rows_per_s": mixed_rate, "honest_only_rows_per_s": honest_rate,
+        "before": before,
+        "after": after,
+        "honest_rows_per_s": mixed_rate,
+        "honest_only_rows_per_s": honest_rate,
     }
-    console.print(f"honest: {honest_passed:,} of {len(expected):,} that bare Python passes "
-                  f"({summary['honest_pass_rate_vs_bare']:.1%}; target 100 %); honest-only run: {baseline_passed:,}")
-    console.print(f"hostile: {summary['hostile_rows_rewarded']} of {len(hostile):,} rows rewarded (target 0)"
-                  f"{': ' + ', '.join(hostile_scored) if hostile_scored else ''}; sandbox crashes: {crashed}")
-    console.print(f"memory: peak {summary['peak_memory_mb']:,.0f} MB over every worker and sandbox process (PSS); host "
-                  f"available memory fell by at most {summary['host_available_drop_mb']:,.0f} MB")
-    console.print(f"processes {before['processes']} → {after['processes']}, their descriptors {before['open_fds']} → "
-                  f"{after['open_fds']}, this process's {before['own_fds']} → {after['own_fds']}")
-    console.print(f"throughput: {len(rows) / seconds:.1f} rows/s mixed ({seconds:.0f} s); honest rows {mixed_rate:.1f}/s "
-                  f"among hostile ones against {honest_rate:.1f}/s alone (×{mixed_rate / honest_rate:.2f})")
+    console.print(
+        f"honest: {honest_passed:,} of {len(expected):,} that bare Python passes "
+        f"({summary['honest_pass_rate_vs_bare']:.1%}; target 100 %); honest-only run: {baseline_passed:,}"
+    )
+    console.print(
+        f"hostile: {summary['hostile_rows_rewarded']} of {len(hostile):,} rows rewarded (target 0)"
+        f"{': ' + ', '.join(hostile_scored) if hostile_scored else ''}; sandbox crashes: {crashed}"
+    )
+    console.print(
+        f"memory: peak {summary['peak_memory_mb']:,.0f} MB over every worker and sandbox process (PSS); host "
+        f"available memory fell by at most {summary['host_available_drop_mb']:,.0f} MB"
+    )
+    console.print(
+        f"processes {before['processes']} → {after['processes']}, their descriptors {before['open_fds']} → "
+        f"{after['open_fds']}, this process's {before['own_fds']} → {after['own_fds']}"
+    )
+    console.print(
+        f"throughput: {len(rows) / seconds:.1f} rows/s mixed ({seconds:.0f} s); honest rows {mixed_rate:.1f}/s "
+        f"among hostile ones against {honest_rate:.1f}/s alone (×{mixed_rate / honest_rate:.2f})"
+    )
     console.print(json.dumps(summary))
     return summary

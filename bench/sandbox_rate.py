@@ -25,14 +25,26 @@ def load_problems() -> list[dict]:
     path = SHARED / "humaneval" / "test.jsonl"
     if path.exists():
         return [json.loads(line) for line in path.open()]
-    return [{"prompt": f"def f{i}(x):\n", "canonical_solution": f"    return x + {i}\n", "entry_point": f"f{i}",
-             "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"} for i in range(100)]
+    return [
+        {
+            "prompt": f"def f{i}(x):\n",
+            "canonical_solution": f"    return x + {i}\n",
+            "entry_point": f"f{i}",
+            "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n",
+        }
+        for i in range(100)
+    ]
 
 
 def bare(problems: list[dict], workers: int) -> tuple[float, int]:
     def run(problem: dict) -> bool:
-        program = problem["prompt"] + problem["canonical_solution"] + "\n" + problem["test"] + \
-            f"\ncheck({problem['entry_point']})\n"
+        program = (
+            problem["prompt"]
+            + problem["canonical_solution"]
+            + "\n"
+            + problem["test"]
+            + f"\ncheck({problem['entry_point']})\n"
+        )
         return subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=60).returncode == 0
 
     start = time.perf_counter()
@@ -44,12 +56,20 @@ def bare(problems: list[dict], workers: int) -> tuple[float, int]:
 def sandboxed(problems: list[dict], workers: int) -> tuple[float, int]:
     sandboxes = [Sandbox(worker=w) for w in range(workers)]
     for sandbox in sandboxes:
-        sandbox.start()                      # warm servers are part of the design, started before timing
+        sandbox.start()  # warm servers are part of the design, started before timing
 
     def run(index_problem: tuple[int, dict]) -> bool:
         index, problem = index_problem
-        return sandboxes[index % workers].run_tests(problem["prompt"] + problem["canonical_solution"], problem["test"],
-                                                    problem["entry_point"], problem["prompt"]).all_passed
+        return (
+            sandboxes[index % workers]
+            .run_tests(
+                problem["prompt"] + problem["canonical_solution"],
+                problem["test"],
+                problem["entry_point"],
+                problem["prompt"],
+            )
+            .all_passed
+        )
 
     try:
         start = time.perf_counter()
@@ -65,9 +85,18 @@ def run_benchmark(workers: int = 2, repeats: int = 1) -> dict:
     problems = load_problems() * repeats
     baseline_rate, baseline_passed = bare(problems, workers)
     rate, passed = sandboxed(problems, workers)
-    console.print(f"{len(problems)} HumanEval canonical solutions, {workers} concurrent workers, isolation: {isolation_mode()}")
+    console.print(
+        f"{len(problems)} HumanEval canonical solutions, {workers} concurrent workers, isolation: {isolation_mode()}"
+    )
     console.print(f"bare subprocess, no isolation: {baseline_rate:7.1f} runs/s ({baseline_passed} passed)")
     console.print(f"sandbox, every isolation:      {rate:7.1f} runs/s ({passed} passed)")
     console.print(f"rate ×{rate / baseline_rate:.2f} of the bare subprocess (target ≥ 0.5)")
-    return {"runs": len(problems), "baseline_rate": baseline_rate, "rate": rate, "passed": passed,
-            "baseline_passed": baseline_passed, "ratio": rate / baseline_rate, "isolation": isolation_mode()}
+    return {
+        "runs": len(problems),
+        "baseline_rate": baseline_rate,
+        "rate": rate,
+        "passed": passed,
+        "baseline_passed": baseline_passed,
+        "ratio": rate / baseline_rate,
+        "isolation": isolation_mode(),
+    }

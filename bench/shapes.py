@@ -6,8 +6,14 @@ from __future__ import annotations
 
 SHAPES = {
     "tiny": {},
-    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "vocab_size": 151936},
+    "0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+    },
 }
 
 
@@ -23,6 +29,11 @@ def build(shape: str, seed: int = 0):
     if shape == "tiny":
         return build_model(TinyModelConfig(seed=seed), tokenizer).eval(), tokenizer
     torch.manual_seed(seed)
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=1024, tie_word_embeddings=True,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = Qwen2Config(
+        **SHAPES[shape],
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     return Qwen2ForCausalLM(config).eval(), tokenizer

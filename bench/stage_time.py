@@ -14,7 +14,7 @@ def outside_share(runs: pl.DataFrame) -> float | None:
         return None
     covered, start, end = 0.0, None, None
     for began, ended in spans.iter_rows():
-        if end is None or began > end:                 # a gap: the merged interval before it is complete
+        if end is None or began > end:  # a gap: the merged interval before it is complete
             if end is not None:
                 covered += (end - start).total_seconds()
             start, end = began, ended

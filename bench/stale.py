@@ -27,13 +27,13 @@ ASSIGNMENT = re.compile(r"[A-Z_][A-Z0-9_]*=\S*")
 
 @dataclass(frozen=True)
 class Stale:
-    name: str                 # the result file's name (bench/results/NAME.json)
-    benchmark: str            # the benchmark that wrote it
-    commit: str | None        # the code it was measured on
+    name: str  # the result file's name (bench/results/NAME.json)
+    benchmark: str  # the benchmark that wrote it
+    commit: str | None  # the code it was measured on
     date: str
-    reason: str               # "changed", "unknown commit" or "uncommitted code"
+    reason: str  # "changed", "unknown commit" or "uncommitted code"
     changed: tuple[str, ...]  # the dependencies that changed since its commit (working tree included)
-    command: str              # what refreshes it
+    command: str  # what refreshes it
 
 
 def refresh_command(name: str, known: dict[str, str]) -> str:
@@ -48,8 +48,13 @@ def stale(folder: Path = RESULTS, pages: tuple[Path, ...] = PAGES) -> list[Stale
     for name, result in load_results(folder).items():
         commit, benchmark = result.get("commit"), result.get("benchmark", "?")
         also = depends_on(benchmark) if benchmark in MODULES else ()
-        if not commit or subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"],
-                                        capture_output=True).returncode != 0:
+        if (
+            not commit
+            or subprocess.run(
+                ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+            ).returncode
+            != 0
+        ):
             reason, changed = "unknown commit", tuple(sorted(set(result.get("depends_on", ())) | set(also)))
         elif result.get("dirty"):
             reason, changed = "uncommitted code", ()
@@ -58,8 +63,9 @@ def stale(folder: Path = RESULTS, pages: tuple[Path, ...] = PAGES) -> list[Stale
             reason = "changed"
             if not changed:
                 continue
-        found.append(Stale(name, benchmark, commit, result.get("date", ""), reason, changed,
-                           refresh_command(name, known)))
+        found.append(
+            Stale(name, benchmark, commit, result.get("date", ""), reason, changed, refresh_command(name, known))
+        )
     return sorted(found, key=lambda entry: (entry.date, entry.name))
 
 
@@ -68,30 +74,41 @@ def describe(entries: list[Stale]) -> str:
     if not entries:
         return "No result is stale: every figure describes the code checked out."
     head = git("rev-parse", "--short", "HEAD").strip()
-    lines = [f"{len(entries)} result(s) measured on code older than the working tree (HEAD {head}); each figure "
-             "still names its commit and date. Refresh one with its command, or all with `make bench-refresh`:"]
+    lines = [
+        f"{len(entries)} result(s) measured on code older than the working tree (HEAD {head}); each figure "
+        "still names its commit and date. Refresh one with its command, or all with `make bench-refresh`:"
+    ]
     for entry in entries:
         files = ", ".join(entry.changed[:6]) + (f" and {len(entry.changed) - 6} more" if len(entry.changed) > 6 else "")
-        why = {"changed": f"changed since: {files}", "unknown commit": "its commit is not in this history",
-               "uncommitted code": "measured on uncommitted code"}[entry.reason]
+        why = {
+            "changed": f"changed since: {files}",
+            "unknown commit": "its commit is not in this history",
+            "uncommitted code": "measured on uncommitted code",
+        }[entry.reason]
         lines.append(f"  {entry.name} ({str(entry.commit)[:7]}, {entry.date[:10]}): {why}\n    {entry.command}")
     return "\n".join(lines)
 
 
-def refresh(entries: list[Stale], rlvr: str = str(Path(sys.executable).parent / "rlvr"), folder: Path = RESULTS,
-            pages: tuple[Path, ...] = PAGES) -> int:
+def refresh(
+    entries: list[Stale],
+    rlvr: str = str(Path(sys.executable).parent / "rlvr"),
+    folder: Path = RESULTS,
+    pages: tuple[Path, ...] = PAGES,
+) -> int:
     """Re-run each stale result's command in turn (oldest first), then render the pages from the results in
     `folder`. Returns how many commands failed; a failed one leaves its old result in place."""
     failed = 0
     for number, entry in enumerate(entries, 1):
         words = shlex.split(entry.command)
         settings = {}
-        while words and ASSIGNMENT.fullmatch(words[0]):        # `ATEN_CPU_CAPABILITY=avx2 rlvr bench …`
+        while words and ASSIGNMENT.fullmatch(words[0]):  # `ATEN_CPU_CAPABILITY=avx2 rlvr bench …`
             name, _, value = words.pop(0).partition("=")
             settings[name] = value
         if words[:2] != ["rlvr", "bench"] or "…" in entry.command:
-            print(f"[{number}/{len(entries)}] {entry.name}: no command on record (no docs region shows it); skipped",
-                  flush=True)
+            print(
+                f"[{number}/{len(entries)}] {entry.name}: no command on record (no docs region shows it); skipped",
+                flush=True,
+            )
             failed += 1
             continue
         print(f"[{number}/{len(entries)}] {entry.command}", flush=True)

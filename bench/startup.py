@@ -22,22 +22,37 @@ from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py). Here what
 # `rlvr --help` and `rlvr sql` import: the command tree, the bench group (its entry point), the lake.
-DEPENDS_ON = ("bench/startup.py", "bench/worktrees.py", "bench/__init__.py", "bench/cli.py", "bench/command.py",
-              "bench/component_commands.py", "bench/loop_commands.py", "flows/__init__.py",
-              "flows/cli/", "flows/display.py", "storage/", "tasks/__init__.py", "tasks/errors.py")
+DEPENDS_ON = (
+    "bench/startup.py",
+    "bench/worktrees.py",
+    "bench/__init__.py",
+    "bench/cli.py",
+    "bench/command.py",
+    "bench/component_commands.py",
+    "bench/loop_commands.py",
+    "flows/__init__.py",
+    "flows/cli/",
+    "flows/display.py",
+    "storage/",
+    "tasks/__init__.py",
+    "tasks/errors.py",
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = {"help": ["--help"], "sql": ["sql", "select 1 as one"]}
 HEAVY = ("torch", "transformers", "trl", "prefect", "bench.peer")
-IMPORTED = ("import sys\nfrom flows.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
-            f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n")
+IMPORTED = (
+    "import sys\nfrom flows.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+    f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n"
+)
 
 
 def heavy_imports(arguments: list[str], lake: str) -> list[str]:
     """The heavy modules one run of the command imported, in this checkout."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RLVR_LAKE": lake}
-    result = subprocess.run([sys.executable, "-c", IMPORTED, *arguments], env=env, cwd=ROOT, capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTED, *arguments], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return result.stderr.strip().splitlines()[-1].split() if result.stderr.strip() else []
 
 
@@ -49,7 +64,7 @@ def run_benchmark(against: str, repeats: int) -> dict:
     try:
         with worktree(against) as (baseline, baseline_commit):
             for name, arguments in COMMANDS.items():
-                rlvr_seconds(arguments, ROOT, lake)               # warm the file cache and bytecode on both sides
+                rlvr_seconds(arguments, ROOT, lake)  # warm the file cache and bytecode on both sides
                 rlvr_seconds(arguments, baseline, lake)
                 for _ in range(repeats):
                     times[name]["here"].append(rlvr_seconds(arguments, ROOT, lake))
@@ -60,8 +75,14 @@ def run_benchmark(against: str, repeats: int) -> dict:
     figures: dict = {"against": baseline_commit, "repeats": repeats}
     for name in COMMANDS:
         here, before = statistics.median(times[name]["here"]), statistics.median(times[name]["baseline"])
-        figures[name] = {"seconds": round(here, 3), "baseline_seconds": round(before, 3),
-                         "ratio": round(here / before, 3), "heavy_imports": heavy[name]}
-        console.print(f"rlvr {' '.join(COMMANDS[name])}: {here:.2f} s here, {before:.2f} s at {baseline_commit[:7]} "
-                      f"(×{here / before:.2f}); heavy modules imported: {', '.join(heavy[name]) or 'none'}")
+        figures[name] = {
+            "seconds": round(here, 3),
+            "baseline_seconds": round(before, 3),
+            "ratio": round(here / before, 3),
+            "heavy_imports": heavy[name],
+        }
+        console.print(
+            f"rlvr {' '.join(COMMANDS[name])}: {here:.2f} s here, {before:.2f} s at {baseline_commit[:7]} "
+            f"(×{here / before:.2f}); heavy modules imported: {', '.join(heavy[name]) or 'none'}"
+        )
     return figures

@@ -26,11 +26,19 @@ from bench.shapes import build
 from flows.display import console
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/train_ranks.py", "bench/shapes.py", "trainers/grpo.py", "trainers/distributed.py",
-              "trainers/workers.py", "trainers/loss.py", "trainers/trainable.py", "policy/logprobs.py",
-              "policy/checkpoints.py")
+DEPENDS_ON = (
+    "bench/train_ranks.py",
+    "bench/shapes.py",
+    "trainers/grpo.py",
+    "trainers/distributed.py",
+    "trainers/workers.py",
+    "trainers/loss.py",
+    "trainers/trainable.py",
+    "policy/logprobs.py",
+    "policy/checkpoints.py",
+)
 
-BATCHES = {"tiny": (128, 24, 40), "0.5b": (8, 24, 32)}      # sequences, prompt tokens, response tokens
+BATCHES = {"tiny": (128, 24, 40), "0.5b": (8, 24, 32)}  # sequences, prompt tokens, response tokens
 
 
 def synthetic_rows(model, sequences: int, prompt_length: int, response_length: int, seed: int = 0) -> pl.DataFrame:
@@ -44,13 +52,20 @@ def synthetic_rows(model, sequences: int, prompt_length: int, response_length: i
     prompts = torch.randint(4, vocabulary, (sequences, prompt_length), generator=generator).tolist()
     responses = torch.randint(4, vocabulary, (sequences, response_length), generator=generator).tolist()
     with torch.no_grad():
-        logprobs = torch.cat([response_logprobs(model, prompts[i:i + 8], responses[i:i + 8])[0]
-                              for i in range(0, sequences, 8)])
-    return pl.DataFrame({"prompt_token_ids": prompts, "response_token_ids": responses,
-                         "behaviour_logprobs": logprobs.tolist(),
-                         "advantage": torch.randn(sequences, generator=generator).tolist(),
-                         "weight": [1.0] * sequences, "temperature": [1.0] * sequences},
-                        schema_overrides={"prompt_token_ids": pl.List(pl.Int32), "response_token_ids": pl.List(pl.Int32)})
+        logprobs = torch.cat(
+            [response_logprobs(model, prompts[i : i + 8], responses[i : i + 8])[0] for i in range(0, sequences, 8)]
+        )
+    return pl.DataFrame(
+        {
+            "prompt_token_ids": prompts,
+            "response_token_ids": responses,
+            "behaviour_logprobs": logprobs.tolist(),
+            "advantage": torch.randn(sequences, generator=generator).tolist(),
+            "weight": [1.0] * sequences,
+            "temperature": [1.0] * sequences,
+        },
+        schema_overrides={"prompt_token_ids": pl.List(pl.Int32), "response_token_ids": pl.List(pl.Int32)},
+    )
 
 
 def one_shape(shape: str, processes: int, strategy: str, repeats: int, threads: int) -> dict:
@@ -71,14 +86,14 @@ def one_shape(shape: str, processes: int, strategy: str, repeats: int, threads: 
         model.save_pretrained(parent)
         tokenizer.save_pretrained(parent)
         rows.write_ipc(Path(work) / "rows.arrow")
-        del model                       # the ranks first, while this process holds no model: at the 0.5B shape
-        gc.collect()                    # two DDP ranks and one process's optimizer state do not fit 24 GiB together
+        del model  # the ranks first, while this process holds no model: at the 0.5B shape
+        gc.collect()  # two DDP ranks and one process's optimizer state do not fit 24 GiB together
 
         ranked = config.model_copy(update={"processes": processes, "strategy": strategy})
         times = []
         group = trainer_group(ranked)
         try:
-            for _ in range(repeats + 1):                     # the first step pays the start-up
+            for _ in range(repeats + 1):  # the first step pays the start-up
                 began = time.perf_counter()
                 group.step(None, 0, parent, None, ranked, rows_file=str(Path(work) / "rows.arrow"))
                 times.append(time.perf_counter() - began)
@@ -86,27 +101,35 @@ def one_shape(shape: str, processes: int, strategy: str, repeats: int, threads: 
         finally:
             group.close()
 
-        model = AutoModelForCausalLM.from_pretrained(parent)   # the same weights, for one process
-        torch.set_num_threads(threads)                       # one process, every thread
+        model = AutoModelForCausalLM.from_pretrained(parent)  # the same weights, for one process
+        torch.set_num_threads(threads)  # one process, every thread
         single = []
-        train_on_batch(model, rows, config)                  # warm-up, as the ranks' first step is
+        train_on_batch(model, rows, config)  # warm-up, as the ranks' first step is
         for _ in range(repeats):
             started = time.perf_counter()
             train_on_batch(model, rows, config)
             single.append(time.perf_counter() - started)
     step_seconds, single_seconds = statistics.median(times[1:]), statistics.median(single)
-    figures = {"shape": shape, "sequences": sequences, "tokens_per_step": sequences * response_length,
-               "step_seconds": step_seconds, "single_step_seconds": single_seconds,
-               "ratio": step_seconds / single_seconds,
-               "startup_seconds": times[0] - step_seconds,
-               "same_processes_every_step": pids_kept}
-    console.print(f"{shape}: {processes} {strategy} ranks {step_seconds:.2f} s a step against {single_seconds:.2f} s in "
-                  f"one process ({threads} threads) — ×{figures['ratio']:.2f}; start-up {figures['startup_seconds']:.1f} s")
+    figures = {
+        "shape": shape,
+        "sequences": sequences,
+        "tokens_per_step": sequences * response_length,
+        "step_seconds": step_seconds,
+        "single_step_seconds": single_seconds,
+        "ratio": step_seconds / single_seconds,
+        "startup_seconds": times[0] - step_seconds,
+        "same_processes_every_step": pids_kept,
+    }
+    console.print(
+        f"{shape}: {processes} {strategy} ranks {step_seconds:.2f} s a step against {single_seconds:.2f} s in "
+        f"one process ({threads} threads) — ×{figures['ratio']:.2f}; start-up {figures['startup_seconds']:.1f} s"
+    )
     return figures
 
 
-def run_benchmark(processes: int = 2, strategy: str = "ddp", shapes: tuple[str, ...] = ("tiny", "0.5b"),
-                  repeats: int = 3) -> dict:
+def run_benchmark(
+    processes: int = 2, strategy: str = "ddp", shapes: tuple[str, ...] = ("tiny", "0.5b"), repeats: int = 3
+) -> dict:
     """Per shape: the ranks' step, one process's, their ratio and the ranks' start-up. The top-level keys are
     the last shape's (the larger model), so that one line of JSON says the headline."""
     from policy.threads import cores_given
@@ -114,6 +137,10 @@ def run_benchmark(processes: int = 2, strategy: str = "ddp", shapes: tuple[str, 
     threads = cores_given()
     measured = [one_shape(shape, processes, strategy, repeats, threads) for shape in shapes]
     headline = measured[-1]
-    return {"strategy": strategy, "processes": processes, "threads": threads,
-            **{key: headline[key] for key in ("step_seconds", "single_step_seconds", "ratio", "startup_seconds")},
-            "shapes": measured}
+    return {
+        "strategy": strategy,
+        "processes": processes,
+        "threads": threads,
+        **{key: headline[key] for key in ("step_seconds", "single_step_seconds", "ratio", "startup_seconds")},
+        "shapes": measured,
+    }

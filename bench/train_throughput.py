@@ -22,8 +22,13 @@ from tasks.rollout.base_policy import tokenizer_corpus
 from trainers.grpo import TrainConfig, train_on_batch
 
 # The files its figures measure: a change to one makes a saved result stale (bench/results.py).
-DEPENDS_ON = ("bench/train_throughput.py", "trainers/grpo.py", "trainers/loss.py", "policy/logprobs.py",
-              "policy/tiny.py")
+DEPENDS_ON = (
+    "bench/train_throughput.py",
+    "trainers/grpo.py",
+    "trainers/loss.py",
+    "policy/logprobs.py",
+    "policy/tiny.py",
+)
 
 
 def synthetic_batch(model, tokenizer, sequences: int, prompt_length: int, response_length: int, seed: int = 0):
@@ -43,29 +48,51 @@ def trl_trainer(model_dir: str, batch: int, group: int, response_length: int, le
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    with warnings.catch_warnings():                  # transformers deprecates a field TRL's config still sets
+    with warnings.catch_warnings():  # transformers deprecates a field TRL's config still sets
         warnings.simplefilter("ignore", FutureWarning)
         args = grpo_config(GRPOConfig, batch, group, response_length, learning_rate)
     dataset = Dataset.from_dict({"prompt": ["1+1="] * batch})
-    return GRPOTrainer(model=model_dir, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                       train_dataset=dataset)
+    return GRPOTrainer(
+        model=model_dir,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=dataset,
+    )
 
 
 def grpo_config(GRPOConfig, batch: int, group: int, response_length: int, learning_rate: float):
-    return GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rlvr-bench-trl-"), per_device_train_batch_size=batch,
-                      num_generations=group, max_completion_length=response_length, learning_rate=learning_rate,
-                      loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, use_cpu=True, report_to=[],
-                      logging_steps=10**9, save_strategy="no", max_grad_norm=1.0, bf16=False, fp16=False,
-                      gradient_checkpointing=False)   # as ours: no recomputation in the backward pass
+    return GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="rlvr-bench-trl-"),
+        per_device_train_batch_size=batch,
+        num_generations=group,
+        max_completion_length=response_length,
+        learning_rate=learning_rate,
+        loss_type="dapo",
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=10**9,
+        save_strategy="no",
+        max_grad_norm=1.0,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+    )  # as ours: no recomputation in the backward pass
 
 
 def trl_step(trainer, prompts, responses, logprobs, advantages) -> None:
     model = trainer.model
-    inputs = {"prompt_ids": torch.tensor(prompts), "prompt_mask": torch.ones(len(prompts), len(prompts[0]), dtype=torch.long),
-              "completion_ids": torch.tensor(responses), "completion_mask": torch.ones(len(responses), len(responses[0]),
-                                                                                       dtype=torch.long),
-              "advantages": advantages, "old_per_token_logps": logprobs,
-              "num_items_in_batch": torch.tensor(float(len(responses) * len(responses[0])))}
+    inputs = {
+        "prompt_ids": torch.tensor(prompts),
+        "prompt_mask": torch.ones(len(prompts), len(prompts[0]), dtype=torch.long),
+        "completion_ids": torch.tensor(responses),
+        "completion_mask": torch.ones(len(responses), len(responses[0]), dtype=torch.long),
+        "advantages": advantages,
+        "old_per_token_logps": logprobs,
+        "num_items_in_batch": torch.tensor(float(len(responses) * len(responses[0]))),
+    }
     trainer.optimizer.zero_grad()
     loss = trainer.compute_loss(model, inputs)
     trainer.accelerator.backward(loss)
@@ -73,8 +100,9 @@ def trl_step(trainer, prompts, responses, logprobs, advantages) -> None:
     trainer.optimizer.step()
 
 
-def run_benchmark(sequences: int = 128, group: int = 8, prompt_length: int = 16, response_length: int = 40,
-                  repeats: int = 5) -> dict:
+def run_benchmark(
+    sequences: int = 128, group: int = 8, prompt_length: int = 16, response_length: int = 40, repeats: int = 5
+) -> dict:
     from rich.console import Console
 
     torch.manual_seed(0)
@@ -83,20 +111,28 @@ def run_benchmark(sequences: int = 128, group: int = 8, prompt_length: int = 16,
     folder = tempfile.mkdtemp(prefix="rlvr-bench-model-")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    prompts, responses, logprobs, advantages = synthetic_batch(model, tokenizer, sequences, prompt_length,
-                                                               response_length)
-    rows = pl.DataFrame({"prompt_token_ids": prompts, "response_token_ids": responses,
-                         "behaviour_logprobs": logprobs.tolist(), "advantage": advantages.tolist(),
-                         "weight": [1.0] * sequences, "temperature": [1.0] * sequences})
+    prompts, responses, logprobs, advantages = synthetic_batch(
+        model, tokenizer, sequences, prompt_length, response_length
+    )
+    rows = pl.DataFrame(
+        {
+            "prompt_token_ids": prompts,
+            "response_token_ids": responses,
+            "behaviour_logprobs": logprobs.tolist(),
+            "advantage": advantages.tolist(),
+            "weight": [1.0] * sequences,
+            "temperature": [1.0] * sequences,
+        }
+    )
     config = TrainConfig(micro_batch_size=sequences, learning_rate=1e-4)
     trainer = trl_trainer(folder, sequences, group, response_length, 1e-4)
     trainer.create_optimizer()
-    trainer.current_gradient_accumulation_steps = 1     # set by Trainer.train(); we drive single steps ourselves
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we drive single steps ourselves
     trainer.model.train()
     tokens = sequences * response_length
     ours_times, trl_times = [], []
     state = None
-    for _ in range(repeats + 1):                        # the first round of each side is a warm-up, not timed
+    for _ in range(repeats + 1):  # the first round of each side is a warm-up, not timed
         started = time.perf_counter()
         _, state = train_on_batch(model, rows, config, state)
         ours_times.append(time.perf_counter() - started)
@@ -104,9 +140,15 @@ def run_benchmark(sequences: int = 128, group: int = 8, prompt_length: int = 16,
         trl_step(trainer, prompts, responses, logprobs, advantages)
         trl_times.append(time.perf_counter() - started)
     ours, theirs = statistics.median(ours_times[1:]), statistics.median(trl_times[1:])
-    result = {"tokens_per_step": tokens, "ours_tokens_per_second": tokens / ours,
-              "trl_tokens_per_second": tokens / theirs, "ratio": theirs / ours}
-    Console().print(f"{sequences} sequences × {response_length} response tokens (prompts {prompt_length}), "
-                    f"median of {repeats}: ours {result['ours_tokens_per_second']:,.0f} tokens/s, TRL GRPOTrainer "
-                    f"{result['trl_tokens_per_second']:,.0f} tokens/s — ×{result['ratio']:.2f}")
+    result = {
+        "tokens_per_step": tokens,
+        "ours_tokens_per_second": tokens / ours,
+        "trl_tokens_per_second": tokens / theirs,
+        "ratio": theirs / ours,
+    }
+    Console().print(
+        f"{sequences} sequences × {response_length} response tokens (prompts {prompt_length}), "
+        f"median of {repeats}: ours {result['ours_tokens_per_second']:,.0f} tokens/s, TRL GRPOTrainer "
+        f"{result['trl_tokens_per_second']:,.0f} tokens/s — ×{result['ratio']:.2f}"
+    )
     return result

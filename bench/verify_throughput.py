@@ -66,16 +66,29 @@ def build_items(limit: int, seed: int = 0) -> list[tuple[str, str, bool]]:
     return [(gold, response, label) for gold in gold_answers(limit) for response, label in responses_for(gold, rng)]
 
 
-ENDINGS = ["Therefore the answer is $\\boxed{%s}$.", "So we get \\boxed{%s}.", "The final answer is $%s$.",
-           "Putting it together: $\\boxed{%s}$"]
+ENDINGS = [
+    "Therefore the answer is $\\boxed{%s}$.",
+    "So we get \\boxed{%s}.",
+    "The final answer is $%s$.",
+    "Putting it together: $\\boxed{%s}$",
+]
 
 
 def symbolic_golds(limit: int) -> list[str]:
     """MATH-500's golds that are not plain numbers."""
     path = SHARED / "math500" / "test.jsonl"
     if not path.exists():
-        return [r"\frac{\sqrt{2}}{2}", r"3\sqrt{13}", r"x^2+2x+1", r"\left( 3, \frac{\pi}{2} \right)", r"[0, 1)",
-                r"\frac{x+2}{7}", r"2\pi", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\text{(B)}"][:limit]
+        return [
+            r"\frac{\sqrt{2}}{2}",
+            r"3\sqrt{13}",
+            r"x^2+2x+1",
+            r"\left( 3, \frac{\pi}{2} \right)",
+            r"[0, 1)",
+            r"\frac{x+2}{7}",
+            r"2\pi",
+            r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+            r"\text{(B)}",
+        ][:limit]
     golds = [str(json.loads(line)["answer"]) for line in path.open()]
     return [gold for gold in golds if parse_number(gold) is None][:limit]
 
@@ -97,12 +110,21 @@ def equivalent_forms(gold: str, rng: random.Random) -> list[str]:
             joined = ", ".join(parts) if rng.random() < 0.5 else ",".join(parts)
             forms.append(f"{shape.opening}{joined}{shape.closing}" if shape.kind != "set" else f"\\{{{joined}\\}}")
         return forms
-    forms = {gold.replace("\\frac", "\\dfrac"), gold.replace(" ", ""), gold.replace("\\left", "").replace("\\right", "")}
+    forms = {
+        gold.replace("\\frac", "\\dfrac"),
+        gold.replace(" ", ""),
+        gold.replace("\\left", "").replace("\\right", ""),
+    }
     parsed = parse(gold)
     if parsed is not None and not parsed[1]:
         expression = parsed[0]
-        for variant in (expression, sympy.expand(expression), sympy.factor(expression), sympy.radsimp(expression),
-                        sympy.nsimplify(expression)):
+        for variant in (
+            expression,
+            sympy.expand(expression),
+            sympy.factor(expression),
+            sympy.radsimp(expression),
+            sympy.nsimplify(expression),
+        ):
             try:
                 forms.add(sympy.latex(variant))
                 forms.add(sympy.latex(variant, fold_short_frac=True))
@@ -122,15 +144,22 @@ def wrong_forms(gold: str, rng: random.Random) -> list[str]:
     if shape is not None and shape.kind in ("tuple", "interval") and len(shape.parts) >= 2:
         parts = list(shape.parts)
         changed = list(parts)
-        finite = max(i for i, part in enumerate(parts) if "infty" not in part) if any(
-            "infty" not in part for part in parts) else len(parts) - 1
-        changed[finite] = f"{changed[finite]}+1"                        # ∞ + 1 is still ∞
+        finite = (
+            max(i for i, part in enumerate(parts) if "infty" not in part)
+            if any("infty" not in part for part in parts)
+            else len(parts) - 1
+        )
+        changed[finite] = f"{changed[finite]}+1"  # ∞ + 1 is still ∞
         swapped = parts[::-1] if parts[::-1] != parts else changed
         return [f"{shape.opening}{', '.join(p)}{shape.closing}" for p in (changed, swapped)]
     parsed = parse(gold)
     if parsed is not None:
         expression = parsed[0]
-        return [sympy.latex(expression + 1), sympy.latex(2 * expression), sympy.latex(expression - sympy.Rational(1, 2))]
+        return [
+            sympy.latex(expression + 1),
+            sympy.latex(2 * expression),
+            sympy.latex(expression - sympy.Rational(1, 2)),
+        ]
     return [f"{gold} + 1", f"2({gold})"]
 
 
@@ -154,7 +183,7 @@ def math_verify_direct(items: list[tuple[str, str, bool]]) -> tuple[float, float
     # repeated runs in this process would otherwise measure lookups.
     for cached in ("parse_latex_cached", "parse_expr_cached", "extract_latex"):
         getattr(math_verify.parser, cached).cache_clear()
-    verify(parse("$x^2$"), parse(r"\boxed{x^2}"))          # warm imports, like the pool's workers
+    verify(parse("$x^2$"), parse(r"\boxed{x^2}"))  # warm imports, like the pool's workers
     start = time.perf_counter()
     right = 0
     for gold, response, label in items:
@@ -168,7 +197,7 @@ def math_verify_direct(items: list[tuple[str, str, bool]]) -> tuple[float, float
 
 def ours(items: list[tuple[str, str, bool]], workers: int) -> tuple[float, float]:
     problems = [({"domain": "math", "answer": gold}, response, "math") for gold, response, _ in items]
-    with VerifierPool(workers=workers, item_timeout=30) as pool:     # pre-started, warm workers
+    with VerifierPool(workers=workers, item_timeout=30) as pool:  # pre-started, warm workers
         list(pool.score(problems[:2]))
         start = time.perf_counter()
         results = {r.index: r for r in pool.score(problems)}
@@ -177,12 +206,16 @@ def ours(items: list[tuple[str, str, bool]], workers: int) -> tuple[float, float
     return len(items) / seconds, right / len(items)
 
 
-def run_benchmark(limit: int = 1000, workers: int = 2, repeats: int = 3, mixes: tuple[str, ...] = ("numeric", "symbolic")) -> dict:
+def run_benchmark(
+    limit: int = 1000, workers: int = 2, repeats: int = 3, mixes: tuple[str, ...] = ("numeric", "symbolic")
+) -> dict:
     """Both sides back to back on each mix, `repeats` times; the median ratio is the figure (this machine is shared)."""
     summary = {}
     for mix in mixes:
         items = build_items(limit) if mix == "numeric" else symbolic_items(limit)
-        console.print(f"[bold]{mix} mix[/bold]: {len(items):,} responses to {len({g for g, _, _ in items}):,} gold answers")
+        console.print(
+            f"[bold]{mix} mix[/bold]: {len(items):,} responses to {len({g for g, _, _ in items}):,} gold answers"
+        )
         summary[mix] = _measure(items, workers, repeats)
     return summary
 
@@ -192,11 +225,22 @@ def _measure(items: list[tuple[str, str, bool]], workers: int, repeats: int) -> 
     for _ in range(repeats):
         baseline_rate, baseline_accuracy = math_verify_direct(items)
         rate, accuracy = ours(items, workers)
-        runs.append({"baseline_rate": baseline_rate, "baseline_accuracy": baseline_accuracy, "rate": rate,
-                     "accuracy": accuracy, "ratio": rate / baseline_rate})
-        console.print(f"math-verify directly (1 process) {baseline_rate:7.1f} items/s, accuracy {baseline_accuracy:.3f} | "
-                      f"ours ({workers} workers) {rate:7.1f} items/s, accuracy {accuracy:.3f} | ×{rate / baseline_rate:.2f}")
+        runs.append(
+            {
+                "baseline_rate": baseline_rate,
+                "baseline_accuracy": baseline_accuracy,
+                "rate": rate,
+                "accuracy": accuracy,
+                "ratio": rate / baseline_rate,
+            }
+        )
+        console.print(
+            f"math-verify directly (1 process) {baseline_rate:7.1f} items/s, accuracy {baseline_accuracy:.3f} | "
+            f"ours ({workers} workers) {rate:7.1f} items/s, accuracy {accuracy:.3f} | ×{rate / baseline_rate:.2f}"
+        )
     median = sorted(runs, key=lambda run: run["ratio"])[len(runs) // 2]
-    console.print(f"median throughput ×{median['ratio']:.2f} (target ≥ 3), accuracy "
-                  f"{median['accuracy'] - median['baseline_accuracy']:+.3f}")
+    console.print(
+        f"median throughput ×{median['ratio']:.2f} (target ≥ 3), accuracy "
+        f"{median['accuracy'] - median['baseline_accuracy']:+.3f}"
+    )
     return {"items": len(items), **median}

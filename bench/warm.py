@@ -28,8 +28,11 @@ def warmed_lake(config: str, folder: str) -> str:
 def warmed_once(config_path: str, folder: str, console) -> str:
     """`folder`/warmed: the warmed lake, made unless a finished one is there (an interrupted one is redone)."""
     base = str(Path(folder) / "warmed")
-    warmed = Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0) \
-        if (Path(base) / "iteration_metrics").exists() else None
+    warmed = (
+        Lake.open(base).read("iteration_metrics", filter=pc.field("iteration") == 0)
+        if (Path(base) / "iteration_metrics").exists()
+        else None
+    )
     if warmed is None or warmed.is_empty():
         shutil.rmtree(base, ignore_errors=True)
         console.print(f"warming up once in {base} …")

@@ -46,24 +46,31 @@ from storage.lake import Lake
 from storage.registry import latest_version
 
 
-def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int,
-                          progress: UUID, artifacts: Publisher) -> list[dict[str, Any]]:
+def overlapped_iterations(
+    lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int, progress: UUID, artifacts: Publisher
+) -> list[dict[str, Any]]:
     """The next `total` iterations, sampling ahead of training by at most `loop.max_staleness` versions."""
-    import_model_code()                                # before any second thread loads a policy
+    import_model_code()  # before any second thread loads a policy
     first, already_trained = resume_point(lake)
-    plan = Plan(handoff=uuid.uuid4().hex, first=first, total=total, start=latest_version(lake),
-                already_trained=already_trained, lease_epoch=leases.epoch_held(lake.location, leases.LOOP))
+    plan = Plan(
+        handoff=uuid.uuid4().hex,
+        first=first,
+        total=total,
+        start=latest_version(lake),
+        already_trained=already_trained,
+        lease_epoch=leases.epoch_held(lake.location, leases.LOOP),
+    )
     if settings.loop.roles == "deployments":
         return on_workers(lake, settings, plan, progress)
     rows: list[dict[str, Any]] = []
-    sampler_thread = threading.get_ident()             # holds the loop lease; the trainer works under it
+    sampler_thread = threading.get_ident()  # holds the loop lease; the trainer works under it
     trainer_failure: list[BaseException] = []
 
     def train() -> None:
         try:
             with leases.helping(lake.location, leases.LOOP, sampler_thread):
                 train_role(lake, settings, iteration_config, plan, artifacts, recorded)
-        except BaseException as error:                 # the sampler stops at its next wait
+        except BaseException as error:  # the sampler stops at its next wait
             trainer_failure.append(error)
 
     def recorded(row: dict[str, Any]) -> None:
@@ -79,12 +86,12 @@ def overlapped_iterations(lake: Lake, settings: RunConfig, iteration_config: dic
             finally:
                 trainer.join()
     except RoleFailed:
-        if trainer_failure:                            # the trainer's own error says more than the sampler's wait
+        if trainer_failure:  # the trainer's own error says more than the sampler's wait
             raise trainer_failure[0] from None
         raise
     finally:
         Handoff(lake, plan, "sampler").close()
-    if trainer_failure:                                # it failed after the sampler's last wait
+    if trainer_failure:  # it failed after the sampler's last wait
         raise trainer_failure[0]
     return rows
 
@@ -100,4 +107,4 @@ def half_the_cores():
         yield
     finally:
         os.environ.pop("RLVR_TORCH_THREADS", None)
-        use_given_cores()                             # the whole share again for what follows
+        use_given_cores()  # the whole share again for what follows

@@ -34,25 +34,36 @@ def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
         for offset in range(plan.total):
             iteration = plan.first + offset
             if offset == 0 and plan.already_trained is not None:
-                handoff.sampled(iteration)             # trained before a crash: only evaluated and recorded
+                handoff.sampled(iteration)  # trained before a crash: only evaluated and recorded
                 continue
             # the version that trains this iteration is at most `start + offset`: sample no older than k below it
             sampler = handoff.wait_published(plan.start + offset - settings.loop.max_staleness)
-            rl_iteration.fn(sampling_config(lake, settings, iteration_config), iteration, lake.uri,
-                            model_version=sampler, advantages=False)
+            rl_iteration.fn(
+                sampling_config(lake, settings, iteration_config),
+                iteration,
+                lake.uri,
+                model_version=sampler,
+                advantages=False,
+            )
             handoff.sampled(iteration)
     except BaseException as error:
         handoff.failed(error)
         raise
 
 
-def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan,
-               artifacts: Publisher, recorded: Callable[[dict[str, Any]], None]) -> None:
+def train_role(
+    lake: Lake,
+    settings: RunConfig,
+    iteration_config: dict[str, Any],
+    plan: Plan,
+    artifacts: Publisher,
+    recorded: Callable[[dict[str, Any]], None],
+) -> None:
     """Take the sampled iterations in order and train each; what follows a step (publishing the version, handing
     it to the sampler, evaluating and recording it) runs beside the next step, one version after another."""
     handoff = Handoff(lake, plan, "trainer")
     handoff.join()
-    baselines: Baselines = {}                          # the run's own, as the sync loop keeps them
+    baselines: Baselines = {}  # the run's own, as the sync loop keeps them
 
     def after_training(iteration: int, trained: int, publish: bool) -> None:
         if publish:
@@ -60,7 +71,7 @@ def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any]
         handoff.published(trained)
         recorded(finish_iteration(lake, settings, iteration, trained, artifacts, baselines))
 
-    import_model_code()                                # the thread beside this one loads policies too
+    import_model_code()  # the thread beside this one loads policies too
     later = Beside(lake, after_training, handoff)
     try:
         for offset in range(plan.total):
@@ -68,8 +79,9 @@ def train_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any]
             handoff.wait_sampled(iteration)
             later.raise_failure()
             if offset == 0 and plan.already_trained is not None:
-                print(f"iteration {iteration} already trained version {plan.already_trained}: evaluating and "
-                      "recording it")              # the loop published it as it started
+                print(
+                    f"iteration {iteration} already trained version {plan.already_trained}: evaluating and recording it"
+                )  # the loop published it as it started
                 later.submit(iteration, plan.already_trained, False)
             else:
                 later.submit(iteration, train_one(lake, settings, iteration_config, iteration), True)
@@ -97,7 +109,7 @@ class Beside:
         self.futures.append(self.executor.submit(contextvars.copy_context().run, self._run, *args))
 
     def _run(self, *args: Any) -> None:
-        if self.failure() is not None:                # after a failure, nothing more: the run stops
+        if self.failure() is not None:  # after a failure, nothing more: the run stops
             return
         with leases.helping(self.location, leases.LOOP, self.owner):
             try:

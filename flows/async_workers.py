@@ -40,14 +40,17 @@ def on_workers(lake: Lake, settings: RunConfig, plan: Plan, progress: UUID) -> l
     roles = {"sampler": settings.loop.sampler_deployment, "trainer": settings.loop.trainer_deployment}
     try:
         runs = {role: start(name, parameters) for role, name in roles.items()}
-        print("overlapped loop on workers: " + ", ".join(f"{role} {roles[role]} flow run {run}"
-                                                        for role, run in runs.items()))
+        print(
+            "overlapped loop on workers: "
+            + ", ".join(f"{role} {roles[role]} flow run {run}" for role, run in runs.items())
+        )
         watch(lake, plan, roles, runs, settings.loop.worker_timeout, progress)
     finally:
         Handoff(lake, plan, "sampler").close()
     last = plan.first + plan.total - 1
-    recorded = lake.read("iteration_metrics", filter=(pc.field("iteration") >= plan.first) &
-                         (pc.field("iteration") <= last))
+    recorded = lake.read(
+        "iteration_metrics", filter=(pc.field("iteration") >= plan.first) & (pc.field("iteration") <= last)
+    )
     return recorded.sort("iteration").to_dicts()
 
 
@@ -60,16 +63,19 @@ def start(deployment: str, parameters: dict[str, Any]) -> UUID:
     try:
         return run_deployment(deployment, parameters=parameters, timeout=0).id
     except ObjectNotFound:
-        raise RuntimeError(f"loop.roles deployments: the deployment {deployment!r} is not registered on the "
-                           f"Prefect server at {PREFECT_API_URL.value()}: `prefect deploy --name {deployment}` "
-                           "(prefect.yaml) registers it") from None
+        raise RuntimeError(
+            f"loop.roles deployments: the deployment {deployment!r} is not registered on the "
+            f"Prefect server at {PREFECT_API_URL.value()}: `prefect deploy --name {deployment}` "
+            "(prefect.yaml) registers it"
+        ) from None
 
 
-OTHER_ROLE_GRACE = 30.0      # seconds a role that stopped for the other's sake waits for that one's own state
+OTHER_ROLE_GRACE = 30.0  # seconds a role that stopped for the other's sake waits for that one's own state
 
 
-def watch(lake: Lake, plan: Plan, roles: dict[str, str], runs: dict[str, UUID], worker_timeout: float,
-          progress: UUID) -> None:
+def watch(
+    lake: Lake, plan: Plan, roles: dict[str, str], runs: dict[str, UUID], worker_timeout: float, progress: UUID
+) -> None:
     """Until both flow runs completed; the first that ends otherwise (or is never started) fails the loop."""
     from prefect.client.orchestration import get_client
 
@@ -79,10 +85,14 @@ def watch(lake: Lake, plan: Plan, roles: dict[str, str], runs: dict[str, UUID], 
             states = {role: client.read_flow_run(run).state for role, run in runs.items()}
             if all(state is not None and state.is_completed() for state in states.values()):
                 return
-            ended = [role for role, state in states.items() if state is not None and state.is_final()
-                     and not state.is_completed()]
-            unstarted = [role for role, state in states.items() if state is None or state.is_scheduled()
-                         or state.is_pending()]
+            ended = [
+                role
+                for role, state in states.items()
+                if state is not None and state.is_final() and not state.is_completed()
+            ]
+            unstarted = [
+                role for role, state in states.items() if state is None or state.is_scheduled() or state.is_pending()
+            ]
             waited_on = [role for role in ended if "RoleFailed" in (states[role].message or "")]
             if ended and len(waited_on) == len(ended) and len(ended) < len(states):
                 # it stopped because the other role did: let the other's own end (a crash, say) arrive first
@@ -93,15 +103,20 @@ def watch(lake: Lake, plan: Plan, roles: dict[str, str], runs: dict[str, UUID], 
             if ended or (unstarted and time.monotonic() - started_at > worker_timeout):
                 cancel_unfinished(client, runs)
                 if ended:
-                    ended.sort(key=lambda role: "RoleFailed" in (states[role].message or ""))   # the cause first
+                    ended.sort(key=lambda role: "RoleFailed" in (states[role].message or ""))  # the cause first
                     state = states[ended[0]]
-                    raise RuntimeError(f"the overlapped loop's {ended[0]} ({roles[ended[0]]}, flow run "
-                                       f"{runs[ended[0]]}) ended {state.name}: {state.message}")
-                raise RuntimeError(f"no worker started the {unstarted[0]}'s flow run ({roles[unstarted[0]]}) in "
-                                   f"{worker_timeout:.0f} s: start one for its work pool (`prefect worker start "
-                                   "--pool rlvr`), or raise loop.worker_timeout")
-            recorded = lake.read("iteration_metrics", columns=["iteration"],
-                                 filter=pc.field("iteration") >= plan.first).height
+                    raise RuntimeError(
+                        f"the overlapped loop's {ended[0]} ({roles[ended[0]]}, flow run "
+                        f"{runs[ended[0]]}) ended {state.name}: {state.message}"
+                    )
+                raise RuntimeError(
+                    f"no worker started the {unstarted[0]}'s flow run ({roles[unstarted[0]]}) in "
+                    f"{worker_timeout:.0f} s: start one for its work pool (`prefect worker start "
+                    "--pool rlvr`), or raise loop.worker_timeout"
+                )
+            recorded = lake.read(
+                "iteration_metrics", columns=["iteration"], filter=pc.field("iteration") >= plan.first
+            ).height
             if recorded != done:
                 done = recorded
                 update_progress_artifact(progress, 100 * done / plan.total)
@@ -118,13 +133,16 @@ def cancel_unfinished(client, runs: dict[str, UUID]) -> None:
 
 
 @contextlib.contextmanager
-def as_role(role: str, lake_uri: str | None, config: dict[str, Any] | None,
-            plan: dict[str, Any] | None) -> Iterator[tuple[Lake, RunConfig, dict[str, Any], Plan]]:
+def as_role(
+    role: str, lake_uri: str | None, config: dict[str, Any] | None, plan: dict[str, Any] | None
+) -> Iterator[tuple[Lake, RunConfig, dict[str, Any], Plan]]:
     """A role's flow run: under the loop lease epoch of the run that started it. Its failure to join is
     handed over too, so the other role stops rather than waits."""
     if plan is None:
-        raise ValueError(f"the {role}'s flow run is started by an async rl-loop with loop.roles: deployments, "
-                         "which passes its plan; it does not run on its own")
+        raise ValueError(
+            f"the {role}'s flow run is started by an async rl-loop with loop.roles: deployments, "
+            "which passes its plan; it does not run on its own"
+        )
     settings, lake, agreed = RunConfig.model_validate(config or {}), Lake.open(lake_uri), Plan(**plan)
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
     try:
@@ -141,17 +159,21 @@ def as_role(role: str, lake_uri: str | None, config: dict[str, Any] | None,
 
 
 @flow(name="rollout-producer", log_prints=True)
-def rollout_producer(lake_uri: str | None = None, config: dict[str, Any] | None = None,
-                     plan: dict[str, Any] | None = None) -> None:
+def rollout_producer(
+    lake_uri: str | None = None, config: dict[str, Any] | None = None, plan: dict[str, Any] | None = None
+) -> None:
     """The overlapped loop's sampler as a flow run of its own (started by an async rl-loop on workers)."""
     with as_role("sampler", lake_uri, config, plan) as (lake, settings, iteration_config, agreed):
         sample_role(lake, settings, iteration_config, agreed)
 
 
 @flow(name="policy-trainer", log_prints=True)
-def policy_trainer(lake_uri: str | None = None, config: dict[str, Any] | None = None,
-                   plan: dict[str, Any] | None = None) -> None:
+def policy_trainer(
+    lake_uri: str | None = None, config: dict[str, Any] | None = None, plan: dict[str, Any] | None = None
+) -> None:
     """The overlapped loop's trainer as a flow run of its own: train, publish, evaluate and record each iteration."""
-    with as_role("trainer", lake_uri, config, plan) as (lake, settings, iteration_config, agreed), \
-            publishing() as artifacts:
+    with (
+        as_role("trainer", lake_uri, config, plan) as (lake, settings, iteration_config, agreed),
+        publishing() as artifacts,
+    ):
         train_role(lake, settings, iteration_config, agreed, artifacts, lambda row: None)

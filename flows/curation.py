@@ -38,13 +38,24 @@ def curate_bank(config: dict[str, Any], lake_uri: str | None = None, force: bool
     curation = CurationConfig.model_validate(config)
     preflight(curation)
     lake = Lake.open(lake_uri)
-    with bank_run(lake, "curate-bank", curation.model_dump(mode="json"), bank_version=curation.bank_version,
-                  prefect_flow_run_id=flow_run.id) as section:
-        loaded = [load_source_task.with_options(task_run_name=f"load {s.source_name}")(s, curation.validation)
-                  for s in curation.sources]
+    with bank_run(
+        lake,
+        "curate-bank",
+        curation.model_dump(mode="json"),
+        bank_version=curation.bank_version,
+        prefect_flow_run_id=flow_run.id,
+    ) as section:
+        loaded = [
+            load_source_task.with_options(task_run_name=f"load {s.source_name}")(s, curation.validation)
+            for s in curation.sources
+        ]
         loaded = [check_code_task(s, curation.validation) for s in loaded]
         candidates, quarantined = pl.concat([s.problems for s in loaded]), pl.concat([s.quarantined for s in loaded])
         admitted = admit_task(section, candidates, quarantined, GateSettings.of(curation), curation.bank_version, force)
     report = source_report(loaded, admitted.kept, admitted.dropped)
-    return {"bank_version": admitted.bank_version, "run_id": section.run.run_id, "lake_version": lake.runs_version(),
-            "sources": report.to_dicts()}
+    return {
+        "bank_version": admitted.bank_version,
+        "run_id": section.run.run_id,
+        "lake_version": lake.runs_version(),
+        "sources": report.to_dicts(),
+    }

@@ -25,6 +25,7 @@ errors = Console(stderr=True)
 
 class TableFormat(str, Enum):
     """How a command prints its tables: for people, or CSV / JSON lines for programs."""
+
     table = "table"
     csv = "csv"
     json = "json"
@@ -40,8 +41,13 @@ def use_format(fmt: TableFormat | str = TableFormat.table) -> None:
     console.stderr = _output["format"] is not TableFormat.table
 
 
-def show_table(frame: pl.DataFrame | pa.Table, title: str | None = None, part: str | None = None,
-               max_width: int = 80, show_lines: bool = False) -> None:
+def show_table(
+    frame: pl.DataFrame | pa.Table,
+    title: str | None = None,
+    part: str | None = None,
+    max_width: int = 80,
+    show_lines: bool = False,
+) -> None:
     """Print a table in this command's format. `part` names it where a command prints several: in JSON each
     row then carries `"table": part`, in CSV the table is headed by a `# part` line (tables apart by a blank line)."""
     arrow = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
@@ -50,7 +56,7 @@ def show_table(frame: pl.DataFrame | pa.Table, title: str | None = None, part: s
         console.print(frame_table(arrow, title, max_width, show_lines))
         return
     if title:
-        console.print(f"[dim]{title}[/dim]")              # to stderr: see use_format
+        console.print(f"[dim]{title}[/dim]")  # to stderr: see use_format
     if fmt is TableFormat.csv:
         if _output["tables"]:
             sys.stdout.write("\n")
@@ -60,8 +66,9 @@ def show_table(frame: pl.DataFrame | pa.Table, title: str | None = None, part: s
     _write_rows(arrow, fmt, part)
 
 
-def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_width: int = 80,
-                show_lines: bool = False) -> Table:
+def frame_table(
+    frame: pl.DataFrame | pa.Table, title: str | None = None, max_width: int = 80, show_lines: bool = False
+) -> Table:
     """A rich table of a frame; long cells are cut to `max_width` characters."""
     arrow = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
     table = Table(title=title, title_justify="left", show_lines=show_lines)
@@ -78,7 +85,13 @@ def frame_table(frame: pl.DataFrame | pa.Table, title: str | None = None, max_wi
 def _cell(value: Any, max_width: int) -> str:
     if value is None:
         return "[dim]null[/dim]"
-    text = value if isinstance(value, str) else json.dumps(value, default=str) if isinstance(value, (list, dict)) else str(value)
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, default=str)
+        if isinstance(value, (list, dict))
+        else str(value)
+    )
     text = text.replace("[", r"\[")
     return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
@@ -121,10 +134,12 @@ def _print_proposal(origin: dict[str, Any], found: dict[str, Any] | None) -> Non
         console.print("  proposal      not in the proposals table (its iteration was re-run since)")
         return
     proposal, rollout, version = found["proposal"], found["rollout"], found["model_version"]
-    console.print(f"  proposer      model version {proposal['model_version']}"
-                  + (f" ({version['kind']}, from version {version['parent_version']})" if version else "")
-                  + f", iteration {proposal['iteration']}, rollout {proposal['rollout_id']} "
-                  f"(run {rollout['run_id'] if rollout else '?'})")
+    console.print(
+        f"  proposer      model version {proposal['model_version']}"
+        + (f" ({version['kind']}, from version {version['parent_version']})" if version else "")
+        + f", iteration {proposal['iteration']}, rollout {proposal['rollout_id']} "
+        f"(run {rollout['run_id'] if rollout else '?'})"
+    )
     if proposal["document_id"]:
         console.print(f"  document      {proposal['document_id']}, span {_cell(proposal['span'], 120)}")
     rate = "not solved yet" if proposal["solve_rate"] is None else f"solve rate {proposal['solve_rate']:.0%}"
@@ -137,8 +152,10 @@ def print_lineage(lineage: dict[str, Any]) -> None:
     problem = lineage.get("problem")
     console.print(f"[bold]problem {lineage['problem_id']}[/bold]")
     if problem:
-        console.print(f"  source        {problem['source']} ({problem['split']}, {problem['domain']}, "
-                      f"level {problem['level']}, verifier {problem['verifier']})")
+        console.print(
+            f"  source        {problem['source']} ({problem['split']}, {problem['domain']}, "
+            f"level {problem['level']}, verifier {problem['verifier']})"
+        )
         origin = lineage["origin"]
         if origin["kind"] == "file":
             console.print(f"  from file     {origin['file']} line {origin['line']} (layout {origin['layout']})")
@@ -150,11 +167,13 @@ def print_lineage(lineage: dict[str, Any]) -> None:
         console.print(f"  bank version  {problem['bank_version']}")
         run = lineage["run"]
         if run:
-            console.print(f"  run           {run['run_id']} ({run['flow']}/{run['stage']}, {run['status']}, "
-                          f"code {run['code_version']}, started {run['started_at']:%Y-%m-%d %H:%M:%S} UTC)")
+            console.print(
+                f"  run           {run['run_id']} ({run['flow']}/{run['stage']}, {run['status']}, "
+                f"code {run['code_version']}, started {run['started_at']:%Y-%m-%d %H:%M:%S} UTC)"
+            )
         console.print(f"  prompt        {_cell(problem['prompt'], 200)}")
         console.print(f"  answer        {_cell(problem['answer'], 200)}")
-    elif lineage.get("proposal"):                     # a self-play task the bank's gate refused: its proposal
+    elif lineage.get("proposal"):  # a self-play task the bank's gate refused: its proposal
         proposal = lineage["proposal"]["proposal"]
         origin = {"uri": f"proposal:{proposal['proposal_id']}", "parameters": {"task_type": proposal["task_type"]}}
         _print_proposal(origin, lineage["proposal"])
@@ -165,24 +184,29 @@ def print_lineage(lineage: dict[str, Any]) -> None:
 def _drop_lines(problem_id: str, dropped: list[dict]) -> list[str]:
     """Its drops, alike ones counted once. A copy of the same text has the same content-hash id, so an exact
     duplicate dropped in favour of this very problem is a copy of it, said as such, not the problem dropped."""
+
     def where(drop: dict) -> str:
         return f"{drop['source_uri']} line {drop['source_line']}" if drop["source_line"] else drop["source_uri"]
 
     copies: dict[int, dict[str, int]] = {}
-    lines: dict[str, int] = {}                 # a generated problem drawn twice is dropped twice, alike
+    lines: dict[str, int] = {}  # a generated problem drawn twice is dropped twice, alike
     for drop in dropped:
         if drop["reason"] == "exact_duplicate" and drop["duplicate_of"] == problem_id:
             sources = copies.setdefault(drop["bank_version"], {})
             name = f"{drop['source']}: {where(drop)}"
             sources[name] = sources.get(name, 0) + 1
             continue
-        line = (f"  dropped       from bank version {drop['bank_version']} as {drop['reason']} of "
-                f"{drop['duplicate_of']} ({where(drop)}, run {drop['run_id']})")
+        line = (
+            f"  dropped       from bank version {drop['bank_version']} as {drop['reason']} of "
+            f"{drop['duplicate_of']} ({where(drop)}, run {drop['run_id']})"
+        )
         lines[line] = lines.get(line, 0) + 1
     shown = [line + (f" ×{count}" if count > 1 else "") for line, count in lines.items()]
     for version, sources in sorted(copies.items()):
         total = sum(sources.values())
         listed = ", ".join(name + (f" ×{count}" if count > 1 else "") for name, count in sources.items())
-        shown.append(f"  copies        {total} other cop{'y' if total == 1 else 'ies'} of this problem left out of "
-                     f"bank version {version} as exact duplicates of it ({listed})")
+        shown.append(
+            f"  copies        {total} other cop{'y' if total == 1 else 'ies'} of this problem left out of "
+            f"bank version {version} as exact duplicates of it ({listed})"
+        )
     return shown

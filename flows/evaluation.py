@@ -27,8 +27,13 @@ evaluate_task = stage_task(evaluate, "evaluate", gpu=True)
 
 
 @flow(name="evaluate-model", log_prints=True)
-def evaluate_model(model_version: int | None = None, config: dict[str, Any] | None = None,
-                   lake_uri: str | None = None, iteration: int | None = None, force: bool = True) -> dict[str, Any]:
+def evaluate_model(
+    model_version: int | None = None,
+    config: dict[str, Any] | None = None,
+    lake_uri: str | None = None,
+    iteration: int | None = None,
+    force: bool = True,
+) -> dict[str, Any]:
     """Held-out solve rate of `model_version` (default: the latest); replaces that version's evaluation."""
     settings = EvaluationRunConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
@@ -40,21 +45,35 @@ def evaluate_model(model_version: int | None = None, config: dict[str, Any] | No
     parameters, skipped = unchanged_or_fingerprint(lake, evaluate_key(lake, settings, version), iteration, force)
     if skipped:
         return {**skipped, "model_version": version}
-    with lake.run("evaluate-model", "evaluate", parameters, iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run(
+        "evaluate-model", "evaluate", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id
+    ) as run:
         evaluation, responses = evaluate_task(lake, settings.evaluation, truth, version)
-        lake.replace("evaluations", evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
-                     {"model_version": version}, run)
+        lake.replace(
+            "evaluations",
+            evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
+            {"model_version": version},
+            run,
+        )
         lake.replace("eval_rollouts", responses, {"model_version": version, "scoring": responses["scoring"][0]}, run)
     rate = overall_solve_rate(evaluation)
     k = settings.evaluation.k
     pass_k = f", pass@{k} {_weighted(evaluation, 'pass_at_k'):.1%}" if k > 1 else ""
     scoring = "" if settings.evaluation.verifier is None else f" (re-scored by {settings.evaluation.verifier})"
-    print(f"model version {version}: held-out sampled solve rate {rate:.1%}{pass_k} "
-          f"on {int(evaluation['problems'].sum())} problems{scoring}")
-    return {"stage": "evaluate", "iteration": iteration, "model_version": version, "run_id": run.run_id,
-            "solve_rate": rate, "k": k, "pass_at_k": _weighted(evaluation, "pass_at_k"),
-            "by_source_level": evaluation.select("source", "level", "problems", "solve_rate", "pass_at_k").to_dicts()}
+    print(
+        f"model version {version}: held-out sampled solve rate {rate:.1%}{pass_k} "
+        f"on {int(evaluation['problems'].sum())} problems{scoring}"
+    )
+    return {
+        "stage": "evaluate",
+        "iteration": iteration,
+        "model_version": version,
+        "run_id": run.run_id,
+        "solve_rate": rate,
+        "k": k,
+        "pass_at_k": _weighted(evaluation, "pass_at_k"),
+        "by_source_level": evaluation.select("source", "level", "problems", "solve_rate", "pass_at_k").to_dicts(),
+    }
 
 
 def _weighted(evaluation: pl.DataFrame, column: str) -> float:

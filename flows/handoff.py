@@ -36,12 +36,12 @@ class RoleFailed(RuntimeError):
 class Plan:
     """What both roles of one overlapped run agree on: passed to each as it starts."""
 
-    handoff: str                  # the hand-off folder's id (one per run of the loop)
-    first: int                    # the first iteration to run
-    total: int                    # how many iterations
-    start: int                    # the version published when the run began (the sampler's first)
-    already_trained: int | None   # the first iteration's version, when a crashed run trained it already
-    lease_epoch: int              # the loop lease epoch the run holds (workers join it)
+    handoff: str  # the hand-off folder's id (one per run of the loop)
+    first: int  # the first iteration to run
+    total: int  # how many iterations
+    start: int  # the version published when the run began (the sampler's first)
+    already_trained: int | None  # the first iteration's version, when a crashed run trained it already
+    lease_epoch: int  # the loop lease epoch the run holds (workers join it)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,14 +69,18 @@ class Handoff:
         objects.put(self.lake.location, self._parts("published.json"), {"version": version})
 
     def failed(self, error: BaseException) -> None:
-        objects.put(self.lake.location, self._parts(f"failed-{self.role}.json"),
-                    {"error": f"{type(error).__name__}: {error}"[:2000]})
+        objects.put(
+            self.lake.location,
+            self._parts(f"failed-{self.role}.json"),
+            {"error": f"{type(error).__name__}: {error}"[:2000]},
+        )
 
     def wait_sampled(self, iteration: int) -> None:
         """Until the sampler committed `iteration`."""
         name = f"sampled-{iteration:08d}.json"
-        self._wait(lambda: objects.get(self.lake.location, self._parts(name)) is not None,
-                   f"iteration {iteration}'s rollouts")
+        self._wait(
+            lambda: objects.get(self.lake.location, self._parts(name)) is not None, f"iteration {iteration}'s rollouts"
+        )
 
     def wait_published(self, version: int) -> int:
         """Until `version` (or a newer one) is trained and published; returns the newest."""
@@ -94,25 +98,26 @@ class Handoff:
     def _wait(self, ready: Callable[[], bool], what: str) -> None:
         checked = 0.0
         while not ready():
-            if time.monotonic() - checked > max(1.0, self.poll):   # the other role's health, about once a second
+            if time.monotonic() - checked > max(1.0, self.poll):  # the other role's health, about once a second
                 self._other_is_working(what)
                 checked = time.monotonic()
             time.sleep(self.poll)
 
     def _other_is_working(self, what: str) -> None:
-        leases.check(self.lake.location)              # a role whose loop lease was lost stops waiting too
+        leases.check(self.lake.location)  # a role whose loop lease was lost stops waiting too
         failure = objects.get(self.lake.location, self._parts(f"failed-{self.other}.json"))
         if failure is not None:
             raise RoleFailed(f"the {self.other} stopped ({failure['error']}); the {self.role} waited for {what}")
         record = objects.get(self.lake.location, self._parts(f"{self.other}.json"))
         if record is not None and not presence.still_alive(self.lake.location, record):
-            raise RoleFailed(f"the {self.other}'s process ({presence.describe(record)}) died; the {self.role} "
-                             f"waited for {what}")
+            raise RoleFailed(
+                f"the {self.other}'s process ({presence.describe(record)}) died; the {self.role} waited for {what}"
+            )
 
     def close(self) -> None:
         location = self.lake.location
         for name in objects.names(location, ("handoff", self.plan.handoff)):
             objects.delete(location, self._parts(name))
-        if not location.is_s3:                         # a folder of its own on disk (S3 has none)
+        if not location.is_s3:  # a folder of its own on disk (S3 has none)
             with contextlib.suppress(OSError):
                 os.rmdir(objects.object_path(location, "handoff", self.plan.handoff))

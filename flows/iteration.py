@@ -42,9 +42,15 @@ write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=STO
 
 @flow(name="rl-iteration", log_prints=True)
 @writes_iterations
-def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = None, lake_uri: str | None = None,
-                 model_version: int | None = None, force: bool = True,
-                 training_version: int | None = None, advantages: bool = True) -> dict[str, Any]:
+def rl_iteration(
+    config: dict[str, Any] | None = None,
+    iteration: int | None = None,
+    lake_uri: str | None = None,
+    model_version: int | None = None,
+    force: bool = True,
+    training_version: int | None = None,
+    advantages: bool = True,
+) -> dict[str, Any]:
     """Sample, score and filter one iteration's groups; write rollouts, rewards, groups, advantages, batch.
 
     Freshness is measured against `training_version` (default: the latest version, which an older
@@ -55,50 +61,78 @@ def rl_iteration(config: dict[str, Any] | None = None, iteration: int | None = N
     lake = Lake.open(lake_uri)
     iteration = iteration if iteration is not None else next_iteration(lake)
     version = model_version if model_version is not None else current_model_version(lake, settings.rollout.base_policy)
-    parameters, skipped = unchanged_or_fingerprint(lake, rollout_key(settings, version, latest_bank_version(lake)),
-                                                   iteration, force)
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, rollout_key(settings, version, latest_bank_version(lake)), iteration, force
+    )
     if skipped:
         return skipped
     key = {"iteration": iteration}
-    with lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run, \
-            scoring(settings) as score:
+    with (
+        lake.run("rl-iteration", "rollout", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run,
+        scoring(settings) as score,
+    ):
         sampled = sample_task(lake, settings, iteration, version, score)
-        if sampled.new_problems is not None:           # self-play's or RISE's tasks enter the bank before their rollouts
-            bank_added(lake, sampled.new_problems, iteration,
-                       "self-play problems" if sampled.proposals is not None else "verification tasks",
-                       drawn=sampled.rollouts["problem_id"].unique().to_list())
+        if sampled.new_problems is not None:  # self-play's or RISE's tasks enter the bank before their rollouts
+            bank_added(
+                lake,
+                sampled.new_problems,
+                iteration,
+                "self-play problems" if sampled.proposals is not None else "verification tasks",
+                drawn=sampled.rollouts["problem_id"].unique().to_list(),
+            )
         if sampled.proposals is not None:
             lake.replace("proposals", sampled.proposals, key, run)
         lake.replace("rollouts", sampled.rollouts, key, run)
-        for table in DOWNSTREAM_OF_ROLLOUT:            # the iteration's earlier batch must not outlive its rollouts
+        for table in DOWNSTREAM_OF_ROLLOUT:  # the iteration's earlier batch must not outlive its rollouts
             lake.clear(table, key, run)
     parameters, _ = unchanged_or_fingerprint(
-        lake, verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward), iteration, True)
+        lake,
+        verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward),
+        iteration,
+        True,
+    )
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
-        lake.replace("rewards", sampled.rewards, key, run)   # new rollouts: every old reward goes
-    if settings.selfverify.enabled and settings.selfverify.mode == "lagged":   # later rounds draw these tasks
+        lake.replace("rewards", sampled.rewards, key, run)  # new rollouts: every old reward goes
+    if settings.selfverify.enabled and settings.selfverify.mode == "lagged":  # later rounds draw these tasks
         bank_added(lake, self_verification_tasks(lake, settings, sampled), iteration, "verification tasks")
-    print(f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
-          f"{sampled.rollouts['group_id'].n_unique()} groups drawn")
-    if sampled.failure is not None:                    # written first: what was sampled and scored is kept
+    print(
+        f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
+        f"{sampled.rollouts['group_id'].n_unique()} groups drawn"
+    )
+    if sampled.failure is not None:  # written first: what was sampled and scored is kept
         raise sampled.failure
-    summary = compute_advantages.fn(iteration, settings.model_dump(mode="json"), lake_uri, training_version) \
-        if advantages else {"iteration": iteration, "model_version": version}
-    return {**summary, "rounds": sampled.rounds, "short_by": sampled.short_by,
-            "rollouts": sampled.rollouts.height, "mean_reward": float(sampled.rewards["reward"].mean())}
+    summary = (
+        compute_advantages.fn(iteration, settings.model_dump(mode="json"), lake_uri, training_version)
+        if advantages
+        else {"iteration": iteration, "model_version": version}
+    )
+    return {
+        **summary,
+        "rounds": sampled.rounds,
+        "short_by": sampled.short_by,
+        "rollouts": sampled.rollouts.height,
+        "mean_reward": float(sampled.rewards["reward"].mean()),
+    }
 
 
 def bank_added(lake: Lake, problems, iteration: int, what: str, drawn: Iterable[str] = ()) -> int | None:
     """Problems an iteration made (self-play's proposer prompts and tasks, self-verification tasks) through the
     bank's gate (tasks/curation/gate.py), as a bank version of their own: validation, exact and near-duplicates,
     decontamination, the `bank` lease, as any curation. Fails if one the iteration `drawn` was refused."""
-    admitted = admit_made(lake, problems, "rl-iteration", {"added_by_iteration": iteration, "what": what},
-                          iteration=iteration, prefect_flow_run_id=flow_run.id)
+    admitted = admit_made(
+        lake,
+        problems,
+        "rl-iteration",
+        {"added_by_iteration": iteration, "what": what},
+        iteration=iteration,
+        prefect_flow_run_id=flow_run.id,
+    )
     if admitted is None:
         return None
     refused = f"; {len(admitted.refused)} refused (rlvr bank stats)" if admitted.refused else ""
-    print(f"iteration {iteration}: {admitted.kept.height} {what} added as bank version {admitted.bank_version}"
-          + refused)
+    print(
+        f"iteration {iteration}: {admitted.kept.height} {what} added as bank version {admitted.bank_version}" + refused
+    )
     refused_but_drawn(admitted, drawn)
     return admitted.bank_version
 
@@ -108,17 +142,21 @@ def self_verification_tasks(lake: Lake, settings: IterationConfig, sampled) -> p
     import pyarrow.compute as pc
 
     from tasks.rise import verification_problems
-    from tasks.selfplay.stage import problem_rows
+    from tasks.selfplay.rows import problem_rows
     from tasks.verification.stage import own_rewards
 
     rollouts = sampled.rollouts.select("rollout_id", "iteration", "problem_id", "response")
-    problems = lake.read("problems", filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
-                         columns=["problem_id", "domain", "prompt", "steps", "source", "verifier"]).unique("problem_id")
+    problems = lake.read(
+        "problems",
+        filter=pc.field("problem_id").isin(rollouts["problem_id"].unique().to_list()),
+        columns=["problem_id", "domain", "prompt", "steps", "source", "verifier"],
+    ).unique("problem_id")
     frame = rollouts.join(problems, on="problem_id", how="inner")
     verdicts = own_rewards(sampled.rewards, frame, settings.verify.verifier).select("rollout_id", "correct")
     iteration = int(rollouts["iteration"][0])
-    return problem_rows(verification_problems(frame.join(verdicts, on="rollout_id"), settings.selfverify,
-                                              iteration)).unique("problem_id", keep="first", maintain_order=True)
+    return problem_rows(
+        verification_problems(frame.join(verdicts, on="rollout_id"), settings.selfverify, iteration)
+    ).unique("problem_id", keep="first", maintain_order=True)
 
 
 @contextlib.contextmanager
@@ -134,40 +172,67 @@ def scoring(settings: IterationConfig) -> Iterator[Callable | None]:
 
 @flow(name="compute-advantages", log_prints=True)
 @writes_iterations
-def compute_advantages(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
-                       model_version: int | None = None, force: bool = True) -> dict[str, Any]:
+def compute_advantages(
+    iteration: int,
+    config: dict[str, Any] | None = None,
+    lake_uri: str | None = None,
+    model_version: int | None = None,
+    force: bool = True,
+) -> dict[str, Any]:
     """Groups, advantages, the batch and the DBB state of an iteration, from its stored rollouts and rewards."""
     settings = IterationConfig.model_validate(config or {})
     lake = Lake.open(lake_uri)
-    if model_version is None:                          # freshness is measured against the newest policy
+    if model_version is None:  # freshness is measured against the newest policy
         model_version = current_model_version(lake, settings.rollout.base_policy)
-    parameters, skipped = unchanged_or_fingerprint(lake, advantages_key(lake, settings, iteration, model_version),
-                                                   iteration, force)
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, advantages_key(lake, settings, iteration, model_version), iteration, force
+    )
     if skipped:
         return skipped
-    with lake.run("compute-advantages", "advantages", parameters, iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run(
+        "compute-advantages", "advantages", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id
+    ) as run:
         scored = scored_rollouts(lake, iteration, settings.advantages.verifier, reward=settings.reward)
-        logprob_sums = off_policy_task(lake, iteration, scored, settings.advantages, model_version,
-                                       settings.rollout.sampling_device())
-        results = compute_task(scored, settings.advantages, settings.dynamic_sampling, model_version,
-                               latest_dbb_state(lake, iteration), logprob_sums)
+        logprob_sums = off_policy_task(
+            lake, iteration, scored, settings.advantages, model_version, settings.rollout.sampling_device()
+        )
+        results = compute_task(
+            scored,
+            settings.advantages,
+            settings.dynamic_sampling,
+            model_version,
+            latest_dbb_state(lake, iteration),
+            logprob_sums,
+        )
         batch_id = write_task(lake, run, iteration, results)
     groups = results["groups"]
     metrics = sampling_metrics(groups)
-    print(f"iteration {iteration}: {groups['kept'].sum()} of {groups.height} groups kept, batch {batch_id} "
-          f"holds {results['batch'].height} rollouts; {metrics['learning_zone_share']:.0%} of groups in the 20-50 % zone")
-    return {"iteration": iteration, "model_version": model_version, "batch_id": batch_id,
-            "batch_rollouts": results["batch"].height, "groups_kept": int(groups["kept"].sum()),
-            "run_id": run.run_id, **metrics, "groups": groups.height,
-            "filter_reasons": dict(groups.group_by("filter_reason").len().rows())}
-
+    print(
+        f"iteration {iteration}: {groups['kept'].sum()} of {groups.height} groups kept, batch {batch_id} "
+        f"holds {results['batch'].height} rollouts; {metrics['learning_zone_share']:.0%} of groups in the 20-50 % zone"
+    )
+    return {
+        "iteration": iteration,
+        "model_version": model_version,
+        "batch_id": batch_id,
+        "batch_rollouts": results["batch"].height,
+        "groups_kept": int(groups["kept"].sum()),
+        "run_id": run.run_id,
+        **metrics,
+        "groups": groups.height,
+        "filter_reasons": dict(groups.group_by("filter_reason").len().rows()),
+    }
 
 
 @flow(name="train-policy", log_prints=True)
 @writes_iterations
-def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
-                 parent: int | None = None, force: bool = True) -> dict[str, Any]:
+def train_policy(
+    iteration: int,
+    config: dict[str, Any] | None = None,
+    lake_uri: str | None = None,
+    parent: int | None = None,
+    force: bool = True,
+) -> dict[str, Any]:
     """One GRPO / DAPO step on the iteration's batch, from `parent` (default: the latest version);
     registers the next model version."""
     settings = TrainConfig.model_validate(config or {})
@@ -179,9 +244,13 @@ def train_policy(iteration: int, config: dict[str, Any] | None = None, lake_uri:
     with lake.run("train-policy", "train", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         result = train_task(lake, run, iteration, settings, parent)
     if result["trained"]:
-        print(f"iteration {iteration}: model version {result['model_version']} from batch {result['batch_id']} "
-              f"(loss {result['loss']:.4f}, clip fraction {result['clip_fraction']:.3f}, {result['tokens']} tokens)")
+        print(
+            f"iteration {iteration}: model version {result['model_version']} from batch {result['batch_id']} "
+            f"(loss {result['loss']:.4f}, clip fraction {result['clip_fraction']:.3f}, {result['tokens']} tokens)"
+        )
     else:
-        print(f"iteration {iteration}: no training step ({result['reason']}); model version stays "
-              f"{result['model_version']}")
+        print(
+            f"iteration {iteration}: no training step ({result['reason']}); model version stays "
+            f"{result['model_version']}"
+        )
     return {**result, "run_id": run.run_id}

@@ -48,33 +48,37 @@ warmup_task = stage_task(run_warmup, "supervised-warm-up", gpu=True)
 
 @flow(name="rl-loop", log_prints=True)
 @writes_iterations
-def rl_loop(config: dict[str, Any] | None = None, iterations: int | None = None,
-            lake_uri: str | None = None) -> list[dict[str, Any]]:
+def rl_loop(
+    config: dict[str, Any] | None = None, iterations: int | None = None, lake_uri: str | None = None
+) -> list[dict[str, Any]]:
     """Bring the lake to `iterations` RL iterations (default: the config's): a second run resumes where the
     first stopped, and a finished one has nothing left to do."""
     settings = RunConfig.model_validate(config or {})
     lora = settings.train.lora is not None
     launch = settings.rollout.backend == "openai" and settings.rollout.openai.launch > 0
-    if launch:                                              # the names its servers will serve versions under
+    if launch:  # the names its servers will serve versions under
         settings = with_openai(settings, vllm_servers.launch_config(settings.rollout.openai, lora))
-    check_layout(settings)                                  # before anything is sampled or trained
+    check_layout(settings)  # before anything is sampled or trained
     lake = Lake.open(lake_uri)
-    latest = current_model_version(lake, settings.rollout.base_policy)      # registers version 0 on a new lake
+    latest = current_model_version(lake, settings.rollout.base_policy)  # registers version 0 on a new lake
     warm = None
     if settings.warmup.enabled:
         warm = warmup_version(lake)
         if warm is None:
-            with lake.run("rl-loop", "warmup", settings.warmup.model_dump(mode="json"),
-                          prefect_flow_run_id=flow_run.id) as run:
+            with lake.run(
+                "rl-loop", "warmup", settings.warmup.model_dump(mode="json"), prefect_flow_run_id=flow_run.id
+            ) as run:
                 warmed = warmup_task(lake, run, settings)
-            warm = latest = warmed["model_version"]          # registered as the main line's newest
-            print(f"warm-up: model version {warm} after {warmed['steps']} steps, held-out sampled solve rate "
-                  f"{warmed['solve_rate']:.1%} on {settings.warmup.eval_problems} problems")
+            warm = latest = warmed["model_version"]  # registered as the main line's newest
+            print(
+                f"warm-up: model version {warm} after {warmed['steps']} steps, held-out sampled solve rate "
+                f"{warmed['solve_rate']:.1%} on {settings.warmup.eval_problems} problems"
+            )
     if not launch:
         return _loop(lake, settings, latest, warm, iterations)
-    base = full_version_under(lake, latest)         # what the servers start on: LoRA versions are adapters of it
+    base = full_version_under(lake, latest)  # what the servers start on: LoRA versions are adapters of it
     folder = staged(version_row(lake, base)["checkpoint_uri"], settings.publish.staging_dir)
-    with vllm_servers.launched(settings.rollout.openai, folder, lora, base) as served:   # stopped when it ends
+    with vllm_servers.launched(settings.rollout.openai, folder, lora, base) as served:  # stopped when it ends
         return _loop(lake, with_openai(settings, served), latest, warm, iterations)
 
 
@@ -94,29 +98,36 @@ def full_version_under(lake: Lake, version: int) -> int:
     return int(owners["model_version"].min())
 
 
-def _loop(lake: Lake, settings: RunConfig, latest: int, warm: int | None,
-          iterations: int | None) -> list[dict[str, Any]]:
+def _loop(
+    lake: Lake, settings: RunConfig, latest: int, warm: int | None, iterations: int | None
+) -> list[dict[str, Any]]:
     """The loop once its servers serve: the warm version's evaluation (the curve's start), then the iterations."""
     iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
     if warm is not None and lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():
-        publish_version(lake, settings.rollout, settings.publish, warm, "rl-loop", iteration=0)   # the curve's start
+        publish_version(lake, settings.rollout, settings.publish, warm, "rl-loop", iteration=0)  # the curve's start
         evaluation = evaluate_and_record(lake, settings, warm, iteration=0)
         with lake.run("rl-loop", "record", {}, iteration=0, prefect_flow_run_id=flow_run.id) as run:
-            row = {"iteration": 0, "model_version": warm, "trained_version": warm,
-                   "eval_solve_rate": overall_solve_rate(evaluation), "created_at": datetime.now(UTC)}
+            row = {
+                "iteration": 0,
+                "model_version": warm,
+                "trained_version": warm,
+                "eval_solve_rate": overall_solve_rate(evaluation),
+                "created_at": datetime.now(UTC),
+            }
             lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}, run)
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)
-    if total:                                          # the version sampled next must be served (a resume too)
+    if total:  # the version sampled next must be served (a resume too)
         publish_version(lake, settings.rollout, settings.publish, latest, "rl-loop")
     progress = create_progress_artifact(0.0, key="rl-loop-progress", description=f"{total} iterations to run")
     iterations_of = overlapped_iterations if settings.loop.mode == "async" else _iterations
-    with publishing() as artifacts:                    # the artifacts are made beside the loop, not in its way
+    with publishing() as artifacts:  # the artifacts are made beside the loop, not in its way
         return iterations_of(lake, settings, iteration_config, total, progress, artifacts)
 
 
-def _iterations(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int, progress: UUID,
-                artifacts: Publisher) -> list[dict[str, Any]]:
+def _iterations(
+    lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int, progress: UUID, artifacts: Publisher
+) -> list[dict[str, Any]]:
     """The next `total` iterations one after another, each recorded in `iteration_metrics`."""
     lake_uri = lake.uri
     rows, baselines = [], {}
@@ -144,11 +155,13 @@ def check_layout(settings: RunConfig) -> None:
     if settings.rollout.backend == "hf" and not train.share_devices:
         shared = shared_gpus(devices, settings.rollout.devices or [settings.rollout.device])
         if shared:
-            raise LayoutRefused(f"the trainer ({', '.join(devices)}) and the local sampler (rollout.devices "
-                                f"{settings.rollout.devices or [settings.rollout.device]}) share GPU(s) {shared}: give "
-                                "them separate devices, or set train.share_devices: true")
+            raise LayoutRefused(
+                f"the trainer ({', '.join(devices)}) and the local sampler (rollout.devices "
+                f"{settings.rollout.devices or [settings.rollout.device]}) share GPU(s) {shared}: give "
+                "them separate devices, or set train.share_devices: true"
+            )
     if settings.rollout.backend == "openai":
-        for device in dict.fromkeys(devices):                 # a server's GPU needs its memory split all the same
+        for device in dict.fromkeys(devices):  # a server's GPU needs its memory split all the same
             for line in preflight(device, settings.rollout.openai, settings.loop.mode, gpu_memory_gib(device)):
                 print(f"layout: {line}")
 

@@ -13,8 +13,11 @@ def resume_point(lake: Lake) -> tuple[int, int | None]:
     """(next iteration, version it already trained or None)."""
     done = lake.read("iteration_metrics", columns=["iteration"])["iteration"]
     iteration = int(done.max() or 0) + 1
-    trained = lake.read("model_versions", filter=(pc.field("iteration") == iteration) & (pc.field("kind") != BRANCH),
-                        columns=["model_version"])
+    trained = lake.read(
+        "model_versions",
+        filter=(pc.field("iteration") == iteration) & (pc.field("kind") != BRANCH),
+        columns=["model_version"],
+    )
     return iteration, (int(trained["model_version"].max()) if not trained.is_empty() else None)
 
 

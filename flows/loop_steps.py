@@ -31,30 +31,41 @@ Baselines = dict[tuple[str, int], pl.DataFrame]
 def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -> dict[str, Any]:
     """The iteration's metrics, read back from its tables (so a resumed iteration is recorded the same way)."""
     this = pc.field("iteration") == iteration
-    groups = lake.read("groups", filter=this)      # the mix's groups: RISE's in-batch verification groups apart
+    groups = lake.read("groups", filter=this)  # the mix's groups: RISE's in-batch verification groups apart
     groups = groups.filter(pl.col("round").fill_null(0) != VERIFICATION_ROUND) if "round" in groups.columns else groups
-    levels = lake.read("problems", filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()),
-                       columns=["problem_id", "level"]).unique("problem_id")
+    levels = lake.read(
+        "problems",
+        filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()),
+        columns=["problem_id", "level"],
+    ).unique("problem_id")
     by_level = groups.join(levels, on="problem_id").group_by("level").agg(pl.col("solve_rate").mean()).sort("level")
     staleness = lake.read("advantages", filter=this, columns=["staleness"])["staleness"]
     rollouts = lake.read("rollouts", filter=this, columns=["model_version", "round", "self_certainty"])
     rewards = lake.read("rewards", filter=this, columns=["reward"])["reward"]
-    trained = lake.read("model_versions", filter=this & (pc.field("kind") != BRANCH),
-                        columns=["model_version", "metrics"]).sort("model_version")
+    trained = lake.read(
+        "model_versions", filter=this & (pc.field("kind") != BRANCH), columns=["model_version", "metrics"]
+    ).sort("model_version")
     training = json.loads(trained["metrics"][-1]) if trained.height else {}
     sampling = sampling_metrics(groups) if groups.height else {}
     return {
-        "iteration": iteration, "model_version": int(rollouts["model_version"].min()) if rollouts.height else -1,
+        "iteration": iteration,
+        "model_version": int(rollouts["model_version"].min()) if rollouts.height else -1,
         "trained_version": int(trained["model_version"][-1]) if trained.height else None,
-        "rounds": drawn_rounds(rollouts["round"]), "groups": groups.height,
-        "groups_kept": int(groups["kept"].sum()), "filtered_share": sampling.get("filtered_share"),
+        "rounds": drawn_rounds(rollouts["round"]),
+        "groups": groups.height,
+        "groups_kept": int(groups["kept"].sum()),
+        "filtered_share": sampling.get("filtered_share"),
         "learning_zone_share": sampling.get("learning_zone_share"),
         "mean_reward": float(rewards.mean()) if rewards.len() else None,
         "solve_rate_by_level": json.dumps({str(level): round(rate, 4) for level, rate in by_level.rows()}),
         "mean_staleness": float(staleness.mean()) if staleness.len() else None,
-        "loss": training.get("loss"), "clip_fraction": training.get("clip_fraction"), "entropy": training.get("entropy"),
+        "loss": training.get("loss"),
+        "clip_fraction": training.get("clip_fraction"),
+        "entropy": training.get("entropy"),
         "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
-        "created_at": datetime.now(UTC), "mean_self_certainty": rollouts["self_certainty"].mean()}
+        "created_at": datetime.now(UTC),
+        "mean_self_certainty": rollouts["self_certainty"].mean(),
+    }
 
 
 def drawn_rounds(rounds: pl.Series) -> int | None:
@@ -65,8 +76,9 @@ def drawn_rounds(rounds: pl.Series) -> int | None:
 
 def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration: int) -> pl.DataFrame:
     """Held-out solve rate of `version` (the evaluation flow), read back as its `evaluations` rows."""
-    evaluate_model(version, settings.model_dump(mode="json", include=set(EvaluationRunConfig.model_fields)), lake.uri,
-                   iteration)
+    evaluate_model(
+        version, settings.model_dump(mode="json", include=set(EvaluationRunConfig.model_fields)), lake.uri, iteration
+    )
     return lake.read("evaluations", filter=pc.field("model_version") == version)
 
 
@@ -74,13 +86,21 @@ def sampling_config(lake: Lake, settings: RunConfig, iteration_config: dict[str,
     """The iteration sections to sample the next iteration with: the latest rebalanced level mix, if any."""
     if not settings.curriculum.enabled:
         return iteration_config
-    mix = {**iteration_config["rollout"]["mix"], "level_weights": current_level_weights(
-        lake, settings.rollout.mix.level_weights)}
+    mix = {
+        **iteration_config["rollout"]["mix"],
+        "level_weights": current_level_weights(lake, settings.rollout.mix.level_weights),
+    }
     return {**iteration_config, "rollout": {**iteration_config["rollout"], "mix": mix}}
 
 
-def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: int, artifacts: Publisher,
-                     baselines: Baselines | None = None) -> dict[str, Any]:
+def finish_iteration(
+    lake: Lake,
+    settings: RunConfig,
+    iteration: int,
+    version: int,
+    artifacts: Publisher,
+    baselines: Baselines | None = None,
+) -> dict[str, Any]:
     """After `version` trained on `iteration`: evaluate it when due, record the iteration's row, publish its
     artifacts beside the loop, and rebalance the curriculum when due. Returns the row. `baselines`: the run's
     own (one per run, see `check_self_reward`)."""
@@ -89,7 +109,7 @@ def finish_iteration(lake: Lake, settings: RunConfig, iteration: int, version: i
     with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         row = iteration_row(lake, iteration, evaluation)
         lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
-    artifacts(publish_iteration, lake, row)           # its reads and API calls beside the next iteration
+    artifacts(publish_iteration, lake, row)  # its reads and API calls beside the next iteration
     if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
         rebalance(lake, settings, iteration)
     if settings.selfplay.enabled:
@@ -107,18 +127,23 @@ def check_self_reward(lake: Lake, settings: RunConfig, iteration: int, baselines
     from tasks.selfplay.health import CollapseDetected
 
     metrics = lake.read("iteration_metrics", columns=["iteration", "entropy"])
-    first = int(metrics.filter(pl.col("iteration") > 0)["iteration"].min())             # 0: the warm-up, no rollouts
+    first = int(metrics.filter(pl.col("iteration") > 0)["iteration"].min())  # 0: the warm-up, no rollouts
     key = (lake.uri, first)
     wanted = [iteration] if key in baselines else sorted({first, iteration})
-    health = self_reward_health(lake.read("rollouts", filter=pc.field("iteration").isin(wanted),
-                                          columns=["iteration", "response", "n_tokens"]), metrics)
+    health = self_reward_health(
+        lake.read("rollouts", filter=pc.field("iteration").isin(wanted), columns=["iteration", "response", "n_tokens"]),
+        metrics,
+    )
     if key not in baselines:
         baselines[key] = health.filter(pl.col("iteration") == first)
-    health = pl.concat([baselines[key], health.filter(pl.col("iteration") != first)])   # first ≤ iteration
+    health = pl.concat([baselines[key], health.filter(pl.col("iteration") != first)])  # first ≤ iteration
     fired = collapsed(health, iteration, settings.reward.tripwire)
     if fired:
-        raise CollapseDetected(f"the self-rewarded run stopped after iteration {iteration}: " + "; ".join(fired) +
-                               " (the reward has no verifier; see `rlvr sql \"select * from iteration_metrics\"`)")
+        raise CollapseDetected(
+            f"the self-rewarded run stopped after iteration {iteration}: "
+            + "; ".join(fired)
+            + ' (the reward has no verifier; see `rlvr sql "select * from iteration_metrics"`)'
+        )
 
 
 def check_collapse(lake: Lake, settings: RunConfig, iteration: int, eval_solve_rate: float | None) -> None:
@@ -128,23 +153,42 @@ def check_collapse(lake: Lake, settings: RunConfig, iteration: int, eval_solve_r
 
     fired = tripped(proposal_health(lake.read("proposals")), eval_solve_rate, iteration, settings.selfplay.tripwire)
     if fired:
-        raise CollapseDetected(f"self-play stopped after iteration {iteration}: " + "; ".join(fired) +
-                               " (see `rlvr sql \"select * from proposal_health\"`)")
+        raise CollapseDetected(
+            f"self-play stopped after iteration {iteration}: "
+            + "; ".join(fired)
+            + ' (see `rlvr sql "select * from proposal_health"`)'
+        )
 
 
 def rebalance(lake: Lake, settings: RunConfig, iteration: int) -> None:
     """The curriculum's decisions after `iteration`: the level mix, and reasoning-gym sources' difficulty."""
-    with lake.run("rl-loop", "curriculum", settings.curriculum.model_dump(mode="json"), iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run(
+        "rl-loop",
+        "curriculum",
+        settings.curriculum.model_dump(mode="json"),
+        iteration=iteration,
+        prefect_flow_run_id=flow_run.id,
+    ) as run:
         changes = rebalanced(lake, iteration, settings.curriculum, settings.rollout.mix.level_weights)
         lake.replace("curriculum", changes, {"iteration": iteration}, run)
-    print("curriculum: " + ", ".join(f"level {level} {old:.0%}→{new:.0%} ({reason})" for level, old, new, reason
-                                     in changes.select("level", "old_weight", "new_weight", "reason").rows()))
-    if settings.curriculum.gym_difficulty:          # reasoning-gym sources move their difficulty step
-        with lake.run("rl-loop", "gym-curriculum", settings.curriculum.model_dump(mode="json"),
-                      iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
-            moves = moved_gym_difficulty(lake, iteration, settings.curriculum,
-                                         lambda curation: curate_bank(curation, lake.uri))
+    print(
+        "curriculum: "
+        + ", ".join(
+            f"level {level} {old:.0%}→{new:.0%} ({reason})"
+            for level, old, new, reason in changes.select("level", "old_weight", "new_weight", "reason").rows()
+        )
+    )
+    if settings.curriculum.gym_difficulty:  # reasoning-gym sources move their difficulty step
+        with lake.run(
+            "rl-loop",
+            "gym-curriculum",
+            settings.curriculum.model_dump(mode="json"),
+            iteration=iteration,
+            prefect_flow_run_id=flow_run.id,
+        ) as run:
+            moves = moved_gym_difficulty(
+                lake, iteration, settings.curriculum, lambda curation: curate_bank(curation, lake.uri)
+            )
             lake.replace("gym_curriculum", moves, {"iteration": iteration}, run)
         for source, old, new, reason in moves.select("source", "old_step", "new_step", "reason").rows():
             print(f"gym curriculum: {source} step {old}→{new} ({reason})")

@@ -44,8 +44,8 @@ def ensure_api() -> str | None:
         return None
     url = start_temporary_server()
     os.environ["PREFECT_API_URL"] = url
-    os.environ.setdefault("PREFECT_UI_URL", "")     # it serves no UI: no "View at" links to a page that is not there
-    if "prefect" in sys.modules:                    # Prefect read its settings when it was imported: read them again
+    os.environ.setdefault("PREFECT_UI_URL", "")  # it serves no UI: no "View at" links to a page that is not there
+    if "prefect" in sys.modules:  # Prefect read its settings when it was imported: read them again
         from prefect.context import refresh_global_settings_context
 
         refresh_global_settings_context()
@@ -82,19 +82,20 @@ def start_temporary_server() -> str:
     home = prefect_home()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / LOG_NAME
-    for _ in range(2):                  # one retry, on a fresh port: a port taken meanwhile, a slow first start
+    for _ in range(2):  # one retry, on a fresh port: a port taken meanwhile, a slow first start
         port = _free_port()
         process = _spawn(port, log_path)
         url = f"http://127.0.0.1:{port}/api"
         if _answers(url, process, timeout):
             (home / PID_NAME).write_text(f"{process.pid}\n")
-            atexit.register(_stop, process)   # registered before Prefect's own exit handlers, so it runs after them
+            atexit.register(_stop, process)  # registered before Prefect's own exit handlers, so it runs after them
             return url
         _stop(process)
     raise OrchestrationUnavailable(
         f"the temporary Prefect server did not answer within {timeout:.0f} s (twice; its log: {log_path}). On a busy "
         f"machine raise {START_TIMEOUT_ENV}, or run one server for every command: `prefect server start`, then "
-        "export PREFECT_API_URL=http://127.0.0.1:4200/api")
+        "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+    )
 
 
 def _start_timeout() -> float:
@@ -112,30 +113,55 @@ def _free_port() -> int:
 
 def _spawn(port: int, log_path: Path) -> subprocess.Popen:
     prefect_dir = Path(find_spec("prefect").origin).parent
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT_SERVER_UI_ENABLED": "false",
-           "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT_SERVER_UI_ENABLED": "false",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "error", "--lifespan", "on"],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,     # a Ctrl-C at the terminal reaches the command, which stops the server last
-            preexec_fn=_die_with_parent(os.getpid()))
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--app-dir",
+                str(prefect_dir.parent),
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the command, which stops the server last
+            preexec_fn=_die_with_parent(os.getpid()),
+        )
 
 
 def _die_with_parent(parent: int):
     """In the child before exec: ask the kernel for SIGTERM when the parent dies (Linux; a no-op elsewhere)."""
+
     def arrange() -> None:
         try:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             return
-        if os.getppid() != parent:      # the parent died before the signal was armed
+        if os.getppid() != parent:  # the parent died before the signal was armed
             os._exit(1)
+
     return arrange
 
 

@@ -30,8 +30,8 @@ from storage.leases import LOOP
 from storage.progress import reporting_to
 
 GPU_TAG = "gpu"
-GPU_LIMIT_LOOKUP_SECONDS = 30.0      # how long the answer to "is there a gpu limit?" is kept
-_gpu_limit_seen: list[tuple[float, bool]] = []   # (monotonic time of the lookup, its answer)
+GPU_LIMIT_LOOKUP_SECONDS = 30.0  # how long the answer to "is there a gpu limit?" is kept
+_gpu_limit_seen: list[tuple[float, bool]] = []  # (monotonic time of the lookup, its answer)
 
 
 def gpu_limit_exists() -> bool:
@@ -75,8 +75,8 @@ def retry_delays_from_env(default: list[float]) -> list[float]:
         raise ValueError(f"RLVR_RETRY_DELAYS={text!r}: give seconds separated by commas, e.g. 10,30") from None
 
 
-TRANSIENT_RETRY_DELAYS = retry_delays_from_env([10, 30])   # seconds before the first and the second retry
-STORAGE_RETRY_DELAYS = [2, 5]                                 # lake reads and writes done as tasks
+TRANSIENT_RETRY_DELAYS = retry_delays_from_env([10, 30])  # seconds before the first and the second retry
+STORAGE_RETRY_DELAYS = [2, 5]  # lake reads and writes done as tasks
 
 
 def is_transient(error: BaseException) -> bool:
@@ -105,10 +105,16 @@ def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delay
         with reporting_to(progress_listener()):
             return fn(*args, **kwargs)
 
-    with_progress.__prefect_task_source__ = fn      # Prefect keys task runs by this function's code, not the wrapper's
+    with_progress.__prefect_task_source__ = fn  # Prefect keys task runs by this function's code, not the wrapper's
 
-    return (GpuTask if gpu else Task)(with_progress, name=name, cache_policy=NO_CACHE, retries=len(delays),
-                                      retry_delay_seconds=delays, retry_condition_fn=_retry_if_transient)
+    return (GpuTask if gpu else Task)(
+        with_progress,
+        name=name,
+        cache_policy=NO_CACHE,
+        retries=len(delays),
+        retry_delay_seconds=delays,
+        retry_condition_fn=_retry_if_transient,
+    )
 
 
 def writes_iterations(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,7 +125,10 @@ def writes_iterations(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def under_lease(*args, **kwargs):
-        with Lake.open(signature.bind(*args, **kwargs).arguments.get("lake_uri")).lease(LOOP), without_flow_heartbeats():
+        with (
+            Lake.open(signature.bind(*args, **kwargs).arguments.get("lake_uri")).lease(LOOP),
+            without_flow_heartbeats(),
+        ):
             return fn(*args, **kwargs)
 
     return under_lease
@@ -132,7 +141,7 @@ def without_flow_heartbeats() -> Iterator[None]:
     writer is found by the lake's own process records (storage/presence.py), not by these."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:    # already off (a nested flow): settings cost ~0.1 s to copy
+    if PREFECT_FLOWS_HEARTBEAT_FREQUENCY.value() is None:  # already off (a nested flow): settings cost ~0.1 s to copy
         yield
         return
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):

@@ -41,25 +41,61 @@ def base_names(lake: Lake, rollout: RolloutConfig) -> set[str]:
     return {served_name(row, rollout) for row in bases.iter_rows(named=True)}
 
 
-def publish_version(lake: Lake, rollout: RolloutConfig, config: PublishConfig, version: int,
-                    flow: str = "publish-policy", iteration: int | None = None) -> list[dict[str, Any]] | None:
+def publish_version(
+    lake: Lake,
+    rollout: RolloutConfig,
+    config: PublishConfig,
+    version: int,
+    flow: str = "publish-policy",
+    iteration: int | None = None,
+) -> list[dict[str, Any]] | None:
     """Publish `version` to every endpoint of `rollout.openai`; None when there is nothing to publish to."""
     if rollout.backend != "openai" or not config.enabled:
         return None
     row = version_row(lake, version)
     name = served_name(row, rollout)
     endpoints = rollout.openai.endpoints
-    parameters = {"model_version": version, "served_name": name, "endpoints": endpoints, **config.model_dump(),
-                  "logprob_check_prompts": rollout.logprob_check_prompts, "logprob_tolerance": rollout.logprob_tolerance}
+    parameters = {
+        "model_version": version,
+        "served_name": name,
+        "endpoints": endpoints,
+        **config.model_dump(),
+        "logprob_check_prompts": rollout.logprob_check_prompts,
+        "logprob_tolerance": rollout.logprob_tolerance,
+    }
     with lake.run(flow, "publish", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
-        results = publish(endpoints, name, row["checkpoint_uri"], config,
-                          rollout.openai.model_name, base_names(lake, rollout), os.environ.get(rollout.openai.api_key_env),
-                          version)
-        rows = [{"model_version": version, "served_name": r.served_name, "endpoint": r.endpoint,
-                 "path": r.path, "action": r.action, "error": r.error, "unloaded": r.unloaded, "method": r.method,
-                 "seconds": r.seconds, "created_at": utc_now()} for r in results]
-        lake.append("publications", pl.DataFrame(rows, schema_overrides={"error": pl.String, "seconds": pl.Float64,
-                                                                         "unloaded": pl.List(pl.String)}), run)
+        results = publish(
+            endpoints,
+            name,
+            row["checkpoint_uri"],
+            config,
+            rollout.openai.model_name,
+            base_names(lake, rollout),
+            os.environ.get(rollout.openai.api_key_env),
+            version,
+        )
+        rows = [
+            {
+                "model_version": version,
+                "served_name": r.served_name,
+                "endpoint": r.endpoint,
+                "path": r.path,
+                "action": r.action,
+                "error": r.error,
+                "unloaded": r.unloaded,
+                "method": r.method,
+                "seconds": r.seconds,
+                "created_at": utc_now(),
+            }
+            for r in results
+        ]
+        lake.append(
+            "publications",
+            pl.DataFrame(
+                rows, schema_overrides={"error": pl.String, "seconds": pl.Float64, "unloaded": pl.List(pl.String)}
+            ),
+            run,
+        )
         agreements = []
         if rollout.logprob_check_prompts and sum(r.confirmed for r in results) >= config.min_endpoints:
             agreements = check_agreement(lake, rollout, version, name, [r.endpoint for r in results if r.confirmed])
@@ -68,8 +104,10 @@ def publish_version(lake: Lake, rollout: RolloutConfig, config: PublishConfig, v
         state = result.action.replace("_", " ") + (f": {result.error}" if result.error else "")
         unloaded = f" (unloaded {', '.join(result.unloaded)})" if result.unloaded else ""
         took = f" in {result.seconds:.1f} s" if result.seconds is not None else ""
-        print(f"publish: model version {version} as {name!r} on {result.endpoint}: {result.method} {state}{took}"
-              f"{unloaded}")
+        print(
+            f"publish: model version {version} as {name!r} on {result.endpoint}: {result.method} {state}{took}"
+            f"{unloaded}"
+        )
     require_confirmed(results, config.min_endpoints)
     require_agreement(agreements)
     return rows
@@ -86,25 +124,45 @@ def gate_prompts(lake: Lake, rollout: RolloutConfig, tokenizer) -> list[str]:
     return [format_prompt(problem, rollout.prompt, tokenizer) for problem in problems]
 
 
-def check_agreement(lake: Lake, rollout: RolloutConfig, version: int, name: str,
-                    endpoints: list[str]) -> list[Agreement]:
+def check_agreement(
+    lake: Lake, rollout: RolloutConfig, version: int, name: str, endpoints: list[str]
+) -> list[Agreement]:
     """The gate on each endpoint, against the version's registry checkpoint loaded on `rollout.device`."""
     model, tokenizer = load_policy(version_row(lake, version)["checkpoint_uri"], rollout.sampling_device())
     prompts = gate_prompts(lake, rollout, tokenizer)
     api_key = os.environ.get(rollout.openai.api_key_env)
-    return [check_endpoint(rollout.openai, endpoint, name, version, model, tokenizer, prompts, rollout.sampler,
-                           rollout.logprob_tolerance, api_key) for endpoint in endpoints]
+    return [
+        check_endpoint(
+            rollout.openai,
+            endpoint,
+            name,
+            version,
+            model,
+            tokenizer,
+            prompts,
+            rollout.sampler,
+            rollout.logprob_tolerance,
+            api_key,
+        )
+        for endpoint in endpoints
+    ]
 
 
 def append_agreements(lake: Lake, run, agreements: list[Agreement]) -> None:
-    lake.append("logprob_checks", pl.DataFrame([a.as_row() | {"created_at": utc_now()} for a in agreements],
-                                               schema_overrides={"causes": pl.List(pl.String)}), run)
+    lake.append(
+        "logprob_checks",
+        pl.DataFrame(
+            [a.as_row() | {"created_at": utc_now()} for a in agreements],
+            schema_overrides={"causes": pl.List(pl.String)},
+        ),
+        run,
+    )
 
 
 def check_policy(lake: Lake, rollout: RolloutConfig, endpoint: str, model: str | None = None) -> Agreement:
     """`rlvr policy check`: the gate on one endpoint for the version served as `model` (default: the newest
     registered version), recorded in `logprob_checks` like the loop's."""
-    endpoint = server_root(endpoint)                    # `http://host:8000/v1`, as the judge's is written, too
+    endpoint = server_root(endpoint)  # `http://host:8000/v1`, as the judge's is written, too
     registered = lake.read("model_versions").sort("model_version")
     if registered.is_empty():
         raise ValueError(f"the lake at {lake.uri} has no model versions: run `rlvr policy init` first")
@@ -113,14 +171,22 @@ def check_policy(lake: Lake, rollout: RolloutConfig, endpoint: str, model: str |
         row = rows[-1]
     else:
         version = version_of(model, rollout.openai.model_name)
-        row = next((r for r in rows if r["served_name"] == model), None) or \
-            next((r for r in rows if r["model_version"] == version), None)
+        row = next((r for r in rows if r["served_name"] == model), None) or next(
+            (r for r in rows if r["model_version"] == version), None
+        )
         if row is None:
-            raise ValueError(f"model {model!r} is no registered version's served name, nor a name of the template "
-                             f"{rollout.openai.model_name!r} of a registered version")
+            raise ValueError(
+                f"model {model!r} is no registered version's served name, nor a name of the template "
+                f"{rollout.openai.model_name!r} of a registered version"
+            )
     name = model or served_name(row, rollout)
-    parameters = {"endpoint": endpoint, "model_version": row["model_version"], "served_name": name,
-                  "logprob_check_prompts": rollout.logprob_check_prompts, "logprob_tolerance": rollout.logprob_tolerance}
+    parameters = {
+        "endpoint": endpoint,
+        "model_version": row["model_version"],
+        "served_name": name,
+        "logprob_check_prompts": rollout.logprob_check_prompts,
+        "logprob_tolerance": rollout.logprob_tolerance,
+    }
     with lake.run("policy-check", "logprob-check", parameters, prefect_flow_run_id=flow_run.id) as run:
         agreement = check_agreement(lake, rollout, row["model_version"], name, [endpoint])[0]
         append_agreements(lake, run, [agreement])
@@ -133,13 +199,23 @@ def require_agreement(agreements: list[Agreement]) -> None:
         print(f"logprob check: {describe(agreement)}")
     failed = [a for a in agreements if not a.passed]
     if failed:
-        raise GateFailed("the servers' behaviour log-probs disagree with the trainer's, so every importance ratio "
-                         "would be wrong: " + " | ".join(describe(a) for a in failed))
+        raise GateFailed(
+            "the servers' behaviour log-probs disagree with the trainer's, so every importance ratio "
+            "would be wrong: " + " | ".join(describe(a) for a in failed)
+        )
 
 
 @flow(name="publish-policy", log_prints=True)
-def publish_policy(version: int, rollout: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                   lake_uri: str | None = None) -> list[dict[str, Any]] | None:
+def publish_policy(
+    version: int,
+    rollout: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    lake_uri: str | None = None,
+) -> list[dict[str, Any]] | None:
     """Load model version `version` into every rollout endpoint and confirm it (`rlvr policy publish`)."""
-    return publish_version(Lake.open(lake_uri), RolloutConfig.model_validate(rollout or {}),
-                           PublishConfig.model_validate(config or {}), version)
+    return publish_version(
+        Lake.open(lake_uri),
+        RolloutConfig.model_validate(rollout or {}),
+        PublishConfig.model_validate(config or {}),
+        version,
+    )

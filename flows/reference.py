@@ -48,27 +48,42 @@ def _option_row(param) -> str:
     names = ", ".join(f"`{name}`" for name in [*param.opts, *getattr(param, "secondary_opts", [])])
     if param.param_type_name == "argument":
         names = f"`{param.display_name_raw}` (argument)"
-    descriptor = getattr(param, "type_descriptor", None)            # typer's own parameters describe their type
-    choices = [getattr(c, "value", c) for c in descriptor.choices or ()] if getattr(descriptor, "is_choice", False) else []
-    kind = "flag" if getattr(param, "is_flag", False) else " \\| ".join(map(str, choices)) if choices else param.bare_type()
-    value = getattr(param.default, "value", param.default)           # an Enum's default as the user types it
+    descriptor = getattr(param, "type_descriptor", None)  # typer's own parameters describe their type
+    choices = (
+        [getattr(c, "value", c) for c in descriptor.choices or ()] if getattr(descriptor, "is_choice", False) else []
+    )
+    kind = (
+        "flag"
+        if getattr(param, "is_flag", False)
+        else " \\| ".join(map(str, choices))
+        if choices
+        else param.bare_type()
+    )
+    value = getattr(param.default, "value", param.default)  # an Enum's default as the user types it
     default = "" if value in (None, False, ()) or callable(value) else f"`{value}`"
     return f"| {names} | {kind} | {default} | {_cell(getattr(param, 'help', None) or '')} |"
 
 
 def config_reference() -> str:
     """Markdown: each section of a run config (`rlvr run --config`), then the curation stage's `bank:`."""
-    lines = [HEADER, "# Run config reference\n",
-             "Every section of a run config (`rlvr run --config FILE`) and of the curation stage's `bank:`, "
-             "with each field's type, default and description, and under each section the rules between its "
-             "fields (its validators' own words). A config that breaks a rule is refused, naming the file and "
-             "the field (a rule that says it warns only warns).\n"]
+    lines = [
+        HEADER,
+        "# Run config reference\n",
+        "Every section of a run config (`rlvr run --config FILE`) and of the curation stage's `bank:`, "
+        "with each field's type, default and description, and under each section the rules between its "
+        "fields (its validators' own words). A config that breaks a rule is refused, naming the file and "
+        "the field (a rule that says it warns only warns).\n",
+    ]
     from flows.run_config import RunConfig
 
-    lines += ["## The shipped configs\n", "In `configs/`, each as its own opening comment describes it.\n",
-              "| file | what it is |", "| --- | --- |",
-              *(f"| `configs/{path.name}` | {_cell(_opening_comment(path))} |" for path in sorted(CONFIGS.glob("*.yaml"))),
-              ""]
+    lines += [
+        "## The shipped configs\n",
+        "In `configs/`, each as its own opening comment describes it.\n",
+        "| file | what it is |",
+        "| --- | --- |",
+        *(f"| `configs/{path.name}` | {_cell(_opening_comment(path))} |" for path in sorted(CONFIGS.glob("*.yaml"))),
+        "",
+    ]
     lines += ["## Rules across sections\n", *(f"- {rule}" for rule in validator_rules(RunConfig)), ""]
     for path, model in config_sections():
         _model_section(lines, path, model)
@@ -83,7 +98,7 @@ def config_sections() -> list[tuple[str, type[BaseModel]]]:
     found: list[tuple[str, type[BaseModel]]] = []
 
     def visit(path: str, model: type[BaseModel]) -> None:
-        root = path.split(".")[0]                 # a class shown once per top-level section (a cycle guard)
+        root = path.split(".")[0]  # a class shown once per top-level section (a cycle guard)
         if any(model is seen and other.split(".")[0] == root for other, seen in found):
             return
         found.append((path, model))
@@ -114,8 +129,10 @@ def _model_section(lines: list[str], path: str, model: type[BaseModel]) -> None:
             default = "(section)"
         else:
             default = "" if field.is_required() else f"`{_default(field)}`"
-        lines.append(f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(default)} | "
-                     f"{_cell(field.description or '')} |")
+        lines.append(
+            f"| `{name}` | {_cell(_type_name(field.annotation))} | {_cell(default)} | "
+            f"{_cell(field.description or '')} |"
+        )
     lines.append("")
     rules = validator_rules(model)
     if rules:
@@ -130,7 +147,7 @@ def _opening_comment(path: Path) -> str:
             break
         lines.append(line.lstrip("#").strip())
     text = " ".join(lines)
-    return text.replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")   # prose, not markup
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")  # prose, not markup
 
 
 def validator_rules(model: type[BaseModel]) -> list[str]:

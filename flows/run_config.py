@@ -21,21 +21,43 @@ from trainers.warmup import WarmupConfig
 class LoopConfig(Strict):
     """How many iterations, how often to evaluate, and whether sampling overlaps training."""
 
-    iterations: int = Field(0, ge=0, description="iterations the run should reach; a run resumes after the last "
-                            "recorded one (--iterations overrides)")
-    evaluate_every: int = Field(1, ge=0, description="evaluate the trained version every this many iterations; 0 = never")
-    mode: Literal["sync", "async"] = Field("sync", description="sync: sample, then train, one iteration after "
-                                           "another; async: sample the next iterations while one trains")
-    max_staleness: int = Field(2, ge=0, description="async: how many versions a batch's sampling version may lag "
-                               "the version that trains on it (the sampler waits rather than exceed it)")
-    roles: Literal["threads", "deployments"] = Field("threads", description="async: threads runs the sampler and "
-                                                     "the trainer inside the loop's flow run; deployments runs each "
-                                                     "as a flow run of its deployment, on the workers that take them")
-    sampler_deployment: str = Field("rollout-producer/async", description="roles deployments: the sampler's "
-                                    "deployment (<flow name>/<deployment name>)")
+    iterations: int = Field(
+        0,
+        ge=0,
+        description="iterations the run should reach; a run resumes after the last "
+        "recorded one (--iterations overrides)",
+    )
+    evaluate_every: int = Field(
+        1, ge=0, description="evaluate the trained version every this many iterations; 0 = never"
+    )
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="sync: sample, then train, one iteration after "
+        "another; async: sample the next iterations while one trains",
+    )
+    max_staleness: int = Field(
+        2,
+        ge=0,
+        description="async: how many versions a batch's sampling version may lag "
+        "the version that trains on it (the sampler waits rather than exceed it)",
+    )
+    roles: Literal["threads", "deployments"] = Field(
+        "threads",
+        description="async: threads runs the sampler and "
+        "the trainer inside the loop's flow run; deployments runs each "
+        "as a flow run of its deployment, on the workers that take them",
+    )
+    sampler_deployment: str = Field(
+        "rollout-producer/async",
+        description="roles deployments: the sampler's deployment (<flow name>/<deployment name>)",
+    )
     trainer_deployment: str = Field("policy-trainer/async", description="roles deployments: the trainer's deployment")
-    worker_timeout: float = Field(600.0, gt=0, description="roles deployments: seconds a role's flow run may wait "
-                                  "for a worker to start it before the loop gives up (and says to start one)")
+    worker_timeout: float = Field(
+        600.0,
+        gt=0,
+        description="roles deployments: seconds a role's flow run may wait "
+        "for a worker to start it before the loop gives up (and says to start one)",
+    )
 
 
 class RunConfig(IterationConfig):
@@ -43,8 +65,9 @@ class RunConfig(IterationConfig):
 
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    publish: PublishConfig = Field(default_factory=PublishConfig, description="how trained versions reach the "
-                                   "openai backend's servers")
+    publish: PublishConfig = Field(
+        default_factory=PublishConfig, description="how trained versions reach the openai backend's servers"
+    )
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
@@ -55,11 +78,15 @@ class RunConfig(IterationConfig):
         drops its own batches); `train.off_policy_loss: decoupled` needs `advantages.off_policy_weight: none` (else
         the correction is applied twice)."""
         if self.loop.mode == "async" and self.loop.max_staleness > self.advantages.max_stale_versions:
-            raise ValueError(f"loop.max_staleness {self.loop.max_staleness} exceeds advantages.max_stale_versions "
-                             f"{self.advantages.max_stale_versions}: the overlapped loop would drop its own batches")
+            raise ValueError(
+                f"loop.max_staleness {self.loop.max_staleness} exceeds advantages.max_stale_versions "
+                f"{self.advantages.max_stale_versions}: the overlapped loop would drop its own batches"
+            )
         if self.train.off_policy_loss == "decoupled" and self.advantages.off_policy_weight == "truncated":
-            raise ValueError("train.off_policy_loss decoupled weights every off-policy token already: set "
-                             "advantages.off_policy_weight: none (else the correction is applied twice)")
+            raise ValueError(
+                "train.off_policy_loss decoupled weights every off-policy token already: set "
+                "advantages.off_policy_weight: none (else the correction is applied twice)"
+            )
         return self
 
 
@@ -69,7 +96,7 @@ class EvaluationRunConfig(IterationConfig):
     evaluation: EvalConfig = Field(default_factory=EvalConfig, description="the held-out draw and its sampling")
 
 
-NOT_RUN_SECTIONS = ("bank",)          # a run config's sections that are not RunConfig's (the curation's)
+NOT_RUN_SECTIONS = ("bank",)  # a run config's sections that are not RunConfig's (the curation's)
 
 
 def load_run_config(path: Path | str) -> RunConfig:
@@ -82,8 +109,10 @@ def _stage_sections(whole: dict, path: Path | str) -> RunConfig:
     """`load_run_config` of the file already read (`whole`)."""
     unknown = sorted(set(whole) - set(RunConfig.model_fields) - set(NOT_RUN_SECTIONS))
     if unknown:
-        raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}; a run config has "
-                         f"{', '.join(sorted([*RunConfig.model_fields, *NOT_RUN_SECTIONS]))}")
+        raise ValueError(
+            f"{path}: unknown section(s) {', '.join(unknown)}; a run config has "
+            f"{', '.join(sorted([*RunConfig.model_fields, *NOT_RUN_SECTIONS]))}"
+        )
     return validated_config(whole, path, RunConfig, tuple(RunConfig.model_fields))
 
 
@@ -98,9 +127,11 @@ def load_run_configs(path: Path | str) -> tuple[CurationConfig, RunConfig]:
     except ValueError as error:
         errors.append(str(error))
     if "bank" not in whole:
-        errors.append(f"{path}: a run config (what `rlvr run` reads) needs a `bank:` section, the "
-                      "sources of the problems the run curates and trains on; this file has none. Add one, or vary a config that has "
-                      "one with `base: demo.yaml` (a path relative to this file)")
+        errors.append(
+            f"{path}: a run config (what `rlvr run` reads) needs a `bank:` section, the "
+            "sources of the problems the run curates and trains on; this file has none. Add one, or vary a config that has "
+            "one with `base: demo.yaml` (a path relative to this file)"
+        )
     else:
         try:
             curation = validated_config(whole, path, CurationConfig, section="bank")

@@ -28,14 +28,23 @@ from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig
 
 STAGES = ("rollout", "verify", "advantages", "train", "evaluate")
-ITERATION_OUTPUTS = {"rollout": ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state"),
-                     "verify": ("rewards",), "advantages": ("groups", "advantages", "batches", "dbb_state"),
-                     "train": (), "evaluate": ()}
-ITERATION_SECTIONS = tuple(IterationConfig.model_fields)                # rollout, dynamic_sampling, verify, advantages
-EVALUATION_SECTIONS = tuple(EvaluationRunConfig.model_fields)          # the same, and evaluation
-STAGE_SECTIONS = (*EVALUATION_SECTIONS, "train")      # what a re-run hands its stages (`rlvr stage --config`)
-FLOW_OF = {"rollout": "rl-iteration", "verify": "verify-iteration", "advantages": "compute-advantages",
-           "train": "train-policy", "evaluate": "evaluate-model"}
+ITERATION_OUTPUTS = {
+    "rollout": ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state"),
+    "verify": ("rewards",),
+    "advantages": ("groups", "advantages", "batches", "dbb_state"),
+    "train": (),
+    "evaluate": (),
+}
+ITERATION_SECTIONS = tuple(IterationConfig.model_fields)  # rollout, dynamic_sampling, verify, advantages
+EVALUATION_SECTIONS = tuple(EvaluationRunConfig.model_fields)  # the same, and evaluation
+STAGE_SECTIONS = (*EVALUATION_SECTIONS, "train")  # what a re-run hands its stages (`rlvr stage --config`)
+FLOW_OF = {
+    "rollout": "rl-iteration",
+    "verify": "verify-iteration",
+    "advantages": "compute-advantages",
+    "train": "train-policy",
+    "evaluate": "evaluate-model",
+}
 
 
 @dataclass(frozen=True)
@@ -66,25 +75,37 @@ def latest_bank_version(lake: Lake) -> int | None:
 
 
 def rollout_key(settings: IterationConfig, model_version: int, bank_version: int | None) -> StageKey:
-    return StageKey("rl-iteration", "rollout", settings.model_dump(mode="json", include={"rollout", "dynamic_sampling"}),
-                    {"model_version": model_version, "bank_version": bank_version})
+    return StageKey(
+        "rl-iteration",
+        "rollout",
+        settings.model_dump(mode="json", include={"rollout", "dynamic_sampling"}),
+        {"model_version": model_version, "bank_version": bank_version},
+    )
 
 
-def verify_key(lake: Lake, verify: VerifyConfig, iteration: int, flow: str = "verify-iteration",
-               rollout_runs: list[str] | None = None, reward: RewardConfig | None = None) -> StageKey:
+def verify_key(
+    lake: Lake,
+    verify: VerifyConfig,
+    iteration: int,
+    flow: str = "verify-iteration",
+    rollout_runs: list[str] | None = None,
+    reward: RewardConfig | None = None,
+) -> StageKey:
     rollouts = rollout_runs if rollout_runs is not None else run_ids(lake, "rollouts", iteration)
     config, output = verify.model_dump(mode="json"), verify.output_settings()
-    if reward is not None and not reward.is_default():     # the default composition keeps older fingerprints
+    if reward is not None and not reward.is_default():  # the default composition keeps older fingerprints
         config, output = ({**part, "reward": reward.model_dump(mode="json")} for part in (config, output))
     return StageKey(flow, "verify", config, {"rollouts": rollouts}, output)
 
 
 def advantages_key(lake: Lake, settings: IterationConfig, iteration: int, model_version: int | None) -> StageKey:
     verifier = settings.advantages.verifier
-    inputs = {"rollouts": run_ids(lake, "rollouts", iteration),
-              "rewards": run_ids(lake, "rewards", iteration, None if verifier is None else pc.field("verifier") == verifier),
-              "dbb_state": dbb_state_runs(lake, iteration),
-              "model_version": model_version}
+    inputs = {
+        "rollouts": run_ids(lake, "rollouts", iteration),
+        "rewards": run_ids(lake, "rewards", iteration, None if verifier is None else pc.field("verifier") == verifier),
+        "dbb_state": dbb_state_runs(lake, iteration),
+        "model_version": model_version,
+    }
     sections = {"advantages", "dynamic_sampling"} | ({"reward"} if not settings.reward.is_default() else set())
     return StageKey("compute-advantages", "advantages", settings.model_dump(mode="json", include=sections), inputs)
 
@@ -97,28 +118,45 @@ def dbb_state_runs(lake: Lake, iteration: int) -> list[str]:
 
 def train_key(lake: Lake, settings: TrainConfig, iteration: int, parent: int | None) -> StageKey:
     batch = lake.read("batches", filter=pc.field("iteration") == iteration, columns=["batch_id"])
-    return StageKey("train-policy", "train", settings.model_dump(mode="json"),
-                    {"batch_id": batch["batch_id"][0] if batch.height else None, "parent": parent})
+    return StageKey(
+        "train-policy",
+        "train",
+        settings.model_dump(mode="json"),
+        {"batch_id": batch["batch_id"][0] if batch.height else None, "parent": parent},
+    )
 
 
 def evaluate_key(lake: Lake, settings: EvaluationRunConfig, version: int) -> StageKey:
-    truth = settings.verify.model_copy(update={"verifier": None})     # evaluation scores with the problems' own
-    return StageKey("evaluate-model", "evaluate", settings.evaluation.model_dump(mode="json"),
-                    {"model_version": version, "bank_version": pinned_bank_version(lake)},
-                    {"evaluation": settings.evaluation.model_dump(mode="json"),      # what the numbers depend on
-                     "rollout": settings.rollout.model_dump(mode="json"), "verify": truth.output_settings()})
+    truth = settings.verify.model_copy(update={"verifier": None})  # evaluation scores with the problems' own
+    return StageKey(
+        "evaluate-model",
+        "evaluate",
+        settings.evaluation.model_dump(mode="json"),
+        {"model_version": version, "bank_version": pinned_bank_version(lake)},
+        {
+            "evaluation": settings.evaluation.model_dump(mode="json"),  # what the numbers depend on
+            "rollout": settings.rollout.model_dump(mode="json"),
+            "verify": truth.output_settings(),
+        },
+    )
 
 
 # ---- skipping ------------------------------------------------------------------------------------------------
-def skip_if_in_place(lake: Lake, key: StageKey, iteration: int, force: bool,
-                     prefect_flow_run_id: str | None = None) -> dict[str, Any] | None:
+def skip_if_in_place(
+    lake: Lake, key: StageKey, iteration: int, force: bool, prefect_flow_run_id: str | None = None
+) -> dict[str, Any] | None:
     """Unless `force`: when an identical run's output is in place, record a `skipped` run and return the skip
     summary (naming the run whose output stands); else None."""
     same_as = None if force else in_place_run(lake, key.stage, iteration, key.fingerprint)
     if same_as is None:
         return None
-    run = lake.record_skipped(key.flow, key.stage, {**key.parameters, "same_as": same_as}, iteration=iteration,
-                              prefect_flow_run_id=prefect_flow_run_id)
+    run = lake.record_skipped(
+        key.flow,
+        key.stage,
+        {**key.parameters, "same_as": same_as},
+        iteration=iteration,
+        prefect_flow_run_id=prefect_flow_run_id,
+    )
     return {"stage": key.stage, "iteration": iteration, "skipped": True, "same_as": same_as, "run_id": run.run_id}
 
 
@@ -139,8 +177,8 @@ def stage_chain(stage: str, downstream: bool, through: str | None = None) -> lis
     last = STAGES.index(through or "evaluate")
     if last < STAGES.index(stage):
         raise ValueError(f"--through {through} comes before {stage}; stages run {' → '.join(STAGES)}")
-    chain = list(STAGES[STAGES.index(stage):last + 1])
-    return [chain[0], *chain[3:]] if stage == "rollout" else chain   # rl-iteration includes verify and advantages
+    chain = list(STAGES[STAGES.index(stage) : last + 1])
+    return [chain[0], *chain[3:]] if stage == "rollout" else chain  # rl-iteration includes verify and advantages
 
 
 def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = False) -> dict[str, Any]:
@@ -149,8 +187,11 @@ def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = F
     do not count. With `sampling` (a rollout re-run), the verify section is the one the sampling flow
     scored with, not a later re-score's, and advantages use that flow's scores."""
     completed = pc.field("status") == "completed"
-    runs = lake.read("runs", filter=completed if iteration is None else completed & (pc.field("iteration") == iteration),
-                     columns=["flow", "stage", "parameters", "started_at"]).sort("started_at")
+    runs = lake.read(
+        "runs",
+        filter=completed if iteration is None else completed & (pc.field("iteration") == iteration),
+        columns=["flow", "stage", "parameters", "started_at"],
+    ).sort("started_at")
     config: dict[str, Any] = {}
     for flow_name, stage, text in runs.select("flow", "stage", "parameters").rows():
         parameters = config_of(json.loads(text))
@@ -158,13 +199,13 @@ def recorded_config(lake: Lake, iteration: int | None = None, sampling: bool = F
             continue
         if stage in ("rollout", "advantages"):
             config.update({k: v for k, v in parameters.items() if k in ITERATION_SECTIONS})
-        elif stage == "verify":     # how scoring was spread out is this machine's business, not the record's
+        elif stage == "verify":  # how scoring was spread out is this machine's business, not the record's
             if "reward" in parameters:
                 config["reward"] = parameters.pop("reward")
             config["verify"] = {k: v for k, v in parameters.items() if k not in VerifyConfig.EXECUTION_ONLY}
         elif stage == "train":
             config["train"] = parameters
-        elif stage == "evaluate":           # a re-score with another verifier is a one-off, not a setting to keep
+        elif stage == "evaluate":  # a re-score with another verifier is a one-off, not a setting to keep
             config["evaluation"] = {k: v for k, v in parameters.items() if k != "verifier"}
     if sampling and "advantages" in config:
         config["advantages"] = {**config["advantages"], "verifier": None}
@@ -177,17 +218,24 @@ def chain_settings(lake: Lake, iteration: int, chain: list[str], overrides: dict
     recorded = recorded_config(lake, iteration, sampling=chain[0] == "rollout")
     settings = merged_config(recorded, overrides)
     new_verify = overrides.get("verify") or {}
-    if ("verify" in chain and "verifier" in new_verify and "verifier" not in (overrides.get("advantages") or {})
-            and new_verify["verifier"] != (recorded.get("verify") or {}).get("verifier")):
-        settings["advantages"] = {**settings.get("advantages", {}), "verifier": new_verify["verifier"]}   # new scores
+    if (
+        "verify" in chain
+        and "verifier" in new_verify
+        and "verifier" not in (overrides.get("advantages") or {})
+        and new_verify["verifier"] != (recorded.get("verify") or {}).get("verifier")
+    ):
+        settings["advantages"] = {**settings.get("advantages", {}), "verifier": new_verify["verifier"]}  # new scores
     return settings
 
 
 def policy_version_of(lake: Lake, iteration: int) -> int | None:
     """The version current when the iteration was trained (the parent of its first trained version), else the
     latest: freshness and the training step of a re-run are measured from it, as they were the first time."""
-    trained = lake.read("model_versions", filter=(pc.field("iteration") == iteration) & (pc.field("kind") == "rl"),
-                        columns=["model_version", "parent_version"])
+    trained = lake.read(
+        "model_versions",
+        filter=(pc.field("iteration") == iteration) & (pc.field("kind") == "rl"),
+        columns=["model_version", "parent_version"],
+    )
     if trained.height:
         return int(trained.sort("model_version")["parent_version"][0])
     return latest_version(lake)
@@ -223,18 +271,23 @@ def stage_key(lake: Lake, stage: str, iteration: int, settings: dict[str, Any]) 
     if stage == "advantages":
         return advantages_key(lake, iteration_settings, iteration, policy_version_of(lake, iteration))
     if stage == "train":
-        return train_key(lake, TrainConfig.model_validate(settings.get("train") or {}), iteration,
-                         policy_version_of(lake, iteration))
+        return train_key(
+            lake, TrainConfig.model_validate(settings.get("train") or {}), iteration, policy_version_of(lake, iteration)
+        )
     try:
         version = trained_version_of(lake, iteration)
     except ValueError:
         return None
-    return evaluate_key(lake, EvaluationRunConfig.model_validate(
-        {k: v for k, v in settings.items() if k in EVALUATION_SECTIONS}), version)
+    return evaluate_key(
+        lake,
+        EvaluationRunConfig.model_validate({k: v for k, v in settings.items() if k in EVALUATION_SECTIONS}),
+        version,
+    )
 
 
-def skipped_chain(lake: Lake, stage: str, iteration: int, overrides: dict[str, Any], downstream: bool,
-                  through: str | None) -> list[dict[str, Any]] | None:
+def skipped_chain(
+    lake: Lake, stage: str, iteration: int, overrides: dict[str, Any], downstream: bool, through: str | None
+) -> list[dict[str, Any]] | None:
     """When every stage of the chain would be skipped, record the skips and return their summaries (nothing
     needs orchestrating); else None, and the chain runs as a flow."""
     chain = stage_chain(stage, downstream, through)

@@ -43,25 +43,50 @@ from storage.runs import utc_now
 def _run_stage(lake: Lake, stage: str, iteration: int, config: dict[str, Any], force: bool) -> dict[str, Any]:
     iteration_config = {k: v for k, v in config.items() if k in ITERATION_SECTIONS}
     if stage == "rollout":
-        return {"stage": stage, **rl_iteration(iteration_config, iteration, lake.uri, sampled_version_of(lake, iteration),
-                                               force, policy_version_of(lake, iteration))}
+        return {
+            "stage": stage,
+            **rl_iteration(
+                iteration_config,
+                iteration,
+                lake.uri,
+                sampled_version_of(lake, iteration),
+                force,
+                policy_version_of(lake, iteration),
+            ),
+        }
     if stage == "verify":
-        return {"stage": stage, **verify_iteration(iteration, config.get("verify"), lake.uri, force, config.get("reward"))}
+        return {
+            "stage": stage,
+            **verify_iteration(iteration, config.get("verify"), lake.uri, force, config.get("reward")),
+        }
     if stage == "advantages":
-        return {"stage": stage, **compute_advantages(iteration, iteration_config, lake.uri,
-                                                     policy_version_of(lake, iteration), force)}
+        return {
+            "stage": stage,
+            **compute_advantages(iteration, iteration_config, lake.uri, policy_version_of(lake, iteration), force),
+        }
     if stage == "train":
-        return {"stage": stage, **train_policy(iteration, config.get("train"), lake.uri,
-                                               policy_version_of(lake, iteration), force)}
+        return {
+            "stage": stage,
+            **train_policy(iteration, config.get("train"), lake.uri, policy_version_of(lake, iteration), force),
+        }
     evaluation_config = {k: v for k, v in config.items() if k in EVALUATION_SECTIONS}
-    return {"stage": stage, **evaluate_model(trained_version_of(lake, iteration), evaluation_config, lake.uri,
-                                             iteration, force)}
+    return {
+        "stage": stage,
+        **evaluate_model(trained_version_of(lake, iteration), evaluation_config, lake.uri, iteration, force),
+    }
 
 
 @flow(name="rerun-stage", log_prints=True)
 @writes_iterations
-def rerun_stage(stage: str, iteration: int, config: dict[str, Any] | None = None, downstream: bool = False,
-                force: bool = False, lake_uri: str | None = None, through: str | None = None) -> list[dict[str, Any]]:
+def rerun_stage(
+    stage: str,
+    iteration: int,
+    config: dict[str, Any] | None = None,
+    downstream: bool = False,
+    force: bool = False,
+    lake_uri: str | None = None,
+    through: str | None = None,
+) -> list[dict[str, Any]]:
     """Re-run `stage` of `iteration` (with `downstream`, every later stage up to `through`); returns one
     summary per stage."""
     lake = Lake.open(lake_uri)
@@ -75,7 +100,7 @@ def rerun_stage(stage: str, iteration: int, config: dict[str, Any] | None = None
         for name in chain:
             results.append(_run_stage(lake, name, iteration, settings, force))
     except BaseException:
-        if results or chain[0] != "rollout":      # a failed rollout alone keeps what it sampled and scored
+        if results or chain[0] != "rollout":  # a failed rollout alone keeps what it sampled and scored
             _restore(lake, iteration, before, chain, started)
         raise
     return results
@@ -92,21 +117,41 @@ def _restore(lake: Lake, iteration: int, before: dict[str, int | None], chain: l
     changed = [table for table, version in before.items() if _version(lake, table) != version]
     if not changed:
         return
-    with lake.run("rerun-stage", "restore", {"tables": changed, "versions": before}, iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run(
+        "rerun-stage",
+        "restore",
+        {"tables": changed, "versions": before},
+        iteration=iteration,
+        prefect_flow_run_id=flow_run.id,
+    ) as run:
         for table in changed:
             lake.restore(table, {"iteration": iteration}, before[table], run)
-    stages = {"rollout", "verify", "advantages"} & set(chain) | ({"verify", "advantages"} if "rollout" in chain else set())
-    lake.mark_runs(iteration, stages, since=started, status="rolled_back",
-                   unless_in={stage: OUTPUT_TABLE[stage] for stage in stages})
+    stages = {"rollout", "verify", "advantages"} & set(chain) | (
+        {"verify", "advantages"} if "rollout" in chain else set()
+    )
+    lake.mark_runs(
+        iteration,
+        stages,
+        since=started,
+        status="rolled_back",
+        unless_in={stage: OUTPUT_TABLE[stage] for stage in stages},
+    )
     print(f"iteration {iteration}: a stage failed; restored {', '.join(changed)} as they were")
 
 
 @flow(name="rescore", log_prints=True)
-def rescore(iterations: list[int], config: dict[str, Any] | None = None, through: str = "advantages",
-            force: bool = False, lake_uri: str | None = None) -> list[dict[str, Any]]:
+def rescore(
+    iterations: list[int],
+    config: dict[str, Any] | None = None,
+    through: str = "advantages",
+    force: bool = False,
+    lake_uri: str | None = None,
+) -> list[dict[str, Any]]:
     """Re-score the chosen iterations' stored rollouts with another verifier config, then re-run the stages
     after verification up to `through` (advantages by default: groups and batch from the new scores;
     `verify` re-scores only; `train` / `evaluate` also train a branch version from each)."""
-    return [summary for iteration in iterations
-            for summary in rerun_stage("verify", iteration, config, through != "verify", force, lake_uri, through)]
+    return [
+        summary
+        for iteration in iterations
+        for summary in rerun_stage("verify", iteration, config, through != "verify", force, lake_uri, through)
+    ]

@@ -41,11 +41,14 @@ def score_in_chunks(frame: pl.DataFrame, verify: VerifyConfig, reward: RewardCon
     if not verify.chunk_size or frame.height <= verify.chunk_size:
         return score_task(frame, verify, reward)
     if verify.task_runner == "local":
-        return pl.concat([score_task(chunk, verify, reward) for chunk in chunks_of(frame, verify)],
-                         how="diagonal_relaxed")
+        return pl.concat(
+            [score_task(chunk, verify, reward) for chunk in chunks_of(frame, verify)], how="diagonal_relaxed"
+        )
     with dask_runner(verify) as runner:
-        futures = [runner.submit(score_task, parameters={"frame": chunk, "config": verify, "reward": reward})
-                   for chunk in chunks_of(frame, verify)]
+        futures = [
+            runner.submit(score_task, parameters={"frame": chunk, "config": verify, "reward": reward})
+            for chunk in chunks_of(frame, verify)
+        ]
         return pl.concat([future.result() for future in futures], how="diagonal_relaxed")
 
 
@@ -67,44 +70,65 @@ def dask_runner(verify: VerifyConfig):
         import dask
         from prefect_dask import DaskTaskRunner
     except ImportError:
-        raise ValueError("verify.task_runner: dask needs prefect-dask: pip install -e \".[dask]\"") from None
+        raise ValueError('verify.task_runner: dask needs prefect-dask: pip install -e ".[dask]"') from None
 
     dask.config.set({"distributed.worker.daemon": False})
     if verify.dask_address:
         return DaskTaskRunner(address=verify.dask_address)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": verify.dask_workers, "threads_per_worker": 1,
-                                          "processes": True, "dashboard_address": None})
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": verify.dask_workers,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,
+        }
+    )
 
 
 @flow(name="verify-iteration", log_prints=True)
 @writes_iterations
-def verify_iteration(iteration: int, config: dict[str, Any] | None = None, lake_uri: str | None = None,
-                     force: bool = True, reward: dict[str, Any] | None = None) -> dict[str, Any]:
+def verify_iteration(
+    iteration: int,
+    config: dict[str, Any] | None = None,
+    lake_uri: str | None = None,
+    force: bool = True,
+    reward: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Score (or re-score, with another verifier config) an iteration's stored rollouts into `rewards`, with
     the reward config's other verifiers and its composed reward."""
     verify = VerifyConfig.model_validate(config or {})
     composition = RewardConfig.model_validate(reward or {})
     lake = Lake.open(lake_uri)
-    parameters, skipped = unchanged_or_fingerprint(lake, verify_key(lake, verify, iteration, reward=composition),
-                                                   iteration, force)
+    parameters, skipped = unchanged_or_fingerprint(
+        lake, verify_key(lake, verify, iteration, reward=composition), iteration, force
+    )
     if skipped:
         return skipped
-    with lake.run("verify-iteration", "verify", parameters, iteration=iteration,
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run(
+        "verify-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id
+    ) as run:
         frame = read_task(lake, iteration)
         rewards = score_in_chunks(frame, verify, composition)
         if verify.noise_correction:
             rewards = correct_task(lake, rewards)
         rewards = with_composition(rewards, frame, composition, verify.verifier)
         write_task(lake, run, iteration, rewards)
-    summary = rewards.group_by("verifier", "verifier_version").agg(
-        rollouts=pl.len(), mean_reward=pl.col("reward").mean(), correct=pl.col("correct").sum()).sort("verifier")
+    summary = (
+        rewards.group_by("verifier", "verifier_version")
+        .agg(rollouts=pl.len(), mean_reward=pl.col("reward").mean(), correct=pl.col("correct").sum())
+        .sort("verifier")
+    )
     return {"iteration": iteration, "run_id": run.run_id, "verifiers": summary.to_dicts()}
 
 
 @flow(name="audit-verifier", log_prints=True)
-def audit_verifier(audit_file: str, verifier: str | None = None, reference: str | None = None, workers: int = 2,
-                   lake_uri: str | None = None) -> dict[str, Any]:
+def audit_verifier(
+    audit_file: str,
+    verifier: str | None = None,
+    reference: str | None = None,
+    workers: int = 2,
+    lake_uri: str | None = None,
+) -> dict[str, Any]:
     """Re-estimate a verifier version's noise (ρ0, ρ1 with 95 % intervals) from a labelled sample and store it
     in `verifier_noise`, where `verify.noise_correction` reads the latest one. Scheduled weekly by
     configs/deployments.yaml; `rlvr audit-verifier` runs it once."""
@@ -112,10 +136,13 @@ def audit_verifier(audit_file: str, verifier: str | None = None, reference: str 
 
     lake = Lake.open(lake_uri)
     name, version, noise, audit = audit_sample(audit_file, verifier, reference, workers)
-    with lake.run("audit-verifier", "audit", {"verifier": name, "audit": audit, **noise.__dict__},
-                  prefect_flow_run_id=flow_run.id) as run:
+    with lake.run(
+        "audit-verifier", "audit", {"verifier": name, "audit": audit, **noise.__dict__}, prefect_flow_run_id=flow_run.id
+    ) as run:
         record_noise(lake, run, name, version, noise, audit)
-    print(f"{name} {version}: rho0 (false positives) = {noise.rho0:.3f} [{noise.rho0_low:.3f}, {noise.rho0_high:.3f}] "
-          f"over {noise.n_wrong} wrong, rho1 (false negatives) = {noise.rho1:.3f} [{noise.rho1_low:.3f}, "
-          f"{noise.rho1_high:.3f}] over {noise.n_correct} correct")
+    print(
+        f"{name} {version}: rho0 (false positives) = {noise.rho0:.3f} [{noise.rho0_low:.3f}, {noise.rho0_high:.3f}] "
+        f"over {noise.n_wrong} wrong, rho1 (false negatives) = {noise.rho1:.3f} [{noise.rho1_low:.3f}, "
+        f"{noise.rho1_high:.3f}] over {noise.n_correct} correct"
+    )
     return {"verifier": name, "verifier_version": version, "run_id": run.run_id, **noise.__dict__}

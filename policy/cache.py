@@ -16,8 +16,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-ENTRIES = 4                       # a policy and an optimizer state for each of the last two versions
-MAX_PARAMETERS = 50_000_000       # bigger models are not kept: a copy beside the one in use costs too much memory
+ENTRIES = 4  # a policy and an optimizer state for each of the last two versions
+MAX_PARAMETERS = 50_000_000  # bigger models are not kept: a copy beside the one in use costs too much memory
 
 _KEPT: OrderedDict[tuple[str, str], tuple[tuple, Any]] = OrderedDict()
 _LOCK = threading.Lock()
@@ -27,8 +27,11 @@ def folder_stamp(folder: str) -> tuple:
     """What identifies the checkpoint in a folder: each file's name, size and modification time (files named
     `_*` are bookkeeping, not the checkpoint: the registry's claim is rewritten when the version registers)."""
     entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
-    return tuple((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns) for entry in entries
-                 if entry.is_file() and not entry.name.startswith("_"))
+    return tuple(
+        (entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
+        for entry in entries
+        if entry.is_file() and not entry.name.startswith("_")
+    )
 
 
 def _tensors(value: Any):
@@ -48,9 +51,14 @@ def keepable(value: Any) -> bool:
     """Small, on the CPU, and not wrapped (accelerate's mixed-precision autocast replaces a model's forward)."""
     tensors = list(_tensors(value))
     models = [part for part in (value if isinstance(value, tuple) else (value,)) if hasattr(part, "parameters")]
-    return (sum(t.numel() for t in tensors) <= MAX_PARAMETERS * 3 and all(t.device.type == "cpu" for t in tensors)
-            and all(sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS and "forward" not in vars(model)
-                    for model in models))
+    return (
+        sum(t.numel() for t in tensors) <= MAX_PARAMETERS * 3
+        and all(t.device.type == "cpu" for t in tensors)
+        and all(
+            sum(p.numel() for p in model.parameters()) <= MAX_PARAMETERS and "forward" not in vars(model)
+            for model in models
+        )
+    )
 
 
 def remember(kind: str, folder: str, value: Any) -> None:

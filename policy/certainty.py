@@ -25,22 +25,28 @@ class WithSelfCertainty:
     model: object
     tokenizer: object
     batch_size: int = 64
-    filled: int = field(default=0, init=False)       # samples whose value this wrapper computed
+    filled: int = field(default=0, init=False)  # samples whose value this wrapper computed
 
-    def generate(self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
-                 model_version: int) -> list[list[Sample]]:
+    def generate(
+        self, prompts: list[str], n: int, sampler: SamplerConfig, seed: int, model_version: int
+    ) -> list[list[Sample]]:
         from policy.logprobs import response_self_certainty  # lazy: torch
 
         groups = self.policy.generate(prompts, n, sampler, seed, model_version)
-        missing = [(prompt, sample) for prompt, group in zip(prompts, groups) for sample in group
-                   if sample.self_certainty is None]
+        missing = [
+            (prompt, sample)
+            for prompt, group in zip(prompts, groups)
+            for sample in group
+            if sample.self_certainty is None
+        ]
         for sample_prompt, sample in missing:
             if not sample.prompt_token_ids:
                 sample.prompt_token_ids = self.tokenizer(sample_prompt, add_special_tokens=False).input_ids
         for start in track(range(0, len(missing), self.batch_size), f"self-certainty of {len(missing)} responses"):
-            chunk = [sample for _, sample in missing[start:start + self.batch_size]]
-            values = response_self_certainty(self.model, [s.prompt_token_ids for s in chunk],
-                                             [s.token_ids for s in chunk])
+            chunk = [sample for _, sample in missing[start : start + self.batch_size]]
+            values = response_self_certainty(
+                self.model, [s.prompt_token_ids for s in chunk], [s.token_ids for s in chunk]
+            )
             for sample, value in zip(chunk, values):
                 sample.self_certainty = value
         self.filled += len(missing)

@@ -45,8 +45,16 @@ def _quiet_transformers() -> None:
 TRAINING_STATE = "training_state.pt"
 
 
-def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: dict | None = None,
-                    adapter_of: str | None = None, state_dict: dict | None = None, cache: bool = True) -> str:
+def save_checkpoint(
+    lake: Lake,
+    version: int,
+    model,
+    tokenizer,
+    training_state: dict | None = None,
+    adapter_of: str | None = None,
+    state_dict: dict | None = None,
+    cache: bool = True,
+) -> str:
     """Write model, tokenizer (and the optimizer's state, so training continues where it stopped) to
     the lake's storage; returns the checkpoint URI. A peft model saves its LoRA adapter only, with
     the URI of the base checkpoint it applies to (`adapter_of`), which is what vLLM hot-loads.
@@ -68,7 +76,7 @@ def save_checkpoint(lake: Lake, version: int, model, tokenizer, training_state: 
 
     if not lake.location.is_s3:
         write(uri)
-        if adapter_of is None and state_dict is None and cache:   # the loop loads it again at once: to sample, to train
+        if adapter_of is None and state_dict is None and cache:  # the loop loads it again at once: to sample, to train
             policy_cache.remember("policy", uri, (model, tokenizer))
             if training_state is not None:
                 policy_cache.remember("training_state", uri, training_state)
@@ -90,9 +98,12 @@ def local_checkpoint(uri: str) -> str:
 
     fs = s3_filesystem()
     remote = uri.removeprefix("s3://")
-    stamps = [str(fs.info(path).get("ETag", "")) for path in sorted(fs.ls(remote, detail=False))
-              if path.endswith((".safetensors", ".json", ".pt"))]
-    key = "\n".join([os.environ.get("AWS_ENDPOINT_URL", ""), uri, *stamps])   # a rebuilt lake is a new key
+    stamps = [
+        str(fs.info(path).get("ETag", ""))
+        for path in sorted(fs.ls(remote, detail=False))
+        if path.endswith((".safetensors", ".json", ".pt"))
+    ]
+    key = "\n".join([os.environ.get("AWS_ENDPOINT_URL", ""), uri, *stamps])  # a rebuilt lake is a new key
     target = CACHE_DIR / hashlib.sha1(key.encode()).hexdigest()[:16]
     if not (target / "config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +112,7 @@ def local_checkpoint(uri: str) -> str:
             fs.get_file(path, str(staging / path.rsplit("/", 1)[1]))
         try:
             os.replace(staging, target)
-        except OSError:                               # another process finished the download first
+        except OSError:  # another process finished the download first
             shutil.rmtree(staging, ignore_errors=True)
     return str(target)
 
@@ -149,13 +160,12 @@ def load_policy(uri: str, device: str = "cpu", trainable_adapter: bool = False, 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-
     _quiet_transformers()
-    use_given_cores()                                  # every torch stage loads a policy first
+    use_given_cores()  # every torch stage loads a policy first
     folder = local_checkpoint(uri)
     base = adapter_base(uri)
     shared = read_only and device == "cpu"
-    kept = policy_cache.recall("policy", folder, shared) if base is None else None   # a full checkpoint held in memory
+    kept = policy_cache.recall("policy", folder, shared) if base is None else None  # a full checkpoint held in memory
     if kept is not None:
         model, tokenizer = kept
     else:

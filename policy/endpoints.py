@@ -11,7 +11,7 @@ from __future__ import annotations
 def server_root(url: str) -> str:
     """`url` without trailing slashes and without a trailing `/v1`: `http://h:8000/v1/` -> `http://h:8000`."""
     root = url.strip().rstrip("/")
-    return root[:-len("/v1")] if root.endswith("/v1") else root
+    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 def openai_base(url: str) -> str:

@@ -21,20 +21,20 @@ def _response_logits(model, prompt_ids: list[list[int]], response_ids: list[list
     sequences = [p + r for p, r in zip(prompt_ids, response_ids)]
     width = max(len(s) for s in sequences)
     longest = max(len(r) for r in response_ids)
-    device = model.device if hasattr(model, "device") else next(model.parameters()).device   # DDP: no .device
-    input_ids = torch.zeros((len(sequences), width), dtype=torch.long, device=device)        # [B, S] right-padded
+    device = model.device if hasattr(model, "device") else next(model.parameters()).device  # DDP: no .device
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long, device=device)  # [B, S] right-padded
     attention = torch.zeros_like(input_ids)
     for row, sequence in enumerate(sequences):
-        input_ids[row, :len(sequence)] = torch.tensor(sequence, device=device)
-        attention[row, :len(sequence)] = 1
-    logits = model(input_ids=input_ids, attention_mask=attention).logits.float()              # [B, S, V]
+        input_ids[row, : len(sequence)] = torch.tensor(sequence, device=device)
+        attention[row, : len(sequence)] = 1
+    logits = model(input_ids=input_ids, attention_mask=attention).logits.float()  # [B, S, V]
     # position j predicts token j + 1: response token k of row i sits at len(prompt_i) + k
     starts = torch.tensor([len(p) for p in prompt_ids], device=device)
     offsets = torch.arange(longest, device=device)
-    positions = (starts[:, None] - 1 + offsets[None, :]).clamp(max=width - 2)                  # [B, T]
+    positions = (starts[:, None] - 1 + offsets[None, :]).clamp(max=width - 2)  # [B, T]
     mask = (offsets[None, :] < torch.tensor([len(r) for r in response_ids], device=device)[:, None]).float()
-    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))           # [B, T, V]
-    targets = input_ids.gather(1, (positions + 1).clamp(max=width - 1))                        # [B, T]
+    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))  # [B, T, V]
+    targets = input_ids.gather(1, (positions + 1).clamp(max=width - 1))  # [B, T]
     return picked, targets, mask
 
 
@@ -65,8 +65,8 @@ def left_padded_prompts(prompt_ids: list[list[int]], pad: int, device):
     ids = torch.full((batch, width), pad, dtype=torch.long, device=device)
     attention = torch.zeros_like(ids)
     for row, prompt in enumerate(prompt_ids):
-        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
-        attention[row, width - len(prompt):] = 1
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, device=device)
+        attention[row, width - len(prompt) :] = 1
     return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -78,8 +78,10 @@ def kv_cache_field(output) -> str:
     for name in ("cache", "past_key_values"):
         if output.get(name) is not None:
             return name
-    raise RuntimeError("the model returned no KV cache with use_cache=True: the hf sampler decodes on one, and a "
-                       "training pass that shares a group's prompt spreads one")
+    raise RuntimeError(
+        "the model returned no KV cache with use_cache=True: the hf sampler decodes on one, and a "
+        "training pass that shares a group's prompt spreads one"
+    )
 
 
 # Model classes whose KV cache cannot be spread over rows (no `batch_select_indices`): learnt from one forward.
@@ -98,30 +100,46 @@ def _shared_prompt_logits(model, prompt_ids: list[list[int]], response_ids: list
     prefill, spread = shared_prefill(prompt_ids, device)
     if spread is None or longest == 0 or type(model) in _UNSPREADABLE:
         return None
-    prompts, prompt_attention, positions = left_padded_prompts(prompt_ids, 0, device)         # [B, P] each
-    responses = torch.zeros((len(prompt_ids), longest), dtype=torch.long, device=device)       # [B, T] right-padded
+    prompts, prompt_attention, positions = left_padded_prompts(prompt_ids, 0, device)  # [B, P] each
+    responses = torch.zeros((len(prompt_ids), longest), dtype=torch.long, device=device)  # [B, T] right-padded
     for row, response in enumerate(response_ids):
-        responses[row, :len(response)] = torch.tensor(response, device=device)
+        responses[row, : len(response)] = torch.tensor(response, device=device)
     prompt_lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
     offsets = torch.arange(longest, device=device)
-    mask = offsets[None, :] < torch.tensor([len(r) for r in response_ids], device=device)[:, None]   # [B, T]
-    attention = torch.cat([prompt_attention, mask.long()], dim=1)                              # [B, P + T]
-    out = model(input_ids=prompts[prefill], attention_mask=prompt_attention[prefill], position_ids=positions[prefill],
-                use_cache=True, logits_to_keep=1)
+    mask = offsets[None, :] < torch.tensor([len(r) for r in response_ids], device=device)[:, None]  # [B, T]
+    attention = torch.cat([prompt_attention, mask.long()], dim=1)  # [B, P + T]
+    out = model(
+        input_ids=prompts[prefill],
+        attention_mask=prompt_attention[prefill],
+        position_ids=positions[prefill],
+        use_cache=True,
+        logits_to_keep=1,
+    )
     field = kv_cache_field(out)
     if not hasattr(out[field], "batch_select_indices"):
-        _UNSPREADABLE.add(type(model))                 # known now: the next batches skip the wasted prompt pass
+        _UNSPREADABLE.add(type(model))  # known now: the next batches skip the wasted prompt pass
         return None
     out[field].batch_select_indices(spread)
-    first = out.logits[:, -1][spread]                                                          # [B, V]: token 0
-    rest = model(input_ids=responses, attention_mask=attention, position_ids=prompt_lengths[:, None] + offsets[None, :],
-                 use_cache=True, **{field: out[field]}).logits                                 # [B, T, V]: token k+1
-    logits = torch.cat([first[:, None], rest[:, :-1]], dim=1).float()                         # [B, T, V]
+    first = out.logits[:, -1][spread]  # [B, V]: token 0
+    rest = model(
+        input_ids=responses,
+        attention_mask=attention,
+        position_ids=prompt_lengths[:, None] + offsets[None, :],
+        use_cache=True,
+        **{field: out[field]},
+    ).logits  # [B, T, V]: token k+1
+    logits = torch.cat([first[:, None], rest[:, :-1]], dim=1).float()  # [B, T, V]
     return logits, responses, mask.float()
 
 
-def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], temperature: float = 1.0,
-                      with_entropy: bool = False, share_prompts: bool = False):
+def response_logprobs(
+    model,
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prompts: bool = False,
+):
     """Log-probs of each response token under softmax(logits / temperature), right-padded; `share_prompts`
     forwards a prompt that rows repeat once (not under DDP or FSDP: their forward is one per backward).
 
@@ -129,11 +147,11 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
     """
     logits, targets, mask = _response_logits(model, prompt_ids, response_ids, share_prompts)
     log_softmax = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
-    logprobs = log_softmax.gather(-1, targets[..., None]).squeeze(-1) * mask                   # [B, T]
+    logprobs = log_softmax.gather(-1, targets[..., None]).squeeze(-1) * mask  # [B, T]
     entropy = None
     if with_entropy:
-        detached = log_softmax.detach()                                                        # a statistic only
-        entropy = -(detached.exp() * detached).sum(-1) * mask                                  # [B, T]
+        detached = log_softmax.detach()  # a statistic only
+        entropy = -(detached.exp() * detached).sum(-1) * mask  # [B, T]
     return logprobs, mask, entropy
 
 
@@ -144,7 +162,7 @@ def response_self_certainty(model, prompt_ids: list[list[int]], response_ids: li
 
     if not any(response_ids):
         return [0.0] * len(response_ids)
-    with torch.no_grad():                                                                      # a statistic only
+    with torch.no_grad():  # a statistic only
         logits, _, mask = _response_logits(model, prompt_ids, [r or [0] for r in response_ids])
-        per_token = self_certainty(logits) * mask                                              # [B, T]
+        per_token = self_certainty(logits) * mask  # [B, T]
     return [float(per_token[row].sum()) / len(r) if r else 0.0 for row, r in enumerate(response_ids)]

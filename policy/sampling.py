@@ -23,7 +23,9 @@ class SamplerConfig(Strict):
     temperature: float = Field(1.0, ge=0, description="softmax temperature; 0 = greedy (log-probs then 0)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1 = off (keep for on-policy ratios)")
     top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens; 0 = off")
-    max_new_tokens: int = Field(256, ge=1, description="response length cap; a response that hits it ends with 'length'")
+    max_new_tokens: int = Field(
+        256, ge=1, description="response length cap; a response that hits it ends with 'length'"
+    )
     stop: list[str] = Field(default_factory=list, description="strings that end a response (besides end-of-text)")
 
 
@@ -34,13 +36,13 @@ class Sample:
     text: str
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str                 # stop | length
+    finish_reason: str  # stop | length
     prompt_token_ids: list[int] | None = None
     self_certainty: float | None = None
     backend: str = ""
     # a multi-turn episode (tasks/rollout/episodes.py): 0 on the tool's tokens, 1 on the model's
     loss_mask: list[int] | None = None
-    turns: list[dict] | None = None    # each segment: role (model or tool), text, tokens; tool: error
+    turns: list[dict] | None = None  # each segment: role (model or tool), text, tokens; tool: error
     tool_calls: int | None = None
     tool_errors: int | None = None
 
@@ -48,8 +50,9 @@ class Sample:
 class Policy(Protocol):
     """A sampler of groups: `n` responses for each prompt (a text, or token ids to continue exactly)."""
 
-    def generate(self, prompts: list[str] | list[list[int]], n: int, sampler: SamplerConfig, seed: int,
-                 model_version: int) -> list[list[Sample]]: ...
+    def generate(
+        self, prompts: list[str] | list[list[int]], n: int, sampler: SamplerConfig, seed: int, model_version: int
+    ) -> list[list[Sample]]: ...
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,10 @@ class Penalties:
     `rlvr policy serve` applies them so that tests see that bias.
     """
 
-    repetition_penalty: float = 1.0    # > 1: logits of tokens seen in prompt or output divided (> 0) or multiplied
-    presence_penalty: float = 0.0      # subtracted once from the logit of each token already in the output
-    frequency_penalty: float = 0.0     # subtracted per occurrence in the output
-    min_p: float = 0.0                 # after temperature: drop tokens below min_p × the top token's probability
+    repetition_penalty: float = 1.0  # > 1: logits of tokens seen in prompt or output divided (> 0) or multiplied
+    presence_penalty: float = 0.0  # subtracted once from the logit of each token already in the output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    min_p: float = 0.0  # after temperature: drop tokens below min_p × the top token's probability
 
     @property
     def neutral(self) -> bool:
@@ -100,7 +103,7 @@ def sampling_logprobs(logits, sampler: SamplerConfig, min_p: float = 0.0):
     if sampler.top_p < 1.0:
         ordered, order = torch.sort(scaled, descending=True, dim=-1)
         probs = torch.softmax(ordered, dim=-1)
-        outside = probs.cumsum(-1) - probs >= sampler.top_p         # keep the smallest set reaching top_p (as HF)
+        outside = probs.cumsum(-1) - probs >= sampler.top_p  # keep the smallest set reaching top_p (as HF)
         scaled = scaled.scatter(-1, order, ordered.masked_fill(outside, float("-inf")))
     return torch.log_softmax(scaled, dim=-1)
 

@@ -60,28 +60,38 @@ class WorkerFailed(RuntimeError):
 class PolicyServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], load_version, fail_first: int = 0, on_demand: bool = True,
-                 load_path=None, preload: tuple[int, ...] = (), list_versions=None,
-                 generation_defaults: dict | None = None, force_repetition_penalty: float | None = None,
-                 served_model_name: str | None = None, dev_mode: bool = False):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        load_version,
+        fail_first: int = 0,
+        on_demand: bool = True,
+        load_path=None,
+        preload: tuple[int, ...] = (),
+        list_versions=None,
+        generation_defaults: dict | None = None,
+        force_repetition_penalty: float | None = None,
+        served_model_name: str | None = None,
+        dev_mode: bool = False,
+    ):
         super().__init__(address, CompletionsHandler)
-        self.served_model_name = served_model_name    # one name, full weights swapped in place (vLLM's way)
+        self.served_model_name = served_model_name  # one name, full weights swapped in place (vLLM's way)
         self.dev_mode = dev_mode
-        self.held_version: int | None = None          # the version the one-name server holds
-        self.resumed = threading.Event()              # cleared between /pause and /resume
+        self.held_version: int | None = None  # the version the one-name server holds
+        self.resumed = threading.Event()  # cleared between /pause and /resume
         self.resumed.set()
         self.sleeping = False
         self.prefix_cache_resets = 0
-        self.generation_defaults = generation_defaults or {}   # what a request omits (vLLM: generation_config.json)
+        self.generation_defaults = generation_defaults or {}  # what a request omits (vLLM: generation_config.json)
         self.force_repetition_penalty = force_repetition_penalty
-        self.load_version = load_version          # int -> policy: a registered version of the lake
-        self.list_versions = list_versions        # () -> versions on_demand can serve, for GET /v1/models
-        self.load_path = load_path                # (name, folder) -> policy: what load_lora_adapter loads
+        self.load_version = load_version  # int -> policy: a registered version of the lake
+        self.list_versions = list_versions  # () -> versions on_demand can serve, for GET /v1/models
+        self.load_path = load_path  # (name, folder) -> policy: what load_lora_adapter loads
         self.on_demand = on_demand
-        self.policies: dict[str, object] = {}     # served name -> policy
-        self.adapters: set[str] = set()           # names load_lora_adapter loaded (listed with a parent)
-        self.roots: dict[str, str] = {}           # served name -> where it was loaded from
-        self.lock = threading.Lock()              # one generation or load at a time: the model is not thread-safe
+        self.policies: dict[str, object] = {}  # served name -> policy
+        self.adapters: set[str] = set()  # names load_lora_adapter loaded (listed with a parent)
+        self.roots: dict[str, str] = {}  # served name -> where it was loaded from
+        self.lock = threading.Lock()  # one generation or load at a time: the model is not thread-safe
         self.fail_first = fail_first
         self.requests_seen = 0
         if served_model_name:
@@ -109,15 +119,17 @@ class PolicyServer(ThreadingHTTPServer):
         if not name or not path:
             raise ValueError("both lora_name and lora_path are required")
         if name in self.policies:
-            raise ValueError(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
-                             "in place, set 'load_inplace' to True.")
+            raise ValueError(
+                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter "
+                "in place, set 'load_inplace' to True."
+            )
         if self.load_path is None:
             raise ValueError("this server cannot load adapters")
         if not Path(path).is_dir():
             raise NotServed(f"Loading lora {name} failed: No adapter found for {path}")
         try:
             self.policies[name] = self.load_path(name, path)
-        except Exception as error:                    # whatever the folder holds, the server stays up
+        except Exception as error:  # whatever the folder holds, the server stays up
             raise ValueError(f"cannot load '{name}' from {path}: {type(error).__name__}: {error}") from error
         self.roots[name] = path
         self.adapters.add(name)
@@ -131,9 +143,11 @@ class PolicyServer(ThreadingHTTPServer):
             raise ValueError("Missing 'method' in request body")
         try:
             result = self._call(method, args)
-        except Exception as error:                    # as vLLM: the RPC fails, the server stays up
-            raise WorkerFailed(f"Call to collective_rpc method failed: Worker failed with error '{error}', please "
-                               "check the stack trace above for the root cause") from error
+        except Exception as error:  # as vLLM: the RPC fails, the server stays up
+            raise WorkerFailed(
+                f"Call to collective_rpc method failed: Worker failed with error '{error}', please "
+                "check the stack trace above for the root cause"
+            ) from error
         return {"results": [result if result is None or isinstance(result, dict | list) else str(result)]}
 
     def _call(self, method: str, args: list):
@@ -162,7 +176,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
     server: PolicyServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format, *args):             # quiet: tests and users read the client side
+    def log_message(self, format, *args):  # quiet: tests and users read the client side
         pass
 
     def do_GET(self):
@@ -181,20 +195,37 @@ class CompletionsHandler(BaseHTTPRequestHandler):
             if self.server.on_demand and self.server.list_versions is not None:
                 served = {f"v{v}": f"model version {v}" for v in self.server.list_versions()} | served
             base = next((name for name in served if name not in self.server.adapters), None)
-            return self._reply(200, {"object": "list", "data": [
-                {"id": name, "object": "model", "owned_by": "vllm", "root": root,
-                 "parent": base if name in self.server.adapters else None} for name, root in sorted(served.items())]})
+            return self._reply(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": name,
+                            "object": "model",
+                            "owned_by": "vllm",
+                            "root": root,
+                            "parent": base if name in self.server.adapters else None,
+                        }
+                        for name, root in sorted(served.items())
+                    ],
+                },
+            )
         self._reply(404, {"detail": "Not Found"})
 
     def _routes(self) -> dict:
         """POST routes; the dev-mode ones only with dev_mode, as vLLM registers them."""
         server = self.server
         routes = {"/v1/completions": self._complete, "/v1/chat/completions": self._chat}
-        if not server.served_model_name:                  # vLLM offers adapter routes only with --enable-lora
-            routes |= {"/v1/load_lora_adapter": lambda body: server.load(str(body.get("lora_name") or ""),
-                                                                         str(body.get("lora_path") or "")),
-                       "/v1/unload_lora_adapter": lambda body: server.unload(str(body.get("lora_name") or ""))}
+        if not server.served_model_name:  # vLLM offers adapter routes only with --enable-lora
+            routes |= {
+                "/v1/load_lora_adapter": lambda body: server.load(
+                    str(body.get("lora_name") or ""), str(body.get("lora_path") or "")
+                ),
+                "/v1/unload_lora_adapter": lambda body: server.unload(str(body.get("lora_name") or "")),
+            }
         if server.dev_mode:
+
             def pause(_):
                 server.resumed.clear()
                 return {"status": "paused"}
@@ -207,7 +238,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
                 server.prefix_cache_resets += 1
                 return {"success": True}
 
-            def sleep(body):                              # vLLM pauses the engine too: requests wait
+            def sleep(body):  # vLLM pauses the engine too: requests wait
                 server.sleeping = True
                 server.resumed.clear()
                 return {"status": "sleeping", "level": int(body.get("level") or 1)}
@@ -217,22 +248,30 @@ class CompletionsHandler(BaseHTTPRequestHandler):
                 server.resumed.set()
                 return {"status": "awake", "tags": None}
 
-            routes |= {"/collective_rpc": server.collective_rpc, "/reset_prefix_cache": reset, "/pause": pause,
-                       "/resume": resume, "/sleep": sleep, "/wake_up": wake, "/is_sleeping": None, "/is_paused": None}
+            routes |= {
+                "/collective_rpc": server.collective_rpc,
+                "/reset_prefix_cache": reset,
+                "/pause": pause,
+                "/resume": resume,
+                "/sleep": sleep,
+                "/wake_up": wake,
+                "/is_sleeping": None,
+                "/is_paused": None,
+            }
         return routes
 
     def do_POST(self):
-        route = urlsplit(self.path).path                  # /sleep?level=1: the query changes nothing here
-        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))   # read first: the connection is kept
+        route = urlsplit(self.path).path  # /sleep?level=1: the query changes nothing here
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))  # read first: the connection is kept
         routes = self._routes()
         if routes.get(route) is None:
-            return self._reply(404, {"detail": "Not Found"})           # FastAPI's answer for a route it lacks
+            return self._reply(404, {"detail": "Not Found"})  # FastAPI's answer for a route it lacks
         body = json.loads(raw or b"{}")
         if route in ("/v1/completions", "/v1/chat/completions"):
-            self.server.resumed.wait()                    # paused or asleep: requests wait, as in vLLM
-        else:                                             # dev routes take their parameters in the query
+            self.server.resumed.wait()  # paused or asleep: requests wait, as in vLLM
+        else:  # dev routes take their parameters in the query
             body |= {key: values[-1] for key, values in parse_qs(urlsplit(self.path).query).items()}
-        if route in ("/pause", "/resume", "/sleep", "/wake_up"):   # never behind the lock a waiting request holds
+        if route in ("/pause", "/resume", "/sleep", "/wake_up"):  # never behind the lock a waiting request holds
             return self._reply(200, routes[route](body))
         with self.server.lock:
             self.server.requests_seen += 1
@@ -241,29 +280,40 @@ class CompletionsHandler(BaseHTTPRequestHandler):
             try:
                 self._reply(200, routes[route](body))
             except NotServed as error:
-                self._reply(404, {"error": {"message": str(error), "type": "NotFoundError", "param": None, "code": 404}})
+                self._reply(
+                    404, {"error": {"message": str(error), "type": "NotFoundError", "param": None, "code": 404}}
+                )
             except WorkerFailed as error:
-                self._reply(500, {"error": {"message": str(error), "type": "InternalServerError", "param": None,
-                                            "code": 500}})
-            except (LookupError, ValueError, OSError) as error:   # OSError: a folder that cannot be read
-                self._reply(400, {"error": {"message": str(error), "type": "BadRequestError", "param": None,
-                                            "code": 400}})
+                self._reply(
+                    500, {"error": {"message": str(error), "type": "InternalServerError", "param": None, "code": 500}}
+                )
+            except (LookupError, ValueError, OSError) as error:  # OSError: a folder that cannot be read
+                self._reply(
+                    400, {"error": {"message": str(error), "type": "BadRequestError", "param": None, "code": 400}}
+                )
 
     def _complete(self, body: dict) -> dict:
         policy = self.server.policy(str(body.get("model", "")))
         prompts = body["prompt"] if isinstance(body.get("prompt"), list) else [body.get("prompt", "")]
-        if prompts and all(isinstance(t, int) for t in prompts):      # one prompt as token ids (vLLM accepts it too)
+        if prompts and all(isinstance(t, int) for t in prompts):  # one prompt as token ids (vLLM accepts it too)
             prompts = [prompts]
-        add_special_tokens = bool(body.get("add_special_tokens", True))             # vLLM's default
-        tokenizer = getattr(policy, "tokenizer", None)                              # a scripted policy has none
-        prompts = [prompt if isinstance(prompt, list) or tokenizer is None else
-                   tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids for prompt in prompts]
+        add_special_tokens = bool(body.get("add_special_tokens", True))  # vLLM's default
+        tokenizer = getattr(policy, "tokenizer", None)  # a scripted policy has none
+        prompts = [
+            prompt
+            if isinstance(prompt, list) or tokenizer is None
+            else tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
+            for prompt in prompts
+        ]
         stop = body.get("stop") or []
         setting = self._setting(body)
-        sampler = SamplerConfig(temperature=setting("temperature", 1.0), top_p=setting("top_p", 1.0),
-                                top_k=max(int(setting("top_k", 0)), 0),
-                                max_new_tokens=body.get("max_tokens") or setting("max_new_tokens", 16),
-                                stop=[stop] if isinstance(stop, str) else stop)
+        sampler = SamplerConfig(
+            temperature=setting("temperature", 1.0),
+            top_p=setting("top_p", 1.0),
+            top_k=max(int(setting("top_k", 0)), 0),
+            max_new_tokens=body.get("max_tokens") or setting("max_new_tokens", 16),
+            stop=[stop] if isinstance(stop, str) else stop,
+        )
         penalties = Penalties(**{name: float(setting(name, neutral)) for name, neutral in NEUTRAL.items()})
         if self.server.force_repetition_penalty is not None:
             penalties = replace(penalties, repetition_penalty=self.server.force_repetition_penalty)
@@ -273,15 +323,27 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         choices = []
         for group in groups:
             for sample in group:
-                choice = {"index": len(choices), "text": sample.text, "finish_reason": sample.finish_reason,
-                          "logprobs": {"tokens": [f"token_id:{t}" for t in sample.token_ids],
-                                       "token_logprobs": sample.logprobs, "top_logprobs": None}}
+                choice = {
+                    "index": len(choices),
+                    "text": sample.text,
+                    "finish_reason": sample.finish_reason,
+                    "logprobs": {
+                        "tokens": [f"token_id:{t}" for t in sample.token_ids],
+                        "token_logprobs": sample.logprobs,
+                        "top_logprobs": None,
+                    },
+                }
                 if body.get("return_token_ids"):
                     choice |= {"token_ids": sample.token_ids, "prompt_token_ids": sample.prompt_token_ids}
                 choices.append(choice)
         usage = sum(len(c["logprobs"]["tokens"]) for c in choices)
-        return {"id": f"cmpl-{self.server.requests_seen}", "object": "text_completion", "model": body["model"],
-                "choices": choices, "usage": {"completion_tokens": usage}}
+        return {
+            "id": f"cmpl-{self.server.requests_seen}",
+            "object": "text_completion",
+            "model": body["model"],
+            "choices": choices,
+            "usage": {"completion_tokens": usage},
+        }
 
     def _chat(self, body: dict) -> dict:
         """`/v1/chat/completions`: the messages rendered by the tokenizer's chat template (with the assistant's
@@ -294,17 +356,30 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         if getattr(tokenizer, "chat_template", None):
             try:
                 prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            except Exception as error:                  # e.g. a template without a system role: a 400, not a drop
+            except Exception as error:  # e.g. a template without a system role: a 400, not a drop
                 raise ValueError(f"the model's chat template refused the messages: {error}") from None
         else:
             prompt = "".join(f"{str(m.get('role', 'user')).capitalize()}: {m['content']}\n\n" for m in messages)
             prompt += "Assistant:"
-        completion = self._complete({key: value for key, value in body.items() if key != "messages"}
-                                    | {"prompt": prompt, "add_special_tokens": False})
-        choices = [{"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
-                    "finish_reason": c["finish_reason"]} for c in completion["choices"]]
-        return {"id": f"chatcmpl-{self.server.requests_seen}", "object": "chat.completion", "model": body["model"],
-                "choices": choices, "usage": completion["usage"]}
+        completion = self._complete(
+            {key: value for key, value in body.items() if key != "messages"}
+            | {"prompt": prompt, "add_special_tokens": False}
+        )
+        choices = [
+            {
+                "index": c["index"],
+                "message": {"role": "assistant", "content": c["text"]},
+                "finish_reason": c["finish_reason"],
+            }
+            for c in completion["choices"]
+        ]
+        return {
+            "id": f"chatcmpl-{self.server.requests_seen}",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": choices,
+            "usage": completion["usage"],
+        }
 
     def _setting(self, body: dict):
         """A sampling parameter: the request's, else the generation config's, else vLLM's own default."""
@@ -312,7 +387,7 @@ class CompletionsHandler(BaseHTTPRequestHandler):
         return lambda name, default: body[name] if body.get(name) is not None else defaults.get(name, default)
 
     def _reply(self, status: int, payload: dict | str) -> None:
-        plain = isinstance(payload, str)                    # vLLM answers adapter loads in plain text, dev routes empty
+        plain = isinstance(payload, str)  # vLLM answers adapter loads in plain text, dev routes empty
         data = payload.encode() if plain else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "text/plain" if plain else "application/json")

@@ -15,7 +15,7 @@ import os
 def cores_given() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:                            # not Linux
+    except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
 
 

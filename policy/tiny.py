@@ -45,13 +45,23 @@ def train_tokenizer(corpus: Iterable[str], merges: int = 0):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + len(specials) + merges, special_tokens=specials,
-                                  initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(alphabet) + len(specials) + merges,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=PAD, eos_token=EOS, bos_token=None,
-                                      unk_token=None, additional_special_tokens=[IM_START, IM_END])
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=[IM_START, IM_END],
+    )
     wrapped.chat_template = CHAT_TEMPLATE
-    wrapped.padding_side = "left"                     # generation appends on the right
+    wrapped.padding_side = "left"  # generation appends on the right
     return wrapped
 
 
@@ -61,15 +71,24 @@ def build_model(config: TinyModelConfig, tokenizer):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:
-        raise ValueError("tiny model: num_attention_heads must divide hidden_size, and num_key_value_heads "
-                         "must divide num_attention_heads")
+        raise ValueError(
+            "tiny model: num_attention_heads must divide hidden_size, and num_key_value_heads "
+            "must divide num_attention_heads"
+        )
     model_config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads, max_position_embeddings=config.max_position_embeddings,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None)
-    with MODEL_BUILDING, torch.random.fork_rng():        # see policy/checkpoints.py
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with MODEL_BUILDING, torch.random.fork_rng():  # see policy/checkpoints.py
         torch.manual_seed(config.seed)
         model = Qwen2ForCausalLM(model_config)
     return model.eval()

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:                        # annotations only: the GPU check imports this module without pydantic
+if TYPE_CHECKING:  # annotations only: the GPU check imports this module without pydantic
     from policy.openai_backend import OpenAIBackendConfig
 
-ROOT = Path(__file__).resolve().parents[2]            # the checkout: infra/vllm/serve.sh
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: infra/vllm/serve.sh
 VLLM_ENV = Path(os.environ.get("RLVR_VLLM_ENV") or ROOT / ".venv-vllm")
 SERVE = ROOT / "infra" / "vllm" / "serve.sh"
-START_SECONDS = 420                      # three servers compiling at once on two cores
+START_SECONDS = 420  # three servers compiling at once on two cores
 
 
 def free_port() -> int:
@@ -88,7 +88,7 @@ def terminated_with_parent() -> None:
     stops its servers on SIGTERM). Elsewhere, nothing."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)                  # 1: PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
@@ -99,13 +99,29 @@ def start(model: str, logs: Path, port: int, **settings: str) -> Server:
     folder.mkdir(parents=True, exist_ok=True)
     cache = ROOT / "build" / "vllm-cache"
     cache.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MODEL": model, "BASE_PORT": str(port), "HOST": "127.0.0.1", "GPUS": "0",
-           "LOG_DIR": str(folder), "VLLM_ENV": str(VLLM_ENV), "VLLM_CACHE_ROOT": str(cache),
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", **settings}
-    env.pop("PYTHONPATH", None)                      # the platform's paths never reach vLLM's interpreter
-    process = subprocess.Popen(["bash", str(SERVE)], env=env, stdout=subprocess.DEVNULL,
-                               stderr=open(folder / "serve.err", "w"), start_new_session=True,
-                               preexec_fn=terminated_with_parent)
+    env = {
+        **os.environ,
+        "MODEL": model,
+        "BASE_PORT": str(port),
+        "HOST": "127.0.0.1",
+        "GPUS": "0",
+        "LOG_DIR": str(folder),
+        "VLLM_ENV": str(VLLM_ENV),
+        "VLLM_CACHE_ROOT": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        **settings,
+    }
+    env.pop("PYTHONPATH", None)  # the platform's paths never reach vLLM's interpreter
+    process = subprocess.Popen(
+        ["bash", str(SERVE)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(folder / "serve.err", "w"),
+        start_new_session=True,
+        preexec_fn=terminated_with_parent,
+    )
     return Server(f"http://127.0.0.1:{port}", process, folder / "vllm-gpu0.log", settings)
 
 
@@ -150,8 +166,10 @@ def launch_config(openai: OpenAIBackendConfig, lora: bool) -> OpenAIBackendConfi
         return openai
     if lora:
         if openai.model_name != "v{model_version}":
-            raise LaunchRefused(f"rollout.openai.launch serves LoRA versions as v0, v1, ... (serve.sh WEIGHTS=adapter), "
-                                f"not as {openai.model_name!r}: leave rollout.openai.model_name at v{{model_version}}")
+            raise LaunchRefused(
+                f"rollout.openai.launch serves LoRA versions as v0, v1, ... (serve.sh WEIGHTS=adapter), "
+                f"not as {openai.model_name!r}: leave rollout.openai.model_name at v{{model_version}}"
+            )
         return openai
     one_name = openai.model_name if "{model_version}" not in openai.model_name else "policy"
     return openai.model_copy(update={"model_name": one_name})
@@ -170,16 +188,19 @@ def cpu_build_refuses(folder: str) -> str | None:
         config = json.loads((Path(folder) / "config.json").read_text())
         head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     except (OSError, KeyError, ValueError, ZeroDivisionError):
-        return None                                   # not for us to read: vLLM says what it cannot load
+        return None  # not for us to read: vLLM says what it cannot load
     if head in CPU_HEAD_SIZES:
         return None
-    return (f"{folder} has attention heads of size {head}, and vLLM's CPU build serves only "
-            f"{', '.join(map(str, CPU_HEAD_SIZES))}: its engine would die at the first request")
+    return (
+        f"{folder} has attention heads of size {head}, and vLLM's CPU build serves only "
+        f"{', '.join(map(str, CPU_HEAD_SIZES))}: its engine would die at the first request"
+    )
 
 
 @contextmanager
-def launched(openai: OpenAIBackendConfig, base_folder: str, lora: bool,
-             base_version: int = 0) -> Iterator[OpenAIBackendConfig]:
+def launched(
+    openai: OpenAIBackendConfig, base_folder: str, lora: bool, base_version: int = 0
+) -> Iterator[OpenAIBackendConfig]:
     """`openai.launch` servers of `base_folder` (model version `base_version`, a full checkpoint: with LoRA, the
     one the adapters apply to) on this machine while the block runs, one on
     each of `server_devices` in turn (the CPU build ignores it); yields the config to sample with, their
@@ -188,18 +209,25 @@ def launched(openai: OpenAIBackendConfig, base_folder: str, lora: bool,
     if reason:
         raise LaunchRefused(f"rollout.openai.launch: {reason}")
     if not os.path.isdir(base_folder):
-        raise LaunchRefused(f"rollout.openai.launch starts vLLM on version {base_version}'s checkpoint folder, and "
-                            f"{base_folder} is not a folder on this machine")
+        raise LaunchRefused(
+            f"rollout.openai.launch starts vLLM on version {base_version}'s checkpoint folder, and "
+            f"{base_folder} is not a folder on this machine"
+        )
     refused = cpu_build_refuses(base_folder)
     if refused:
         raise LaunchRefused(f"rollout.openai.launch: {refused}")
     openai = launch_config(openai, lora)
-    weights = {"WEIGHTS": "adapter" if lora else "full", "BASE_VERSION": str(base_version),
-               **({} if lora else {"SERVED_NAME": openai.model_name})}
+    weights = {
+        "WEIGHTS": "adapter" if lora else "full",
+        "BASE_VERSION": str(base_version),
+        **({} if lora else {"SERVED_NAME": openai.model_name}),
+    }
     logs = Path(tempfile.mkdtemp(prefix="rlvr-vllm-"))
     devices = openai.server_devices or [0]
-    print(f"vLLM: starting {openai.launch} server(s) of {base_folder} from {VLLM_ENV} ({weights['WEIGHTS']} "
-          f"weights; logs in {logs}); on a CPU a server answers in 30-90 s")
+    print(
+        f"vLLM: starting {openai.launch} server(s) of {base_folder} from {VLLM_ENV} ({weights['WEIGHTS']} "
+        f"weights; logs in {logs}); on a CPU a server answers in 30-90 s"
+    )
     servers = []
     try:
         for index in range(openai.launch):
@@ -208,7 +236,7 @@ def launched(openai: OpenAIBackendConfig, base_folder: str, lora: bool,
         print(f"vLLM: serving at {', '.join(server.url for server in servers)}")
         yield openai.model_copy(update={"endpoints": [server.url for server in servers], "launch": 0})
     except BaseException:
-        for server in servers:                # what the servers said last: a dead engine's cause is only there
+        for server in servers:  # what the servers said last: a dead engine's cause is only there
             print(f"vLLM at {server.url} ({server.log}), its last lines:\n{server.tail(12)}")
         raise
     finally:

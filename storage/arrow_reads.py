@@ -34,8 +34,9 @@ def arrow_dataset(table: DeltaTable, **options) -> pads.FileSystemDataset:
 def table_filesystem(table_uri: str) -> pa_fs.FileSystem:
     """Arrow's filesystem rooted at a table (its data files are named relative to it): local or S3."""
     if table_uri.startswith("s3://"):
-        return pa_fs.SubTreeFileSystem(table_uri.removeprefix("s3://").rstrip("/"),
-                                       _s3(tuple(sorted(aws_settings().items()))))
+        return pa_fs.SubTreeFileSystem(
+            table_uri.removeprefix("s3://").rstrip("/"), _s3(tuple(sorted(aws_settings().items())))
+        )
     path = unquote(urlparse(table_uri).path) if table_uri.startswith("file://") else table_uri
     return pa_fs.SubTreeFileSystem(path.rstrip("/") or "/", pa_fs.LocalFileSystem())
 
@@ -46,8 +47,11 @@ def _s3(settings: tuple[tuple[str, str], ...]) -> pa_fs.S3FileSystem:
     aws = dict(settings)
     options: dict = {"region": aws.get("AWS_REGION", "us-east-1")}
     if "AWS_ACCESS_KEY_ID" in aws and "AWS_SECRET_ACCESS_KEY" in aws:
-        options.update(access_key=aws["AWS_ACCESS_KEY_ID"], secret_key=aws["AWS_SECRET_ACCESS_KEY"],
-                       session_token=aws.get("AWS_SESSION_TOKEN"))
+        options.update(
+            access_key=aws["AWS_ACCESS_KEY_ID"],
+            secret_key=aws["AWS_SECRET_ACCESS_KEY"],
+            session_token=aws.get("AWS_SESSION_TOKEN"),
+        )
     if "AWS_ENDPOINT_URL" in aws:
         parsed = urlparse(aws["AWS_ENDPOINT_URL"])
         options.update(endpoint_override=parsed.netloc + parsed.path.rstrip("/"), scheme=parsed.scheme or "https")

@@ -21,7 +21,7 @@ from storage.schemas import TABLES
 from storage.views import VIEWS
 
 LOCKED_DOWN = {
-    "enable_external_access": False,        # no files, URLs or secrets: only the Arrow data registered here
+    "enable_external_access": False,  # no files, URLs or secrets: only the Arrow data registered here
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "allow_community_extensions": False,
@@ -41,7 +41,7 @@ class Catalog:
         read_only_statements(query)
         try:
             return self.connection.sql(query)
-        except duckdb.CatalogException as error:      # a query over a damaged table says which and why
+        except duckdb.CatalogException as error:  # a query over a damaged table says which and why
             for name, why in self.damaged.items():
                 if name in str(error):
                     raise LakeError(why) from None
@@ -69,14 +69,25 @@ def _register(connection: duckdb.DuckDBPyConnection, name: str, dataset) -> None
         connection.register(name, dataset)
         return
     connection.register(f"_stored_{name}", dataset)
-    columns = ", ".join(f'"{field.name}"' if field.name in stored else
-                        f'CAST(NULL AS {_SQL_TYPES.get(str(field.type), "VARCHAR")}) AS "{field.name}"'
-                        for field in TABLES[name].schema)
+    columns = ", ".join(
+        f'"{field.name}"'
+        if field.name in stored
+        else f'CAST(NULL AS {_SQL_TYPES.get(str(field.type), "VARCHAR")}) AS "{field.name}"'
+        for field in TABLES[name].schema
+    )
     connection.execute(f'create view "{name}" as select {columns} from "_stored_{name}"')
 
 
-_SQL_TYPES = {"double": "DOUBLE", "float": "FLOAT", "int64": "BIGINT", "int32": "INTEGER", "int8": "TINYINT",
-              "bool": "BOOLEAN", "string": "VARCHAR", "large_string": "VARCHAR"}
+_SQL_TYPES = {
+    "double": "DOUBLE",
+    "float": "FLOAT",
+    "int64": "BIGINT",
+    "int32": "INTEGER",
+    "int8": "TINYINT",
+    "bool": "BOOLEAN",
+    "string": "VARCHAR",
+    "large_string": "VARCHAR",
+}
 
 
 def read_only_statements(query: str) -> None:
@@ -84,12 +95,14 @@ def read_only_statements(query: str) -> None:
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.Error:
-        return                                         # a syntax error: DuckDB's own message says where
+        return  # a syntax error: DuckDB's own message says where
     for statement in statements:
         kind = statement.type.name
         if kind not in READ_STATEMENTS:
-            raise LakeError(f"rlvr sql only reads: {kind} statements are refused (queries only: SELECT, WITH, FROM, "
-                            "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
+            raise LakeError(
+                f"rlvr sql only reads: {kind} statements are refused (queries only: SELECT, WITH, FROM, "
+                "DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)"
+            )
 
 
 def open_catalog(lake: Lake, as_of: int | str | None = None) -> duckdb.DuckDBPyConnection:

@@ -50,24 +50,26 @@ def merged_config(base: dict, override: dict) -> dict:
     return merged
 
 
-def load_yaml_config(path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None) -> BaseModel:
+def load_yaml_config(
+    path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None
+) -> BaseModel:
     """Load and validate a YAML config (its `section` if it has one, or the named sections of a run
     config); errors name the file and the field."""
     return validated_config(read_yaml(Path(path)), path, model, section)
 
 
-def validated_config(whole: dict, path: str | Path, model: type[BaseModel],
-                     section: str | tuple[str, ...] | None = None) -> BaseModel:
+def validated_config(
+    whole: dict, path: str | Path, model: type[BaseModel], section: str | tuple[str, ...] | None = None
+) -> BaseModel:
     """`load_yaml_config` of a file already read (`read_yaml(path)` is `whole`): a caller that takes several
     configs out of one file reads it once."""
     path = Path(path)
     data = whole
-    if isinstance(section, tuple):                   # several stage sections of a run config
+    if isinstance(section, tuple):  # several stage sections of a run config
         data = {name: whole[name] for name in section if name in whole}
     elif section is not None and section in whole:  # a run config's stage section, or a stage config itself
         data = whole[section]
     try:
         return model.model_validate(data)
     except ValidationError as error:
-
         raise ValueError(describe(error, path, model, section, whole)) from None

@@ -13,13 +13,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 
-def describe(error: ValidationError, path: Path, model: type[BaseModel], section: str | tuple[str, ...] | None,
-             data: dict) -> str:
+def describe(
+    error: ValidationError, path: Path, model: type[BaseModel], section: str | tuple[str, ...] | None, data: dict
+) -> str:
     """The lines of a validation error: first what the file was read as, then one line per error,
     `FILE:LINE: dotted.field: message (did you mean name?)`, FILE being the `base:` file where one sets it."""
     lines = [f"{path}: read as {kind_of(model)} ({why(section, data)})"]
     prefix = (section,) if isinstance(section, str) and section in data else ()
-    roots: dict[Path, yaml.Node | None] = {}          # each file's YAML composed once for all the errors' lines
+    roots: dict[Path, yaml.Node | None] = {}  # each file's YAML composed once for all the errors' lines
     for item in error.errors():
         loc = tuple(item["loc"])
         message = item["msg"]
@@ -28,7 +29,7 @@ def describe(error: ValidationError, path: Path, model: type[BaseModel], section
             if closest:
                 message += f" (did you mean {closest}?)"
         where = key_line(path, prefix + loc, roots=roots) if loc else named_line(path, message, roots)
-        place = f"{where[0]}:{where[1]}" if where else str(path)       # a `base:` file's line where it sets it
+        place = f"{where[0]}:{where[1]}" if where else str(path)  # a `base:` file's line where it sets it
         lines.append(f"{place}: {'.'.join(map(str, loc)) or '(a rule across fields)'}: {message}")
     return "\n".join(lines)
 
@@ -42,13 +43,16 @@ def kind_of(model: type[BaseModel]) -> str:
 def why(section: str | tuple[str, ...] | None, data: dict) -> str:
     if isinstance(section, tuple):
         present = [name for name in section if name in data]
-        return f"its sections {', '.join(present)}" if present else "none of its sections is one of " + ", ".join(section)
+        return (
+            f"its sections {', '.join(present)}" if present else "none of its sections is one of " + ", ".join(section)
+        )
     if section is None:
         return "the whole file"
     if section in data:
         return f"its `{section}:` section"
-    return (f"the whole file, because it has no `{section}:` section"
-            + (f"; its sections are {', '.join(map(str, data))}" if data else ""))
+    return f"the whole file, because it has no `{section}:` section" + (
+        f"; its sections are {', '.join(map(str, data))}" if data else ""
+    )
 
 
 def key_line(path: Path, loc: tuple, seen: tuple = (), roots: dict | None = None) -> tuple[Path, int] | None:
@@ -116,8 +120,12 @@ def models_at(model: type[BaseModel], loc: tuple) -> list[type[BaseModel]]:
     """The config classes a path can land in (a list's index and a union's tag are passed over)."""
     current = [model]
     for part in loc:
-        following = [inner for candidate in current if part in candidate.model_fields
-                     for inner in _models_in(candidate.model_fields[part].annotation)]
+        following = [
+            inner
+            for candidate in current
+            if part in candidate.model_fields
+            for inner in _models_in(candidate.model_fields[part].annotation)
+        ]
         current = following or current
     return current
 
@@ -125,7 +133,9 @@ def models_at(model: type[BaseModel], loc: tuple) -> list[type[BaseModel]]:
 def _models_in(annotation) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    if isinstance(annotation, (types.UnionType, typing._GenericAlias, typing._UnionGenericAlias)) or \
-            typing.get_origin(annotation) is not None:
+    if (
+        isinstance(annotation, (types.UnionType, typing._GenericAlias, typing._UnionGenericAlias))
+        or typing.get_origin(annotation) is not None
+    ):
         return [model for argument in typing.get_args(annotation) for model in _models_in(argument)]
     return []

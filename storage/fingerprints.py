@@ -25,8 +25,13 @@ from storage.lake import Lake
 PACKAGES = ("flows", "tasks", "policy", "storage", "trainers")
 
 # The table whose rows a stage run writes for its iteration; a run whose rows are still there is in place.
-OUTPUT_TABLE = {"rollout": "rollouts", "verify": "rewards", "advantages": "groups", "train": "model_versions",
-                "evaluate": "evaluations"}
+OUTPUT_TABLE = {
+    "rollout": "rollouts",
+    "verify": "rewards",
+    "advantages": "groups",
+    "train": "model_versions",
+    "evaluate": "evaluations",
+}
 
 
 @lru_cache(maxsize=1)
@@ -56,17 +61,28 @@ def run_ids(lake: Lake, table: str, iteration: int, where: pc.Expression | None 
 
 def in_place_run(lake: Lake, stage: str, iteration: int, stage_fingerprint: str) -> str | None:
     """The id of a completed run of `stage` for `iteration` with this fingerprint whose output is in place."""
-    runs = lake.read("runs", filter=(pc.field("stage") == stage) & (pc.field("iteration") == iteration)
-                     & (pc.field("status") == "completed"), columns=["run_id", "parameters", "started_at"])
+    runs = lake.read(
+        "runs",
+        filter=(pc.field("stage") == stage)
+        & (pc.field("iteration") == iteration)
+        & (pc.field("status") == "completed"),
+        columns=["run_id", "parameters", "started_at"],
+    )
     if runs.is_empty():
         return None
-    matching = [run_id for run_id, parameters in runs.sort("started_at", descending=True)
-                .select("run_id", "parameters").rows()
-                if json.loads(parameters).get("fingerprint") == stage_fingerprint]
+    matching = [
+        run_id
+        for run_id, parameters in runs.sort("started_at", descending=True).select("run_id", "parameters").rows()
+        if json.loads(parameters).get("fingerprint") == stage_fingerprint
+    ]
     if not matching:
         return None
-    if stage == "rollout" and lake.read("groups", filter=pc.field("iteration") == iteration, columns=["run_id"]).is_empty():
-        return None                  # sampling failed or stopped before its groups were written: not done
-    written = set(lake.read(OUTPUT_TABLE[stage], filter=pc.field("run_id").isin(matching),
-                            columns=["run_id"])["run_id"].to_list())
+    if (
+        stage == "rollout"
+        and lake.read("groups", filter=pc.field("iteration") == iteration, columns=["run_id"]).is_empty()
+    ):
+        return None  # sampling failed or stopped before its groups were written: not done
+    written = set(
+        lake.read(OUTPUT_TABLE[stage], filter=pc.field("run_id").isin(matching), columns=["run_id"])["run_id"].to_list()
+    )
     return next((run_id for run_id in matching if run_id in written), None)

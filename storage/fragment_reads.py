@@ -51,8 +51,9 @@ class KeptTables:
                 return
             self._kept[key] = table
             self._bytes += size
-            while ((self.entries is not None and len(self._kept) > self.entries)
-                   or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+            while (self.entries is not None and len(self._kept) > self.entries) or (
+                self.max_bytes is not None and self._bytes > self.max_bytes
+            ):
                 _, dropped = self._kept.popitem(last=False)
                 self._bytes -= dropped.nbytes if self.max_bytes is not None else 0
 
@@ -75,8 +76,7 @@ def schema_key(schema: pa.Schema) -> bytes:
     return hashlib.blake2b(schema.serialize().to_pybytes(), digest_size=16).digest()
 
 
-def scan(table: str, dataset: pads.FileSystemDataset, filter: pc.Expression | None,
-         columns: list[str]) -> pa.Table:
+def scan(table: str, dataset: pads.FileSystemDataset, filter: pc.Expression | None, columns: list[str]) -> pa.Table:
     """`dataset.to_table(filter=filter, columns=columns)`, the same rows in the same order, from the parts of
     its files read before. A part is valid for as long as what it was read from and with is the same: the
     table (`table`: its location, storage options included), the file (its path is unique in a table and its

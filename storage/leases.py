@@ -30,7 +30,7 @@ from storage.location import LakeLocation
 
 LOOP = "loop"
 BANK = "bank"
-KEPT_EPOCHS = 20            # older epochs are pruned: only the newest says who holds the lease
+KEPT_EPOCHS = 20  # older epochs are pruned: only the newest says who holds the lease
 
 
 @dataclass
@@ -57,8 +57,8 @@ class Grant:
     count: int = 1
     lost: bool = False
     taken_from: dict[str, Any] | None = field(default=None)
-    helpers: set[int] = field(default_factory=set)     # other threads of the holder's own work (`helping`)
-    joined: bool = False                               # another process holds this epoch; this one works for it
+    helpers: set[int] = field(default_factory=set)  # other threads of the holder's own work (`helping`)
+    joined: bool = False  # another process holds this epoch; this one works for it
 
     def held_by(self, thread: int) -> bool:
         return thread == self.thread or thread in self.helpers
@@ -106,14 +106,19 @@ def acquire(location: LakeLocation, name: str, wait: bool | float = False, poll:
     mine = presence.presence(location)
     while True:
         with _LOCK:
-            busy_here = key in _HELD                       # another thread of this process holds it
+            busy_here = key in _HELD  # another thread of this process holds it
         found = holder(location, name)
         if not busy_here and (found is None or found.free):
             epoch = 1 if found is None else found.epoch + 1
-            mine.add_lease(name, epoch)                    # the process record names the lease before the epoch does
-            record = {**presence.this_process().as_record(), "command": presence.command_line(),
-                      "since": time.time(), "thread": thread, "epoch": epoch,
-                      "taken_from": None if found is None or found.released else found.record}
+            mine.add_lease(name, epoch)  # the process record names the lease before the epoch does
+            record = {
+                **presence.this_process().as_record(),
+                "command": presence.command_line(),
+                "since": time.time(),
+                "thread": thread,
+                "epoch": epoch,
+                "taken_from": None if found is None or found.released else found.record,
+            }
             if objects.put_if_absent(location, ("leases", name, _epoch_name(epoch)), record):
                 grant = Grant(name, epoch, thread, taken_from=record["taken_from"])
                 with _LOCK:
@@ -121,14 +126,17 @@ def acquire(location: LakeLocation, name: str, wait: bool | float = False, poll:
                 _watch(location, mine)
                 _prune(location, name, epoch)
                 return grant
-            mine.remove_lease(name)                        # another process won the race for this epoch
+            mine.remove_lease(name)  # another process won the race for this epoch
             continue
         if deadline is not None and time.monotonic() >= deadline:
             if busy_here:
-                raise LeaseHeld(f"the lake's {name} lease is held by another thread of this process "
-                                f"(pid {os.getpid()})")
-            raise LeaseHeld(describe_holder(location, name, found) + ": one writer at a time (--wait queues "
-                            "behind it; a holder that dies is taken over)")
+                raise LeaseHeld(
+                    f"the lake's {name} lease is held by another thread of this process (pid {os.getpid()})"
+                )
+            raise LeaseHeld(
+                describe_holder(location, name, found) + ": one writer at a time (--wait queues "
+                "behind it; a holder that dies is taken over)"
+            )
         time.sleep(poll)
 
 
@@ -142,7 +150,7 @@ def release(location: LakeLocation, name: str) -> None:
         if grant.count:
             return
         del _HELD[key]
-    if grant.joined:                                   # not ours to release: the holder does
+    if grant.joined:  # not ours to release: the holder does
         presence.presence(location).remove_lease(f"{name}:joined")
         return
     if not grant.lost:
@@ -176,10 +184,15 @@ def joining(location: LakeLocation, name: str, epoch: int) -> Iterator[Grant]:
     this process's writes) once the holder releases it, dies, or is taken over."""
     found = holder(location, name)
     if found is None or found.epoch != epoch or found.free:
-        now = "was never taken" if found is None else (
-            f"is at epoch {found.epoch}" if found.epoch != epoch else "was released or its holder died")
-        raise LeaseHeld(f"this flow run works under epoch {epoch} of the lake's {name} lease, which {now}: "
-                        "it is started by the run that holds the lease, not on its own")
+        now = (
+            "was never taken"
+            if found is None
+            else (f"is at epoch {found.epoch}" if found.epoch != epoch else "was released or its holder died")
+        )
+        raise LeaseHeld(
+            f"this flow run works under epoch {epoch} of the lake's {name} lease, which {now}: "
+            "it is started by the run that holds the lease, not on its own"
+        )
     key = (os.getpid(), location.uri, name)
     grant = Grant(name, epoch, threading.get_ident(), joined=True)
     with _LOCK:
@@ -187,7 +200,7 @@ def joining(location: LakeLocation, name: str, epoch: int) -> Iterator[Grant]:
             raise LeaseHeld(f"this process (pid {os.getpid()}) already holds the lake's {name} lease")
         _HELD[key] = grant
     mine = presence.presence(location)
-    mine.add_lease(f"{name}:joined", epoch)             # its record (and heartbeat) tells others it is alive
+    mine.add_lease(f"{name}:joined", epoch)  # its record (and heartbeat) tells others it is alive
     _watch(location, mine)
     try:
         yield grant
@@ -201,13 +214,16 @@ def joining(location: LakeLocation, name: str, epoch: int) -> Iterator[Grant]:
 def check(location: LakeLocation) -> None:
     """Refuse to write when a lease this process holds on the lake was taken over."""
     with _LOCK:
-        lost = [grant for (pid, uri, _), grant in _HELD.items() if pid == os.getpid() and uri == location.uri
-                and grant.lost]
+        lost = [
+            grant for (pid, uri, _), grant in _HELD.items() if pid == os.getpid() and uri == location.uri and grant.lost
+        ]
     if lost:
         found = holder(location, lost[0].name)
         who = describe_holder(location, lost[0].name, found) if found else f"the {lost[0].name} lease is gone"
-        raise LeaseLost(f"this process lost the {lost[0].name} lease (epoch {lost[0].epoch}) while it ran: {who}; "
-                        "its writes are refused")
+        raise LeaseLost(
+            f"this process lost the {lost[0].name} lease (epoch {lost[0].epoch}) while it ran: {who}; "
+            "its writes are refused"
+        )
 
 
 def epoch_held(location: LakeLocation, name: str) -> int:
@@ -236,6 +252,7 @@ def held_here(location: LakeLocation, name: str) -> bool:
 
 def _watch(location: LakeLocation, mine: presence.Presence) -> None:
     """After each heartbeat: is each lease still ours (no newer epoch)?"""
+
     def still_ours() -> None:
         with _LOCK:
             grants = [g for (pid, uri, _), g in _HELD.items() if pid == os.getpid() and uri == location.uri]

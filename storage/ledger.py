@@ -28,15 +28,29 @@ class RunLedger:
     """`Lake`'s runs and leases."""
 
     @contextmanager
-    def run(self, flow: str, stage: str, parameters: dict[str, Any], *, bank_version: int | None = None,
-            iteration: int | None = None, prefect_flow_run_id: str | None = None) -> Iterator[Run]:
+    def run(
+        self,
+        flow: str,
+        stage: str,
+        parameters: dict[str, Any],
+        *,
+        bank_version: int | None = None,
+        iteration: int | None = None,
+        prefect_flow_run_id: str | None = None,
+    ) -> Iterator[Run]:
         """Record a stage run in `runs`: a `running` row first, then `completed` or `failed`. Its rows become
         visible to other readers when it completes; this process's record names it meanwhile, so a run
         whose process dies is found and marked `abandoned` (`reap`)."""
-        run = Run(flow=flow, stage=stage, parameters=parameters, bank_version=bank_version,
-                  iteration=iteration, prefect_flow_run_id=prefect_flow_run_id)
+        run = Run(
+            flow=flow,
+            stage=stage,
+            parameters=parameters,
+            bank_version=bank_version,
+            iteration=iteration,
+            prefect_flow_run_id=prefect_flow_run_id,
+        )
         mine = presence.presence(self.location)
-        mine.add_run(run.run_id)                       # the process record names the run before `runs` does
+        mine.add_run(run.run_id)  # the process record names the run before `runs` does
         ACTIVE_RUNS.add(run.run_id)
         try:
             self._write_run_row(run.row("running"), insert=True)
@@ -44,13 +58,16 @@ class RunLedger:
             try:
                 yield run
             except BaseException as error:
-                self._write_run_row(run.row("failed", utc_now(), f"{type(error).__name__}: {error}"[:4000]),
-                                    only_if_running=True)
+                self._write_run_row(
+                    run.row("failed", utc_now(), f"{type(error).__name__}: {error}"[:4000]), only_if_running=True
+                )
                 raise
             faults.point(f"run-ending:{stage}")
             if not self._write_run_row(run.row("completed", utc_now()), only_if_running=True):
-                raise LakeError(f"run {run.run_id} was marked abandoned while it worked (its process looked dead "
-                                f"to another for over {presence.lease_timeout():.0f} s); its output stays invisible")
+                raise LakeError(
+                    f"run {run.run_id} was marked abandoned while it worked (its process looked dead "
+                    f"to another for over {presence.lease_timeout():.0f} s); its output stays invisible"
+                )
         finally:
             ACTIVE_RUNS.discard(run.run_id)
             mine.remove_run(run.run_id)
@@ -74,16 +91,25 @@ class RunLedger:
         lease takeover. Returns the abandoned run ids."""
         abandoned = []
         for row, reason in self.dead_runs():
-            if self._write_run_row({**row, "status": "abandoned", "ended_at": utc_now(), "error": reason},
-                                   only_if_running=True):
+            if self._write_run_row(
+                {**row, "status": "abandoned", "ended_at": utc_now(), "error": reason}, only_if_running=True
+            ):
                 abandoned.append(row["run_id"])
         for record in presence.process_records(self.location):
             if not presence.alive(record):
                 presence.forget(self.location, record["process_id"])
         if grant is not None and grant.taken_from is not None:
-            taken = Run(flow="lease", stage="takeover", parameters={
-                "lease": grant.name, "epoch": grant.epoch, "from": presence.describe(grant.taken_from),
-                "from_process": grant.taken_from.get("process_id"), "abandoned_runs": abandoned})
+            taken = Run(
+                flow="lease",
+                stage="takeover",
+                parameters={
+                    "lease": grant.name,
+                    "epoch": grant.epoch,
+                    "from": presence.describe(grant.taken_from),
+                    "from_process": grant.taken_from.get("process_id"),
+                    "abandoned_runs": abandoned,
+                },
+            )
             self._write_run_row(taken.row("completed", utc_now()), insert=True)
         return abandoned
 
@@ -92,10 +118,15 @@ class RunLedger:
         version, or killed before its record was written) counts once it is older than the lease timeout."""
         records = presence.process_records(self.location)
         live = {record["process_id"] for record in records if presence.alive(record)}
-        owner_of = {run_id: record for record in records if record["process_id"] not in live
-                    for run_id in record.get("runs", [])}
-        live_runs = {run_id for record in records if record["process_id"] in live
-                     for run_id in record.get("runs", [])} | ACTIVE_RUNS
+        owner_of = {
+            run_id: record
+            for record in records
+            if record["process_id"] not in live
+            for run_id in record.get("runs", [])
+        }
+        live_runs = {
+            run_id for record in records if record["process_id"] in live for run_id in record.get("runs", [])
+        } | ACTIVE_RUNS
         now, dead = utc_now(), []
         for row in self.read("runs", filter=pc.field("status") == "running").iter_rows(named=True):
             owner = owner_of.get(row["run_id"])
@@ -106,28 +137,47 @@ class RunLedger:
             dead.append((row, f"abandoned: {who}"))
         return dead
 
-    def mark_runs(self, iteration: int, stages: set[str], since: datetime, status: str,
-                  unless_in: dict[str, str] | None = None) -> list[str]:
+    def mark_runs(
+        self, iteration: int, stages: set[str], since: datetime, status: str, unless_in: dict[str, str] | None = None
+    ) -> list[str]:
         """Set the status of the completed runs of `stages` for `iteration` started at or after `since`,
         except those whose rows are still in their stage's table (`unless_in`: stage -> table)."""
-        runs = self.read("runs", filter=(pc.field("iteration") == iteration) & pc.field("stage").isin(sorted(stages))
-                         & (pc.field("status") == "completed") & (pc.field("started_at") >= pa.scalar(
-                             since, pa.timestamp("us", tz="UTC"))))
+        runs = self.read(
+            "runs",
+            filter=(pc.field("iteration") == iteration)
+            & pc.field("stage").isin(sorted(stages))
+            & (pc.field("status") == "completed")
+            & (pc.field("started_at") >= pa.scalar(since, pa.timestamp("us", tz="UTC"))),
+        )
         marked = []
         for row in runs.iter_rows(named=True):
             table = (unless_in or {}).get(row["stage"])
-            if table and not self.read(table, filter=(pc.field("iteration") == iteration)
-                                       & (pc.field("run_id") == row["run_id"]), columns=["run_id"]).is_empty():
+            if (
+                table
+                and not self.read(
+                    table,
+                    filter=(pc.field("iteration") == iteration) & (pc.field("run_id") == row["run_id"]),
+                    columns=["run_id"],
+                ).is_empty()
+            ):
                 continue
             self._write_run_row({**row, "status": status})
             marked.append(row["run_id"])
         return marked
 
-    def record_skipped(self, flow: str, stage: str, parameters: dict[str, Any], *, iteration: int | None = None,
-                       prefect_flow_run_id: str | None = None) -> Run:
+    def record_skipped(
+        self,
+        flow: str,
+        stage: str,
+        parameters: dict[str, Any],
+        *,
+        iteration: int | None = None,
+        prefect_flow_run_id: str | None = None,
+    ) -> Run:
         """A `skipped` row in `runs`: the stage was asked for but its output was already in place."""
-        run = Run(flow=flow, stage=stage, parameters=parameters, iteration=iteration,
-                  prefect_flow_run_id=prefect_flow_run_id)
+        run = Run(
+            flow=flow, stage=stage, parameters=parameters, iteration=iteration, prefect_flow_run_id=prefect_flow_run_id
+        )
         self._write_run_row(run.row("skipped", utc_now()), insert=True)
         return run
 
@@ -138,9 +188,14 @@ class RunLedger:
 
         def write(table: DeltaTable | None) -> bool:
             if insert or table is None:
-                write_deltalake(table if table is not None else self.location.table_uri("runs"), data, mode="append",
-                                storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
-                                post_commithook_properties=POST_COMMIT)
+                write_deltalake(
+                    table if table is not None else self.location.table_uri("runs"),
+                    data,
+                    mode="append",
+                    storage_options=self.location.storage_options(),
+                    writer_properties=PARQUET_WRITER,
+                    post_commithook_properties=POST_COMMIT,
+                )
                 return True
             # the run's row replaced in one commit that lands right on this snapshot (or is retried on a fresh
             # one), so the status read here still holds when it lands. Not a MERGE: delta-rs writes the file a
@@ -148,18 +203,31 @@ class RunLedger:
             predicate = f"run_id = {sql_literal(row['run_id'])}"
             if only_if_running:
                 status = runs_table.status_of(table, row["run_id"])
-                status = status if status is not None else QueryBuilder().register("runs", table).execute(
-                    f"select status from runs where {predicate}").read_all()["status"].to_pylist()
+                status = (
+                    status
+                    if status is not None
+                    else QueryBuilder()
+                    .register("runs", table)
+                    .execute(f"select status from runs where {predicate}")
+                    .read_all()["status"]
+                    .to_pylist()
+                )
                 if status != ["running"]:
                     return False
-            write_deltalake(table, data, mode="overwrite", predicate=predicate,
-                            storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
-                            post_commithook_properties=POST_COMMIT,
-                            commit_properties=CommitProperties(max_commit_retries=0))
+            write_deltalake(
+                table,
+                data,
+                mode="overwrite",
+                predicate=predicate,
+                storage_options=self.location.storage_options(),
+                writer_properties=PARQUET_WRITER,
+                post_commithook_properties=POST_COMMIT,
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
             return True
 
         written = retry_on_conflict(lambda: self._on_snapshot("runs", write), f"record run {row['run_id']}")
-        kept = SNAPSHOTS.get(self._snapshot_key("runs"))     # counted on the snapshot as it is: no log lookups
+        kept = SNAPSHOTS.get(self._snapshot_key("runs"))  # counted on the snapshot as it is: no log lookups
         if kept is not None and len(kept.table.file_uris()) >= runs_table.COMPACT_FILES:
             self._on_snapshot("runs", runs_table.compact)
         return written

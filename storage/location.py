@@ -36,7 +36,7 @@ class LakeLocation:
         """`--lake URI` first, then `$RLVR_LAKE`, then `./lake`."""
         chosen = uri or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
         if chosen.startswith("s3://"):
-            bucket_and_prefix = chosen[len("s3://"):].strip("/")
+            bucket_and_prefix = chosen[len("s3://") :].strip("/")
             if not bucket_and_prefix:
                 raise ValueError(f"lake URI {chosen!r} names no bucket")
             return cls("s3://" + bucket_and_prefix)
@@ -64,7 +64,7 @@ class LakeLocation:
         if not self.is_s3:
             return {}
         options = {"conditional_put": "etag", **aws_settings()}
-        if os.environ.get("AWS_ALLOW_HTTP"):         # delta-rs's own switch; the other clients go by the scheme
+        if os.environ.get("AWS_ALLOW_HTTP"):  # delta-rs's own switch; the other clients go by the scheme
             options["AWS_ALLOW_HTTP"] = os.environ["AWS_ALLOW_HTTP"]
         endpoint = options.get("AWS_ENDPOINT_URL", "")
         if endpoint.startswith("http://"):

@@ -37,8 +37,8 @@ from storage.lake import Lake, retry_on_conflict
 from storage.schemas import PARQUET_WRITER, TABLES
 
 FLOW = "lake-maintenance"
-LEASE = "maintenance"                           # two maintenances of one lake never overlap
-OWN_COMPACTION = ("runs",)                      # compacted by its writers (storage/runs_table.py)
+LEASE = "maintenance"  # two maintenances of one lake never overlap
+OWN_COMPACTION = ("runs",)  # compacted by its writers (storage/runs_table.py)
 MB = 1024 * 1024
 
 
@@ -53,9 +53,13 @@ class MaintenanceConfig(BaseModel):
     small_file_mb: float = Field(8.0, gt=0, description="files under this size are small in `rlvr doctor`'s count")
     checkpoint: bool = Field(True, description="write a Delta checkpoint at each table's current version")
     vacuum: bool = Field(True, description="delete files no version inside the retention references")
-    retention_hours: float = Field(168.0, ge=0, description="time travel is kept this far back (whole hours, "
-                                   "rounded up); older versions' files are vacuumed (keep it longer than any query "
-                                   "or run step)")
+    retention_hours: float = Field(
+        168.0,
+        ge=0,
+        description="time travel is kept this far back (whole hours, "
+        "rounded up); older versions' files are vacuumed (keep it longer than any query "
+        "or run step)",
+    )
 
 
 @dataclass
@@ -65,9 +69,9 @@ class TableLayout:
     table: str
     version: int
     files: int
-    small_files: int                           # small files that share a partition with another (compaction merges them)
+    small_files: int  # small files that share a partition with another (compaction merges them)
     bytes: int
-    last_checkpoint: int | None               # the version of the log's latest checkpoint, None without one
+    last_checkpoint: int | None  # the version of the log's latest checkpoint, None without one
 
 
 @dataclass
@@ -75,10 +79,10 @@ class TableMaintenance:
     table: str
     files_before: int
     files_after: int
-    compacted: str = "skipped"                 # done, nothing to do, refused (a concurrent commit), or skipped
+    compacted: str = "skipped"  # done, nothing to do, refused (a concurrent commit), or skipped
     checkpoint: int | None = None
     vacuumed_files: int = 0
-    log_files: int = 0                         # commit files left in the log (those inside the retention)
+    log_files: int = 0  # commit files left in the log (those inside the retention)
     notes: list[str] = field(default_factory=list)
 
 
@@ -89,10 +93,19 @@ def layout(lake: Lake, name: str, small_file_mb: float = 8.0) -> TableLayout | N
     actions = table.get_add_actions(flatten=True)
     sizes = actions.column("size_bytes").to_pylist() if actions.num_rows else []
     partitions = [c for c in actions.column_names if c.startswith("partition.")]
-    small_by_partition = Counter(tuple(actions.column(c)[i].as_py() for c in partitions)
-                                 for i, size in enumerate(sizes) if size < small_file_mb * MB)
-    return TableLayout(name, table.version(), len(sizes), sum(n for n in small_by_partition.values() if n > 1),
-                       sum(sizes), last_checkpoint(lake, name))
+    small_by_partition = Counter(
+        tuple(actions.column(c)[i].as_py() for c in partitions)
+        for i, size in enumerate(sizes)
+        if size < small_file_mb * MB
+    )
+    return TableLayout(
+        name,
+        table.version(),
+        len(sizes),
+        sum(n for n in small_by_partition.values() if n > 1),
+        sum(sizes),
+        last_checkpoint(lake, name),
+    )
 
 
 def last_checkpoint(lake: Lake, name: str) -> int | None:
@@ -108,8 +121,11 @@ def last_maintenance(lake: Lake) -> dict | None:
     """The latest completed maintenance run: when it ended and what it did."""
     if not lake.exists("runs"):
         return None
-    runs = lake.read("runs", filter=(pc.field("flow") == FLOW) & (pc.field("status") == "completed"),
-                     columns=["run_id", "ended_at", "parameters"])
+    runs = lake.read(
+        "runs",
+        filter=(pc.field("flow") == FLOW) & (pc.field("status") == "completed"),
+        columns=["run_id", "ended_at", "parameters"],
+    )
     return None if runs.is_empty() else runs.sort("ended_at").row(-1, named=True)
 
 
@@ -120,11 +136,14 @@ def maintain_table(lake: Lake, name: str, config: MaintenanceConfig) -> TableMai
     if config.compact and name not in OWN_COMPACTION:
         done.compacted = _compact(table, config)
         table = lake.table(name)
-    if config.vacuum:                                 # first: its own commits (VACUUM START, END) then checkpointed too
+    if config.vacuum:  # first: its own commits (VACUUM START, END) then checkpointed too
         try:
-            done.vacuumed_files = len(table.vacuum(retention_hours=math.ceil(config.retention_hours), dry_run=False,
-                                                   enforce_retention_duration=False))
-        except DeltaError as error:                  # e.g. a writer's commit raced the vacuum's own; next time
+            done.vacuumed_files = len(
+                table.vacuum(
+                    retention_hours=math.ceil(config.retention_hours), dry_run=False, enforce_retention_duration=False
+                )
+            )
+        except DeltaError as error:  # e.g. a writer's commit raced the vacuum's own; next time
             done.notes.append(f"vacuum: {error}")
         table = lake.table(name)
     if config.checkpoint:
@@ -154,18 +173,22 @@ def _keep_history_for(lake: Lake, name: str, retention_hours: float, snapshot: D
     def set_once() -> None:
         table = next(snapshots, None) or lake.table(name)
         if table.metadata().configuration.get("delta.logRetentionDuration") != interval:
-            table.alter.set_table_properties({"delta.logRetentionDuration": interval}, raise_if_not_exists=False,
-                                             commit_properties=CommitProperties(
-                                                 custom_metadata={"stage": "lake-maintenance"}))
+            table.alter.set_table_properties(
+                {"delta.logRetentionDuration": interval},
+                raise_if_not_exists=False,
+                commit_properties=CommitProperties(custom_metadata={"stage": "lake-maintenance"}),
+            )
 
     retry_on_conflict(set_once, f"set the log retention of table {name}")
 
 
 def _compact(table: DeltaTable, config: MaintenanceConfig) -> str:
     try:
-        metrics = table.optimize.compact(target_size=int(config.target_file_mb * MB),    # one commit, all partitions
-                                         writer_properties=PARQUET_WRITER, commit_properties=CommitProperties(
-                                             custom_metadata={"stage": "lake-maintenance"}, max_commit_retries=0))
+        metrics = table.optimize.compact(
+            target_size=int(config.target_file_mb * MB),  # one commit, all partitions
+            writer_properties=PARQUET_WRITER,
+            commit_properties=CommitProperties(custom_metadata={"stage": "lake-maintenance"}, max_commit_retries=0),
+        )
     except CommitFailedError:
         return "refused: another writer committed meanwhile"
     return "done" if metrics.get("numFilesRemoved", 0) else "nothing to do"
@@ -184,5 +207,5 @@ def maintain(lake: Lake, config: MaintenanceConfig, progress=None) -> list[Table
                 results.append(maintain_table(lake, name, config))
             if progress is not None:
                 progress(name)
-        run.parameters["results"] = [asdict(result) for result in results]     # recorded as the run completes
+        run.parameters["results"] = [asdict(result) for result in results]  # recorded as the run completes
     return results

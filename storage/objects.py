@@ -43,7 +43,7 @@ def create_new(location: LakeLocation, path: str, value: dict[str, Any]) -> bool
     os.makedirs(folder, exist_ok=True)
     staged = _staged_file(folder, data)
     try:
-        os.link(staged, path)              # atomic, and refuses an existing name: the object appears whole or not at all
+        os.link(staged, path)  # atomic, and refuses an existing name: the object appears whole or not at all
     except FileExistsError:
         return False
     finally:
@@ -85,7 +85,7 @@ def names(location: LakeLocation, parts: tuple[str, ...]) -> list[str]:
     """The object names directly under a folder, sorted; empty when it does not exist."""
     folder = object_path(location, *parts)
     fs = location.filesystem
-    fs.invalidate_cache(folder)                        # s3fs caches listings
+    fs.invalidate_cache(folder)  # s3fs caches listings
     try:
         listed = [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)]
     except FileNotFoundError:

@@ -52,8 +52,13 @@ class Identity:
         return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', self.host)}-{self.pid}-{self.started}"
 
     def as_record(self) -> dict[str, Any]:
-        return {"process_id": self.process_id, "host": self.host, "boot_id": self.boot_id, "pid": self.pid,
-                "started": self.started}
+        return {
+            "process_id": self.process_id,
+            "host": self.host,
+            "boot_id": self.boot_id,
+            "pid": self.pid,
+            "started": self.started,
+        }
 
 
 @lru_cache(maxsize=1)
@@ -74,15 +79,15 @@ def _start_time(pid: int) -> str | None:
         return None
     except OSError:
         return ""
-    fields = stat[stat.rindex(")") + 2:].split()        # the command name may hold spaces and parentheses
-    return None if fields[0] in ("Z", "X") else fields[19]   # a zombie has exited
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return None if fields[0] in ("Z", "X") else fields[19]  # a zombie has exited
 
 
 _IDENTITIES: dict[int, Identity] = {}
 
 
 def this_process() -> Identity:
-    pid = os.getpid()                                    # recomputed after a fork
+    pid = os.getpid()  # recomputed after a fork
     if pid not in _IDENTITIES:
         _IDENTITIES[pid] = Identity(socket.gethostname(), _boot_id(), pid, _start_time(pid) or "0")
     return _IDENTITIES[pid]
@@ -150,15 +155,21 @@ class Presence:
     def __init__(self, location: LakeLocation):
         self.location = location
         self.runs: set[str] = set()
-        self.holds: dict[str, int] = {}                 # lease name -> epoch
+        self.holds: dict[str, int] = {}  # lease name -> epoch
         self.hooks: list[Callable[[], None]] = []
         self.started_at = time.time()
         self._lock = threading.RLock()
         self._stop: threading.Event | None = None
 
     def record(self) -> dict[str, Any]:
-        return {**this_process().as_record(), "command": command_line(), "started_at": self.started_at,
-                "heartbeat_at": time.time(), "runs": sorted(self.runs), "leases": dict(self.holds)}
+        return {
+            **this_process().as_record(),
+            "command": command_line(),
+            "started_at": self.started_at,
+            "heartbeat_at": time.time(),
+            "runs": sorted(self.runs),
+            "leases": dict(self.holds),
+        }
 
     def add_run(self, run_id: str) -> None:
         with self._lock:

@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.progress import track as rich_track
 
 T = TypeVar("T")
-Listener = Callable[[str, int, int], None]          # (description, done, total)
+Listener = Callable[[str, int, int], None]  # (description, done, total)
 _console = Console(stderr=True)
 _listeners: ContextVar[tuple[Listener, ...]] = ContextVar("progress_listeners", default=())
-UPDATES = 20                                        # a listener hears about every 5 %
+UPDATES = 20  # a listener hears about every 5 %
 
 
 @contextmanager
@@ -31,8 +31,9 @@ def reporting_to(listener: Listener) -> Iterator[None]:
 
 
 def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    bar = rich_track(items, description=description, total=total, console=_console,
-                     disable=not sys.stderr.isatty(), transient=True)
+    bar = rich_track(
+        items, description=description, total=total, console=_console, disable=not sys.stderr.isatty(), transient=True
+    )
     listeners = _listeners.get()
     if total is None and hasattr(items, "__len__"):
         total = len(items)

@@ -47,12 +47,12 @@ def _claim(lake: Lake, uri: str) -> bool:
     path = uri.removeprefix("s3://")
     claim = {**presence.this_process().as_record(), "state": "claimed"}
     if lake.location.is_s3:
-        if lake.location.filesystem.exists(f"{path}/config.json"):     # written before folders were claimed
+        if lake.location.filesystem.exists(f"{path}/config.json"):  # written before folders were claimed
             return False
         return objects.create_new(lake.location, f"{path}/{CLAIM}", claim)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
-        os.mkdir(path)                                 # atomic: one process creates the folder
+        os.mkdir(path)  # atomic: one process creates the folder
     except FileExistsError:
         return False
     with open(os.path.join(path, CLAIM), "w") as handle:
@@ -72,7 +72,7 @@ def reclaimable(lake: Lake, uri: str) -> bool:
     """Did a process that died claim this folder without a completed run registering it?"""
     claim = claim_record(lake, uri)
     if claim is None:
-        return False                                   # no claim: made by an older version, keep it
+        return False  # no claim: made by an older version, keep it
     named = lake.read("model_versions", filter=pc.field("checkpoint_uri") == uri, columns=["model_version"])
     if named.height:
         return False
@@ -106,23 +106,51 @@ def version_row(lake: Lake, version: int) -> dict:
     rows = lake.read("model_versions", filter=pc.field("model_version") == version)
     if rows.is_empty():
         known = lake.read("model_versions", columns=["model_version"])["model_version"].to_list()
-        raise ValueError(f"model version {version} is not registered in {lake.uri} (registered: {sorted(known)}); "
-                         "run an iteration or `rlvr policy init` to create version 0")
+        raise ValueError(
+            f"model version {version} is not registered in {lake.uri} (registered: {sorted(known)}); "
+            "run an iteration or `rlvr policy init` to create version 0"
+        )
     return rows.row(0, named=True)
 
 
-def register(lake: Lake, run: Run, version: int, *, uri: str, kind: str, parent: int | None = None,
-             iteration: int | None = None, batch_ids: list[str] | None = None, architecture: dict | None = None,
-             metrics: dict | None = None, served_name: str | None = None) -> None:
-    row = {"model_version": version, "parent_version": parent, "kind": kind, "checkpoint_uri": uri,
-           "served_name": served_name, "iteration": iteration, "batch_ids": batch_ids or [],
-           "architecture": json.dumps(architecture or {}, sort_keys=True, default=str),
-           "metrics": json.dumps(metrics or {}, sort_keys=True, default=str), "created_at": utc_now()}
-    lake.replace("model_versions", pl.DataFrame([row], schema_overrides={"parent_version": pl.Int64,
-                                                                          "iteration": pl.Int64}),
-                 {"model_version": version}, run, only_if_empty=True)     # the number is allocated by this commit
-    if claim_record(lake, uri) is not None:            # a completed run's checkpoint is never reclaimed
+def register(
+    lake: Lake,
+    run: Run,
+    version: int,
+    *,
+    uri: str,
+    kind: str,
+    parent: int | None = None,
+    iteration: int | None = None,
+    batch_ids: list[str] | None = None,
+    architecture: dict | None = None,
+    metrics: dict | None = None,
+    served_name: str | None = None,
+) -> None:
+    row = {
+        "model_version": version,
+        "parent_version": parent,
+        "kind": kind,
+        "checkpoint_uri": uri,
+        "served_name": served_name,
+        "iteration": iteration,
+        "batch_ids": batch_ids or [],
+        "architecture": json.dumps(architecture or {}, sort_keys=True, default=str),
+        "metrics": json.dumps(metrics or {}, sort_keys=True, default=str),
+        "created_at": utc_now(),
+    }
+    lake.replace(
+        "model_versions",
+        pl.DataFrame([row], schema_overrides={"parent_version": pl.Int64, "iteration": pl.Int64}),
+        {"model_version": version},
+        run,
+        only_if_empty=True,
+    )  # the number is allocated by this commit
+    if claim_record(lake, uri) is not None:  # a completed run's checkpoint is never reclaimed
         path = f"{uri.removeprefix('s3://')}/{CLAIM}"
         with lake.location.filesystem.open(path, "wb") as handle:
-            handle.write(json.dumps({**presence.this_process().as_record(), "state": "registered",
-                                     "run_id": run.run_id}).encode())
+            handle.write(
+                json.dumps(
+                    {**presence.this_process().as_record(), "state": "registered", "run_id": run.run_id}
+                ).encode()
+            )

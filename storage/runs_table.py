@@ -28,8 +28,8 @@ from storage.arrow_reads import arrow_dataset
 from storage.errors import LakeError
 from storage.schemas import PARQUET_WRITER, POST_COMMIT
 
-COMPACT_FILES = 16           # this many small files of `runs` are rewritten as one
-SETTLED_ROWS = 2048          # a file with this many rows is no longer rewritten
+COMPACT_FILES = 16  # this many small files of `runs` are rewritten as one
+SETTLED_ROWS = 2048  # a file with this many rows is no longer rewritten
 
 
 def sql_literal(value: Any) -> str:
@@ -46,7 +46,7 @@ def run_ids_predicate(run_ids: list[str]) -> str:
     return "run_id IN (" + ", ".join(sql_literal(run_id) for run_id in run_ids) + ")"
 
 
-_FILE_STATUSES: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()   # (table, file) -> {run: status}
+_FILE_STATUSES: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()  # (table, file) -> {run: status}
 _FILE_STATUSES_LOCK = threading.Lock()
 FILES_KEPT = 64
 
@@ -80,8 +80,9 @@ def _read_statuses(table: DeltaTable, paths: list[str]) -> list[dict[str, str]] 
             for fragment in arrow_dataset(table).get_fragments():
                 if fragment.path in missing:
                     rows = fragment.to_table(columns=["run_id", "status"])
-                    _FILE_STATUSES[(table.table_uri, fragment.path)] = dict(zip(rows["run_id"].to_pylist(),
-                                                                                rows["status"].to_pylist()))
+                    _FILE_STATUSES[(table.table_uri, fragment.path)] = dict(
+                        zip(rows["run_id"].to_pylist(), rows["status"].to_pylist())
+                    )
         found = [_FILE_STATUSES.get((table.table_uri, path)) for path in paths]
         while len(_FILE_STATUSES) > FILES_KEPT:
             _FILE_STATUSES.popitem(last=False)
@@ -103,8 +104,13 @@ def status_of(table: DeltaTable, run_id: str) -> list[str] | None:
     """The statuses of the run's rows (one, for a run that exists), from the files that can hold it; None
     when the files cannot tell."""
     files = _files(table)
-    held = None if files is None else _held(table, [file for file in files if file[2] is None or file[3] is None
-                                                    or file[2] <= run_id <= file[3]])
+    held = (
+        None
+        if files is None
+        else _held(
+            table, [file for file in files if file[2] is None or file[3] is None or file[2] <= run_id <= file[3]]
+        )
+    )
     return None if held is None else [runs[run_id] for runs in held if run_id in runs]
 
 
@@ -113,15 +119,21 @@ def not_completed(table: DeltaTable) -> frozenset[str] | None:
     only; None when the files cannot tell."""
     files = _files(table)
     held = None if files is None else _held(table, [file for file in files if not file[4] == file[5] == "completed"])
-    return None if held is None else frozenset(run_id for runs in held for run_id, status in runs.items()
-                                               if status != "completed")
+    return (
+        None
+        if held is None
+        else frozenset(run_id for runs in held for run_id, status in runs.items() if status != "completed")
+    )
 
 
 def small_files(table: DeltaTable) -> list[str]:
     """The files (as the table's log names them) with fewer than SETTLED_ROWS rows, but for the file of a run
     still running: that run's end replaces it (rewritten into a bigger file, the end would rewrite that one)."""
-    return [file[0] for file in _files(table) or []
-            if (file[1] is None or file[1] < SETTLED_ROWS) and (_one_run(file) or ("", ""))[1] != "running"]
+    return [
+        file[0]
+        for file in _files(table) or []
+        if (file[1] is None or file[1] < SETTLED_ROWS) and (_one_run(file) or ("", ""))[1] != "running"
+    ]
 
 
 def compact(table: DeltaTable | None) -> None:
@@ -138,13 +150,19 @@ def compact(table: DeltaTable | None) -> None:
         return
     dataset = arrow_dataset(table)
     fragments = [fragment for fragment in dataset.get_fragments() if fragment.path in small]
-    if len(fragments) != len(small):            # the dataset does not name the files as the log does
+    if len(fragments) != len(small):  # the dataset does not name the files as the log does
         return
     rows = pads.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem).to_table()
     landing = CommitProperties(custom_metadata={"stage": "compact-runs"}, max_commit_retries=0)
     try:
-        write_deltalake(table, rows, mode="overwrite", predicate=run_ids_predicate(rows["run_id"].to_pylist()),
-                        commit_properties=landing, writer_properties=PARQUET_WRITER,
-                        post_commithook_properties=POST_COMMIT)
+        write_deltalake(
+            table,
+            rows,
+            mode="overwrite",
+            predicate=run_ids_predicate(rows["run_id"].to_pylist()),
+            commit_properties=landing,
+            writer_properties=PARQUET_WRITER,
+            post_commithook_properties=POST_COMMIT,
+        )
     except CommitFailedError:
         pass

@@ -85,13 +85,13 @@ def footer_fragment(dataset: pads.FileSystemDataset, path: str) -> pads.ParquetF
     fragment = dataset.format.make_fragment(path, filesystem=dataset.filesystem)
     try:
         fragment.ensure_complete_metadata()
-    except (OSError, pa.ArrowException):    # missing or unreadable: the read that opens it says the lake is damaged
+    except (OSError, pa.ArrowException):  # missing or unreadable: the read that opens it says the lake is damaged
         return fragment
     bounds = integer_bounds(fragment.metadata, dataset.schema)
     if bounds is None:
         return fragment
     bounded = dataset.format.make_fragment(path, filesystem=dataset.filesystem, partition_expression=bounds)
-    bounded.ensure_complete_metadata()   # kept with the snapshot: its reads then open the file without its footer
+    bounded.ensure_complete_metadata()  # kept with the snapshot: its reads then open the file without its footer
     return bounded
 
 
@@ -140,8 +140,10 @@ class SnapshotReads:
 
     def damaged(self, name: str, error: BaseException) -> LakeError:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        return LakeError(f"table {name} in {self.uri} cannot be read ({first_line}); run `rlvr doctor --lake "
-                         f"{self.uri}` to see what is wrong")
+        return LakeError(
+            f"table {name} in {self.uri} cannot be read ({first_line}); run `rlvr doctor --lake "
+            f"{self.uri}` to see what is wrong"
+        )
 
     def exists(self, name: str) -> bool:
         return self.table(name) is not None
@@ -149,8 +151,14 @@ class SnapshotReads:
     def existing_tables(self) -> list[str]:
         return [name for name in TABLES if self.exists(name)]
 
-    def read(self, name: str, filter: pc.Expression | None = None, columns: list[str] | None = None,
-             version: int | None = None, raw: bool = False) -> pl.DataFrame:
+    def read(
+        self,
+        name: str,
+        filter: pc.Expression | None = None,
+        columns: list[str] | None = None,
+        version: int | None = None,
+        raw: bool = False,
+    ) -> pl.DataFrame:
         """Visible rows of a table as a Polars frame (`raw`: every row, whoever wrote it); an empty frame
         with the contract's schema if absent."""
         snapshot = self._snapshot(name, version)
@@ -162,19 +170,22 @@ class SnapshotReads:
         present = set(snapshot[1].schema.names)
         wanted = columns if columns is not None else TABLES[name].schema.names
         read = [c for c in wanted if c in present]
-        stamp = snapshot[2]                            # None when time-travelled: not cached
-        table = self._snapshot_key(name)                # the location with its storage options (an endpoint)
+        stamp = snapshot[2]  # None when time-travelled: not cached
+        table = self._snapshot_key(name)  # the location with its storage options (an endpoint)
         key = (table, stamp, fragment_reads.filter_key(filter), tuple(read))
         data = READS.get(key) if stamp is not None else None
         if data is None:
             try:
-                data = snapshot[1].to_table(filter=filter, columns=read) if stamp is None else fragment_reads.scan(
-                    table, snapshot[1], filter, read)   # the new files' parts only
-            except (DeltaError, OSError) as error:     # a data file the log names is missing or unreadable
+                data = (
+                    snapshot[1].to_table(filter=filter, columns=read)
+                    if stamp is None
+                    else fragment_reads.scan(table, snapshot[1], filter, read)
+                )  # the new files' parts only
+            except (DeltaError, OSError) as error:  # a data file the log names is missing or unreadable
                 raise self.damaged(name, error) from None
             if stamp is not None and data.num_rows <= READ_CACHE_MAX_ROWS:
                 READS.put(key, data)
-        for column in wanted:                          # a column added to the contract after this table was written
+        for column in wanted:  # a column added to the contract after this table was written
             if column not in present:
                 field = TABLES[name].schema.field(column)
                 data = data.append_column(field, pa.nulls(data.num_rows, field.type))
@@ -222,8 +233,8 @@ class SnapshotReads:
             try:
                 if self._commit_stamp(name, entry.table.version()) != entry.stamp:
                     raise FileNotFoundError("replaced")
-                if self._has_commit(name, entry.table.version() + 1):   # commits are numbered without gaps: one
-                    entry.table.update_incremental()                   # look, not a listing of the whole log
+                if self._has_commit(name, entry.table.version() + 1):  # commits are numbered without gaps: one
+                    entry.table.update_incremental()  # look, not a listing of the whole log
                     entry.stamp = self._commit_stamp(name, entry.table.version())
             except FileNotFoundError:
                 SNAPSHOTS.pop(key, None)
@@ -279,11 +290,10 @@ class SnapshotReads:
                 before = entry.table.version() if entry is not None else None
                 result = write(entry.table if entry is not None else None)
                 if entry is not None and entry.table.version() == before + 1:
-                    entry.stamp = self._commit_stamp(name, entry.table.version())   # delta-rs holds the new state
-                elif entry is not None and entry.table.version() != before:   # another writer's commit landed
-                    SNAPSHOTS.pop(self._snapshot_key(name), None)               # first: reopened from the log
+                    entry.stamp = self._commit_stamp(name, entry.table.version())  # delta-rs holds the new state
+                elif entry is not None and entry.table.version() != before:  # another writer's commit landed
+                    SNAPSHOTS.pop(self._snapshot_key(name), None)  # first: reopened from the log
             except BaseException:
                 SNAPSHOTS.pop(self._snapshot_key(name), None)
                 raise
             return result
-

@@ -24,10 +24,10 @@ POST_COMMIT = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_l
 class TableSpec:
     name: str
     schema: pa.Schema
-    partition_by: tuple[str, ...]       # physical partitions of a table made new (an existing one keeps its own)
+    partition_by: tuple[str, ...]  # physical partitions of a table made new (an existing one keeps its own)
     description: str
-    unique: tuple[str, ...] = ()        # columns no two visible rows may share (a write that would is refused)
-    slice_by: tuple[str, ...] = ()      # the key a replace swaps out, when not the partition columns
+    unique: tuple[str, ...] = ()  # columns no two visible rows may share (a write that would is refused)
+    slice_by: tuple[str, ...] = ()  # the key a replace swaps out, when not the partition columns
 
     @property
     def replace_key(self) -> tuple[str, ...]:

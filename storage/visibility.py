@@ -19,7 +19,9 @@ def not_completed(runs: DeltaTable) -> frozenset[str]:
     known = runs_table.not_completed(runs)
     if known is not None:
         return known
-    rows = QueryBuilder().register("runs", runs).execute("select run_id from runs where status <> 'completed'").read_all()
+    rows = (
+        QueryBuilder().register("runs", runs).execute("select run_id from runs where status <> 'completed'").read_all()
+    )
     return frozenset(rows["run_id"].to_pylist())
 
 
@@ -36,7 +38,7 @@ class Visibility:
             entry = self._cached("runs")
             if entry is None:
                 return frozenset()
-            if entry.hidden is None or entry.hidden[0] != entry.table.version():   # no Arrow dataset to build
+            if entry.hidden is None or entry.hidden[0] != entry.table.version():  # no Arrow dataset to build
                 entry.hidden = (entry.table.version(), not_completed(entry.table))
             return entry.hidden[1] - ACTIVE_RUNS
 

@@ -43,7 +43,9 @@ class Writes:
         completed, is replaced."""
         spec = TABLES[name]
         if not spec.replace_key or not set(spec.replace_key) <= set(key):
-            raise LakeError(f"{name}: a replace key {sorted(key)} must include the slice columns {list(spec.replace_key)}")
+            raise LakeError(
+                f"{name}: a replace key {sorted(key)} must include the slice columns {list(spec.replace_key)}"
+            )
         conditions = [self._slice_empty(spec, key, run)] if only_if_empty else []
         return self._write(spec, rows, run, key=key, predicate=key_predicate(key), conditions=conditions)
 
@@ -62,10 +64,14 @@ class Writes:
         """Delete the rows those runs wrote (one commit): how `rlvr doctor --repair` clears rows of runs that
         never completed. Returns the new version."""
         leases.check(self.location)
-        metrics = retry_on_conflict(lambda: self.table(name).delete(              # idempotent: a fresh snapshot
-            runs_table.run_ids_predicate(run_ids), post_commithook_properties=POST_COMMIT,
-            commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage})),
-            f"remove rows of {name}")
+        metrics = retry_on_conflict(
+            lambda: self.table(name).delete(  # idempotent: a fresh snapshot
+                runs_table.run_ids_predicate(run_ids),
+                post_commithook_properties=POST_COMMIT,
+                commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage}),
+            ),
+            f"remove rows of {name}",
+        )
         version = self._committed_version(name, run.run_id)
         run.record_write(name, version, -int(metrics.get("num_deleted_rows", 0)))
         return version
@@ -76,50 +82,78 @@ class Writes:
         rows = self.read(name, filter=key_expression(key), version=version) if version is not None else pl.DataFrame()
         return self._write(TABLES[name], rows, run, key, key_predicate(key), keep_run_ids=True)
 
-    def _write(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
-               keep_run_ids: bool = False, conditions: list[Condition] | None = None) -> int:
+    def _write(
+        self,
+        spec: TableSpec,
+        rows: RowData,
+        run: Run,
+        key: dict[str, Any],
+        predicate: str | None,
+        keep_run_ids: bool = False,
+        conditions: list[Condition] | None = None,
+    ) -> int:
         conditions = list(conditions or [])
         if spec.unique:
             conditions.append(self._unique(spec, rows, key, run))
-        if isinstance(rows, (pl.DataFrame, pa.Table)):   # replayable: a commit conflict is retried
-            return retry_on_conflict(lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids,
-                                                               conditions), f"write {spec.name}")
+        if isinstance(rows, (pl.DataFrame, pa.Table)):  # replayable: a commit conflict is retried
+            return retry_on_conflict(
+                lambda: self._write_once(spec, rows, run, key, predicate, keep_run_ids, conditions),
+                f"write {spec.name}",
+            )
         if conditions:
             raise LakeError(f"{spec.name}: a conditional write needs its rows in memory, not a stream")
         return self._write_once(spec, rows, run, key, predicate, keep_run_ids)
 
-    def _write_once(self, spec: TableSpec, rows: RowData, run: Run, key: dict[str, Any], predicate: str | None,
-                    keep_run_ids: bool = False, conditions: list[Condition] | None = None) -> int:
-        leases.check(self.location)                   # a writer whose lease was taken over writes nothing
+    def _write_once(
+        self,
+        spec: TableSpec,
+        rows: RowData,
+        run: Run,
+        key: dict[str, Any],
+        predicate: str | None,
+        keep_run_ids: bool = False,
+        conditions: list[Condition] | None = None,
+    ) -> int:
+        leases.check(self.location)  # a writer whose lease was taken over writes nothing
         counter: dict[str, Any] = {"rows": 0, "error": None}
         reader = pa.RecordBatchReader.from_batches(
-            spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter))
+            spec.schema, _conformed_batches(spec, rows, None if keep_run_ids else run.run_id, key, counter)
+        )
         version = None
-        if isinstance(rows, (pl.DataFrame, pa.Table)):    # rows in memory: committed on the process's snapshot
+        if isinstance(rows, (pl.DataFrame, pa.Table)):  # rows in memory: committed on the process's snapshot
 
             def commit(existing: DeltaTable | None) -> int | None:
                 before = existing.version() if existing is not None else None
                 bare = predicate is not None and existing is not None and self._slice_bare(spec.name, existing, key)
-                self._commit_rows(spec, reader, existing, None if bare else predicate, run, conditions, counter,
-                                  on_snapshot_only=bare)
+                self._commit_rows(
+                    spec, reader, existing, None if bare else predicate, run, conditions, counter, on_snapshot_only=bare
+                )
                 # the snapshot one commit on: that commit is this write's (else the log says which one is)
                 return existing.version() if existing is not None and existing.version() == before + 1 else None
 
             version = self._on_snapshot(spec.name, commit)
-        else:                                          # a stream may take long: no lock held while it is read
+        else:  # a stream may take long: no lock held while it is read
             self._commit_rows(spec, reader, self.table(spec.name), predicate, run, conditions, counter)
         version = version if version is not None else self._committed_version(spec.name, run.run_id)
         run.record_write(spec.name, version, counter["rows"], slice_key=predicate)
         faults.point(f"committed:{run.stage}:{spec.name}")
         return version
 
-    def _commit_rows(self, spec: TableSpec, reader, existing: DeltaTable | None, predicate: str | None, run: Run,
-                     conditions: list[Condition] | None, counter: dict[str, Any],
-                     on_snapshot_only: bool = False) -> None:
+    def _commit_rows(
+        self,
+        spec: TableSpec,
+        reader,
+        existing: DeltaTable | None,
+        predicate: str | None,
+        run: Run,
+        conditions: list[Condition] | None,
+        counter: dict[str, Any],
+        on_snapshot_only: bool = False,
+    ) -> None:
         """Commit the rows: an overwrite of the `predicate`'s rows, else an append. `on_snapshot_only` (as with
         conditions): the commit lands right on `existing`'s version or is refused (CommitFailedError), so that
         what was checked on that snapshot still holds when it lands."""
-        for condition in conditions or []:            # checked on this snapshot; the commit must land right on it
+        for condition in conditions or []:  # checked on this snapshot; the commit must land right on it
             condition(existing)
         grows = existing is not None and not set(spec.schema.names) <= {f.name for f in existing.schema().fields}
         try:
@@ -129,14 +163,17 @@ class Writes:
                 mode="overwrite" if predicate and existing is not None else "append",
                 predicate=predicate if existing is not None else None,
                 partition_by=partitions(spec, existing),
-                schema_mode="merge" if grows else None,       # the contract gained nullable columns since
-                storage_options=self.location.storage_options(), writer_properties=PARQUET_WRITER,
+                schema_mode="merge" if grows else None,  # the contract gained nullable columns since
+                storage_options=self.location.storage_options(),
+                writer_properties=PARQUET_WRITER,
                 post_commithook_properties=POST_COMMIT,
-                commit_properties=CommitProperties(custom_metadata={"run_id": run.run_id, "stage": run.stage},
-                                                   max_commit_retries=0 if conditions or on_snapshot_only else None),
+                commit_properties=CommitProperties(
+                    custom_metadata={"run_id": run.run_id, "stage": run.stage},
+                    max_commit_retries=0 if conditions or on_snapshot_only else None,
+                ),
             )
         except Exception:
-            if counter["error"] is not None:   # the rows' own failure, not delta-rs's wrapping of it
+            if counter["error"] is not None:  # the rows' own failure, not delta-rs's wrapping of it
                 raise counter["error"] from None
             raise
 
@@ -164,22 +201,28 @@ class Writes:
             values = frame.select(columns)
             repeated = values.filter(values.is_duplicated())
             if repeated.height:
-                raise LakeError(f"{spec.name}: refused commit: the rows repeat {columns} "
-                                f"{repeated.row(0)} ({repeated.height} rows)")
+                raise LakeError(
+                    f"{spec.name}: refused commit: the rows repeat {columns} {repeated.row(0)} ({repeated.height} rows)"
+                )
             if existing is None:
                 return
-            condition = both(pc.field(columns[0]).isin(values[columns[0]].unique().to_list()),
-                             self._visible(spec.name))
+            condition = both(pc.field(columns[0]).isin(values[columns[0]].unique().to_list()), self._visible(spec.name))
             if key:
                 condition = condition & ~key_expression(key)
-            clash = pl.from_arrow(self._dataset_of(spec.name, existing).to_table(
-                filter=condition, columns=list(dict.fromkeys([*columns, *key, "run_id"]))))
+            clash = pl.from_arrow(
+                self._dataset_of(spec.name, existing).to_table(
+                    filter=condition, columns=list(dict.fromkeys([*columns, *key, "run_id"]))
+                )
+            )
             clash = clash.join(values, on=columns, how="semi") if len(columns) > 1 else clash
             if clash.height:
                 where = ", ".join(f"{k} {clash[k][0]}" for k in key) or "the table"
-                raise LakeError(f"{spec.name}: refused commit: {clash.height} row(s) would repeat a {'/'.join(columns)} "
-                                f"already there (e.g. {clash[columns[0]][0]} in {where}, run {clash['run_id'][0]}); "
-                                f"run `rlvr doctor --lake {self.uri}` if that is unexpected")
+                raise LakeError(
+                    f"{spec.name}: refused commit: {clash.height} row(s) would repeat a {'/'.join(columns)} "
+                    f"already there (e.g. {clash[columns[0]][0]} in {where}, run {clash['run_id'][0]}); "
+                    f"run `rlvr doctor --lake {self.uri}` if that is unexpected"
+                )
+
         return check
 
     def _slice_empty(self, spec: TableSpec, key: dict[str, Any], run: Run) -> Condition:
@@ -191,6 +234,7 @@ class Writes:
             if len(holders):
                 slice_ = ", ".join(f"{k} = {v}" for k, v in key.items())
                 raise LakeError(f"{spec.name}: refused commit: {slice_} is already taken by run {holders[0]}")
+
         return check
 
     def _committed_version(self, name: str, run_id: str) -> int:
@@ -234,8 +278,9 @@ def _as_batches(rows: RowData) -> Iterable[pa.RecordBatch]:
     return rows
 
 
-def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str | None, key: dict[str, Any],
-                       counter: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+def _conformed_batches(
+    spec: TableSpec, rows: RowData, run_id: str | None, key: dict[str, Any], counter: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
     """Cast each batch to the table's schema, stamp the run id (None: keep the rows' own), and check it
     lies inside the key."""
     try:
@@ -245,8 +290,9 @@ def _conformed_batches(spec: TableSpec, rows: RowData, run_id: str | None, key: 
         raise
 
 
-def _conform(spec: TableSpec, rows: RowData, run_id: str | None, key: dict[str, Any],
-             counter: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+def _conform(
+    spec: TableSpec, rows: RowData, run_id: str | None, key: dict[str, Any], counter: dict[str, Any]
+) -> Iterator[pa.RecordBatch]:
     for batch in _as_batches(rows):
         if batch.num_rows == 0:
             continue

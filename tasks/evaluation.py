@@ -34,20 +34,33 @@ class EvalConfig(Strict):
     split: str = Field("eval", description="bank split to evaluate on")
     max_problems: int = Field(500, ge=1, description="problems per evaluation (the same ones each time)")
     samples_per_problem: int = Field(1, ge=1, description="sampled responses per problem")
-    level_weights: dict[int, float] | None = Field(None, description="level mix of the drawn problems; default: "
-                                                   "the split's own")
-    sampler: SamplerConfig = Field(default_factory=lambda: SamplerConfig(max_new_tokens=64),
-                                   description="sampling of the evaluated responses (temperature 1 by default)")
+    level_weights: dict[int, float] | None = Field(
+        None, description="level mix of the drawn problems; default: the split's own"
+    )
+    sampler: SamplerConfig = Field(
+        default_factory=lambda: SamplerConfig(max_new_tokens=64),
+        description="sampling of the evaluated responses (temperature 1 by default)",
+    )
     seed: int = Field(0, description="seed of the problem draw and of sampling")
-    sources: list[str] | None = Field(None, description="evaluate only these held-out sources (e.g. gsm8k_test, "
-                                      "math500, aime2024); default: every source of the split")
-    per_source: int | None = Field(None, ge=1, description="draw up to this many problems from each source on its "
-                                   "own (small sets like AIME are then taken whole); default: one draw of "
-                                   "max_problems over the split")
+    sources: list[str] | None = Field(
+        None,
+        description="evaluate only these held-out sources (e.g. gsm8k_test, "
+        "math500, aime2024); default: every source of the split",
+    )
+    per_source: int | None = Field(
+        None,
+        ge=1,
+        description="draw up to this many problems from each source on its "
+        "own (small sets like AIME are then taken whole); default: one draw of "
+        "max_problems over the split",
+    )
     k: int = Field(1, ge=1, description="the k of pass@k; samples per problem are raised to k where fewer")
-    verifier: str | None = Field(None, description="re-score the version's stored held-out responses with this "
-                                 "verifier instead of sampling new ones (default: sample, and score with each "
-                                 "problem's own verifier)")
+    verifier: str | None = Field(
+        None,
+        description="re-score the version's stored held-out responses with this "
+        "verifier instead of sampling new ones (default: sample, and score with each "
+        "problem's own verifier)",
+    )
 
     @property
     def samples(self) -> int:
@@ -72,13 +85,19 @@ def evaluation_problems(lake: Lake, config: EvalConfig) -> pl.DataFrame:
     if config.sources is not None:
         unknown = set(config.sources) - set(problems["source"].unique().to_list())
         if unknown:
-            raise ValueError(f"evaluation.sources names {sorted(unknown)}, not {config.split} sources of the bank "
-                             f"(it has {sorted(problems['source'].unique().to_list())})")
+            raise ValueError(
+                f"evaluation.sources names {sorted(unknown)}, not {config.split} sources of the bank "
+                f"(it has {sorted(problems['source'].unique().to_list())})"
+            )
         problems = problems.filter(pl.col("source").is_in(config.sources))
     if config.per_source is None:
         return _level_draw(problems, config.max_problems, config)
-    return pl.concat([_level_draw(part, config.per_source, config)
-                      for _, part in problems.sort("source").group_by("source", maintain_order=True)])
+    return pl.concat(
+        [
+            _level_draw(part, config.per_source, config)
+            for _, part in problems.sort("source").group_by("source", maintain_order=True)
+        ]
+    )
 
 
 def _level_draw(problems: pl.DataFrame, count: int, config: EvalConfig) -> pl.DataFrame:
@@ -93,8 +112,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def evaluate(lake: Lake, config: EvalConfig, settings: IterationConfig,
-             model_version: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def evaluate(
+    lake: Lake, config: EvalConfig, settings: IterationConfig, model_version: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(evaluations rows, eval_rollouts rows) of `model_version`: its sampled responses to the evaluation
     problems, scored with each problem's own verifier — or, with `config.verifier`, its stored responses
     re-scored with that verifier (no run ids yet)."""
@@ -104,67 +124,101 @@ def evaluate(lake: Lake, config: EvalConfig, settings: IterationConfig,
     policy, tokenizer = open_policy(lake, settings.rollout, model_version)
     try:
         prompts = [format_prompt(text, settings.rollout.prompt, tokenizer) for text in problems["prompt"]]
-        groups = policy.generate(prompts, config.samples, config.sampler,
-                                 derive_seed(config.seed, "evaluate", model_version), model_version)
+        groups = policy.generate(
+            prompts, config.samples, config.sampler, derive_seed(config.seed, "evaluate", model_version), model_version
+        )
     finally:
         getattr(policy, "close", lambda: None)()
     sampler = json.dumps(config.sampler.model_dump())
-    responses = pl.DataFrame([{"response_id": f"eval-v{model_version}-{problem_id}-s{j}", "problem_id": problem_id,
-                               "sample_idx": j, "response": sample.text, "n_tokens": len(sample.token_ids),
-                               "finish_reason": sample.finish_reason}
-                              for problem_id, group in zip(problems["problem_id"], groups)
-                              for j, sample in enumerate(group)],
-                             schema_overrides={"sample_idx": pl.Int32, "n_tokens": pl.Int32})
+    responses = pl.DataFrame(
+        [
+            {
+                "response_id": f"eval-v{model_version}-{problem_id}-s{j}",
+                "problem_id": problem_id,
+                "sample_idx": j,
+                "response": sample.text,
+                "n_tokens": len(sample.token_ids),
+                "finish_reason": sample.finish_reason,
+            }
+            for problem_id, group in zip(problems["problem_id"], groups)
+            for j, sample in enumerate(group)
+        ],
+        schema_overrides={"sample_idx": pl.Int32, "n_tokens": pl.Int32},
+    )
     scored = score_responses(responses, problems, settings.verify.model_copy(update={"verifier": None}), sampler)
-    return summarise(scored, config, model_version, pinned_bank_version(lake), "own", sampler), \
-        scored.with_columns(model_version=pl.lit(model_version, pl.Int64), scoring=pl.lit("own"))
+    return summarise(scored, config, model_version, pinned_bank_version(lake), "own", sampler), scored.with_columns(
+        model_version=pl.lit(model_version, pl.Int64), scoring=pl.lit("own")
+    )
 
 
-def rescore(lake: Lake, config: EvalConfig, settings: IterationConfig,
-            model_version: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def rescore(
+    lake: Lake, config: EvalConfig, settings: IterationConfig, model_version: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The version's stored held-out responses scored again, with `config.verifier`."""
     import pyarrow.compute as pc
 
-    stored = lake.read("eval_rollouts", filter=pc.field("model_version") == model_version).unique(
-        "response_id", keep="first").sort("response_id")
+    stored = (
+        lake.read("eval_rollouts", filter=pc.field("model_version") == model_version)
+        .unique("response_id", keep="first")
+        .sort("response_id")
+    )
     if stored.is_empty():
-        raise ValueError(f"model version {model_version} has no stored held-out responses to re-score in {lake.uri}; "
-                         "evaluate it first (without evaluation.verifier)")
+        raise ValueError(
+            f"model version {model_version} has no stored held-out responses to re-score in {lake.uri}; "
+            "evaluate it first (without evaluation.verifier)"
+        )
     problems = lake.read("problems", filter=pc.field("problem_id").isin(stored["problem_id"].unique().to_list()))
     problems = problems.unique("problem_id")
     sampler = stored["sampler"][0] or "{}"
     responses = stored.select("response_id", "problem_id", "sample_idx", "response", "n_tokens", "finish_reason")
-    scored = score_responses(responses, problems, settings.verify.model_copy(update={"verifier": config.verifier}),
-                             sampler)
-    return summarise(scored, config, model_version, pinned_bank_version(lake), config.verifier, sampler), \
-        scored.with_columns(model_version=pl.lit(model_version, pl.Int64), scoring=pl.lit(config.verifier))
+    scored = score_responses(
+        responses, problems, settings.verify.model_copy(update={"verifier": config.verifier}), sampler
+    )
+    return summarise(
+        scored, config, model_version, pinned_bank_version(lake), config.verifier, sampler
+    ), scored.with_columns(model_version=pl.lit(model_version, pl.Int64), scoring=pl.lit(config.verifier))
 
 
 def score_responses(responses: pl.DataFrame, problems: pl.DataFrame, verify, sampler: str) -> pl.DataFrame:
     """Each response with its verdict, source and level: the eval_rollouts rows (without version and scoring)."""
     frame = responses.with_columns(rollout_id=pl.col("response_id"), iteration=pl.lit(0, pl.Int64)).join(
-        problems.select(PROBLEM_FIELDS), on="problem_id", how="left")
-    scored = score_rollouts(frame, verify).select("rollout_id", "verifier", "verifier_version", "reward", "correct",
-                                                  "details")
-    return (responses.join(scored.rename({"rollout_id": "response_id"}), on="response_id", how="left")
-            .join(problems.select("problem_id", "source", "level"), on="problem_id", how="left")
-            .with_columns(sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(UTC))))
+        problems.select(PROBLEM_FIELDS), on="problem_id", how="left"
+    )
+    scored = score_rollouts(frame, verify).select(
+        "rollout_id", "verifier", "verifier_version", "reward", "correct", "details"
+    )
+    return (
+        responses.join(scored.rename({"rollout_id": "response_id"}), on="response_id", how="left")
+        .join(problems.select("problem_id", "source", "level"), on="problem_id", how="left")
+        .with_columns(sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(UTC)))
+    )
 
 
-def summarise(scored: pl.DataFrame, config: EvalConfig, model_version: int, bank_version: int | None, scoring: str,
-              sampler: str) -> pl.DataFrame:
+def summarise(
+    scored: pl.DataFrame, config: EvalConfig, model_version: int, bank_version: int | None, scoring: str, sampler: str
+) -> pl.DataFrame:
     """Per (source, level): problems, samples, solved, the solve rate (pass@1) and pass@k."""
     per_problem = scored.group_by("source", "level", "problem_id").agg(
-        n=pl.len(), c=pl.col("correct").fill_null(False).sum())
-    per_problem = per_problem.with_columns(pass_at_k=pl.struct("n", "c").map_elements(
-        lambda row: pass_at_k(row["n"], row["c"], min(config.k, row["n"])), return_dtype=pl.Float64))
+        n=pl.len(), c=pl.col("correct").fill_null(False).sum()
+    )
+    per_problem = per_problem.with_columns(
+        pass_at_k=pl.struct("n", "c").map_elements(
+            lambda row: pass_at_k(row["n"], row["c"], min(config.k, row["n"])), return_dtype=pl.Float64
+        )
+    )
     by_cell = per_problem.group_by("source", "level").agg(
-        problems=pl.len(), samples=pl.col("n").sum(), solved=pl.col("c").sum(), pass_at_k=pl.col("pass_at_k").mean())
+        problems=pl.len(), samples=pl.col("n").sum(), solved=pl.col("c").sum(), pass_at_k=pl.col("pass_at_k").mean()
+    )
     return by_cell.with_columns(
-        model_version=pl.lit(model_version, pl.Int64), split=pl.lit(config.split),
-        bank_version=pl.lit(bank_version, pl.Int64), solve_rate=pl.col("solved") / pl.col("samples"),
-        sampler=pl.lit(sampler), created_at=pl.lit(datetime.now(UTC)), k=pl.lit(config.k, pl.Int64),
-        scoring=pl.lit(scoring)).sort("source", "level")
+        model_version=pl.lit(model_version, pl.Int64),
+        split=pl.lit(config.split),
+        bank_version=pl.lit(bank_version, pl.Int64),
+        solve_rate=pl.col("solved") / pl.col("samples"),
+        sampler=pl.lit(sampler),
+        created_at=pl.lit(datetime.now(UTC)),
+        k=pl.lit(config.k, pl.Int64),
+        scoring=pl.lit(scoring),
+    ).sort("source", "level")
 
 
 def overall_solve_rate(evaluation: pl.DataFrame) -> float:

@@ -28,7 +28,8 @@ from tasks.rollout.stage import (
     training_bank,
     with_self_certainty,
 )
-from tasks.selfplay.stage import SelfPlayConfig, problem_rows, sample_selfplay, solve_frame, solve_problems
+from tasks.selfplay.rows import problem_rows
+from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay, solve_frame, solve_problems
 from tasks.verification.stage import (
     PROBLEM_FIELDS,
     VerifyConfig,
@@ -46,29 +47,37 @@ class IterationConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="how the reward training sees is "
-                                 "composed (tasks/rewards/compose.py)")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="how the reward training sees is composed (tasks/rewards/compose.py)"
+    )
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
-    selfplay: SelfPlayConfig = Field(default_factory=SelfPlayConfig, description="self-play: the policy proposes "
-                                     "the tasks it solves (tasks/selfplay)")
-    selfverify: SelfVerifyConfig = Field(default_factory=SelfVerifyConfig, description="RISE: verification tasks "
-                                         "made of the policy's own rollouts (tasks/rise.py)")
+    selfplay: SelfPlayConfig = Field(
+        default_factory=SelfPlayConfig,
+        description="self-play: the policy proposes the tasks it solves (tasks/selfplay)",
+    )
+    selfverify: SelfVerifyConfig = Field(
+        default_factory=SelfVerifyConfig,
+        description="RISE: verification tasks made of the policy's own rollouts (tasks/rise.py)",
+    )
 
     @model_validator(mode="after")
     def _verification_has_a_batch(self):
         """`selfverify.mode: in_batch` is refused with `selfplay.enabled` (it verifies the rollout stage's batch,
         and a self-play iteration samples its own): use `selfverify.mode: lagged` with self-play."""
         if self.selfplay.enabled and self.selfverify.enabled and self.selfverify.mode == "in_batch":
-            raise ValueError("selfverify.mode in_batch verifies the rollout stage's batch, and a self-play iteration "
-                             "samples its own: use selfverify.mode lagged with self-play, or turn one of them off")
+            raise ValueError(
+                "selfverify.mode in_batch verifies the rollout stage's batch, and a self-play iteration "
+                "samples its own: use selfverify.mode lagged with self-play, or turn one of them off"
+            )
         return self
 
 
 def needs_self_certainty(config: IterationConfig) -> bool:
     """A backend that does not report self-certainty must compute it: asked for, or the reward composes it."""
     wanted = config.rollout.self_certainty
-    return config.rollout.backend != "hf" and (wanted or (wanted is None and "self_certainty" in
-                                                          config.reward.components))
+    return config.rollout.backend != "hf" and (
+        wanted or (wanted is None and "self_certainty" in config.reward.components)
+    )
 
 
 @dataclass
@@ -77,13 +86,18 @@ class SampledIteration:
     rewards: pl.DataFrame
     rounds: int
     short_by: int
-    failure: Exception | None        # a shortfall the config says must fail, or a backend error mid-way
-    proposals: pl.DataFrame | None = None      # self-play: every proposal, with its verdict and reward
-    new_problems: pl.DataFrame | None = None   # self-play's prompts and valid tasks, RISE's in-batch tasks, for the bank
+    failure: Exception | None  # a shortfall the config says must fail, or a backend error mid-way
+    proposals: pl.DataFrame | None = None  # self-play: every proposal, with its verdict and reward
+    new_problems: pl.DataFrame | None = None  # self-play's prompts and valid tasks, RISE's in-batch tasks, for the bank
 
 
-def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int,
-                     score: Callable[[pl.DataFrame], pl.DataFrame] | None = None) -> SampledIteration:
+def sample_iteration(
+    lake: Lake,
+    config: IterationConfig,
+    iteration: int,
+    model_version: int,
+    score: Callable[[pl.DataFrame], pl.DataFrame] | None = None,
+) -> SampledIteration:
     """Rounds of draw → sample → score until the batch is full or the round bound is hit.
 
     Each round is scored by `score` (the flow's fan-out over a Dask cluster), else by this process's
@@ -102,9 +116,19 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     try:
         with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
             score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
-            sampler = GroupSampler(config.rollout, config.dynamic_sampling, config.selfverify, config.verify.verifier,
-                                   policy, tokenizer, score, bank, iteration, model_version,
-                                   history=sampling_history(lake, config.dynamic_sampling, iteration))
+            sampler = GroupSampler(
+                config.rollout,
+                config.dynamic_sampling,
+                config.selfverify,
+                config.verify.verifier,
+                policy,
+                tokenizer,
+                score,
+                bank,
+                iteration,
+                model_version,
+                history=sampling_history(lake, config.dynamic_sampling, iteration),
+            )
             guided = config.dynamic_sampling.guidance.enabled
             try:
                 filled = fill_batch(sampler.draw, config.dynamic_sampling, sampler.plan if guided else None)
@@ -122,11 +146,17 @@ def sample_iteration(lake: Lake, config: IterationConfig, iteration: int, model_
     if not sampler.rollouts:
         raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
     rewards = pl.concat(sampler.rewards, how="diagonal_relaxed")
-    if config.verify.noise_correction:             # the correction reaches training through the reward config
+    if config.verify.noise_correction:  # the correction reaches training through the reward config
         rewards = with_noise_correction(lake, rewards)
     rewards = with_composition(rewards, pl.concat(sampler.scored), config.reward, config.verify.verifier)
-    return SampledIteration(pl.concat(sampler.rollouts, how="vertical_relaxed"), rewards, rounds, short_by, failure,
-                            new_problems=verification_tasks)
+    return SampledIteration(
+        pl.concat(sampler.rollouts, how="vertical_relaxed"),
+        rewards,
+        rounds,
+        short_by,
+        failure,
+        new_problems=verification_tasks,
+    )
 
 
 def verify_own(sampler: GroupSampler, groups: pl.DataFrame, config: IterationConfig) -> pl.DataFrame:
@@ -138,22 +168,40 @@ def verify_own(sampler: GroupSampler, groups: pl.DataFrame, config: IterationCon
     scored = pl.concat(sampler.scored, how="diagonal_relaxed").filter(pl.col("rollout_id").is_in(solutions.implode()))
     verdicts = own_rewards(pl.concat(sampler.rewards, how="diagonal_relaxed"), scored, config.verify.verifier)
     frame = scored.join(verdicts.select("rollout_id", "correct"), on="rollout_id").join(
-        sampler.bank.select("problem_id", "source").unique("problem_id"), on="problem_id", how="left")
+        sampler.bank.select("problem_id", "source").unique("problem_id"), on="problem_id", how="left"
+    )
     tasks = problem_rows(verification_problems(frame, config.selfverify, sampler.iteration)).unique(
-        "problem_id", keep="first", maintain_order=True)
+        "problem_id", keep="first", maintain_order=True
+    )
     if tasks.is_empty():
         return tasks
     problems = tasks.select(*PROBLEM_FIELDS, "level")
-    rows, rewards = solve_problems(problems, config, sampler.iteration, sampler.model_version, sampler.policy,
-                                   sampler.tokenizer, sampler.score, round_=VERIFICATION_ROUND, role="verifier")
+    rows, rewards = solve_problems(
+        problems,
+        config,
+        sampler.iteration,
+        sampler.model_version,
+        sampler.policy,
+        sampler.tokenizer,
+        sampler.score,
+        round_=VERIFICATION_ROUND,
+        role="verifier",
+    )
     sampler.rollouts.append(rows)
     sampler.rewards.append(rewards)
     sampler.scored.append(solve_frame(rows, problems))
     return tasks
 
 
-def _selfplay_iteration(lake: Lake, config: IterationConfig, iteration: int, model_version: int, policy: Policy,
-                        tokenizer, score: Callable[[pl.DataFrame], pl.DataFrame] | None) -> SampledIteration:
+def _selfplay_iteration(
+    lake: Lake,
+    config: IterationConfig,
+    iteration: int,
+    model_version: int,
+    policy: Policy,
+    tokenizer,
+    score: Callable[[pl.DataFrame], pl.DataFrame] | None,
+) -> SampledIteration:
     """Proposer and solver rounds of a self-play iteration (tasks/selfplay/stage.py)."""
     try:
         with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
@@ -161,5 +209,12 @@ def _selfplay_iteration(lake: Lake, config: IterationConfig, iteration: int, mod
             sampled = sample_selfplay(lake, config, iteration, model_version, policy, tokenizer, score)
     finally:
         getattr(policy, "close", lambda: None)()
-    return SampledIteration(sampled.rollouts, sampled.rewards, rounds=2, short_by=0, failure=None,
-                            proposals=sampled.proposals, new_problems=sampled.new_problems)
+    return SampledIteration(
+        sampled.rollouts,
+        sampled.rewards,
+        rounds=2,
+        short_by=0,
+        failure=None,
+        proposals=sampled.proposals,
+        new_problems=sampled.new_problems,
+    )

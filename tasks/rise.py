@@ -33,15 +33,27 @@ class SelfVerifyConfig(Strict):
     """RISE: the policy also learns to verify solutions, from tasks made of its own rollouts."""
 
     enabled: bool = Field(False, description="build verification tasks from each iteration's rollouts")
-    mode: Literal["in_batch", "lagged"] = Field("in_batch", description="in_batch (RISE): the same policy verifies "
-                                                "this batch's own solutions in the same iteration and both train in "
-                                                "one update; lagged: the tasks enter the bank and later rounds draw "
-                                                "`ratio` of their groups from them")
-    tasks_per_iteration: int = Field(32, ge=1, description="verification tasks made from an iteration's rollouts "
-                                     "(half from correct, half from wrong ones where it has both); in_batch: from "
-                                     "the batch's kept groups, each task one group of `rollout.group_size`")
-    ratio: float = Field(0.25, ge=0, lt=1, description="lagged: share of the groups drawn each round that are "
-                         "verification tasks (once the bank holds any)")
+    mode: Literal["in_batch", "lagged"] = Field(
+        "in_batch",
+        description="in_batch (RISE): the same policy verifies "
+        "this batch's own solutions in the same iteration and both train in "
+        "one update; lagged: the tasks enter the bank and later rounds draw "
+        "`ratio` of their groups from them",
+    )
+    tasks_per_iteration: int = Field(
+        32,
+        ge=1,
+        description="verification tasks made from an iteration's rollouts "
+        "(half from correct, half from wrong ones where it has both); in_batch: from "
+        "the batch's kept groups, each task one group of `rollout.group_size`",
+    )
+    ratio: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="lagged: share of the groups drawn each round that are "
+        "verification tasks (once the bank holds any)",
+    )
     seed: int = Field(0, description="seed of the rollouts picked")
 
     @model_validator(mode="after")
@@ -49,8 +61,10 @@ class SelfVerifyConfig(Strict):
         """`ratio` applies to `mode: lagged` only: `mode: in_batch` with a `ratio` other than its default is refused
         (in_batch verifies `tasks_per_iteration` of the batch's own solutions)."""
         if self.enabled and self.mode == "in_batch" and self.ratio != type(self).model_fields["ratio"].default:
-            raise ValueError("selfverify.ratio applies to mode lagged (later rounds drawing banked tasks); in_batch "
-                             "verifies tasks_per_iteration of the batch's own solutions: drop ratio or set mode lagged")
+            raise ValueError(
+                "selfverify.ratio applies to mode lagged (later rounds drawing banked tasks); in_batch "
+                "verifies tasks_per_iteration of the batch's own solutions: drop ratio or set mode lagged"
+            )
         return self
 
 
@@ -63,16 +77,31 @@ def verification_problems(scored: pl.DataFrame, config: SelfVerifyConfig, iterat
     seed = derive_seed(config.seed, iteration, "self-verify") % 2**32
     right, wrong = usable.filter(pl.col("correct")), usable.filter(~pl.col("correct"))
     take_wrong = min(wrong.height, max(half, config.tasks_per_iteration - right.height))
-    picked = pl.concat([wrong.sample(take_wrong, seed=seed),
-                        right.sample(min(right.height, config.tasks_per_iteration - take_wrong), seed=seed)])
+    picked = pl.concat(
+        [
+            wrong.sample(take_wrong, seed=seed),
+            right.sample(min(right.height, config.tasks_per_iteration - take_wrong), seed=seed),
+        ]
+    )
     rows = []
     for row in picked.sort("rollout_id").iter_rows(named=True):
         steps = list(row["steps"]) if row["steps"] is not None else None
         prompt = verification_prompt(row["prompt"], row["response"])
         answer = verification_answer(row["correct"], row["response"], steps)
-        rows.append({"problem_id": problem_id("train", "qa", prompt, answer, None), "source": SOURCE,
-                     "source_kind": "selfverify", "source_uri": f"rollout:{row['rollout_id']}", "split": "train",
-                     "domain": "qa", "level": 1, "prompt": prompt, "answer": answer, "verifier": "self_verify",
-                     "params": json.dumps({"iteration": iteration}),
-                     "metadata": json.dumps({"rollout_id": row["rollout_id"], "problem_id": row["problem_id"]})})
+        rows.append(
+            {
+                "problem_id": problem_id("train", "qa", prompt, answer, None),
+                "source": SOURCE,
+                "source_kind": "selfverify",
+                "source_uri": f"rollout:{row['rollout_id']}",
+                "split": "train",
+                "domain": "qa",
+                "level": 1,
+                "prompt": prompt,
+                "answer": answer,
+                "verifier": "self_verify",
+                "params": json.dumps({"iteration": iteration}),
+                "metadata": json.dumps({"rollout_id": row["rollout_id"], "problem_id": row["problem_id"]}),
+            }
+        )
     return rows

@@ -26,7 +26,7 @@ _PREFECT_HOME = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-"))
 os.environ["PREFECT_HOME"] = str(_PREFECT_HOME)
 # Checkpoints downloaded from S3 lakes are cached here, not in the user's ~/.cache/rlvr.
 os.environ["RLVR_CACHE"] = tempfile.mkdtemp(prefix="rlvr-test-cache-")
-for _folder in (_PREFECT_HOME, os.environ["RLVR_CACHE"]):      # this process's own: removed when it ends
+for _folder in (_PREFECT_HOME, os.environ["RLVR_CACHE"]):  # this process's own: removed when it ends
     atexit.register(shutil.rmtree, _folder, True)
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
@@ -73,8 +73,13 @@ def s3_endpoint():
 @pytest.fixture
 def s3_env(s3_endpoint, monkeypatch):
     """AWS variables pointing at moto; a fresh bucket per test. Returns the bucket name."""
-    for name, value in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                        "AWS_REGION": "eu-west-1", "AWS_ALLOW_HTTP": "true"}.items():
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "eu-west-1",
+        "AWS_ALLOW_HTTP": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     from storage.location import s3_filesystem
 
@@ -104,11 +109,20 @@ def prefect_api():
     """A real `prefect server start` for the session; flows run in this process report to it."""
     port = free_port()
     home = Path(tempfile.mkdtemp(prefix="rlvr-test-prefect-server-"))
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_SERVER_UI_ENABLED": "false",
-           "PREFECT_SERVER_TASKS_TAG_CONCURRENCY_SLOT_WAIT_SECONDS": "1"}   # tag-limit retries, tested
-    process = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_UI_ENABLED": "false",
+        "PREFECT_SERVER_TASKS_TAG_CONCURRENCY_SLOT_WAIT_SECONDS": "1",
+    }  # tag-limit retries, tested
+    process = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     api = f"http://127.0.0.1:{port}/api"
     wait_for(api + "/health", process, 90, "prefect server")
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -117,7 +131,7 @@ def prefect_api():
         yield api
         from prefect.logging.handlers import APILogHandler
 
-        APILogHandler().flush()        # send buffered run logs before the server goes away
+        APILogHandler().flush()  # send buffered run logs before the server goes away
     process.terminate()
     try:
         process.wait(20)
@@ -135,15 +149,23 @@ def shared_datasets() -> Path:
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
     """`rlvr ARGS` in a fresh process, as a user would run it (flows in Prefect's temporary server)."""
-    return subprocess.run([str(BIN / "rlvr"), *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})})
+    return subprocess.run(
+        [str(BIN / "rlvr"), *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
 
 
 @pytest.fixture
 def cli(prefect_api):
     """`run_cli` against the session's Prefect server: no temporary server per command (about 10 s each)."""
+
     def run(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
         return run_cli(*args, env={"PREFECT_API_URL": prefect_api, **(env or {})}, **kwargs)
+
     return run
 
 
@@ -158,9 +180,14 @@ def register_random_version(lake, version: int, seed: int) -> None:
     base = version_row(lake, 0)["checkpoint_uri"]
     _, tokenizer = load_policy(base)
     shape = AutoConfig.from_pretrained(base) if not base.startswith("s3://") else load_policy(base)[0].config
-    tiny = TinyModelConfig(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                           num_hidden_layers=shape.num_hidden_layers, num_attention_heads=shape.num_attention_heads,
-                           num_key_value_heads=shape.num_key_value_heads, seed=seed)
+    tiny = TinyModelConfig(
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        seed=seed,
+    )
     with lake.run("test", "register", {"seed": seed}) as run:
         uri = save_checkpoint(lake, version, build_model(tiny, tokenizer), tokenizer)
         register(lake, run, version, uri=uri, kind="test", parent=version - 1)
@@ -190,15 +217,19 @@ def add_bos(tokenizer) -> None:
 
     bos_id = tokenizer.convert_tokens_to_ids(IM_START)
     tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{IM_START} $A", pair=f"{IM_START} $A $B", special_tokens=[(IM_START, bos_id)])
+        single=f"{IM_START} $A", pair=f"{IM_START} $A $B", special_tokens=[(IM_START, bos_id)]
+    )
     tokenizer.bos_token = IM_START
 
 
 def serve_policy(lake, *options: str):
     """`rlvr policy serve` over `lake` in its own process on a free port, once it answers: (process, base URL)."""
     port = free_port()
-    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port),
-                                *options], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port), *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
     return process, f"http://127.0.0.1:{port}"
 
@@ -229,8 +260,14 @@ def register_adapter_version(lake, version: int, seed: int, rank: int = 4) -> No
     base = version_row(lake, 0)["checkpoint_uri"]
     adapted, tokenizer = random_adapter(base, rank, ["q_proj", "v_proj"], seed, scale=0.5)
     with lake.run("test", "register", {"version": version}) as run:
-        register(lake, run, version, uri=save_checkpoint(lake, version, adapted, tokenizer, adapter_of=base),
-                 kind="test", parent=0)
+        register(
+            lake,
+            run,
+            version,
+            uri=save_checkpoint(lake, version, adapted, tokenizer, adapter_of=base),
+            kind="test",
+            parent=0,
+        )
 
 
 def penalised_copy(folder: str, target: Path, repetition_penalty: float = 1.3) -> str:
@@ -267,12 +304,12 @@ class Servers:
     in place (serve.sh WEIGHTS=full, dev mode); `lora`, a server of adapters by name on the penalised copy of
     v0, which applies its generation config's repetition penalty to what a request omits."""
 
-    engine: str                  # stand-in (rlvr policy serve) or vllm
+    engine: str  # stand-in (rlvr policy serve) or vllm
     lake: object
-    base: str                    # the base checkpoint folder every server started from
+    base: str  # the base checkpoint folder every server started from
     full: list[str]
     lora: str
-    lora_rotation: list[str]     # `lora` and an adapter server as serve.sh starts it by default, for a rotation
+    lora_rotation: list[str]  # `lora` and an adapter server as serve.sh starts it by default, for a rotation
 
 
 @pytest.fixture(scope="session")
@@ -288,8 +325,9 @@ def vllm(tmp_path_factory):
     lake, base, penalised = contract_lake(folder)
     logs = folder / "logs"
     servers = [vllm_servers.start(base, logs, free_port(), WEIGHTS="full") for _ in range(2)]
-    servers.append(vllm_servers.start(penalised, logs, free_port(), WEIGHTS="adapter", GENERATION_CONFIG="auto",
-                                      MAX_LORAS="2"))
+    servers.append(
+        vllm_servers.start(penalised, logs, free_port(), WEIGHTS="adapter", GENERATION_CONFIG="auto", MAX_LORAS="2")
+    )
     servers.append(vllm_servers.start(base, logs, free_port(), WEIGHTS="adapter"))
     try:
         vllm_servers.wait_until_serving(servers)
@@ -308,8 +346,9 @@ def stand_in(tmp_path_factory):
     started.append(serve_policy(lake, "--no-on-demand", "--preload", "0", "--generation-config", penalised))
     started.append(serve_policy(lake, "--no-on-demand", "--preload", "0"))
     try:
-        yield Servers("stand-in", lake, base, [url for _, url in started[:2]], started[2][1],
-                      [url for _, url in started[2:]])
+        yield Servers(
+            "stand-in", lake, base, [url for _, url in started[:2]], started[2][1], [url for _, url in started[2:]]
+        )
     finally:
         for process, _ in started:
             process.terminate()

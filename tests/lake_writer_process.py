@@ -29,12 +29,24 @@ SLICE_COLUMN = {"dbb_state": "iteration", "quarantine": "bank_version"}
 def rows(table: str, slice_value: int, count: int, tag: str) -> pl.DataFrame:
     """`count` rows of slice `slice_value`, told apart by `tag` (who wrote them)."""
     if table == "dbb_state":
-        return pl.DataFrame({"iteration": [slice_value] * count, "problem_id": [f"p{i:03d}" for i in range(count)],
-                             "dbb_alpha": [float(i) for i in range(count)], "dbb_beta": [1.0] * count,
-                             "run_id": [tag] * count})
-    return pl.DataFrame({"bank_version": [slice_value] * count, "source": [tag] * count,
-                         "source_uri": [f"file-{i}" for i in range(count)], "reason": [f"r{i}" for i in range(count)],
-                         "run_id": [tag] * count})
+        return pl.DataFrame(
+            {
+                "iteration": [slice_value] * count,
+                "problem_id": [f"p{i:03d}" for i in range(count)],
+                "dbb_alpha": [float(i) for i in range(count)],
+                "dbb_beta": [1.0] * count,
+                "run_id": [tag] * count,
+            }
+        )
+    return pl.DataFrame(
+        {
+            "bank_version": [slice_value] * count,
+            "source": [tag] * count,
+            "source_uri": [f"file-{i}" for i in range(count)],
+            "reason": [f"r{i}" for i in range(count)],
+            "run_id": [tag] * count,
+        }
+    )
 
 
 def main() -> None:
@@ -71,11 +83,11 @@ def main() -> None:
                     stack.close()
                 elif what == "fail":
                     stack.__exit__(RuntimeError, RuntimeError("failed on command"), None)
-                else:                                  # as the reaper marks a dead process's run
+                else:  # as the reaper marks a dead process's run
                     lake._write_run_row(run.row("abandoned", utc_now(), "abandoned on command"), only_if_running=True)
                     try:
                         stack.close()
-                    except LakeError:                  # "was marked abandoned while it worked": as it should
+                    except LakeError:  # "was marked abandoned while it worked": as it should
                         pass
                 answer = {}
             elif what == "compact":
@@ -83,10 +95,10 @@ def main() -> None:
                 answer = {"compacted": [entry.compacted for entry in done]}
             else:
                 answer = {"error": f"unknown command {what!r}"}
-        except Exception:                              # said to the test, which fails naming it
+        except Exception:  # said to the test, which fails naming it
             answer = {"error": traceback.format_exc()[-2000:]}
         print(json.dumps(answer), flush=True)
-    for stack, _ in held.values():                     # runs still open end as a process's runs do on exit
+    for stack, _ in held.values():  # runs still open end as a process's runs do on exit
         stack.__exit__(SystemExit, SystemExit(0), None)
 
 

@@ -15,8 +15,9 @@ PACKAGES = ("storage", "policy", "tasks", "trainers", "flows", "bench")
 
 def test_import_contracts_hold():
     """`lint-imports` exits 0: every floor, independence and forbidden contract in pyproject.toml is kept."""
-    result = subprocess.run([str(BIN / "lint-imports"), "--no-logo", "--no-cache"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-logo", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "broken" not in result.stdout.lower().replace("0 broken", "")
 
@@ -98,8 +99,11 @@ def private_imports() -> list[str]:
         for path in sorted((ROOT / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
-                    found += [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}" for alias in
-                              node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+                    found += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_") and not alias.name.startswith("__")
+                    ]
     return found
 
 
@@ -111,12 +115,20 @@ def test_no_module_imports_private_names():
 def test_read_only_commands_import_neither_torch_nor_trl(arguments, tmp_path):
     """`rlvr --help` and `rlvr sql` start without torch, TRL or Prefect: the benchmarks and the model code are
     imported only by the commands that run them."""
-    script = ("import sys\nfrom flows.cli.main import app\n"
-              f"try:\n    app({arguments!r}, prog_name='rlvr')\nexcept SystemExit as stop:\n    code = stop.code\n"
-              "heavy = sorted(m for m in ('torch', 'trl', 'transformers', 'prefect', 'bench.peer') if m in sys.modules)\n"
-              "print('HEAVY', ','.join(heavy)); sys.exit(code)\n")
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            env={**__import__("os").environ, "RLVR_LAKE": str(tmp_path / "lake")})
+    script = (
+        "import sys\nfrom flows.cli.main import app\n"
+        f"try:\n    app({arguments!r}, prog_name='rlvr')\nexcept SystemExit as stop:\n    code = stop.code\n"
+        "heavy = sorted(m for m in ('torch', 'trl', 'transformers', 'prefect', 'bench.peer') if m in sys.modules)\n"
+        "print('HEAVY', ','.join(heavy)); sys.exit(code)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "RLVR_LAKE": str(tmp_path / "lake")},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "HEAVY \n" in result.stdout or result.stdout.rstrip().endswith("HEAVY"), result.stdout[-500:]
 
@@ -126,7 +138,7 @@ def test_every_package_says_what_it_holds_and_may_import():
     missing = []
     for package in PACKAGES:
         for init in sorted((ROOT / package).rglob("__init__.py")):
-            if "problems" in init.parts:                     # shipped problem files, not code
+            if "problems" in init.parts:  # shipped problem files, not code
                 continue
             doc = ast.get_docstring(ast.parse(init.read_text())) or ""
             if "May import:" not in doc or len(doc.split("May import:")[0].strip()) < 20:
@@ -145,8 +157,13 @@ def function_level_imports(packages=("storage", "policy", "tasks", "trainers")) 
                 if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
                 for inner in ast.walk(node):
-                    module = (inner.module if isinstance(inner, ast.ImportFrom) and inner.level == 0 else
-                              inner.names[0].name if isinstance(inner, ast.Import) else None)
+                    module = (
+                        inner.module
+                        if isinstance(inner, ast.ImportFrom) and inner.level == 0
+                        else inner.names[0].name
+                        if isinstance(inner, ast.Import)
+                        else None
+                    )
                     if module and module.split(".")[0] in PACKAGES:
                         found.append(f"{path.relative_to(ROOT)}:{inner.lineno} {module}  {lines[inner.lineno - 1]}")
     return sorted(set(found))
@@ -170,8 +187,11 @@ def test_the_import_counter_sees_an_import_inside_a_function(tmp_path, monkeypat
 
 
 def source_lengths() -> dict[str, int]:
-    return {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
-            for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    return {
+        str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+    }
 
 
 def test_no_source_file_is_longer_than_one_sitting():

@@ -17,19 +17,20 @@ def test_sampling_overlaps_training_within_the_staleness_bound(prefect_api, tmp_
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
     first = rl_loop(ASYNC, iterations=2, lake_uri=lake_uri)
-    rows = first + rl_loop(ASYNC, lake_uri=lake_uri)                 # a second run resumes at iteration 3
+    rows = first + rl_loop(ASYNC, lake_uri=lake_uri)  # a second run resumes at iteration 3
     lake = Lake.open(lake_uri)
     assert [(r["iteration"], r["trained_version"]) for r in rows] == [(1, 1), (2, 2), (3, 3), (4, 4)]
     sampled = [r["model_version"] for r in rows]
     lag = [trained - 1 - version for trained, version in zip([r["trained_version"] for r in rows], sampled)]
-    assert sampled[:2] == [0, 0] and lag[1] == 1                    # iteration 2 was drawn while 1 trained
-    assert all(0 <= behind <= 1 for behind in lag)                  # never past the bound
+    assert sampled[:2] == [0, 0] and lag[1] == 1  # iteration 2 was drawn while 1 trained
+    assert all(0 <= behind <= 1 for behind in lag)  # never past the bound
 
-    advantages = lake.read("advantages").join(lake.read("rollouts").select("rollout_id", "model_version"),
-                                              on="rollout_id")
+    advantages = lake.read("advantages").join(
+        lake.read("rollouts").select("rollout_id", "model_version"), on="rollout_id"
+    )
     second = advantages.filter(pl.col("iteration") == 2)
     assert set(second["staleness"]) == {1} and set(second["freshness"]) == {"acceptable"}
-    assert second["importance_weight"].n_unique() > 1              # truncated π_current / π_behaviour, per rollout
+    assert second["importance_weight"].n_unique() > 1  # truncated π_current / π_behaviour, per rollout
     assert (advantages["staleness"] == [lag[i - 1] for i in advantages["iteration"]]).all()
     stats = open_catalog(lake).sql("select iteration, mean_staleness from staleness_stats").pl()
     assert stats.filter(pl.col("iteration") == 2)["mean_staleness"].to_list() == [1.0]
@@ -39,9 +40,9 @@ def test_sampling_overlaps_training_within_the_staleness_bound(prefect_api, tmp_
     assert set(runs["status"]) == {"completed"}
     trained_first = runs.filter((pl.col("iteration") == 1) & (pl.col("stage") == "train"))["ended_at"][0]
     drawn_second = runs.filter((pl.col("iteration") == 2) & (pl.col("stage") == "rollout"))["started_at"][0]
-    assert drawn_second < trained_first                             # the two overlapped in time
+    assert drawn_second < trained_first  # the two overlapped in time
     lineage = lake.read("model_versions").filter(pl.col("kind") == "rl").sort("model_version")
-    assert lineage["parent_version"].to_list() == [0, 1, 2, 3]     # one main line, no branch
+    assert lineage["parent_version"].to_list() == [0, 1, 2, 3]  # one main line, no branch
 
 
 def test_a_bound_the_advantages_would_drop_is_refused():
@@ -49,7 +50,7 @@ def test_a_bound_the_advantages_would_drop_is_refused():
 
     with pytest.raises(ValueError, match="loop.max_staleness 4 exceeds advantages.max_stale_versions 3"):
         RunConfig.model_validate({"loop": {"mode": "async", "max_staleness": 4}})
-    assert RunConfig.model_validate({"loop": {"max_staleness": 4}}).loop.mode == "sync"   # sync never lags
+    assert RunConfig.model_validate({"loop": {"max_staleness": 4}}).loop.mode == "sync"  # sync never lags
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ def test_a_commands_peak_is_what_it_touched_not_what_its_parent_holds():
     direct = subprocess.Popen([sys.executable, "-c", "pass"])
     inflated = os.wait4(direct.pid, 0)[2].ru_maxrss / 1024
     child = run_child([sys.executable, "-c", TOUCH, "100", "0"])
-    assert len(held) and inflated >= 400                      # what the launcher is there for
+    assert len(held) and inflated >= 400  # what the launcher is there for
     assert child.returncode == 0 and child.stdout.strip() == "100" and 0 < child.seconds
     assert 100 <= child.peak_rss_mb < 100 + 150
 

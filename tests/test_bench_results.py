@@ -16,15 +16,21 @@ from bench.docs import PAGES, REGION, FigureError, commands, literal_figures, ma
 from bench.results import MODULES, ROOT, changed_since, envelope, load_results
 
 HAS_HISTORY = shutil.which("git") is not None and (ROOT / ".git").exists()
-REGION_TEXT = ("<!-- figures dedup `rlvr bench dedup --save dedup`: {{dedup.figures.seconds:.1f}} s -->\nold\n"
-               "<!-- /figures -->")
+REGION_TEXT = (
+    "<!-- figures dedup `rlvr bench dedup --save dedup`: {{dedup.figures.seconds:.1f}} s -->\nold\n<!-- /figures -->"
+)
 
 
 def test_a_benchmark_prints_one_json_object_and_its_report_on_stderr(tmp_path):
-    result = subprocess.run([str(BIN / "rlvr"), "bench", "dedup", "--sizes", "300,600", "--repeats", "1",
-                             "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(BIN / "rlvr"), "bench", "dedup", "--sizes", "300,600", "--repeats", "1", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    outcome = json.loads(result.stdout)                      # the whole of stdout is one object
+    outcome = json.loads(result.stdout)  # the whole of stdout is one object
     assert outcome["benchmark"] == "dedup" and outcome["parameters"] == {"sizes": "300,600", "repeats": 1}
     assert [row["size"] for row in outcome["figures"]["sizes"]] == [300, 600]
     assert outcome["figures"]["sizes"][1]["time_ratio_to_previous"] > 0
@@ -35,7 +41,7 @@ def test_a_benchmark_prints_one_json_object_and_its_report_on_stderr(tmp_path):
     if HAS_HISTORY:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
         assert outcome["commit"] == head.stdout.strip()
-    assert "300 problems" in result.stderr                   # the human report, out of the way
+    assert "300 problems" in result.stderr  # the human report, out of the way
 
 
 def test_a_result_outside_git_has_no_commit(monkeypatch):
@@ -144,16 +150,18 @@ def test_each_result_names_the_committed_code_it_measured(name):
     result = load_results()[name]
     rerun = f"re-run `{commands(''.join(page.read_text() for page in PAGES)).get(name, f'rlvr bench … --save {name}')}`"
     assert result["benchmark"] in MODULES, f"bench/results/{name}.json: no benchmark {result['benchmark']!r}"
-    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{result['commit']}^{{commit}}"],
-                           capture_output=True)
+    known = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{result['commit']}^{{commit}}"], capture_output=True
+    )
     assert known.returncode == 0, f"bench/results/{name}.json: commit {result['commit']} is not in history; {rerun}"
     assert result["dirty"] is False, f"bench/results/{name}.json was measured on uncommitted code; {rerun}"
 
 
 @pytest.mark.skipif(not HAS_HISTORY, reason="no git history here (a source archive)")
 def test_a_changed_dependency_makes_a_result_stale():
-    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
-                           text=True).stdout.split()[0]
+    first = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True
+    ).stdout.split()[0]
     assert changed_since({"commit": first, "depends_on": ["bench/"]})
 
 
@@ -161,9 +169,10 @@ def test_every_benchmark_is_registered_with_the_name_its_command_records():
     """A module with a `run_benchmark` is in bench.results.MODULES, under the name its command records it by."""
     measuring = {path.stem for path in (ROOT / "bench").glob("*.py") if "\ndef run_benchmark(" in path.read_text()}
     assert measuring == set(MODULES.values())
-    commands = "".join((ROOT / "bench" / name).read_text() for name in ("cli.py", "component_commands.py",
-                                                                          "loop_commands.py"))
-    recorded = dict(re.findall(r'measured\(context, "([\w-]+)", (\w+),', commands))
+    commands = "".join(
+        (ROOT / "bench" / name).read_text() for name in ("cli.py", "component_commands.py", "loop_commands.py")
+    )
+    recorded = dict(re.findall(r'measured\(\s*context,\s*"([\w-]+)",\s*(\w+),', commands))
     assert recorded == MODULES
 
 
@@ -180,9 +189,10 @@ def test_a_result_names_the_commit_its_run_started_on_and_is_dirty_if_its_code_c
     from bench.results import code_state
 
     head = code_state(("bench/",))["commit"]
-    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True,
-                           text=True).stdout.split()[0]
-    earlier = {"commit": first, "dirty": False}                 # as if HEAD moved on during the run
+    first = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"], capture_output=True, text=True
+    ).stdout.split()[0]
+    earlier = {"commit": first, "dirty": False}  # as if HEAD moved on during the run
     moved = envelope("dedup", {}, {}, ("bench/",), started=earlier)
     assert moved["commit"] == first and moved["dirty"] is True  # bench/ changed between the two commits
     unmoved = envelope("dedup", {}, {}, ("bench/dedup_scaling.py",), started=code_state(("bench/dedup_scaling.py",)))

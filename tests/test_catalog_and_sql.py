@@ -17,7 +17,9 @@ def test_every_table_is_a_view(lake):
     connection = open_catalog(lake)
     assert connection.sql("select count(*) from quarantine").fetchall() == [(2,)]
     assert connection.sql("select count(*) from runs where status = 'completed'").fetchall() == [(1,)]
-    joined = connection.sql("select q.source, r.flow from quarantine q join runs r using (run_id) order by 1").fetchall()
+    joined = connection.sql(
+        "select q.source, r.flow from quarantine q join runs r using (run_id) order by 1"
+    ).fetchall()
     assert joined == [("a", "test-flow"), ("b", "test-flow")]
 
 
@@ -55,8 +57,9 @@ def test_cli_formats(local_lake_with_rows):
 
 
 def test_cli_reads_the_lake_from_the_environment(local_lake_with_rows):
-    result = run_cli("sql", "select count(*) as n from quarantine", "--format", "csv",
-                     env={"RLVR_LAKE": local_lake_with_rows.uri})
+    result = run_cli(
+        "sql", "select count(*) as n from quarantine", "--format", "csv", env={"RLVR_LAKE": local_lake_with_rows.uri}
+    )
     assert result.stdout == "n\n2\n"
 
 
@@ -64,15 +67,16 @@ def test_cli_time_travel(local_lake_with_rows):
     lake = local_lake_with_rows
     first = lake.runs_version()
     write(lake, 1, ["c"])
-    result = run_cli("sql", "select source from quarantine order by 1", "--format", "csv", "--as-of", str(first),
-                     "--lake", lake.uri)
+    result = run_cli(
+        "sql", "select source from quarantine order by 1", "--format", "csv", "--as-of", str(first), "--lake", lake.uri
+    )
     assert result.stdout == "source\na\nb\n"
 
 
 def test_query_errors_are_duckdbs_message_not_a_traceback(local_lake_with_rows):
     result = run_cli("sql", "select nope from quarantine", "--lake", local_lake_with_rows.uri)
     assert result.returncode == 1
-    assert "Referenced column \"nope\" not found" in result.stderr
+    assert 'Referenced column "nope" not found' in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
 

@@ -22,13 +22,24 @@ from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig
 from trainers.warmup import WarmupConfig
 
-SECTIONS = {"bank": CurationConfig, "verify": VerifyConfig, "rollout": RolloutConfig, "reward": RewardConfig,
-            "dynamic_sampling": DynamicSamplingConfig, "advantages": AdvantageConfig, "train": TrainConfig, "evaluation": EvalConfig,
-            "loop": LoopConfig, "warmup": WarmupConfig,
-            "curriculum": CurriculumConfig, "publish": PublishConfig, "selfplay": SelfPlayConfig,
-            "selfverify": SelfVerifyConfig,
-            "tracking": TrackingConfig}           # not a run config's: `rlvr track --config` (configs/tracking.yaml)
-WHOLE_FILE_CONFIGS = {"deployments.yaml"}              # not run configs: validated by test_deployments_config_loads
+SECTIONS = {
+    "bank": CurationConfig,
+    "verify": VerifyConfig,
+    "rollout": RolloutConfig,
+    "reward": RewardConfig,
+    "dynamic_sampling": DynamicSamplingConfig,
+    "advantages": AdvantageConfig,
+    "train": TrainConfig,
+    "evaluation": EvalConfig,
+    "loop": LoopConfig,
+    "warmup": WarmupConfig,
+    "curriculum": CurriculumConfig,
+    "publish": PublishConfig,
+    "selfplay": SelfPlayConfig,
+    "selfverify": SelfVerifyConfig,
+    "tracking": TrackingConfig,
+}  # not a run config's: `rlvr track --config` (configs/tracking.yaml)
+WHOLE_FILE_CONFIGS = {"deployments.yaml"}  # not run configs: validated by test_deployments_config_loads
 CONFIGS = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if p.name not in WHOLE_FILE_CONFIGS)
 
 
@@ -36,13 +47,22 @@ def test_deployments_config_loads():
     from flows.deployments import flow_parameters, load_serve_config
 
     serve, run_config = load_serve_config(ROOT / "configs" / "deployments.yaml")
-    assert run_config and {d.flow for d in serve.deployments} == {"curate", "loop", "iteration", "evaluate",
-                                                                   "rescore", "report", "audit", "sampler",
-                                                                   "trainer", "maintenance"}
+    assert run_config and {d.flow for d in serve.deployments} == {
+        "curate",
+        "loop",
+        "iteration",
+        "evaluate",
+        "rescore",
+        "report",
+        "audit",
+        "sampler",
+        "trainer",
+        "maintenance",
+    }
     parameters = {spec.flow: flow_parameters(spec, serve, run_config) for spec in serve.deployments}
     assert all("lake_uri" in built for built in parameters.values())
-    assert parameters["evaluate"]["force"] is False                  # hourly, skipped while the evaluation stands
-    assert parameters["rescore"]["config"] == {"verify": {}}         # iterations keep their recorded settings
+    assert parameters["evaluate"]["force"] is False  # hourly, skipped while the evaluation stands
+    assert parameters["rescore"]["config"] == {"verify": {}}  # iterations keep their recorded settings
     assert parameters["audit"]["audit_file"] == "audits/math.jsonl"
     from storage.maintenance import MaintenanceConfig
 
@@ -50,7 +70,7 @@ def test_deployments_config_loads():
     from flows.deployments import runner_deployments
 
     served = {d.flow_name for d in runner_deployments(serve, run_config)}
-    assert "rl-loop" in served and not served & {"rollout-producer", "policy-trainer"}   # the roles: workers only
+    assert "rl-loop" in served and not served & {"rollout-producer", "policy-trainer"}  # the roles: workers only
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -83,13 +103,16 @@ def test_unknown_fields_are_refused(tmp_path):
         load_yaml_config(path, CurationConfig)
 
 
-@pytest.mark.parametrize("spec, fields", [
-    ("gsm8k:data/train.jsonl", {"kind": "gsm8k", "path": "data/train.jsonl", "count": None}),
-    ("math:s3://bucket/math.parquet:50", {"kind": "math", "path": "s3://bucket/math.parquet", "count": 50}),
-    ("aime:x.jsonl", {"kind": "math", "level": 3}),
-    ("gen:level2:1000", {"kind": "generator", "generator": "level2", "count": 1000}),
-    ("gym:chain_sum:20", {"kind": "gym", "dataset": "chain_sum", "count": 20}),
-])
+@pytest.mark.parametrize(
+    "spec, fields",
+    [
+        ("gsm8k:data/train.jsonl", {"kind": "gsm8k", "path": "data/train.jsonl", "count": None}),
+        ("math:s3://bucket/math.parquet:50", {"kind": "math", "path": "s3://bucket/math.parquet", "count": 50}),
+        ("aime:x.jsonl", {"kind": "math", "level": 3}),
+        ("gen:level2:1000", {"kind": "generator", "generator": "level2", "count": 1000}),
+        ("gym:chain_sum:20", {"kind": "gym", "dataset": "chain_sum", "count": 20}),
+    ],
+)
 def test_source_specs(spec, fields):
     source = parse_source_spec(spec)
     assert {key: getattr(source, key) for key in fields} == fields
@@ -114,7 +137,7 @@ def test_a_variant_merges_over_its_base(tmp_path):
     (tmp_path / "mix.yaml").write_text("mix:\n  level_weights: {1: 1.0}\n  seed: 3\n")
     (tmp_path / "level3.yaml").write_text("base: mix.yaml\nmix:\n  level_weights: {3: 1.0}\n")
     mix = load_yaml_config(tmp_path / "level3.yaml", MixConfig, section="mix")
-    assert mix.level_weights == {3: 1.0} and mix.seed == 3           # a weights mapping is replaced, not merged
+    assert mix.level_weights == {3: 1.0} and mix.seed == 3  # a weights mapping is replaced, not merged
     (tmp_path / "base.yaml").write_text("base: variant.yaml\n")
     with pytest.raises(ValueError, match="makes a cycle"):
         load_yaml_config(tmp_path / "variant.yaml", TrainConfig, section="train")
@@ -140,15 +163,28 @@ def test_rlvr_run_reads_every_section_and_refuses_an_unknown_one(tmp_path):
 DEMO = ROOT / "configs" / "demo.yaml"
 
 
-@pytest.mark.parametrize("body, line, expected", [
-    ("rollout:\n  group_sise: 8\n", 3, "rollout.group_sise: Extra inputs are not permitted (did you mean group_size?)"),
-    ("train:\n  micro_batch_size: 4\n  learning_rat: 0.1\n", 4,
-     "train.learning_rat: Extra inputs are not permitted (did you mean learning_rate?)"),
-    ("rollout:\n  group_size: eight\n", 3, "rollout.group_size: Input should be a valid integer"),
-    ("rollout:\n  group_size: 1\n", 3, "rollout.group_size: Input should be greater than or equal to 2"),
-    ("loop:\n  mode: async\n  max_staleness: 9\n", 4,
-     "(a rule across fields): Value error, loop.max_staleness 9 exceeds advantages.max_stale_versions"),
-])
+@pytest.mark.parametrize(
+    "body, line, expected",
+    [
+        (
+            "rollout:\n  group_sise: 8\n",
+            3,
+            "rollout.group_sise: Extra inputs are not permitted (did you mean group_size?)",
+        ),
+        (
+            "train:\n  micro_batch_size: 4\n  learning_rat: 0.1\n",
+            4,
+            "train.learning_rat: Extra inputs are not permitted (did you mean learning_rate?)",
+        ),
+        ("rollout:\n  group_size: eight\n", 3, "rollout.group_size: Input should be a valid integer"),
+        ("rollout:\n  group_size: 1\n", 3, "rollout.group_size: Input should be greater than or equal to 2"),
+        (
+            "loop:\n  mode: async\n  max_staleness: 9\n",
+            4,
+            "(a rule across fields): Value error, loop.max_staleness 9 exceeds advantages.max_stale_versions",
+        ),
+    ],
+)
 def test_a_config_error_names_the_kind_the_line_and_the_closest_field(tmp_path, body, line, expected):
     """Unknown field, wrong type, out of range, a rule across fields: each error says what the file was read as,
     and names the YAML line of the field at fault (for a rule, the first field its message names)."""
@@ -177,13 +213,13 @@ def test_a_run_config_is_read_once_on_the_way_to_its_configs_or_its_errors(tmp_p
     assert settings.rollout.group_size == 4 and curation.sources
     assert sorted(reads) == ["demo.yaml", "variant.yaml"]
     reads.clear()
-    wrong = tmp_path / "wrong.yaml"                    # two errors in the stage sections, and no bank
+    wrong = tmp_path / "wrong.yaml"  # two errors in the stage sections, and no bank
     wrong.write_text("rollout:\n  group_sise: 8\ntrain:\n  learning_rat: 0.1\n")
     with pytest.raises(ValueError) as error:
         load_run_configs(wrong)
     assert f"{wrong}:2: rollout.group_sise" in str(error.value) and f"{wrong}:4: train.learning_rat" in str(error.value)
     assert "needs a `bank:` section" in str(error.value)
-    assert reads == ["wrong.yaml", "wrong.yaml"]       # its settings, then its lines
+    assert reads == ["wrong.yaml", "wrong.yaml"]  # its settings, then its lines
 
 
 def test_a_field_a_base_file_sets_wrong_is_named_at_its_line_there(tmp_path):
@@ -207,7 +243,10 @@ def test_a_run_config_without_a_bank_is_said_to_be_one_not_read_as_a_curation_co
     assert f"{path}:2: rollout.group_sise: Extra inputs are not permitted (did you mean group_size?)" in text
     assert "a run config (what `rlvr run` reads) needs a `bank:` section" in text and "base: demo.yaml" in text
     assert "sources: Field required" not in text and not (tmp_path / "lake").exists()
-    (tmp_path / "curation.yaml").write_text("rollout:\n  group_size: 8\n")            # a stage command says why
-    with pytest.raises(ValueError, match=r"read as a curation config \(the whole file, because it has no `bank:` "
-                                         r"section; its sections are rollout\)"):
+    (tmp_path / "curation.yaml").write_text("rollout:\n  group_size: 8\n")  # a stage command says why
+    with pytest.raises(
+        ValueError,
+        match=r"read as a curation config \(the whole file, because it has no `bank:` "
+        r"section; its sections are rollout\)",
+    ):
         load_yaml_config(tmp_path / "curation.yaml", CurationConfig, section="bank")

@@ -13,17 +13,19 @@ from tasks.curation.dedup import _connected_components, lsh_bands, near_duplicat
 from tasks.curation.filter import decontaminate, deduplicate
 from tasks.curation.load import CANDIDATE_SCHEMA
 
-STORY = ("Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
-         "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. "
-         "How much in dollars does she make every day at the farmers' market?")
+STORY = (
+    "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
+    "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. "
+    "How much in dollars does she make every day at the farmers' market?"
+)
 
 
 def test_reworded_copy_is_found_and_different_problems_are_not():
     texts = [
         STORY,
-        STORY.replace("every morning", "each morning"),                      # one word changed
+        STORY.replace("every morning", "each morning"),  # one word changed
         "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?",
-        STORY.upper(),                                                         # case only
+        STORY.upper(),  # case only
     ]
     found = near_duplicates(texts, np.zeros(4, dtype=np.int64), threshold=0.7)
     assert found.duplicate_of.tolist() == [-1, 0, -1, 0]
@@ -53,8 +55,16 @@ def test_ngram_overlap_share():
 
 
 def candidates(rows):
-    defaults = {"source": "src", "source_kind": "gsm8k", "source_uri": "f.jsonl", "split": "train", "domain": "math",
-                "level": 1, "verifier": "math", "similarity_checks": True}
+    defaults = {
+        "source": "src",
+        "source_kind": "gsm8k",
+        "source_uri": "f.jsonl",
+        "split": "train",
+        "domain": "math",
+        "level": 1,
+        "verifier": "math",
+        "similarity_checks": True,
+    }
     full = [{**defaults, "source_line": i + 1, **row} for i, row in enumerate(rows)]
     return pl.DataFrame(full, schema=CANDIDATE_SCHEMA, strict=False)
 
@@ -65,26 +75,40 @@ def existing(rows):
 
 
 def test_exact_duplicates_by_normalised_text_keep_the_first():
-    new = candidates([{"problem_id": "a", "prompt": "What is 2+2?"},
-                      {"problem_id": "b", "prompt": "  what IS 2+2 ?  "},
-                      {"problem_id": "c", "prompt": "What is 3+3?"}])
+    new = candidates(
+        [
+            {"problem_id": "a", "prompt": "What is 2+2?"},
+            {"problem_id": "b", "prompt": "  what IS 2+2 ?  "},
+            {"problem_id": "c", "prompt": "What is 3+3?"},
+        ]
+    )
     kept, dropped = deduplicate(new, existing([]), DedupConfig(near=False))
     assert kept["problem_id"].to_list() == ["a", "c"]
-    assert dropped.select("problem_id", "reason", "duplicate_of", "source_line").rows() == [("b", "exact_duplicate", "a", 2)]
+    assert dropped.select("problem_id", "reason", "duplicate_of", "source_line").rows() == [
+        ("b", "exact_duplicate", "a", 2)
+    ]
 
 
 def test_the_bank_is_never_dropped_and_wins_over_new_rows():
     bank = existing([{"problem_id": "old", "prompt": STORY}])
-    new = candidates([{"problem_id": "new", "prompt": STORY.replace("every morning", "each morning")},
-                      {"problem_id": "other", "prompt": "Something else entirely, about trains and hours."}])
+    new = candidates(
+        [
+            {"problem_id": "new", "prompt": STORY.replace("every morning", "each morning")},
+            {"problem_id": "other", "prompt": "Something else entirely, about trains and hours."},
+        ]
+    )
     kept, dropped = deduplicate(new, bank, DedupConfig(threshold=0.7))
     assert kept["problem_id"].to_list() == ["other"]
     assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("new", "near_duplicate", "old")]
 
 
 def test_a_training_copy_of_an_eval_problem_is_dropped_as_contaminated():
-    new = candidates([{"problem_id": "train", "prompt": STORY, "split": "train"},
-                      {"problem_id": "eval", "prompt": STORY, "split": "eval", "source": "gsm8k-test"}])
+    new = candidates(
+        [
+            {"problem_id": "train", "prompt": STORY, "split": "train"},
+            {"problem_id": "eval", "prompt": STORY, "split": "eval", "source": "gsm8k-test"},
+        ]
+    )
     kept, dropped = deduplicate(new, existing([]), DedupConfig())
     assert kept["problem_id"].to_list() == ["train", "eval"] and dropped.height == 0
     kept, dropped = decontaminate(kept, {"gsm8k-test": [STORY]}, DecontaminationConfig())
@@ -93,33 +117,46 @@ def test_a_training_copy_of_an_eval_problem_is_dropped_as_contaminated():
 
 
 def test_identical_problems_are_dropped_even_without_exact_dedup():
-    new = candidates([{"problem_id": "same", "prompt": "What is 2+2?"}, {"problem_id": "same", "prompt": "What is 2+2?"}])
+    new = candidates(
+        [{"problem_id": "same", "prompt": "What is 2+2?"}, {"problem_id": "same", "prompt": "What is 2+2?"}]
+    )
     kept, dropped = deduplicate(new, existing([]), DedupConfig(exact=False, near=False))
     assert kept["problem_id"].to_list() == ["same"] and dropped["reason"].to_list() == ["exact_duplicate"]
 
 
 def test_training_problems_in_the_bank_are_flagged_when_a_new_eval_set_overlaps_them():
     bank = candidates([{"problem_id": "old-train", "prompt": STORY, "source": "train-file"}]).select(
-        "problem_id", "source", "source_kind", "source_uri", "source_line", "seed", "domain", "split", "prompt")
+        "problem_id", "source", "source_kind", "source_uri", "source_line", "seed", "domain", "split", "prompt"
+    )
     new = candidates([{"problem_id": "new-eval", "prompt": STORY, "split": "eval", "source": "late-eval"}])
     kept, dropped = decontaminate(new, {"late-eval": [STORY]}, DecontaminationConfig(), existing=bank)
     assert kept["problem_id"].to_list() == ["new-eval"]
-    assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("old-train", "contaminated_later", "late-eval")]
+    assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [
+        ("old-train", "contaminated_later", "late-eval")
+    ]
 
 
 def test_procedural_rows_skip_similarity_checks_but_not_exact_ones():
     template = "How many ordered pairs of positive integers (a, b) satisfy lcm(a, b) = {}?"
-    new = candidates([{"problem_id": str(i), "prompt": template.format(n), "similarity_checks": False}
-                      for i, n in enumerate([240737, 394875, 5324, 5324])])
+    new = candidates(
+        [
+            {"problem_id": str(i), "prompt": template.format(n), "similarity_checks": False}
+            for i, n in enumerate([240737, 394875, 5324, 5324])
+        ]
+    )
     kept, dropped = deduplicate(new, existing([]), DedupConfig(threshold=0.5))
     assert kept["problem_id"].to_list() == ["0", "1", "2"]
     assert dropped["reason"].to_list() == ["exact_duplicate"]
 
 
 def test_decontamination_drops_training_rows_overlapping_an_eval_set():
-    new = candidates([{"problem_id": "leak", "prompt": STORY.replace("$2", "$3")},
-                      {"problem_id": "clean", "prompt": "A robe takes 2 bolts of blue fiber and half that much white."},
-                      {"problem_id": "generated", "prompt": STORY, "similarity_checks": False}])
+    new = candidates(
+        [
+            {"problem_id": "leak", "prompt": STORY.replace("$2", "$3")},
+            {"problem_id": "clean", "prompt": "A robe takes 2 bolts of blue fiber and half that much white."},
+            {"problem_id": "generated", "prompt": STORY, "similarity_checks": False},
+        ]
+    )
     kept, dropped = decontaminate(new, {"gsm8k-test": [STORY]}, DecontaminationConfig(ngram=8, min_overlap=0.5))
     assert kept["problem_id"].to_list() == ["clean", "generated"]
     assert dropped.select("problem_id", "reason", "duplicate_of").rows() == [("leak", "contaminated", "gsm8k-test")]
@@ -134,12 +171,22 @@ def test_decontamination_can_be_disabled():
 
 def test_shingle_hashes_are_the_same_in_every_process():
     """Python's string hash is salted per process; ours must not be, or borderline pairs flip."""
-    script = ("from tasks.curation.dedup import shingles; "
-              "print(shingles(['a cat sat on the mat today', 'two words'], 3)[1].tolist())")
-    outputs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    script = (
+        "from tasks.curation.dedup import shingles; "
+        "print(shingles(['a cat sat on the mat today', 'two words'], 3)[1].tolist())"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
     assert len(outputs) == 1
-    assert outputs.pop().strip() == str(shingles(['a cat sat on the mat today', 'two words'], 3)[1].tolist())
+    assert outputs.pop().strip() == str(shingles(["a cat sat on the mat today", "two words"], 3)[1].tolist())
 
 
 def test_signatures_are_computed_once_per_text_and_equal_a_fresh_computation(monkeypatch):
@@ -155,9 +202,9 @@ def test_signatures_are_computed_once_per_text_and_equal_a_fresh_computation(mon
     assert (dedup.signatures_of(texts, 5, 64, 1) == fresh).all()
     shuffled = texts[20:] + ["A brand new problem about trains leaving two stations."] + texts[:20]
     again = dedup.signatures_of(shuffled, 5, 64, 1)
-    assert computed == [40, 1]                                       # the second call hashed the one new text
+    assert computed == [40, 1]  # the second call hashed the one new text
     assert (again[:20] == fresh[20:]).all() and (again[21:] == fresh[:20]).all()
-    assert (dedup.signatures_of(texts, 5, 32, 1) != 0).any() and computed == [40, 1, 40]   # another setting: anew
+    assert (dedup.signatures_of(texts, 5, 32, 1) != 0).any() and computed == [40, 1, 40]  # another setting: anew
 
 
 def test_the_dedup_benchmark_times_cold_screens_and_the_warm_one_apart(monkeypatch):
@@ -168,9 +215,12 @@ def test_the_dedup_benchmark_times_cold_screens_and_the_warm_one_apart(monkeypat
 
     computed = []
     real = dedup.minhash
-    monkeypatch.setattr(dedup, "minhash", lambda documents, hashes, count, *rest: computed.append(count)
-                        or real(documents, hashes, count, *rest))
+    monkeypatch.setattr(
+        dedup,
+        "minhash",
+        lambda documents, hashes, count, *rest: computed.append(count) or real(documents, hashes, count, *rest),
+    )
     texts = [f"what is {a} plus {a + 1}, twice over" for a in range(40)]
     _, found, _ = dedup_scaling.time_near_duplicates(texts, repeats=3)
-    assert computed == [40, 40, 40] and found >= 0                  # three cold screens, the warm one from the cache
-    assert not dedup._SIGNATURES                                    # and nothing left behind for the next size
+    assert computed == [40, 40, 40] and found >= 0  # three cold screens, the warm one from the cache
+    assert not dedup._SIGNATURES  # and nothing left behind for the next size

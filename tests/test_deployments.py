@@ -38,14 +38,29 @@ def test_rlvr_serve_registers_schedules_and_runs_a_triggered_flow(prefect_api, t
 
     lake = tmp_path / "lake"
     (tmp_path / "run.yaml").write_text(yaml.safe_dump({"bank": TINY_BANK}))
-    (tmp_path / "deployments.yaml").write_text(yaml.safe_dump({
-        "lake": str(lake), "run_config": "run.yaml", "report_dir": str(tmp_path / "report"), "deployments": [
-            {"name": "serve-nightly", "flow": "curate", "cron": "0 2 * * *"},
-            {"name": "serve-latest", "flow": "evaluate", "cron": "15 * * * *"},
-            {"name": "serve-rescore", "flow": "rescore"}]}))
+    (tmp_path / "deployments.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "lake": str(lake),
+                "run_config": "run.yaml",
+                "report_dir": str(tmp_path / "report"),
+                "deployments": [
+                    {"name": "serve-nightly", "flow": "curate", "cron": "0 2 * * *"},
+                    {"name": "serve-latest", "flow": "evaluate", "cron": "15 * * * *"},
+                    {"name": "serve-rescore", "flow": "rescore"},
+                ],
+            }
+        )
+    )
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    server = subprocess.Popen([str(BIN / "rlvr"), "serve", "--config", str(tmp_path / "deployments.yaml")], env=env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [str(BIN / "rlvr"), "serve", "--config", str(tmp_path / "deployments.yaml")],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         with get_client(sync_client=True) as client:
             found = deployments_by_name(client, {"serve-nightly", "serve-latest", "serve-rescore"})
@@ -70,14 +85,15 @@ def test_serve_refuses_a_temporary_server_and_bad_schedules(tmp_path):
     assert result.returncode == 2 and "prefect server start" in result.stderr
     (tmp_path / "bad.yaml").write_text("deployments:\n  - {name: x, flow: curate, cron: '61 * * * *'}\n")
     result = run_cli("serve", "--config", str(tmp_path / "bad.yaml"), env=env)
-    assert result.returncode == 2 and "bad.yaml:2: deployments.0.cron" in result.stderr   # its YAML line
+    assert result.returncode == 2 and "bad.yaml:2: deployments.0.cron" in result.stderr  # its YAML line
 
 
 def test_the_committed_prefect_yaml_is_generated_from_the_deployments_file(tmp_path):
     result = run_cli("serve", "--write-prefect-yaml", str(tmp_path / "prefect.yaml"))
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "prefect.yaml").read_text().split("\n", 1)[1] == \
-        (ROOT / "prefect.yaml").read_text().split("\n", 1)[1], "regenerate prefect.yaml (see its first line)"
+    assert (tmp_path / "prefect.yaml").read_text().split("\n", 1)[1] == (ROOT / "prefect.yaml").read_text().split(
+        "\n", 1
+    )[1], "regenerate prefect.yaml (see its first line)"
 
 
 def test_prefect_deploy_registers_the_yaml_and_a_worker_runs_it(prefect_api, tmp_path):
@@ -85,8 +101,13 @@ def test_prefect_deploy_registers_the_yaml_and_a_worker_runs_it(prefect_api, tmp
 
     env = {"PREFECT_API_URL": prefect_api, "RLVR_HOME": str(ROOT), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     prefect = lambda *args, timeout=180: subprocess.run(  # noqa: E731
-        [str(BIN / "prefect"), "--no-prompt", *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
-        text=True, timeout=timeout)
+        [str(BIN / "prefect"), "--no-prompt", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     created = prefect("work-pool", "create", "rlvr", "--type", "process")
     assert created.returncode == 0, created.stdout + created.stderr
     deployed = prefect("deploy", "--all")
@@ -98,10 +119,11 @@ def test_prefect_deploy_registers_the_yaml_and_a_worker_runs_it(prefect_api, tmp
         for entry in spec["deployments"]:
             assert [s.schedule.cron for s in found[entry["name"]].schedules] == [s["cron"] for s in entry["schedules"]]
             assert found[entry["name"]].work_pool_name == "rlvr"
-            client.pause_deployment(found[entry["name"]].id)      # no scheduled run may reach the worker below
+            client.pause_deployment(found[entry["name"]].id)  # no scheduled run may reach the worker below
         lake = tmp_path / "lake"
-        run = client.create_flow_run_from_deployment(found["nightly"].id,
-                                                     parameters={"lake_uri": str(lake), "config": TINY_BANK})
+        run = client.create_flow_run_from_deployment(
+            found["nightly"].id, parameters={"lake_uri": str(lake), "config": TINY_BANK}
+        )
         worker = prefect("worker", "start", "--pool", "rlvr", "--run-once", timeout=300)
         assert worker.returncode == 0, worker.stdout[-2000:] + worker.stderr[-2000:]
         assert wait_for_state(client, run.id, 30).is_completed()

@@ -65,13 +65,13 @@ def test_fsdp_ranks_train_as_one_process_and_write_a_checkpoint_transformers_loa
     for name in single:
         assert torch.allclose(single[name], fsdp[name], atol=1e-6), name
     folder = version_row(Lake.open(sampled), 2)["checkpoint_uri"]
-    loaded = AutoModelForCausalLM.from_pretrained(folder)                 # a plain checkpoint, no shards
+    loaded = AutoModelForCausalLM.from_pretrained(folder)  # a plain checkpoint, no shards
     assert torch.equal(loaded.state_dict()["model.norm.weight"], fsdp["model.norm.weight"])
     state = torch.load(os.path.join(folder, "training_state.pt"), weights_only=True)
     assert state["step"] == 1 and len(state["optimizer"]["state"]) == len(list(loaded.parameters()))
 
 
-@pytest.mark.slow                           # a sampled iteration, then two trainings on ranks
+@pytest.mark.slow  # a sampled iteration, then two trainings on ranks
 def test_the_decoupled_proximal_pass_runs_on_fsdp_ranks_as_in_one_process(sampled):
     """Two optimizer steps a batch with the decoupled objective: π_prox is a no-grad pass before the first update,
     a forward per micro-batch on every rank (FSDP's forwards are collectives: idle ones keep them in step)."""
@@ -92,9 +92,9 @@ def test_ranks_stay_up_between_steps_with_the_model_and_optimizer_in_memory(samp
     first = train_policy(1, ddp, sampled)
     [group] = GROUPS.values()
     pids = group.pids
-    rl_iteration(CONFIG, iteration=2, lake_uri=sampled)                  # sampled from version 1
+    rl_iteration(CONFIG, iteration=2, lake_uri=sampled)  # sampled from version 1
     second = train_policy(2, ddp, sampled)
-    assert group.pids == pids and all(process.is_alive() for process in group.processes)   # no process start
+    assert group.pids == pids and all(process.is_alive() for process in group.processes)  # no process start
     assert (first["global_step"], second["global_step"]) == (1, 2)
     assert group.held_uri.endswith("v00002")
 
@@ -114,16 +114,16 @@ def test_a_killed_rank_fails_the_step_naming_it_and_the_next_step_starts_anew(sa
     from trainers.workers import RankFailed, trainer_group
 
     hold = tmp_path / "hold"
-    monkeypatch.setenv("RLVR_FAULT", "rank-ready:1")                     # rank 1 waits there, mid-step
+    monkeypatch.setenv("RLVR_FAULT", "rank-ready:1")  # rank 1 waits there, mid-step
     monkeypatch.setenv("RLVR_FAULT_HOLD", str(hold))
     ddp = {"micro_batch_size": 5, "processes": 2, "strategy": "ddp"}
-    group = trainer_group(TrainConfig.model_validate(ddp))               # started with the fault in its environment
+    group = trainer_group(TrainConfig.model_validate(ddp))  # started with the fault in its environment
 
     def kill_rank_one_when_it_waits():
         deadline = time.monotonic() + 120
         while not (tmp_path / "hold.reached").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        os.kill(group.pids[1], signal.SIGKILL)                             # kill -9, from outside
+        os.kill(group.pids[1], signal.SIGKILL)  # kill -9, from outside
 
     import threading
 
@@ -134,11 +134,11 @@ def test_a_killed_rank_fails_the_step_naming_it_and_the_next_step_starts_anew(sa
     killer.join()
     assert isinstance(failed.value, RankFailed) or "RankFailed" in str(failed.value)
     assert "trainer rank 1 of 2" in str(failed.value) and "SIGKILL" in str(failed.value)
-    assert not any(process.is_alive() for process in group.processes)   # rank 0 was stopped too
-    assert Lake.open(sampled).read("model_versions")["model_version"].to_list() == [0]   # nothing registered
+    assert not any(process.is_alive() for process in group.processes)  # rank 0 was stopped too
+    assert Lake.open(sampled).read("model_versions")["model_version"].to_list() == [0]  # nothing registered
 
     monkeypatch.delenv("RLVR_FAULT")
-    again = train_policy(1, ddp, sampled)                                 # a new group, from version 0
+    again = train_policy(1, ddp, sampled)  # a new group, from version 0
     assert again["model_version"] == 1 and again["processes"] == 2
 
 
@@ -149,7 +149,7 @@ def test_lora_trains_under_ddp_as_in_one_process(sampled):
     one = train_policy(1, lora, sampled)
     two = train_policy(1, {**lora, "processes": 2}, sampled, parent=0)
     assert_same_step(one, two)
-    single, ddp = weights(sampled, 1), weights(sampled, 2)                 # adapters merged into the base on load
+    single, ddp = weights(sampled, 1), weights(sampled, 2)  # adapters merged into the base on load
     for name in single:
         assert torch.allclose(single[name], ddp[name], atol=1e-6), name
 
@@ -177,7 +177,7 @@ def test_a_run_refuses_a_trainer_on_the_samplers_gpu_unless_the_config_allows_it
         check_layout(RunConfig.model_validate(shared))
     check_layout(RunConfig.model_validate({**shared, "train": {**shared["train"], "share_devices": True}}))
     check_layout(RunConfig.model_validate({**shared, "train": {**shared["train"], "devices": ["cuda:1", "cuda:2"]}}))
-    check_layout(RunConfig.model_validate({"train": {"processes": 2}}))    # CPUs are shared by design
+    check_layout(RunConfig.model_validate({"train": {"processes": 2}}))  # CPUs are shared by design
 
 
 def test_the_overlapped_loops_trainer_role_trains_on_persistent_ranks(prefect_api, tmp_path):
@@ -192,11 +192,14 @@ def test_the_overlapped_loops_trainer_role_trains_on_persistent_ranks(prefect_ap
 
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
-    overlapped = {**RUN, "loop": {"iterations": 2, "mode": "async", "max_staleness": 1},
-                  "train": {**RUN.get("train", {}), "processes": 2, "strategy": "ddp"}}
+    overlapped = {
+        **RUN,
+        "loop": {"iterations": 2, "mode": "async", "max_staleness": 1},
+        "train": {**RUN.get("train", {}), "processes": 2, "strategy": "ddp"},
+    }
     rows = rl_loop(overlapped, lake_uri=lake_uri)
     assert [(r["iteration"], r["trained_version"]) for r in rows] == [(1, 1), (2, 2)]
-    [group] = GROUPS.values()                                               # one group served both steps
+    [group] = GROUPS.values()  # one group served both steps
     assert all(process.is_alive() for process in group.processes) and group.held_uri.endswith("v00002")
     trained = Lake.open(lake_uri).read("model_versions").filter(kind="rl").sort("model_version")
     assert [json.loads(m)["processes"] for m in trained["metrics"]] == [2, 2]

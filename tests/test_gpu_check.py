@@ -49,33 +49,54 @@ def site(tmp_path_factory) -> Path:
             source, target = root / top, folder / top
             if source.exists() and not target.exists() and top != "..":
                 target.symlink_to(source)
-    assert not any((folder / name).exists() for name in PLATFORM_ONLY)     # the closure holds none of them
+    assert not any((folder / name).exists() for name in PLATFORM_ONLY)  # the closure holds none of them
     return folder
 
 
-def run_check(site, tmp_path, *args: str, script: Path = CHECK, fail: str = "", returncode: int = 0,
-              ahead: Path | None = None, vllm_env: str = ""):
+def run_check(
+    site,
+    tmp_path,
+    *args: str,
+    script: Path = CHECK,
+    fail: str = "",
+    returncode: int = 0,
+    ahead: Path | None = None,
+    vllm_env: str = "",
+):
     """check.py (or a script that runs it) in the bare Python, on the tiny shape: its parts by name, and its
     stdout and stderr. Every stdout line must be JSON. `ahead`: a folder of packages found before the site's."""
     path = f"{ahead}:{site}" if ahead else str(site)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": path, "RLVR_TORCH_THREADS": "1",
-           "RLVR_GPU_CHECK_FAIL": fail, **({"VLLM_ENV": vllm_env} if vllm_env else {})}
-    result = subprocess.run([sys.executable, "-S", str(script), "--shape", "tiny", *SMALL, *args],
-                            capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": path,
+        "RLVR_TORCH_THREADS": "1",
+        "RLVR_GPU_CHECK_FAIL": fail,
+        **({"VLLM_ENV": vllm_env} if vllm_env else {}),
+    }
+    result = subprocess.run(
+        [sys.executable, "-S", str(script), "--shape", "tiny", *SMALL, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
     assert result.returncode == returncode, result.stderr[-3000:]
-    lines = [json.loads(line) for line in result.stdout.splitlines()]        # JSON lines only, nothing else
+    lines = [json.loads(line) for line in result.stdout.splitlines()]  # JSON lines only, nothing else
     return {part["part"]: part for part in lines}, result
 
 
 def test_the_gpu_check_needs_only_what_torch_and_transformers_install(site, tmp_path):
     parts, _ = run_check(site, tmp_path, "--processes", "2")
     assert parts["device"]["device"] == "cpu" and parts["sampling"]["generate_tokens_per_s"] > 0
-    assert parts["hf_sampler"]["ratio_to_generate"] > 0          # the project's sampler imported without the stack
+    assert parts["hf_sampler"]["ratio_to_generate"] > 0  # the project's sampler imported without the stack
     assert parts["logprob_gap"]["ok"] and parts["logprob_gap"]["max_abs_gap"] < 1e-4
     assert parts["training"]["dtype"] == "bfloat16" and parts["training"]["tokens_per_s"] > 0
     parallel = parts["data_parallel"]
     assert parallel["processes"] == 2 and parallel["backend"] == "gloo" and parallel["ok"], parallel
-    assert "no VLLM_ENV" in parts.pop("vllm_server")["skipped"]          # no vLLM on this host: said, not failed
+    assert "no VLLM_ENV" in parts.pop("vllm_server")["skipped"]  # no vLLM on this host: said, not failed
     assert all(part["ok"] for part in parts.values()), parts
 
 
@@ -98,8 +119,10 @@ def test_the_gpu_check_runs_the_vllm_server_contract_where_vllm_is(site, tmp_pat
 OLDER_TRANSFORMERS = ROOT / "build" / "transformers-older"
 
 
-@pytest.mark.skipif(not (OLDER_TRANSFORMERS / "transformers").exists(),
-                    reason="no transformers 5.17 in build/transformers-older: `make older-transformers` (CI makes it)")
+@pytest.mark.skipif(
+    not (OLDER_TRANSFORMERS / "transformers").exists(),
+    reason="no transformers 5.17 in build/transformers-older: `make older-transformers` (CI makes it)",
+)
 def test_the_hf_sampler_runs_on_a_transformers_from_before_the_cache_rename(site, tmp_path):
     """The first run on a GPU host (H200, transformers 5.17) found the hf sampler reading `output.cache`, a
     name transformers took only in 5.24 (`past_key_values` before): sampling failed there. On 5.17 it now
@@ -180,17 +203,31 @@ def test_stdout_is_json_lines_and_a_failing_part_does_not_stop_the_next(site, tm
     script = tmp_path / "noisy.py"
     script.write_text(f"CHECK = {str(CHECK)!r}\n" + textwrap.dedent(NOISY))
     parts, result = run_check(site, tmp_path, script=script, returncode=1)
-    for noise in ["a print from forward", "a warning from forward", "a log record from forward",
-                  "bytes on file descriptor 1", "Traceback (most recent call last)"]:
+    for noise in [
+        "a print from forward",
+        "a warning from forward",
+        "a log record from forward",
+        "bytes on file descriptor 1",
+        "Traceback (most recent call last)",
+    ]:
         assert noise in result.stderr and noise not in result.stdout, noise
     sampler = parts["hf_sampler"]
-    assert sampler["ok"] is False and sampler["error"].startswith("TypeError: ") \
-        and "logits_to_keep" in sampler["error"], sampler
+    assert (
+        sampler["ok"] is False and sampler["error"].startswith("TypeError: ") and "logits_to_keep" in sampler["error"]
+    ), sampler
     assert isinstance(sampler["traceback"], list) and sampler["traceback"][-1].startswith("TypeError")
     assert parts["sampling"]["ok"] and parts["logprob_gap"]["ok"] and parts["training"]["tokens_per_s"] > 0
     assert "ok" not in parts["data_parallel"] and "--processes 2" in parts["data_parallel"]["skipped"]
-    assert list(parts) == ["device", "model", "sampling", "hf_sampler", "logprob_gap", "training", "vllm_server",
-                          "data_parallel"]
+    assert list(parts) == [
+        "device",
+        "model",
+        "sampling",
+        "hf_sampler",
+        "logprob_gap",
+        "training",
+        "vllm_server",
+        "data_parallel",
+    ]
 
 
 def test_the_parts_that_need_a_failed_part_say_they_were_skipped(site, tmp_path):
@@ -207,17 +244,31 @@ def test_check_sh_keeps_stdout_and_stderr_apart_and_goes_on_after_a_failed_shape
     """A shape check.py rejects (exit 2) does not stop the next; each shape gets a run line; summary.jsonl and
     stdout hold JSON lines only, the tracebacks and argparse's complaint are in stderr.log."""
     out = tmp_path / "out"
-    env = {**os.environ, "PY": sys.executable, "OUT": str(out), "SHAPES": "bogus tiny", "RLVR_TORCH_THREADS": "1",
-           "RLVR_GPU_CHECK_FAIL": "hf_sampler"}
-    result = subprocess.run(["bash", str(ROOT / "infra" / "gpu" / "check.sh"), *SMALL, "--processes", "1"],
-                            capture_output=True, text=True, timeout=300, env=env, check=False)
+    env = {
+        **os.environ,
+        "PY": sys.executable,
+        "OUT": str(out),
+        "SHAPES": "bogus tiny",
+        "RLVR_TORCH_THREADS": "1",
+        "RLVR_GPU_CHECK_FAIL": "hf_sampler",
+    }
+    result = subprocess.run(
+        ["bash", str(ROOT / "infra" / "gpu" / "check.sh"), *SMALL, "--processes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 1, result.stderr
     summary = (out / "summary.jsonl").read_text()
     assert result.stdout == summary
     lines = [json.loads(line) for line in summary.splitlines()]
     runs = [line for line in lines if line["part"] == "run"]
-    assert [(run["shape"], run["exit_code"], run["timed_out"]) for run in runs] == [("bogus", 2, False),
-                                                                                  ("tiny", 1, False)]
+    assert [(run["shape"], run["exit_code"], run["timed_out"]) for run in runs] == [
+        ("bogus", 2, False),
+        ("tiny", 1, False),
+    ]
     parts = {line["part"]: line for line in lines}
     assert parts["hf_sampler"]["error"].startswith("RuntimeError: ") and parts["training"]["ok"]
     stderr = (out / "stderr.log").read_text()
@@ -230,9 +281,16 @@ def test_check_sh_records_a_shape_that_runs_out_of_time(tmp_path):
     slow.write_text("#!/bin/sh\nexec sleep 30\n")
     slow.chmod(0o755)
     env = {**os.environ, "PY": str(slow), "OUT": str(tmp_path / "out"), "SHAPES": "tiny tiny", "TIMEOUT_S": "1"}
-    result = subprocess.run(["bash", str(ROOT / "infra" / "gpu" / "check.sh")], capture_output=True, text=True,
-                            timeout=60, env=env, check=False)
+    result = subprocess.run(
+        ["bash", str(ROOT / "infra" / "gpu" / "check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 1, result.stderr
     runs = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [(run["shape"], run["exit_code"], run["timed_out"], run["ok"]) for run in runs] == \
-        [("tiny", 124, True, False)] * 2
+    assert [(run["shape"], run["exit_code"], run["timed_out"], run["ok"]) for run in runs] == [
+        ("tiny", 124, True, False)
+    ] * 2

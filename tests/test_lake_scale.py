@@ -22,21 +22,49 @@ KEYS = {"bookkeeping_growth", "max_query_seconds", "lineage_seconds", "bytes_rat
 
 
 def test_the_lake_scale_benchmark_runs_through_the_loops_write_paths(tmp_path):
-    result = subprocess.run([str(BIN / "rlvr"), "bench", "lake-scale", "--iterations", "3", "--rollouts", "32",
-                             "--max-tokens", "256", "--s3-iterations", "2", "--maintain-every", "2", "--format", "json"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            str(BIN / "rlvr"),
+            "bench",
+            "lake-scale",
+            "--iterations",
+            "3",
+            "--rollouts",
+            "32",
+            "--max-tokens",
+            "256",
+            "--s3-iterations",
+            "2",
+            "--maintain-every",
+            "2",
+            "--format",
+            "json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)["figures"]
     assert KEYS <= set(figures)
     assert figures["rollouts"] == 3 * 32 and figures["tokens"] > 0 and figures["iterations"] == 3
     assert [entry["iteration"] for entry in figures["bookkeeping"]] == [3]
-    assert set(figures["queries_seconds"]) == {"solve_rate_by_level", "filter_stats", "staleness_histogram",
-                                               "problem_history", "tokens_by_model_version", "lineage"}
+    assert set(figures["queries_seconds"]) == {
+        "solve_rate_by_level",
+        "filter_stats",
+        "staleness_histogram",
+        "problem_history",
+        "tokens_by_model_version",
+        "lineage",
+    }
     tables = figures["bytes"]
     assert set(tables) == {"rollouts", "rewards", "groups", "advantages", "batches", "dbb_state", "iteration_metrics"}
-    assert all(entry["delta_bytes"] > 0 and entry["plain_bytes"] > 0 and entry["files"] == 2 for entry in tables.values())
+    assert all(
+        entry["delta_bytes"] > 0 and entry["plain_bytes"] > 0 and entry["files"] == 2 for entry in tables.values()
+    )
     # two files a table before the last maintenance: iterations 1-2 compacted by the scheduled one, and 3
-    assert figures["scheduled_maintenance"]["runs"] == 1                   # after iteration 2
+    assert figures["scheduled_maintenance"]["runs"] == 1  # after iteration 2
     assert 0 < figures["lineage_in_process_seconds"] and 0 < figures["trivial_query_seconds"]
     assert figures["files_after_maintenance"] == dict.fromkeys(tables, 1)  # three iterations' files compacted as one
     s3 = figures["s3"]
@@ -45,7 +73,9 @@ def test_the_lake_scale_benchmark_runs_through_the_loops_write_paths(tmp_path):
     # memory: this process at each checkpoint and after each step, each command's peak, moto's
     assert all(entry["rss_mb"] > 0 and entry["peak_rss_mb"] >= entry["rss_mb"] for entry in figures["bookkeeping"])
     assert list(figures["rss_after"]) == ["iterations", "count", "bytes", "end", "s3"]
-    assert figures["peak_rss_mb"] >= figures["rss_after"]["end"]["peak_rss_mb"] >= figures["bookkeeping"][0]["peak_rss_mb"]
+    assert (
+        figures["peak_rss_mb"] >= figures["rss_after"]["end"]["peak_rss_mb"] >= figures["bookkeeping"][0]["peak_rss_mb"]
+    )
     peaks = figures["queries_peak_rss_mb"]
     assert figures["query_peak_rss_mb"] == max(peaks[name] for name in peaks if name != "lineage") > 0
     assert set(figures["queries_peak_rss_mb"]) == set(figures["queries_seconds"])
@@ -80,13 +110,14 @@ def write_rollouts(lake, iterations: range, rng, words) -> int:
 
 
 def after_the_iterations(lake_uri: str, folder: Path) -> dict:
-    result = subprocess.run([sys.executable, "-c", MEASURE, lake_uri, str(folder)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURE, lake_uri, str(folder)], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
 
-@pytest.mark.slow                           # a fresh process over two lakes of 3 and 24 iterations
+@pytest.mark.slow  # a fresh process over two lakes of 3 and 24 iterations
 def test_the_steps_after_the_iterations_hold_a_file_at_a_time_not_the_lake(tmp_path):
     """The plain-Parquet baseline and the rollouts' count, on a lake of 3 iterations and then of 24: the peak of
     Arrow's memory pool stays flat, where reading the table whole (the benchmark before: 23.8 GB resident at two
@@ -102,11 +133,11 @@ def test_the_steps_after_the_iterations_hold_a_file_at_a_time_not_the_lake(tmp_p
     assert (small["rollouts"], large["rollouts"]) == (3 * 256, 24 * 256)
     assert large["tokens"] == tokens and large["files"] == 24
     whole_mb = lake.dataset("rollouts").to_table().nbytes / 2**20
-    assert large["peak_mb"] < 1.6 * small["peak_mb"]              # 8× the rows, the same peak
-    assert large["peak_mb"] < whole_mb / 2                        # the table was never held at once
+    assert large["peak_mb"] < 1.6 * small["peak_mb"]  # 8× the rows, the same peak
+    assert large["peak_mb"] < whole_mb / 2  # the table was never held at once
     # the copy holds the same rows, as zstd Parquet: within a tenth of Delta's own bytes for them
     assert 0.9 < large["plain_bytes"] / large["delta_bytes"] < 1.1
-    assert not list(tmp_path.glob("*.parquet"))                   # each copy removed once measured
+    assert not list(tmp_path.glob("*.parquet"))  # each copy removed once measured
 
 
 def test_the_plain_copy_is_the_tables_rows_in_row_groups_of_bounded_size(tmp_path):
@@ -133,11 +164,12 @@ def test_a_table_under_the_row_group_size_is_one_row_group_as_pq_write_table_wri
 
 def test_the_request_log_counts_each_complete_line_once(tmp_path):
     path = tmp_path / "moto.log"
-    path.write_text('127.0.0.1 - - "GET /lake HTTP/1.1" 200 -\n127.0.0.1 - - "PUT /lake/a HTTP/1.1" 200 -\n'
-                    '127.0.0.1 - - "HEAD /la')
+    path.write_text(
+        '127.0.0.1 - - "GET /lake HTTP/1.1" 200 -\n127.0.0.1 - - "PUT /lake/a HTTP/1.1" 200 -\n127.0.0.1 - - "HEAD /la'
+    )
     log = RequestLog(path)
     assert log.new_requests() == ["GET", "PUT"]
-    with path.open("a") as handle:                     # the half-written line completes, another follows
+    with path.open("a") as handle:  # the half-written line completes, another follows
         handle.write('ke/a HTTP/1.1" 200 -\n127.0.0.1 - - "DELETE /lake/a HTTP/1.1" 204 -\n')
     assert log.new_requests() == ["HEAD", "DELETE"]
     assert log.new_requests() == []

@@ -16,9 +16,15 @@ from storage.schemas import QUARANTINE
 
 
 def quarantine_rows(version: int, sources: list[str]) -> pl.DataFrame:
-    return pl.DataFrame({"bank_version": [version] * len(sources), "source": sources,
-                         "source_uri": ["file.jsonl"] * len(sources), "source_line": list(range(1, len(sources) + 1)),
-                         "reason": ["bad"] * len(sources)})
+    return pl.DataFrame(
+        {
+            "bank_version": [version] * len(sources),
+            "source": sources,
+            "source_uri": ["file.jsonl"] * len(sources),
+            "source_line": list(range(1, len(sources) + 1)),
+            "reason": ["bad"] * len(sources),
+        }
+    )
 
 
 def write(lake, version, sources, **run_kwargs):
@@ -50,7 +56,7 @@ def test_every_read_goes_through_arrows_own_filesystem_not_a_python_one(lake):
         assert isinstance(dataset.filesystem, pa_fs.SubTreeFileSystem), dataset.filesystem
         assert isinstance(dataset.filesystem.base_fs, (pa_fs.LocalFileSystem, pa_fs.S3FileSystem))
         assert all(isinstance(fragment.filesystem, pa_fs.SubTreeFileSystem) for fragment in dataset.get_fragments())
-    assert datasets[1].to_table().num_rows == 2                  # version 0: the first write only
+    assert datasets[1].to_table().num_rows == 2  # version 0: the first write only
     catalog = open_catalog(lake)
     assert catalog.execute("select count(*) from quarantine").fetchone()[0] == 3
     catalog.close()
@@ -171,17 +177,18 @@ def test_concurrent_writers_all_commit_and_close_their_runs(lake_uri, lake, comp
         with lake.run("test-flow", "test-stage", {{}}, bank_version=version) as run:
             lake.replace("quarantine", rows, {{"bank_version": version}}, run)
     """)
-    write(lake, 0, ["seed"])                       # the tables exist before the race
-    processes = [subprocess.Popen([sys.executable, "-c", script, str(v)], stderr=subprocess.PIPE, text=True)
-                 for v in range(1, 6)]
+    write(lake, 0, ["seed"])  # the tables exist before the race
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, str(v)], stderr=subprocess.PIPE, text=True) for v in range(1, 6)
+    ]
     for process in processes:
         assert process.wait(240) == 0, process.stderr.read()
     runs = lake.read("runs")
     assert runs.height == 6 and set(runs["status"]) == {"completed"}, runs.select("run_id", "status")
-    if compact_at:                                   # the rewrites happened, and left one file behind at times
+    if compact_at:  # the rewrites happened, and left one file behind at times
         assert any(info.get("stage") == "compact-runs" for info in lake.table("runs").history())
     assert sorted(lake.read("quarantine")["bank_version"].unique().to_list()) == [0, 1, 2, 3, 4, 5]
-    for row in runs.iter_rows(named=True):            # each run recorded the version of its own commit
+    for row in runs.iter_rows(named=True):  # each run recorded the version of its own commit
         version = json.loads(row["table_versions"])["quarantine"]
         snapshot = lake.read("quarantine", version=version)
         assert row["bank_version"] in snapshot["bank_version"].to_list()
@@ -198,15 +205,14 @@ def test_every_lake_of_a_process_shares_one_up_to_date_snapshot_and_a_remade_lak
     assert sorted(other.read("quarantine")["source"]) == ["a", "b"]
     write(other, 2, ["c"])
     assert sorted(lake.read("quarantine")["source"]) == ["a", "b", "c"]
-    assert lake.read("quarantine").equals(other.read("quarantine"))          # a second read of the same slice
+    assert lake.read("quarantine").equals(other.read("quarantine"))  # a second read of the same slice
     fs = lake.location.filesystem
     fs.rm(lake_uri.removeprefix("s3://"), recursive=True)
     remade = Lake.open(lake_uri)
     write(remade, 1, ["x"])
-    write(remade, 2, ["y"])                                 # the same table versions as before, other rows
+    write(remade, 2, ["y"])  # the same table versions as before, other rows
     assert sorted(lake.read("quarantine")["source"]) == ["x", "y"]
     assert lake.read("runs").height == 2
-
 
 
 def test_a_table_read_after_each_write_holds_what_a_fresh_open_reads_in_the_same_order(lake, monkeypatch):
@@ -216,31 +222,47 @@ def test_a_table_read_after_each_write_holds_what_a_fresh_open_reads_in_the_same
     from deltalake import DeltaTable
 
     full_builds = []
-    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", lambda self, *a, _original=DeltaTable.to_pyarrow_dataset,
-                        **k: full_builds.append(bool(k.get("file_pruning_predicate"))) or _original(self, *a, **k))
+    monkeypatch.setattr(
+        DeltaTable,
+        "to_pyarrow_dataset",
+        lambda self, *a, _original=DeltaTable.to_pyarrow_dataset, **k: (
+            full_builds.append(bool(k.get("file_pruning_predicate"))) or _original(self, *a, **k)
+        ),
+    )
 
     def fresh() -> pl.DataFrame:
         table = DeltaTable(lake.location.table_uri("quarantine"), storage_options=lake.location.storage_options())
         return pl.from_arrow(table.to_pyarrow_table())
 
-    steps = [lambda run, v=version: lake.replace("quarantine", quarantine_rows(v, [f"v{v}"]), {"bank_version": v}, run)
-             for version in range(1, 6)]
-    steps += [lambda run: lake.clear("quarantine", {"bank_version": 2}, run),
-              lambda run: lake.append("quarantine", quarantine_rows(4, ["extra-a", "extra-b"]), run),
-              lambda run: lake.replace("quarantine", quarantine_rows(4, ["again"]), {"bank_version": 4}, run),
-              lambda run: lake.replace("quarantine", quarantine_rows(7, ["late"]), {"bank_version": 7}, run)]
+    steps = [
+        lambda run, v=version: lake.replace("quarantine", quarantine_rows(v, [f"v{v}"]), {"bank_version": v}, run)
+        for version in range(1, 6)
+    ]
+    steps += [
+        lambda run: lake.clear("quarantine", {"bank_version": 2}, run),
+        lambda run: lake.append("quarantine", quarantine_rows(4, ["extra-a", "extra-b"]), run),
+        lambda run: lake.replace("quarantine", quarantine_rows(4, ["again"]), {"bank_version": 4}, run),
+        lambda run: lake.replace("quarantine", quarantine_rows(7, ["late"]), {"bank_version": 7}, run),
+    ]
     for step in steps:
         with lake.run("test-flow", "test-stage", {}) as run:
             step(run)
         assert lake.read("quarantine", raw=True).equals(fresh())
     assert sorted(lake.read("quarantine")["source"]) == ["again", "late", "v1", "v3", "v5"]
-    assert full_builds.count(True) >= 5            # most versions were built from the one before
+    assert full_builds.count(True) >= 5  # most versions were built from the one before
 
 
 def batch_rows(iteration: int, count: int, tag: str = "") -> pl.DataFrame:
-    return pl.DataFrame({"batch_id": [f"b{iteration}{tag}"] * count, "iteration": [iteration] * count,
-                         "rollout_id": [f"r{iteration}{tag}-{i}" for i in range(count)], "group_id": ["g"] * count,
-                         "advantage": [0.5] * count, "weight": [1.0] * count})
+    return pl.DataFrame(
+        {
+            "batch_id": [f"b{iteration}{tag}"] * count,
+            "iteration": [iteration] * count,
+            "rollout_id": [f"r{iteration}{tag}-{i}" for i in range(count)],
+            "group_id": ["g"] * count,
+            "advantage": [0.5] * count,
+            "weight": [1.0] * count,
+        }
+    )
 
 
 def test_an_unpartitioned_table_read_after_each_write_is_built_from_its_new_files_only(lake, monkeypatch):
@@ -251,18 +273,23 @@ def test_an_unpartitioned_table_read_after_each_write_is_built_from_its_new_file
     from deltalake import DeltaTable
 
     full_builds, original = [], DeltaTable.to_pyarrow_dataset
-    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", lambda self, *a, **k: full_builds.append(1) or original(
-        self, *a, **k))
+    monkeypatch.setattr(
+        DeltaTable, "to_pyarrow_dataset", lambda self, *a, **k: full_builds.append(1) or original(self, *a, **k)
+    )
 
-    def fresh(filter=None) -> pl.DataFrame:                  # a full build of the table as it is, not counted
+    def fresh(filter=None) -> pl.DataFrame:  # a full build of the table as it is, not counted
         table = DeltaTable(lake.location.table_uri("batches"), storage_options=lake.location.storage_options())
         return pl.from_arrow(original(table).to_table(filter=filter))
 
-    steps = [lambda run, i=iteration: lake.replace("batches", batch_rows(i, i), {"iteration": i}, run)
-             for iteration in range(1, 6)]
-    steps += [lambda run: lake.clear("batches", {"iteration": 2}, run),
-              lambda run: lake.append("batches", batch_rows(4, 2, "extra"), run),
-              lambda run: lake.replace("batches", batch_rows(3, 1, "again"), {"iteration": 3}, run)]
+    steps = [
+        lambda run, i=iteration: lake.replace("batches", batch_rows(i, i), {"iteration": i}, run)
+        for iteration in range(1, 6)
+    ]
+    steps += [
+        lambda run: lake.clear("batches", {"iteration": 2}, run),
+        lambda run: lake.append("batches", batch_rows(4, 2, "extra"), run),
+        lambda run: lake.replace("batches", batch_rows(3, 1, "again"), {"iteration": 3}, run),
+    ]
     runs = []
     for step in steps:
         with lake.run("test-flow", "test-stage", {}) as run:
@@ -274,9 +301,8 @@ def test_an_unpartitioned_table_read_after_each_write_is_built_from_its_new_file
             assert lake.read("batches", filter=this, raw=True).equals(fresh(this))
         by_run = pc.field("run_id").isin(runs[-2:])
         assert lake.read("batches", filter=by_run, raw=True).equals(fresh(by_run))
-    assert len(full_builds) == 1                       # the first read's; every later version built on it
-    assert lake.read("batches").group_by("iteration").len().sort("iteration").rows() == [(1, 1), (3, 1), (4, 6),
-                                                                                         (5, 5)]
+    assert len(full_builds) == 1  # the first read's; every later version built on it
+    assert lake.read("batches").group_by("iteration").len().sort("iteration").rows() == [(1, 1), (3, 1), (4, 6), (5, 5)]
 
 
 def test_a_lost_data_file_of_an_unpartitioned_table_is_reported_as_damage(lake):
@@ -308,7 +334,7 @@ def test_runs_are_compacted_into_one_file_without_losing_or_repeating_a_row(lake
         return DeltaTable(lake.location.table_uri("runs"), storage_options=lake.location.storage_options())
 
     monkeypatch.setattr(runs_module, "COMPACT_FILES", 3)
-    runs = [write(lake, version, ["s"]) for version in range(3)]     # the third run's start row makes 3 files
+    runs = [write(lake, version, ["s"]) for version in range(3)]  # the third run's start row makes 3 files
     assert len(runs_table().file_uris()) == 1
     assert any(info.get("stage") == "compact-runs" for info in runs_table().history())
     assert sorted(lake.read("runs")["run_id"]) == sorted(run.run_id for run in runs)
@@ -316,21 +342,26 @@ def test_runs_are_compacted_into_one_file_without_losing_or_repeating_a_row(lake
 
     monkeypatch.setattr(runs_module, "COMPACT_FILES", 1)
     stale = runs_table()
-    runs.append(write(lake, 3, ["s"]))                # commits after `stale` was read (and compacts again)
+    runs.append(write(lake, 3, ["s"]))  # commits after `stale` was read (and compacts again)
     version = runs_table().version()
-    runs_module.compact(stale)                        # a rewrite of what `stale` holds: refused
+    runs_module.compact(stale)  # a rewrite of what `stale` holds: refused
     assert runs_table().version() == version
     assert sorted(lake.read("runs")["run_id"]) == sorted(run.run_id for run in runs)
 
     stale = runs_table()
-    runs_module.compact(runs_table())                 # a rewrite lands after `stale` was read
+    runs_module.compact(runs_table())  # a rewrite lands after `stale` was read
     update = pa.Table.from_pylist([runs[0].row("failed")], schema=pa.schema(stale.schema().to_arrow()))
-    with pytest.raises(CommitFailedError):            # a run row's update, as the lake makes it, on `stale`
-        write_deltalake(stale, update, mode="overwrite", predicate=f"run_id = '{runs[0].run_id}'",
-                        storage_options=lake.location.storage_options(),
-                        commit_properties=CommitProperties(max_commit_retries=0))
+    with pytest.raises(CommitFailedError):  # a run row's update, as the lake makes it, on `stale`
+        write_deltalake(
+            stale,
+            update,
+            mode="overwrite",
+            predicate=f"run_id = '{runs[0].run_id}'",
+            storage_options=lake.location.storage_options(),
+            commit_properties=CommitProperties(max_commit_retries=0),
+        )
     assert lake.read("runs").height == 4 and set(lake.read("runs")["status"]) == {"completed"}
-    first = lake.read("runs", filter=pc.field("run_id") == runs[1].run_id)   # a filtered read of the compacted file
+    first = lake.read("runs", filter=pc.field("run_id") == runs[1].run_id)  # a filtered read of the compacted file
     assert first.height == 1 and first["bank_version"][0] == 1
 
 
@@ -349,7 +380,7 @@ def test_a_runs_file_that_holds_enough_rows_is_no_longer_rewritten(lake, monkeyp
 
     runs = [write(lake, version, ["s"]) for version in range(5)]
     settled = {path for path, rows in files().items() if rows >= 4}
-    assert settled                                  # five runs' small files were rewritten into one
+    assert settled  # five runs' small files were rewritten into one
     runs += [write(lake, version, ["s"]) for version in range(5, 14)]
     assert settled <= set(files()), "a file that held SETTLED_ROWS rows was rewritten"
     assert len(runs_module.small_files(lake.table("runs"))) < 3
@@ -370,8 +401,11 @@ def test_run_statuses_read_off_the_files_agree_with_the_table(lake, monkeypatch)
 
     monkeypatch.setattr(runs_module, "COMPACT_FILES", 3)
     read_files = []
-    monkeypatch.setattr(runs_module, "_read_statuses", lambda table, paths, read=runs_module._read_statuses:
-                        read_files.extend(paths) or read(table, paths))
+    monkeypatch.setattr(
+        runs_module,
+        "_read_statuses",
+        lambda table, paths, read=runs_module._read_statuses: read_files.extend(paths) or read(table, paths),
+    )
 
     def check() -> None:
         table = lake.table("runs")
@@ -386,23 +420,30 @@ def test_run_statuses_read_off_the_files_agree_with_the_table(lake, monkeypatch)
     for version in range(4):
         write(lake, version, ["s"], iteration=1)
         check()
-    with lake.run("test-flow", "test-stage", {}, bank_version=9):     # in progress: its own file says `running`
+    with lake.run("test-flow", "test-stage", {}, bank_version=9):  # in progress: its own file says `running`
         check()
     with pytest.raises(RuntimeError):
         with lake.run("test-flow", "test-stage", {}, bank_version=10):
             raise RuntimeError("a stage failed")
     check()
-    assert lake.mark_runs(1, {"test-stage"}, since=started, status="rolled_back")   # rows in a compacted file
+    assert lake.mark_runs(1, {"test-stage"}, since=started, status="rolled_back")  # rows in a compacted file
     check()
     for version in range(11, 15):
         write(lake, version, ["s"])
         check()
-    assert read_files                                 # some answers came from a compacted file's contents
+    assert read_files  # some answers came from a compacted file's contents
 
 
 def groups_of(iteration: int, names: list[str]) -> pl.DataFrame:
-    return pl.DataFrame({"iteration": [iteration] * len(names), "group_id": names, "problem_id": names,
-                         "n_samples": [4] * len(names), "kept": [True] * len(names)})
+    return pl.DataFrame(
+        {
+            "iteration": [iteration] * len(names),
+            "group_id": names,
+            "problem_id": names,
+            "n_samples": [4] * len(names),
+            "kept": [True] * len(names),
+        }
+    )
 
 
 def replace_groups(lake, iteration: int, names: list[str]) -> None:
@@ -433,8 +474,12 @@ def test_a_lake_whose_iteration_tables_were_made_partitioned_keeps_them_so(lake)
 
     from storage.schemas import TABLES
 
-    write_deltalake(lake.location.table_uri("groups"), TABLES["groups"].schema.empty_table(), partition_by=["iteration"],
-                    storage_options=lake.location.storage_options())
+    write_deltalake(
+        lake.location.table_uri("groups"),
+        TABLES["groups"].schema.empty_table(),
+        partition_by=["iteration"],
+        storage_options=lake.location.storage_options(),
+    )
     for iteration, names in ((1, ["a"]), (2, ["b", "c"]), (1, ["d"])):
         replace_groups(lake, iteration, names)
     table = lake.table("groups")
@@ -454,13 +499,23 @@ def test_a_partitioned_table_written_before_a_column_was_added_takes_replaces_wi
 
     older = pa.schema([f for f in TABLES["iteration_metrics"].schema if f.name != "mean_self_certainty"])
     now = datetime.now(UTC)
-    rows = [{**dict.fromkeys(older.names), "iteration": i, "model_version": 0, "run_id": "before", "created_at": now}
-            for i in (1, 2)]
-    write_deltalake(lake.location.table_uri("iteration_metrics"), pa.Table.from_pylist(rows, schema=older),
-                    partition_by=["iteration"], storage_options=lake.location.storage_options())
+    rows = [
+        {**dict.fromkeys(older.names), "iteration": i, "model_version": 0, "run_id": "before", "created_at": now}
+        for i in (1, 2)
+    ]
+    write_deltalake(
+        lake.location.table_uri("iteration_metrics"),
+        pa.Table.from_pylist(rows, schema=older),
+        partition_by=["iteration"],
+        storage_options=lake.location.storage_options(),
+    )
     with lake.run("test-flow", "test-stage", {}, iteration=2) as run:
-        lake.replace("iteration_metrics", pl.DataFrame([{"iteration": 2, "model_version": 1, "created_at": now,
-                                                         "mean_self_certainty": 0.7}]), {"iteration": 2}, run)
+        lake.replace(
+            "iteration_metrics",
+            pl.DataFrame([{"iteration": 2, "model_version": 1, "created_at": now, "mean_self_certainty": 0.7}]),
+            {"iteration": 2},
+            run,
+        )
     read = lake.read("iteration_metrics", raw=True).sort("iteration")
     assert read.select("iteration", "model_version", "mean_self_certainty").rows() == [(1, 0, None), (2, 1, 0.7)]
     assert lake.table("iteration_metrics").metadata().partition_columns == ["iteration"]
@@ -492,13 +547,13 @@ def test_a_bare_slice_filled_by_another_writer_meanwhile_is_replaced_not_doubled
 
     with lake.run("test-flow", "test-stage", {}) as run:
         lake.replace("batches", batch_rows(1, 2), {"iteration": 1}, run)
-    lake.read("batches")                                   # the process's snapshot, at version 0
+    lake.read("batches")  # the process's snapshot, at version 0
     with lake.run("test-flow", "test-stage", {}) as other:
         rows = lake._snapshot("batches")[1].to_table().slice(0, 1)
     rows = rows.set_column(rows.schema.get_field_index("iteration"), "iteration", pa.array([2], pa.int64()))
     rows = rows.set_column(rows.schema.get_field_index("run_id"), "run_id", pa.array([other.run_id]))
     behind = DeltaTable(lake.location.table_uri("batches"), storage_options=lake.location.storage_options())
-    write_deltalake(behind, rows, mode="append")           # behind the process snapshot's back
+    write_deltalake(behind, rows, mode="append")  # behind the process snapshot's back
     with lake.run("test-flow", "test-stage", {}) as run:
         lake.replace("batches", batch_rows(2, 3, "mine"), {"iteration": 2}, run)
     assert _operations(lake, "batches") == ["WRITE:Append", "WRITE:Append", "WRITE:Overwrite"]
@@ -519,10 +574,12 @@ def test_a_read_after_a_write_opens_only_the_files_new_since_the_last_read(lake,
     for iteration in range(1, 6):
         with lake.run("test-flow", "test-stage", {}) as run:
             lake.replace("batches", batch_rows(iteration, 2), {"iteration": iteration}, run)
-        assert sorted(lake.read("batches", columns=["iteration"])["iteration"]) == sorted([*range(1, iteration + 1)] * 2)
-    assert len(opened) == 5 == len(set(opened))             # each file once, though read 1 + 2 + ... + 5 times
+        assert sorted(lake.read("batches", columns=["iteration"])["iteration"]) == sorted(
+            [*range(1, iteration + 1)] * 2
+        )
+    assert len(opened) == 5 == len(set(opened))  # each file once, though read 1 + 2 + ... + 5 times
     with pytest.raises(RuntimeError), lake.run("test-flow", "test-stage", {}) as run:
         lake.replace("batches", batch_rows(6, 2), {"iteration": 6}, run)
-        assert lake.read("batches", columns=["iteration"]).height == 12     # its own rows, while it runs
+        assert lake.read("batches", columns=["iteration"]).height == 12  # its own rows, while it runs
         raise RuntimeError("the stage fails after its write")
     assert lake.read("batches", columns=["iteration"]).height == 10

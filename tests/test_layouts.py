@@ -8,8 +8,10 @@ from tasks.verifiers.extract import last_boxed
 
 
 def test_gsm8k_keeps_calculator_steps_and_final_answer():
-    row = {"question": "Natalia sold clips to 48 friends...",
-           "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72.\n#### 1,072"}
+    row = {
+        "question": "Natalia sold clips to 48 friends...",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nAltogether 48+24 = <<48+24=72>>72.\n#### 1,072",
+    }
     fields = layouts.gsm8k(row)
     assert fields["answer"] == "1072"
     assert fields["steps"] == ["48/2=24", "48+24=72"]
@@ -22,20 +24,23 @@ def test_gsm8k_without_final_line_is_rejected_on_answer():
     assert rejected.value.field == "answer"
 
 
-@pytest.mark.parametrize("text, expected", [
-    (r"so $\boxed{\frac{1}{2}}$.", r"\frac{1}{2}"),
-    (r"\boxed{1} then \boxed{\left(3, \frac{\pi}{2}\right)}", r"\left(3, \frac{\pi}{2}\right)"),
-    (r"\fbox{42}", "42"),
-    ("no box", None),
-    (r"\boxed{unbalanced", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so $\boxed{\frac{1}{2}}$.", r"\frac{1}{2}"),
+        (r"\boxed{1} then \boxed{\left(3, \frac{\pi}{2}\right)}", r"\left(3, \frac{\pi}{2}\right)"),
+        (r"\fbox{42}", "42"),
+        ("no box", None),
+        (r"\boxed{unbalanced", None),
+    ],
+)
 def test_last_boxed(text, expected):
     assert last_boxed(text) == expected
 
 
 def test_math_prompt_or_problem_answer_or_boxed_solution():
     harness = "Find x.\nPlease reason step by step, and put your final answer within \\boxed{}."
-    assert layouts.math({"prompt": harness, "answer": 70}) ["prompt"] == "Find x."
+    assert layouts.math({"prompt": harness, "answer": 70})["prompt"] == "Find x."
     assert layouts.math({"prompt": "p", "answer": 70})["answer"] == "70"
     assert layouts.math({"problem": "p", "answer": 27.0})["answer"] == "27"
     minerva = layouts.math({"problem": "p", "solution": r"so s = \boxed{1.6} cm", "type": "astro"})
@@ -48,8 +53,15 @@ def test_math_prompt_or_problem_answer_or_boxed_solution():
 
 
 def test_olympiad_joins_answers_and_strips_dollars():
-    fields = layouts.olympiad({"question": "Q", "final_answer": ["$\\frac{1}{2}$", "$3$"], "solution": ["S1", "S2"],
-                               "context": None, "unit": None})
+    fields = layouts.olympiad(
+        {
+            "question": "Q",
+            "final_answer": ["$\\frac{1}{2}$", "$3$"],
+            "solution": ["S1", "S2"],
+            "context": None,
+            "unit": None,
+        }
+    )
     assert fields["answer"] == "\\frac{1}{2}, 3"
     assert fields["solution"] == "S1"
     with pytest.raises(Rejected) as rejected:
@@ -58,8 +70,15 @@ def test_olympiad_joins_answers_and_strips_dollars():
 
 
 def test_humaneval_fields():
-    fields = layouts.humaneval({"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
-                                "test": "def check(candidate):\n    assert candidate() == 1\n", "entry_point": "f"})
+    fields = layouts.humaneval(
+        {
+            "task_id": "HumanEval/0",
+            "prompt": "def f():\n",
+            "canonical_solution": "    return 1\n",
+            "test": "def check(candidate):\n    assert candidate() == 1\n",
+            "entry_point": "f",
+        }
+    )
     assert fields["entry_point"] == "f" and fields["solution"] == "    return 1\n"
     assert fields["metadata"] == {"task_id": "HumanEval/0"}
     with pytest.raises(Rejected) as rejected:

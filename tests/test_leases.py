@@ -30,8 +30,12 @@ HOLDER = textwrap.dedent("""
 
 def hold_in_another_process(lake_uri: str) -> tuple[subprocess.Popen, str]:
     """A process that holds the loop lease and has a run in progress; (process, its run id)."""
-    process = subprocess.Popen([sys.executable, "-c", HOLDER, lake_uri], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, lake_uri],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     return process, process.stdout.readline().strip()
 
 
@@ -55,7 +59,7 @@ def test_a_dead_holder_is_taken_over_its_runs_abandoned_and_the_takeover_logged(
     process, run_id = hold_in_another_process(lake_uri)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    with lake.lease(LOOP) as grant:                      # same machine: its pid is gone, so no timeout to wait
+    with lake.lease(LOOP) as grant:  # same machine: its pid is gone, so no timeout to wait
         assert grant.taken_from["pid"] == process.pid
     runs = lake.read("runs")
     killed = runs.filter(pl.col("run_id") == run_id).row(0, named=True)
@@ -64,13 +68,21 @@ def test_a_dead_holder_is_taken_over_its_runs_abandoned_and_the_takeover_logged(
     parameters = json.loads(takeover["parameters"])
     assert takeover["status"] == "completed" and parameters["abandoned_runs"] == [run_id]
     assert parameters["lease"] == "loop" and f"pid {process.pid}" in parameters["from"]
-    assert presence.process_records(lake.location) == []    # the dead process's record is gone; this one left too
+    assert presence.process_records(lake.location) == []  # the dead process's record is gone; this one left too
 
 
 def test_a_holder_on_another_machine_counts_until_its_heartbeat_is_old(lake, monkeypatch):
     monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "30")
-    other = {"process_id": "far-7-1", "host": "far-away", "boot_id": "x", "pid": 7, "started": "1",
-             "command": "rlvr run", "runs": [], "heartbeat_at": time.time()}
+    other = {
+        "process_id": "far-7-1",
+        "host": "far-away",
+        "boot_id": "x",
+        "pid": 7,
+        "started": "1",
+        "command": "rlvr run",
+        "runs": [],
+        "heartbeat_at": time.time(),
+    }
     objects.put(lake.location, ("processes", "far-7-1.json"), other)
     assert objects.put_if_absent(lake.location, ("leases", LOOP, "0000000001.json"), {**other, "since": time.time()})
     with pytest.raises(LeaseHeld, match="held by far-away pid 7"):
@@ -102,11 +114,12 @@ def test_reentrant_within_a_thread_exclusive_between_threads(lake):
                     pass
             except LeaseHeld as error:
                 errors.append(str(error))
+
         thread = threading.Thread(target=other_thread)
         thread.start()
         thread.join()
         assert errors and "another thread of this process" in errors[0]
-    with lake.lease(LOOP):                               # released: free again
+    with lake.lease(LOOP):  # released: free again
         pass
 
 
@@ -124,15 +137,22 @@ def test_racing_processes_never_both_win(lake_uri, tmp_path):
                 pass
         print(wins)
     """)
-    processes = [subprocess.Popen([sys.executable, "-c", script, lake_uri], stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": os.getcwd()}) for _ in range(8)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, lake_uri],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.getcwd()},
+        )
+        for _ in range(8)
+    ]
     wins = sum(int(p.communicate(timeout=300)[0].strip() or 0) for p in processes)
     from storage.lake import Lake
 
     location = Lake.open(lake_uri).location
     epochs = [name for name in objects.names(location, ("leases", LOOP)) if name.endswith(".json")]
     newest = max(int(name.split(".")[0]) for name in epochs)
-    assert wins >= 1 and newest == wins               # every win is exactly one epoch: no epoch was won twice
+    assert wins >= 1 and newest == wins  # every win is exactly one epoch: no epoch was won twice
 
 
 def test_a_writer_whose_lease_was_taken_over_writes_nothing(lake):
@@ -140,14 +160,14 @@ def test_a_writer_whose_lease_was_taken_over_writes_nothing(lake):
 
     with lake.lease(LOOP) as grant:
         objects.put_if_absent(lake.location, ("leases", LOOP, f"{grant.epoch + 1:010d}.json"), {"pid": 1})
-        grant.lost = True                                 # what the heartbeat finds at its next beat
+        grant.lost = True  # what the heartbeat finds at its next beat
         with pytest.raises(LeaseLost, match="lost the loop lease"):
             lake.append("verifier_noise", pl.DataFrame(), Run("t", "t", {}))
     assert not lake.exists("verifier_noise")
 
 
 def test_the_heartbeat_notices_a_takeover(lake, monkeypatch):
-    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "3")        # a beat every 0.5 s
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "3")  # a beat every 0.5 s
     with lake.lease(LOOP) as grant:
         objects.put_if_absent(lake.location, ("leases", LOOP, f"{grant.epoch + 1:010d}.json"), {"pid": 1})
         deadline = time.monotonic() + 10
@@ -167,17 +187,18 @@ def test_a_run_marked_abandoned_cannot_complete(lake):
 
 def test_a_worker_joins_the_holders_epoch_and_stops_writing_when_the_holder_dies(lake, lake_uri, monkeypatch):
     """`leases.joining`: the overlapped loop's roles on workers work under the epoch of the run that started them."""
-    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "3")        # a beat every 0.5 s
+    monkeypatch.setenv("RLVR_LEASE_TIMEOUT", "3")  # a beat every 0.5 s
     process, _ = hold_in_another_process(lake_uri)
     try:
         epoch = leases.holder(lake.location, LOOP).epoch
-        with pytest.raises(LeaseHeld, match=f"works under epoch {epoch + 1} of the lake's loop lease, which is at "
-                                            f"epoch {epoch}"):
+        with pytest.raises(
+            LeaseHeld, match=f"works under epoch {epoch + 1} of the lake's loop lease, which is at epoch {epoch}"
+        ):
             with leases.joining(lake.location, LOOP, epoch + 1):
                 pass
         with leases.joining(lake.location, LOOP, epoch) as grant:
-            with lake.lease(LOOP):                       # the flows it runs re-enter the joined lease
-                leases.check(lake.location)              # what every lake write asks first: allowed
+            with lake.lease(LOOP):  # the flows it runs re-enter the joined lease
+                leases.check(lake.location)  # what every lake write asks first: allowed
             process.kill()
             process.wait()
             deadline = time.monotonic() + 10
@@ -185,8 +206,8 @@ def test_a_worker_joins_the_holders_epoch_and_stops_writing_when_the_holder_dies
                 time.sleep(0.1)
             assert grant.lost
             with pytest.raises(LeaseLost, match="lost the loop lease"):
-                leases.check(lake.location)              # its writes are refused from now on
-        assert leases.holder(lake.location, LOOP).epoch == epoch     # joining never takes or releases an epoch
+                leases.check(lake.location)  # its writes are refused from now on
+        assert leases.holder(lake.location, LOOP).epoch == epoch  # joining never takes or releases an epoch
     finally:
         process.kill()
         process.wait()
@@ -201,19 +222,24 @@ def test_a_role_waiting_on_the_other_stops_when_it_failed_or_died(lake):
     sampler.join()
     trainer.join()
     sampler.sampled(1)
-    trainer.wait_sampled(1)                              # handed over: returns at once
-    assert sampler.wait_published(0) == 0               # the run's first version needs no hand-over
+    trainer.wait_sampled(1)  # handed over: returns at once
+    assert sampler.wait_published(0) == 0  # the run's first version needs no hand-over
     trainer.published(1)
     assert sampler.wait_published(1) == 1
     trainer.failed(ValueError("out of memory"))
-    with pytest.raises(RoleFailed, match=r"the trainer stopped \(ValueError: out of memory\); the sampler waited "
-                                         "for version 2"):
+    with pytest.raises(
+        RoleFailed,
+        match=r"the trainer stopped \(ValueError: out of memory\); the sampler waited "
+        "for version 2",
+    ):
         sampler.wait_published(2)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     record = {**presence.this_process().as_record(), "pid": dead.pid, "started": "1"}
     objects.put(lake.location, ("handoff", "h1", "sampler.json"), record)
-    with pytest.raises(RoleFailed, match="the sampler's process .* died; the trainer waited for iteration 2's rollouts"):
+    with pytest.raises(
+        RoleFailed, match="the sampler's process .* died; the trainer waited for iteration 2's rollouts"
+    ):
         trainer.wait_sampled(2)
     sampler.close()
     assert objects.names(lake.location, ("handoff",)) == []
@@ -232,8 +258,8 @@ def test_what_follows_a_training_step_runs_beside_the_next_in_order_and_its_fail
 
     def after_training(version: int) -> None:
         if version == 1:
-            release_first.wait(10)                       # the trainer goes on while version 1 is still publishing
-        leases.check(lake.location)                      # what a lake write asks first: the lease is this thread's too
+            release_first.wait(10)  # the trainer goes on while version 1 is still publishing
+        leases.check(lake.location)  # what a lake write asks first: the lease is this thread's too
         if version == 2:
             raise ConnectionError("no endpoint confirmed version 2")
         done.append((version, threading.current_thread().name))
@@ -242,16 +268,16 @@ def test_what_follows_a_training_step_runs_beside_the_next_in_order_and_its_fail
         later = Beside(lake, after_training, trainer)
         for version in (1, 2, 3):
             later.submit(version)
-        assert done == []                                # submitting never waits for the work
+        assert done == []  # submitting never waits for the work
         release_first.set()
         with pytest.raises(ConnectionError, match="no endpoint confirmed version 2"):
             later.finish()
-    assert [version for version, _ in done] == [1]       # in order; version 3 was never published after the failure
+    assert [version for version, _ in done] == [1]  # in order; version 3 was never published after the failure
     assert done[0][1].startswith("rlvr-after-training")
     with pytest.raises(RoleFailed, match=r"the trainer stopped \(ConnectionError: no endpoint confirmed version 2\)"):
         sampler.wait_published(2)
     with pytest.raises(LeaseHeld, match="does not hold the lake's loop lease"):
-        Beside(lake, after_training, trainer)            # a helper thread needs a lease holder to help
+        Beside(lake, after_training, trainer)  # a helper thread needs a lease holder to help
     sampler.close()
 
 

@@ -16,24 +16,38 @@ def write_jsonl(path, rows):
 
 
 def test_mapped_layout_with_levels_from_a_field(tmp_path):
-    path = write_jsonl(tmp_path / "custom.jsonl", [
-        {"q": "What is 6*7?", "gold": "42", "difficulty": "easy"},
-        {"q": "Integrate x^2 from 0 to 3.", "gold": "9", "difficulty": "hard"},
-        {"q": "Unknown difficulty here.", "gold": "1", "difficulty": "weird"},
-    ])
-    source = SourceConfig(kind="mapped", path=path, columns={"prompt": "q", "answer": "gold"}, domain="qa",
-                          level_field="difficulty", level_map={"easy": 1, "hard": 3})
+    path = write_jsonl(
+        tmp_path / "custom.jsonl",
+        [
+            {"q": "What is 6*7?", "gold": "42", "difficulty": "easy"},
+            {"q": "Integrate x^2 from 0 to 3.", "gold": "9", "difficulty": "hard"},
+            {"q": "Unknown difficulty here.", "gold": "1", "difficulty": "weird"},
+        ],
+    )
+    source = SourceConfig(
+        kind="mapped",
+        path=path,
+        columns={"prompt": "q", "answer": "gold"},
+        domain="qa",
+        level_field="difficulty",
+        level_map={"easy": 1, "hard": 3},
+    )
     loaded = load_source(source, ValidationConfig())
     assert loaded.problems.select("prompt", "level", "domain", "verifier").rows() == [
-        ("What is 6*7?", 1, "qa", "qa"), ("Integrate x^2 from 0 to 3.", 3, "qa", "qa")]
+        ("What is 6*7?", 1, "qa", "qa"),
+        ("Integrate x^2 from 0 to 3.", 3, "qa", "qa"),
+    ]
     assert loaded.quarantined.select("source_line", "field").rows() == [(3, "difficulty")]
     assert json.loads(loaded.problems["metadata"][0]) == {"difficulty": "easy"}
 
 
-@pytest.mark.parametrize("kind, rows", [
-    ("math", [{"problem": "x" * (10 + i), "answer": str(i)} for i in range(10)]),
-    ("gsm8k", [{"question": "x" * (10 + i), "answer": f"#### {i}"} for i in range(10)]),
-])
+@pytest.mark.parametrize(
+    "kind, rows",
+    [
+        ("math", [{"problem": "x" * (10 + i), "answer": str(i)} for i in range(10)]),
+        ("gsm8k", [{"question": "x" * (10 + i), "answer": f"#### {i}"} for i in range(10)]),
+    ],
+)
 def test_level_range_splits_by_prompt_length_for_any_file(tmp_path, kind, rows):
     source = SourceConfig(kind=kind, path=write_jsonl(tmp_path / "m.jsonl", rows), level=(3, 4))
     levels = load_source(source, ValidationConfig()).problems.sort(pl.col("answer").cast(pl.Int64))["level"].to_list()
@@ -53,7 +67,11 @@ def test_generator_rows_record_seed_and_parameters():
     assert problems.height == 20 and problems["level"].unique().to_list() == [4]
     assert problems["seed"].null_count() == 0 and problems["source_line"].null_count() == 20
     params = json.loads(problems["params"][0])
-    assert params["selector"] == "level4" and params["source_seed"] == 11 and params["generator"] == problems["source_uri"][0]
+    assert (
+        params["selector"] == "level4"
+        and params["source_seed"] == 11
+        and params["generator"] == problems["source_uri"][0]
+    )
 
 
 def test_gym_domains_come_from_the_category():
@@ -63,7 +81,9 @@ def test_gym_domains_come_from_the_category():
 
 
 def test_gym_rows_keep_what_rebuilds_them():
-    loaded = load_source(SourceConfig(kind="gym", dataset="knights_knaves", count=5, seed=2, level=3), ValidationConfig())
+    loaded = load_source(
+        SourceConfig(kind="gym", dataset="knights_knaves", count=5, seed=2, level=3), ValidationConfig()
+    )
     row = loaded.problems.row(0, named=True)
     assert row["domain"] == "logic" and row["verifier"] == "gym" and row["level"] == 3
     assert json.loads(row["params"]) == {"dataset": "knights_knaves", "config": {}, "size": 5, "index": 0}

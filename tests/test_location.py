@@ -47,18 +47,35 @@ def test_every_s3_client_reads_the_same_aws_variables(monkeypatch):
     from storage.arrow_reads import table_filesystem
     from storage.location import AWS_VARIABLES, s3_filesystem
 
-    values = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_SESSION_TOKEN": "token",
-              "AWS_REGION": "eu-west-3", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    values = {
+        "AWS_ACCESS_KEY_ID": "key",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_SESSION_TOKEN": "token",
+        "AWS_REGION": "eu-west-3",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+    }
     assert set(AWS_VARIABLES) == set(values)
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     options = LakeLocation.resolve("s3://bucket").storage_options()
     assert {name: options[name] for name in values} == values
     s3fs = s3_filesystem()
-    assert (s3fs.key, s3fs.secret, s3fs.token, s3fs.endpoint_url, s3fs.client_kwargs) == \
-        ("key", "secret", "token", "http://127.0.0.1:9", {"region_name": "eu-west-3"})
-    arrow = table_filesystem("s3://bucket/rollouts").base_fs.__reduce__()[1][0]      # its constructor's options
-    assert {key: arrow[key] for key in ("access_key", "secret_key", "session_token", "region", "endpoint_override",
-                                        "scheme")} == {"access_key": "key", "secret_key": "secret",
-                                                       "session_token": "token", "region": "eu-west-3",
-                                                       "endpoint_override": "127.0.0.1:9", "scheme": "http"}
+    assert (s3fs.key, s3fs.secret, s3fs.token, s3fs.endpoint_url, s3fs.client_kwargs) == (
+        "key",
+        "secret",
+        "token",
+        "http://127.0.0.1:9",
+        {"region_name": "eu-west-3"},
+    )
+    arrow = table_filesystem("s3://bucket/rollouts").base_fs.__reduce__()[1][0]  # its constructor's options
+    assert {
+        key: arrow[key]
+        for key in ("access_key", "secret_key", "session_token", "region", "endpoint_override", "scheme")
+    } == {
+        "access_key": "key",
+        "secret_key": "secret",
+        "session_token": "token",
+        "region": "eu-west-3",
+        "endpoint_override": "127.0.0.1:9",
+        "scheme": "http",
+    }

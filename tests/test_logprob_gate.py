@@ -25,7 +25,7 @@ from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
-SHARP, BOS = 1, 2                                 # model versions
+SHARP, BOS = 1, 2  # model versions
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,12 @@ def lake(tmp_path_factory):
     from storage.lake import Lake
 
     opened = Lake.open(str(tmp_path_factory.mktemp("gate") / "lake"))
-    ensure_base_policy(opened, BasePolicyConfig(tiny=TinyModelConfig(hidden_size=32, intermediate_size=64,
-                                                                     num_hidden_layers=2), tokenizer_corpus=50))
+    ensure_base_policy(
+        opened,
+        BasePolicyConfig(
+            tiny=TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2), tokenizer_corpus=50
+        ),
+    )
     register_sharpened_version(opened, SHARP)
     register_sharpened_version(opened, BOS, bos=True)
     return opened
@@ -66,8 +70,11 @@ def local(lake, version: int):
 
 def old_request(url: str, model: str, prompt: str, n: int = 4) -> list:
     """The request as the backend sent it before: no penalties, no min_p, no add_special_tokens."""
-    body = {key: value for key, value in completion_request(model, [prompt], n, SAMPLER, 5).items()
-            if key not in NEUTRAL and key != "add_special_tokens"}
+    body = {
+        key: value
+        for key, value in completion_request(model, [prompt], n, SAMPLER, 5).items()
+        if key not in NEUTRAL and key != "add_special_tokens"
+    }
     return parse_choices(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json(), n, url)
 
 
@@ -79,14 +86,20 @@ def test_the_stand_in_samples_from_the_penalised_distribution_as_vllm_does(lake,
     plain = HFPolicy(model, tokenizer, SHARP).generate([ids], 8, SAMPLER, seed=5, model_version=SHARP)[0]
 
     def repeats(samples) -> int:
-        return sum(token in ids + sample.token_ids[:i] for sample in samples for i, token in enumerate(sample.token_ids))
+        return sum(
+            token in ids + sample.token_ids[:i] for sample in samples for i, token in enumerate(sample.token_ids)
+        )
 
     assert repeats(penalised) < repeats(plain)
 
 
 def check(lake, url: str, model: str):
-    result = subprocess.run([str(BIN / "rlvr"), "policy", "check", url, "--model", model, "--lake", lake.uri,
-                             "--format", "json"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(BIN / "rlvr"), "policy", "check", url, "--model", model, "--lake", lake.uri, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return result.returncode, json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
@@ -97,11 +110,11 @@ def test_the_gate_fails_on_a_server_that_forces_a_penalty_and_names_it(lake, for
     assert figures["max_abs_delta"] >= figures["mean_abs_delta"]
     assert "server-side penalties" in figures["causes"][0] and "above 0.05" in stderr
 
-    code, figures, stderr = check(lake, generation_config_server, "v1")     # stated neutral, so no penalty
+    code, figures, stderr = check(lake, generation_config_server, "v1")  # stated neutral, so no penalty
     assert code == 0, stderr
     assert figures["passed"] is True and figures["mean_abs_delta"] < 1e-4
-    code, figures, stderr = check(lake, generation_config_server + "/v1/", "v1")   # the OpenAI convention's URL
-    assert code == 0 and figures["passed"] is True, stderr                # (it answered 404 no route /v1/v1/...)
+    code, figures, stderr = check(lake, generation_config_server + "/v1/", "v1")  # the OpenAI convention's URL
+    assert code == 0 and figures["passed"] is True, stderr  # (it answered 404 no route /v1/v1/...)
 
     recorded = lake.read("logprob_checks").sort("created_at")
     assert recorded["endpoint"].to_list()[-3:] == [forced_server, generation_config_server, generation_config_server]

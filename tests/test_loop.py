@@ -9,13 +9,20 @@ import pyarrow.compute as pc
 import pytest
 from test_iteration import CONFIG
 
-RUN = {**CONFIG, "train": {"micro_batch_size": 8}, "evaluation": {"max_problems": 12, "sampler": {"max_new_tokens": 8}},
-       "loop": {"iterations": 2}}
+RUN = {
+    **CONFIG,
+    "train": {"micro_batch_size": 8},
+    "evaluation": {"max_problems": 12, "sampler": {"max_new_tokens": 8}},
+    "loop": {"iterations": 2},
+}
 
 
-BANK = {"sources": [{"kind": "generator", "generator": "mix", "count": 60, "seed": 0},
-                    {"kind": "generator", "name": "gen-eval", "generator": "mix", "count": 20, "seed": 1000,
-                     "split": "eval"}]}
+BANK = {
+    "sources": [
+        {"kind": "generator", "generator": "mix", "count": 60, "seed": 0},
+        {"kind": "generator", "name": "gen-eval", "generator": "mix", "count": 20, "seed": 1000, "split": "eval"},
+    ]
+}
 
 
 def curated_with_eval(lake_uri):
@@ -41,16 +48,16 @@ def test_loop_records_every_iteration_and_resumes_after_crashes(flows, tmp_path)
     rows = rl_loop(RUN, lake_uri=lake_uri)
     lake = Lake.open(lake_uri)
     assert [r["iteration"] for r in rows] == [1, 2] and [r["trained_version"] for r in rows] == [1, 2]
-    assert [r["model_version"] for r in rows] == [0, 1]          # each iteration sampled by the previous step's model
+    assert [r["model_version"] for r in rows] == [0, 1]  # each iteration sampled by the previous step's model
     metrics = lake.read("iteration_metrics").sort("iteration")
     assert metrics["eval_solve_rate"].null_count() == 0 and metrics["loss"].null_count() == 0
-    for iteration, certainty in zip(metrics["iteration"], metrics["mean_self_certainty"]):   # INTUITOR's, recorded
+    for iteration, certainty in zip(metrics["iteration"], metrics["mean_self_certainty"]):  # INTUITOR's, recorded
         stored = lake.read("rollouts", filter=pc.field("iteration") == iteration)["self_certainty"].mean()
         assert certainty == pytest.approx(stored) and certainty > 0
     evaluations = lake.read("evaluations")
     assert sorted(set(evaluations["model_version"])) == [1, 2]
     assert evaluations.group_by("model_version").agg(pl.col("problems").sum())["problems"].to_list() == [12, 12]
-    assert set(evaluations["source"]) == {"gen-eval"}             # held-out problems only, scored by real verifiers
+    assert set(evaluations["source"]) == {"gen-eval"}  # held-out problems only, scored by real verifiers
 
     # a crash after iteration 3 trained (no metrics row yet): the loop records it without training again
     rl_iteration(CONFIG, iteration=3, lake_uri=lake_uri)
@@ -62,15 +69,16 @@ def test_loop_records_every_iteration_and_resumes_after_crashes(flows, tmp_path)
     assert lake.read("model_versions")["model_version"].sort().to_list() == [0, 1, 2, 3, 4]
     assert lake.read("iteration_metrics")["iteration"].sort().to_list() == [1, 2, 3, 4]
     rollouts = lake.read("rollouts")
-    assert rollouts["rollout_id"].is_unique().all() and set(rollouts.filter(pl.col("iteration") == 4)["model_version"]) == {3}
+    assert rollouts["rollout_id"].is_unique().all() and set(
+        rollouts.filter(pl.col("iteration") == 4)["model_version"]
+    ) == {3}
 
 
 def test_rlvr_run_curates_then_loops_and_prints_the_metrics(cli, tmp_path):
     import yaml
 
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({"bank": BANK,
-        **RUN}))
+    config.write_text(yaml.safe_dump({"bank": BANK, **RUN}))
     lake_uri = str(tmp_path / "lake")
     result = cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
     assert result.returncode == 0, result.stderr
@@ -78,11 +86,17 @@ def test_rlvr_run_curates_then_loops_and_prints_the_metrics(cli, tmp_path):
     done = cli("run", "--config", str(config), "--iterations", "1", "--lake", lake_uri)
     assert done.returncode == 0 and "nothing to do: the lake already holds 1 iteration" in done.stdout
     again = cli("run", "--config", str(config), "--iterations", "2", "--format", "json", "--lake", lake_uri)
-    assert again.returncode == 0 and "skipping curation" in again.stderr       # notes to stderr, rows to stdout
+    assert again.returncode == 0 and "skipping curation" in again.stderr  # notes to stderr, rows to stdout
     printed = [json.loads(line) for line in again.stdout.splitlines()]
     assert {row["table"] for row in printed} == {"loop"} and [row["iteration"] for row in printed][-1] == 2
-    rows = cli("sql", "select iteration, trained_version from iteration_metrics order by 1", "--format", "csv",
-                   "--lake", lake_uri)
+    rows = cli(
+        "sql",
+        "select iteration, trained_version from iteration_metrics order by 1",
+        "--format",
+        "csv",
+        "--lake",
+        lake_uri,
+    )
     assert rows.stdout.split() == ["iteration,trained_version", "1,1", "2,2"]
 
 
@@ -93,9 +107,11 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path, monk
     rl_loop, _, _ = flows
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
-    warm = {**RUN, "warmup": {"enabled": True, "band": [0.0, 1.0], "evaluate_every": 10, "eval_problems": 10,
-                              "max_new_tokens": 8}}
-    asked, published = [], []                          # the loop asks for the latest version once, as it starts
+    warm = {
+        **RUN,
+        "warmup": {"enabled": True, "band": [0.0, 1.0], "evaluate_every": 10, "eval_problems": 10, "max_new_tokens": 8},
+    }
+    asked, published = [], []  # the loop asks for the latest version once, as it starts
     latest, publish = loop.current_model_version, loop.publish_version
     monkeypatch.setattr(loop, "current_model_version", lambda *a: asked.append(1) or latest(*a))
     monkeypatch.setattr(loop, "publish_version", lambda *a, **k: published.append(a[3]) or publish(*a, **k))
@@ -103,22 +119,25 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path, monk
     assert len(asked) == 1 and published == [1, 1, 2]  # the warm-up (iteration 0), what samples iteration 1, its step
     lake = Lake.open(lake_uri)
     versions = lake.read("model_versions").sort("model_version")
-    assert versions.select("model_version", "kind", "parent_version").rows() == [(0, "base", None), (1, "warmup", 0),
-                                                                                (2, "rl", 1)]
-    assert rows[0]["model_version"] == 1                   # the first iteration samples from the warm-up version
+    assert versions.select("model_version", "kind", "parent_version").rows() == [
+        (0, "base", None),
+        (1, "warmup", 0),
+        (2, "rl", 1),
+    ]
+    assert rows[0]["model_version"] == 1  # the first iteration samples from the warm-up version
     start = lake.read("iteration_metrics").filter(pl.col("iteration") == 0)
     assert start["trained_version"].to_list() == [1] and start["eval_solve_rate"].null_count() == 0
     from flows.cli.runs import loop_table, warmup_row
 
-    table = loop_table(rows, warmup_row(lake))          # what `rlvr run` prints: the warm-up first
+    table = loop_table(rows, warmup_row(lake))  # what `rlvr run` prints: the warm-up first
     assert table["iteration"].to_list() == [0, 1] and table["version"].to_list() == [1, 1]
     assert table["eval"][0] == round(start["eval_solve_rate"][0], 3)
-    rl_loop(warm, iterations=2, lake_uri=lake_uri)           # a second run: no second warm-up
+    rl_loop(warm, iterations=2, lake_uri=lake_uri)  # a second run: no second warm-up
     kinds = lake.read("model_versions")["kind"].to_list()
     assert kinds.count("warmup") == 1 and kinds.count("rl") == 2
     from bench.learning import learning_report
 
-    report = learning_report(lake)                           # the learning benchmark reads only stored metrics
+    report = learning_report(lake)  # the learning benchmark reads only stored metrics
     assert report["warmup_solve_rate"] == start["eval_solve_rate"][0] and report["iterations"] == 2
     assert [row[0] for row in report["curve"]] == [0, 1, 2] and report["eval_problems"] == 12
     assert report["gain_points"] == pytest.approx(100 * (report["final_solve_rate"] - report["warmup_solve_rate"]))
@@ -126,7 +145,7 @@ def test_the_warm_up_runs_once_and_the_loop_starts_from_it(flows, tmp_path, monk
     runs = lake.read("runs").filter(pl.col("iteration") > 0)
     span = (runs["ended_at"].max() - runs["started_at"].min()).total_seconds()
     assert report["rl_seconds"] == pytest.approx(span)
-    assert 0 <= report["outside_share"] < 1          # the stages' own time, within the iterations' span
+    assert 0 <= report["outside_share"] < 1  # the stages' own time, within the iterations' span
 
 
 def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api):
@@ -139,13 +158,18 @@ def test_each_iteration_publishes_prefect_artifacts(flows, tmp_path, prefect_api
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
     rl_loop({**RUN, "loop": {"iterations": 2, "evaluate_every": 2}}, lake_uri=lake_uri)
-    keys = ["rl-iteration-solve-rates", "rl-iteration-summary", "rl-loop-progress", "rl-iteration-filters",
-            "rl-iteration-staleness"]
+    keys = [
+        "rl-iteration-solve-rates",
+        "rl-iteration-summary",
+        "rl-loop-progress",
+        "rl-iteration-filters",
+        "rl-iteration-staleness",
+    ]
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)))
     loop_run = Lake.open(lake_uri).read("runs", filter=pc.field("stage") == "record")["prefect_flow_run_id"][-1]
     by_key = {}
-    for artifact in artifacts:                       # made on a thread beside the loop, each in the loop's flow run
+    for artifact in artifacts:  # made on a thread beside the loop, each in the loop's flow run
         if str(artifact.flow_run_id) == loop_run:
             by_key.setdefault(artifact.key, []).append(artifact)
     assert set(by_key) == set(keys)

@@ -24,26 +24,26 @@ def test_clipped_surrogate_by_hand():
     assert out.loss.item() == pytest.approx(-(1.28 + math.exp(-0.5)) / 2)
     assert out.clip_fraction == pytest.approx(0.5)
     out.loss.backward()
-    assert logprobs.grad[0].tolist() == pytest.approx([0.0, -math.exp(-0.5) / 2])   # the clipped token has no gradient
+    assert logprobs.grad[0].tolist() == pytest.approx([0.0, -math.exp(-0.5) / 2])  # the clipped token has no gradient
 
 
 def test_negative_advantage_clips_from_below_and_weights_scale_the_response():
     logprobs = torch.tensor([[-2.0]], requires_grad=True)
-    behaviour = torch.tensor([[-1.0]])                  # ratio e^-1 ≈ 0.37 < 0.8: clipped for A < 0
+    behaviour = torch.tensor([[-1.0]])  # ratio e^-1 ≈ 0.37 < 0.8: clipped for A < 0
     out = policy_loss(logprobs, behaviour, torch.tensor([-2.0]), torch.ones(1, 1), weights=torch.tensor([0.5]))
     assert out.loss.item() == pytest.approx(-(0.8 * -2.0) * 0.5)
 
 
 def test_aggregations_differ_as_documented():
-    per_token = torch.zeros(2, 4)                       # ratio 1 everywhere: loss(i, t) = −A_i
+    per_token = torch.zeros(2, 4)  # ratio 1 everywhere: loss(i, t) = −A_i
     mask = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 0]])
     advantages = torch.tensor([1.0, -1.0])
     dapo = policy_loss(per_token, per_token, advantages, mask, loss_type="dapo").loss.item()
     grpo = policy_loss(per_token, per_token, advantages, mask, loss_type="grpo").loss.item()
     dr = policy_loss(per_token, per_token, advantages, mask, loss_type="dr_grpo", max_completion_length=8).loss.item()
-    assert dapo == pytest.approx((-4 + 1) / 5)           # token mean over the batch
-    assert grpo == pytest.approx((-1 + 1) / 2)           # sequence means, then their mean
-    assert dr == pytest.approx((-4 + 1) / (2 * 8))       # constant normaliser
+    assert dapo == pytest.approx((-4 + 1) / 5)  # token mean over the batch
+    assert grpo == pytest.approx((-1 + 1) / 2)  # sequence means, then their mean
+    assert dr == pytest.approx((-4 + 1) / (2 * 8))  # constant normaliser
 
 
 def test_k3_kl_penalty():
@@ -60,17 +60,34 @@ def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, bet
     from trl import GRPOTrainer
 
     trainer = SimpleNamespace(
-        loss_type=loss_type, epsilon_low=0.2, epsilon_high=epsilon_high, beta=beta, top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None, importance_sampling_level="token", use_vllm=False, aux_loss_enabled=False,
-        _entropy_bonus_enabled=False, max_completion_length=max_length or mask.shape[1],
-        current_gradient_accumulation_steps=1, model=SimpleNamespace(training=True), accelerator=Accelerator(cpu=True),
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=epsilon_high,
+        beta=beta,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        use_vllm=False,
+        aux_loss_enabled=False,
+        _entropy_bonus_enabled=False,
+        max_completion_length=max_length or mask.shape[1],
+        current_gradient_accumulation_steps=1,
+        model=SimpleNamespace(training=True),
+        accelerator=Accelerator(cpu=True),
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
         _metrics=defaultdict(lambda: defaultdict(list)),
-        _get_per_token_logps_and_entropies=lambda *args, **kwargs: (logprobs, torch.zeros_like(logprobs), None))
-    inputs = {"prompt_ids": torch.zeros(mask.shape[0], 1, dtype=torch.long), "prompt_mask": torch.ones(mask.shape[0], 1),
-              "completion_ids": torch.zeros_like(mask, dtype=torch.long), "completion_mask": mask,
-              "advantages": advantages, "old_per_token_logps": behaviour, "num_items_in_batch": mask.sum(),
-              "ref_per_token_logps": ref}
+        _get_per_token_logps_and_entropies=lambda *args, **kwargs: (logprobs, torch.zeros_like(logprobs), None),
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(mask.shape[0], 1, dtype=torch.long),
+        "prompt_mask": torch.ones(mask.shape[0], 1),
+        "completion_ids": torch.zeros_like(mask, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": behaviour,
+        "num_items_in_batch": mask.sum(),
+        "ref_per_token_logps": ref,
+    }
     return GRPOTrainer._compute_loss(trainer, None, inputs)
 
 
@@ -81,19 +98,28 @@ def test_parity_with_trl(seeded, loss_type, epsilon_high, beta):
     batch, length = 6, 9
     mask = (torch.arange(length)[None, :] < torch.randint(2, length + 1, (batch, 1))).float()
     behaviour = -torch.rand(batch, length) * 3
-    start = behaviour + torch.randn(batch, length) * 0.4            # ratios on both sides of the clip range
+    start = behaviour + torch.randn(batch, length) * 0.4  # ratios on both sides of the clip range
     advantages = torch.randn(batch)
     ref = behaviour + torch.randn(batch, length) * 0.2
     ours_input = start.clone().requires_grad_(True)
     theirs_input = start.clone().requires_grad_(True)
-    ours = policy_loss(ours_input, behaviour, advantages, mask, loss_type=loss_type, epsilon_low=0.2,
-                       epsilon_high=epsilon_high, ref_logprobs=ref, beta=beta).loss
+    ours = policy_loss(
+        ours_input,
+        behaviour,
+        advantages,
+        mask,
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=epsilon_high,
+        ref_logprobs=ref,
+        beta=beta,
+    ).loss
     theirs = trl_loss(loss_type, theirs_input, behaviour, advantages, mask, epsilon_high, beta, ref)
     ours.backward()
     theirs.backward()
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-6)
     assert torch.allclose(ours_input.grad, theirs_input.grad, atol=1e-6)
-    assert ours_input.grad.abs().sum() > 0                           # a real gradient, not two zeros
+    assert ours_input.grad.abs().sum() > 0  # a real gradient, not two zeros
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
@@ -106,6 +132,15 @@ def test_a_zero_weight_response_is_as_if_absent(seeded, loss_type):
     kwargs = dict(loss_type=loss_type, ref_logprobs=ref, beta=0.1, max_completion_length=6)
     with_masked = policy_loss(logprobs, behaviour, advantages, mask, weights=torch.tensor([1.0, 0.0, 1.0]), **kwargs)
     keep = torch.tensor([0, 2])
-    without = policy_loss(logprobs[keep], behaviour[keep], advantages[keep], mask[keep], ref_logprobs=ref[keep],
-                          loss_type=loss_type, beta=0.1, max_completion_length=6, weights=torch.ones(2))
+    without = policy_loss(
+        logprobs[keep],
+        behaviour[keep],
+        advantages[keep],
+        mask[keep],
+        ref_logprobs=ref[keep],
+        loss_type=loss_type,
+        beta=0.1,
+        max_completion_length=6,
+        weights=torch.ones(2),
+    )
     assert with_masked.loss.item() == pytest.approx(without.loss.item(), abs=1e-7)

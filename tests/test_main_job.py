@@ -11,8 +11,9 @@ def test_run_without_iterations_curates_the_bank_and_prints_statistics(cli, tmp_
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping curation" not in result.stdout
     assert "bank version 1" in result.stdout and "by level" in result.stdout
-    counts = cli("sql", "select split, count(*) as n from problems group by 1 order by 1", "--format", "json",
-                     "--lake", lake)
+    counts = cli(
+        "sql", "select split, count(*) as n from problems group by 1 order by 1", "--format", "json", "--lake", lake
+    )
     rows = {r["split"]: r["n"] for r in map(json.loads, counts.stdout.splitlines())}
     assert rows["eval"] == 500 and rows["train"] > 3000
 
@@ -54,8 +55,12 @@ def test_verification_benchmarks_measure_both_sides():
     items = build_items(20)
     assert len(items) == 40 and {label for _, _, label in items} == {True, False}
     measured = verify_benchmark(limit=20, workers=1, repeats=1)
-    assert measured["numeric"]["items"] == 40 and measured["numeric"]["accuracy"] >= 0.9 and measured["numeric"]["rate"] > 0
-    golds = len(symbolic_golds(20))          # 20 of MATH-500's in ../shared, else the 9 built in (a fresh clone)
+    assert (
+        measured["numeric"]["items"] == 40
+        and measured["numeric"]["accuracy"] >= 0.9
+        and measured["numeric"]["rate"] > 0
+    )
+    golds = len(symbolic_golds(20))  # 20 of MATH-500's in ../shared, else the 9 built in (a fresh clone)
     assert measured["symbolic"]["items"] == 16 * golds and measured["symbolic"]["accuracy"] >= 0.9
     rates = sandbox_benchmark(workers=1)
     assert rates["passed"] == rates["baseline_passed"] == rates["runs"]
@@ -65,6 +70,6 @@ def test_advantage_benchmark_sides_agree():
     from bench.advantages_scale import ours, per_group_python, run_benchmark, synthetic_rollouts
 
     frame = synthetic_rollouts(500, 8)
-    assert ours(frame) == per_group_python(frame)            # the same rollouts survive the filter
+    assert ours(frame) == per_group_python(frame)  # the same rollouts survive the filter
     results = run_benchmark(groups=200, group_size=4)
     assert results["ours"]["rows"] == results["per_group_python"]["rows"]

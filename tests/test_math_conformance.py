@@ -36,8 +36,14 @@ def verifier_for(case: dict) -> MathVerifier:
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, tuple[dict, bool]]:
     cases = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
-    return {case["id"]: (case, int(verifier_for(case).verify({"answer": case["gold"]}, case["prediction"]).reward == 1.0)
-                         == case["expected"]) for case in cases}
+    return {
+        case["id"]: (
+            case,
+            int(verifier_for(case).verify({"answer": case["gold"]}, case["prediction"]).reward == 1.0)
+            == case["expected"],
+        )
+        for case in cases
+    }
 
 
 def test_every_disagreement_is_a_documented_one(outcomes):
@@ -53,4 +59,4 @@ def test_agreement_per_group(outcomes):
         total[case["group"]] += 1
         agreed[case["group"]] += agrees
     assert total["default"] == 146 and agreed["default"] / total["default"] >= 0.97
-    assert agreed["default"] + agreed["option"] + agreed["gold_text"] >= 255          # of 270
+    assert agreed["default"] + agreed["option"] + agreed["gold_text"] >= 255  # of 270

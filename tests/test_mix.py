@@ -7,8 +7,11 @@ from tasks.curation.mix import allocate, sample_mix
 
 
 def bank(cells: dict[tuple[int, str], int]) -> pl.DataFrame:
-    rows = [{"problem_id": f"{level}-{domain}-{i}", "level": level, "domain": domain}
-            for (level, domain), count in cells.items() for i in range(count)]
+    rows = [
+        {"problem_id": f"{level}-{domain}-{i}", "level": level, "domain": domain}
+        for (level, domain), count in cells.items()
+        for i in range(count)
+    ]
     return pl.DataFrame(rows)
 
 
@@ -17,12 +20,22 @@ def shares(drawn: pl.DataFrame, column: str) -> dict:
 
 
 def test_allocate_by_largest_remainder():
-    assert allocate(100, {1: 0.2, 2: 0.45, 3: 0.3, 4: 0.05}, {1: 999, 2: 999, 3: 999, 4: 999}) == {1: 20, 2: 45, 3: 30, 4: 5}
+    assert allocate(100, {1: 0.2, 2: 0.45, 3: 0.3, 4: 0.05}, {1: 999, 2: 999, 3: 999, 4: 999}) == {
+        1: 20,
+        2: 45,
+        3: 30,
+        4: 5,
+    }
     assert sum(allocate(7, {1: 0.2, 2: 0.45, 3: 0.3, 4: 0.05}, {1: 9, 2: 9, 3: 9, 4: 9}).values()) == 7
 
 
 def test_allocate_spreads_a_shortfall_by_weight():
-    assert allocate(100, {1: 0.2, 2: 0.45, 3: 0.3, 4: 0.05}, {1: 999, 2: 999, 3: 999, 4: 1}) == {1: 21, 2: 47, 3: 31, 4: 1}
+    assert allocate(100, {1: 0.2, 2: 0.45, 3: 0.3, 4: 0.05}, {1: 999, 2: 999, 3: 999, 4: 1}) == {
+        1: 21,
+        2: 47,
+        3: 31,
+        4: 1,
+    }
 
 
 def test_default_mix_is_20_45_30_5():
@@ -43,7 +56,9 @@ def test_seeded_and_reproducible():
 
 def test_domain_weights_within_each_level():
     problems = bank({(2, "math"): 500, (2, "code"): 500, (2, "logic"): 500})
-    drawn = sample_mix(problems, 100, seed=0, level_weights={2: 1.0}, domain_weights={"math": 0.7, "code": 0.2, "logic": 0.1})
+    drawn = sample_mix(
+        problems, 100, seed=0, level_weights={2: 1.0}, domain_weights={"math": 0.7, "code": 0.2, "logic": 0.1}
+    )
     assert shares(drawn, "domain") == {"math": 70, "code": 20, "logic": 10}
 
 

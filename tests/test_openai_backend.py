@@ -33,8 +33,21 @@ def served_lake(tmp_path_factory):
 
 
 def start_server(lake, port: int, fail_first: int = 0) -> subprocess.Popen:
-    process = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake.uri, "--port", str(port),
-                                "--fail-first", str(fail_first)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [
+            str(BIN / "rlvr"),
+            "policy",
+            "serve",
+            "--lake",
+            lake.uri,
+            "--port",
+            str(port),
+            "--fail-first",
+            str(fail_first),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     wait_for(f"http://127.0.0.1:{port}/health", process, 60, "rlvr policy serve")
     return process
 
@@ -68,8 +81,10 @@ def test_several_prompts_per_request_come_back_as_their_groups_in_order(served_l
     remote = client(server, prompts_per_request=2).generate(prompts, 3, SAMPLER, seed=7, model_version=0)
     model, tokenizer = load_policy(served_lake.read("model_versions").sort("model_version")["checkpoint_uri"][0])
     local = HFPolicy(model, tokenizer, 0)
-    expected = (local.generate(prompts[:2], 3, SAMPLER, derive_seed(7, 0) % 2**31, 0)    # one request, two groups
-                + local.generate(prompts[2:], 3, SAMPLER, derive_seed(7, 2) % 2**31, 0))
+    expected = (
+        local.generate(prompts[:2], 3, SAMPLER, derive_seed(7, 0) % 2**31, 0)  # one request, two groups
+        + local.generate(prompts[2:], 3, SAMPLER, derive_seed(7, 2) % 2**31, 0)
+    )
     assert [len(group) for group in remote] == [3, 3, 3]
     assert [[s.token_ids for s in group] for group in remote] == [[s.token_ids for s in group] for group in expected]
     assert [group[0].prompt_token_ids for group in remote] == [tokenizer(p).input_ids for p in prompts]
@@ -79,9 +94,9 @@ def test_the_model_version_is_chosen_per_request(server):
     policy = client(server)
     v0, v1 = (policy.generate(["1+1="], 4, SAMPLER, seed=3, model_version=v)[0] for v in (0, 1))
     assert [s.token_ids for s in v0] != [s.token_ids for s in v1]
-    with pytest.raises(BackendUnavailable, match="no endpoint serves model 'v9'"):     # its /v1/models lists v0, v1
+    with pytest.raises(BackendUnavailable, match="no endpoint serves model 'v9'"):  # its /v1/models lists v0, v1
         policy.generate(["1+1="], 2, SAMPLER, seed=3, model_version=9)
-    with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400.*not registered"):    # asked all the same
+    with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400.*not registered"):  # asked all the same
         client(server, confirm_served=False).generate(["1+1="], 2, SAMPLER, seed=3, model_version=9)
 
 
@@ -106,7 +121,7 @@ def test_a_server_answering_503_is_retried_until_it_recovers(served_lake):
 
 def test_a_server_that_goes_down_and_comes_back_loses_no_request(served_lake):
     port = free_port()
-    start_server(served_lake, port).kill()                   # it served once, then died
+    start_server(served_lake, port).kill()  # it served once, then died
     restarted: list[subprocess.Popen] = []
     restart = threading.Timer(1.0, lambda: restarted.append(start_server(served_lake, port)))
     restart.start()
@@ -114,10 +129,11 @@ def test_a_server_that_goes_down_and_comes_back_loses_no_request(served_lake):
         started = time.monotonic()
         # retries for up to about 80 s: a restart on a loaded 2-core host takes tens of seconds (torch's imports)
         groups = client(f"http://127.0.0.1:{port}", concurrency=3, max_retries=45, max_backoff_seconds=2.0).generate(
-            [f"{i}*2=" for i in range(6)], 2, SAMPLER, 0, 0)
+            [f"{i}*2=" for i in range(6)], 2, SAMPLER, 0, 0
+        )
         assert all(len(group) == 2 for group in groups) and time.monotonic() - started > 1.0
     finally:
-        restart.join()                                       # a restart still starting is stopped too, not left
+        restart.join()  # a restart still starting is stopped too, not left
         for process in restarted:
             process.terminate()
             process.wait(10)
@@ -137,7 +153,7 @@ class Scripted:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):                     # /v1/models lists `models`; without them, no such route
+            def do_GET(self):  # /v1/models lists `models`; without them, no such route
                 data = json.dumps({"data": [{"id": name} for name in models or []]}).encode()
                 self.send_response(200 if models is not None else 404)
                 self.send_header("Content-Length", str(len(data)))
@@ -164,8 +180,11 @@ class Scripted:
 
 
 def completion(n: int, finish_reason="stop") -> dict:
-    choice = {"text": "42", "finish_reason": finish_reason,
-              "logprobs": {"tokens": ["token_id:52", "token_id:50"], "token_logprobs": [-0.5, -0.25]}}
+    choice = {
+        "text": "42",
+        "finish_reason": finish_reason,
+        "logprobs": {"tokens": ["token_id:52", "token_id:50"], "token_logprobs": [-0.5, -0.25]},
+    }
     return {"choices": [{**choice, "index": i} for i in range(n)]}
 
 
@@ -174,7 +193,7 @@ def test_broken_or_unfinished_answers_are_retried():
     server = Scripted(lambda body, count: script.get(count, (200, completion(body["n"]))))
     try:
         samples = client(server.url).generate(["x"], 2, SAMPLER, 0, 0)[0]
-        assert len(server.requests) == 4                 # junk, an aborted sample, 1 of 2 choices, then a good one
+        assert len(server.requests) == 4  # junk, an aborted sample, 1 of 2 choices, then a good one
         assert [s.token_ids for s in samples] == [[52, 50]] * 2 and samples[0].logprobs == [-0.5, -0.25]
         request = server.requests[-1]
         assert request["logprobs"] == 0 and request["return_tokens_as_token_ids"] and request["top_k"] == -1
@@ -184,8 +203,9 @@ def test_broken_or_unfinished_answers_are_retried():
 
 
 def test_a_refused_request_fails_the_round_without_waiting_for_the_others_retries():
-    server = Scripted(lambda body, count: (400, {"error": "bad prompt"}) if body["prompt"] == "bad"
-                      else (503, {"error": "busy"}))
+    server = Scripted(
+        lambda body, count: (400, {"error": "bad prompt"}) if body["prompt"] == "bad" else (503, {"error": "busy"})
+    )
     try:
         started = time.monotonic()
         with pytest.raises(BackendUnavailable, match="was refused.*HTTP 400"):
@@ -207,7 +227,8 @@ def test_the_registry_served_name_is_what_is_requested():
 
 
 def test_self_certainty_of_served_samples_is_recomputed_from_the_local_copy_as_the_hf_backend_records_it(
-        served_lake, server):
+    served_lake, server
+):
     """INTUITOR's reward on the openai backend: the server reports no distributions, so the local copy of the
     version computes each response's self-certainty, equal to what the hf backend accumulates while sampling."""
     from policy.certainty import WithSelfCertainty
@@ -215,7 +236,7 @@ def test_self_certainty_of_served_samples_is_recomputed_from_the_local_copy_as_t
 
     model, tokenizer = load_policy(served_lake.read("model_versions").sort("model_version")["checkpoint_uri"][0])
     remote = client(server).generate(["7*8 ="], 4, SAMPLER, seed=7, model_version=0)
-    assert all(sample.self_certainty is None for sample in remote[0])       # nothing from the server
+    assert all(sample.self_certainty is None for sample in remote[0])  # nothing from the server
     filled = WithSelfCertainty(client(server), model, tokenizer, batch_size=3)
     remote = filled.generate(["7*8 ="], 4, SAMPLER, seed=7, model_version=0)[0]
     local = HFPolicy(model, tokenizer, 0).generate(["7*8 ="], 4, SAMPLER, derive_seed(7, 0) % 2**31, 0)[0]

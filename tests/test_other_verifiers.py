@@ -39,10 +39,17 @@ def test_gym_arithmetic_answers_accept_boxed():
     assert build_verifier("gym").verify(problem, f"\\boxed{{{entry['answer']}}}").reward == 1.0
 
 
-@pytest.mark.parametrize("domain, response, expected", [
-    ("math", r"so \boxed{3}", 1.0), ("math", "so 3", 0.0), ("code", "```python\ndef f(): pass\n```", 1.0),
-    ("code", "def f(): pass", 0.0), ("logic", "<answer>A</answer>", 1.0), ("logic", "A", 0.0),
-])
+@pytest.mark.parametrize(
+    "domain, response, expected",
+    [
+        ("math", r"so \boxed{3}", 1.0),
+        ("math", "so 3", 0.0),
+        ("code", "```python\ndef f(): pass\n```", 1.0),
+        ("code", "def f(): pass", 0.0),
+        ("logic", "<answer>A</answer>", 1.0),
+        ("logic", "A", 0.0),
+    ],
+)
 def test_format_reward(domain, response, expected):
     assert format_reward(domain, response) == expected
 
@@ -57,14 +64,15 @@ def test_process_score_against_gold_steps():
     assert score == 1.0 and details["gold_steps_reached"] == "2/2"
     score, details = process_score("48/2 = 25 so 48+25 = 73", ["48/2=24", "48+24=72"])
     assert details["equalities_correct"] == 1 and details["gold_steps_reached"] == "0/2"
-    assert score == pytest.approx((1 / 2 + 0 / 2) / 2)      # one false step, and off the gold path
+    assert score == pytest.approx((1 / 2 + 0 / 2) / 2)  # one false step, and off the gold path
     assert process_score("no numbers", None) == (None, {"equalities": 0})
 
 
 def test_process_verifier_mixes_with_lambda():
     process = build_verifier("process", process_weight=0.5)
-    right_answer_wrong_steps = process.verify({"answer": "72", "steps": ["48/2=24", "48+24=72"]},
-                                              "48/2 = 25, 25 + 48 = 72\n#### 72")
+    right_answer_wrong_steps = process.verify(
+        {"answer": "72", "steps": ["48/2=24", "48+24=72"]}, "48/2 = 25, 25 + 48 = 72\n#### 72"
+    )
     # both stated steps are false and none produces a gold result: process 0, outcome 1
     assert right_answer_wrong_steps.reward == pytest.approx(0.5 * 1.0 + 0.5 * 0.0)
     assert right_answer_wrong_steps.correct is True
@@ -87,7 +95,7 @@ def test_small_process_weight_warns_once_where_the_config_is_read():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         VerifyConfig(options={"process": {"process_weight": 0.5}})
-        build_verifier("process", process_weight=0.1)          # workers build it: no warning from each of them
+        build_verifier("process", process_weight=0.1)  # workers build it: no warning from each of them
 
 
 def test_reward_controls():
@@ -105,13 +113,13 @@ def test_reward_controls():
 def test_noise_estimate_and_unbiased_correction():
     rng = np.random.default_rng(0)
     truth = rng.random(20000) < 0.7
-    rho0, rho1 = 0.1, 0.2                                    # the simulated verifier's error rates
+    rho0, rho1 = 0.1, 0.2  # the simulated verifier's error rates
     flips = rng.random(truth.size)
     verdict = np.where(truth, flips >= rho1, flips < rho0)
     estimate = estimate_noise(verdict, truth)
     assert estimate.rho0 == pytest.approx(rho0, abs=0.01) and estimate.rho1 == pytest.approx(rho1, abs=0.01)
     corrected = corrected_reward(verdict.astype(float), estimate.rho0, estimate.rho1)
-    assert corrected.mean() == pytest.approx(truth.mean(), abs=0.01)   # unbiased where the raw mean is not
+    assert corrected.mean() == pytest.approx(truth.mean(), abs=0.01)  # unbiased where the raw mean is not
     assert abs(verdict.mean() - truth.mean()) > 0.05
     with pytest.raises(ValueError, match="both correct and wrong"):
         estimate_noise(np.ones(5, bool), np.ones(5, bool))
@@ -144,12 +152,19 @@ def test_humaneval_canonical_solutions_all_pass(shared_datasets):
     rows = [json.loads(line) for line in (shared_datasets / "humaneval" / "test.jsonl").open()]
     verifier = CodeVerifier()
     try:
-        failing = [row["task_id"] for row in rows if not verifier.verify(
-            {"prompt": row["prompt"], "tests": row["test"], "entry_point": row["entry_point"]},
-            row["canonical_solution"]).correct]
+        failing = [
+            row["task_id"]
+            for row in rows
+            if not verifier.verify(
+                {"prompt": row["prompt"], "tests": row["test"], "entry_point": row["entry_point"]},
+                row["canonical_solution"],
+            ).correct
+        ]
         assert failing == []
-        wrong = verifier.verify({"prompt": rows[0]["prompt"], "tests": rows[0]["test"],
-                                 "entry_point": rows[0]["entry_point"]}, "    return True\n")
+        wrong = verifier.verify(
+            {"prompt": rows[0]["prompt"], "tests": rows[0]["test"], "entry_point": rows[0]["entry_point"]},
+            "    return True\n",
+        )
         assert 0 < wrong.reward < 1
     finally:
         verifier.close()

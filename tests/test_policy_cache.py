@@ -35,7 +35,7 @@ def same(a: dict, b: dict) -> bool:
 
 def test_a_saved_version_loads_from_memory_as_it_would_from_its_files(saved):
     uri, model, _ = saved
-    assert policy_cache.recall("policy", uri) is not None            # kept at save time
+    assert policy_cache.recall("policy", uri) is not None  # kept at save time
     from_memory, _ = load_policy(uri)
     policy_cache.forget()
     from_files, _ = load_policy(uri)
@@ -48,11 +48,11 @@ def test_every_load_is_a_copy_so_training_in_place_changes_nothing_kept(saved):
     first, _ = load_policy(uri)
     with torch.no_grad():
         for parameter in first.parameters():
-            parameter.add_(1.0)                                      # what a training step does to its model
+            parameter.add_(1.0)  # what a training step does to its model
     second, _ = load_policy(uri)
     assert same(weights(second), weights(model))
     loaded = load_training_state(uri)
-    loaded["optimizer"]["state"][0]["exp_avg"].mul_(0)               # AdamW updates its state in place
+    loaded["optimizer"]["state"][0]["exp_avg"].mul_(0)  # AdamW updates its state in place
     assert torch.equal(load_training_state(uri)["optimizer"]["state"][0]["exp_avg"], torch.ones(3))
     assert load_training_state(uri)["step"] == state["step"]
 
@@ -73,11 +73,11 @@ def test_a_read_only_load_shares_the_kept_model_and_a_training_load_still_copies
 
 def test_a_folder_whose_checkpoint_changed_is_read_again(saved):
     uri, model, _ = saved
-    other, _ = load_policy(uri)                                      # cached now
+    other, _ = load_policy(uri)  # cached now
     with torch.no_grad():
         for parameter in other.parameters():
             parameter.mul_(0.5)
-    other.save_pretrained(uri)                                       # the same folder, other weights
+    other.save_pretrained(uri)  # the same folder, other weights
     reloaded, _ = load_policy(uri)
     assert same(weights(reloaded), weights(other)) and not same(weights(reloaded), weights(model))
 
@@ -107,10 +107,15 @@ def test_models_built_in_two_threads_at_once_come_out_whole(tmp_path):
         try:
             for _ in range(6):
                 policy_cache.forget()
-                loaded = load_policy(str(tmp_path / "ckpt"))[0] if index % 2 else build_model(
-                    TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1), tokenizer)
+                loaded = (
+                    load_policy(str(tmp_path / "ckpt"))[0]
+                    if index % 2
+                    else build_model(
+                        TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1), tokenizer
+                    )
+                )
                 built.append(loaded)
-        except Exception as error:                    # noqa: BLE001  (the assertion below names it)
+        except Exception as error:  # noqa: BLE001  (the assertion below names it)
             failures.append(repr(error))
 
     threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]

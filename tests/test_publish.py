@@ -44,8 +44,12 @@ def vllm_like(versions_lake):
     """Two servers that behave as vLLM does (only v0 at start, the rest loaded by path), in threads."""
     from policy.server import PolicyServer, folder_loader, lake_loader
 
-    servers = [PolicyServer(("127.0.0.1", 0), lake_loader(versions_lake.uri), on_demand=False,
-                            load_path=folder_loader(), preload=(0,)) for _ in range(2)]
+    servers = [
+        PolicyServer(
+            ("127.0.0.1", 0), lake_loader(versions_lake.uri), on_demand=False, load_path=folder_loader(), preload=(0,)
+        )
+        for _ in range(2)
+    ]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     yield [f"http://127.0.0.1:{server.server_port}" for server in servers]
@@ -79,7 +83,7 @@ def test_publishing_confirms_each_endpoint_and_takes_a_failing_one_out_of_rotati
         assert policy.rotation("v1") == [*vllm_like, dead]
         groups = policy.generate([f"{i}+1=" for i in range(8)], 2, SAMPLER, 0, model_version=1)
         assert {sample.backend for group in groups for sample in group} == {f"openai:{e}" for e in vllm_like}
-        assert [set(r) for r in refusing.requests] == [{"lora_name", "lora_path"}]   # its load, no completion
+        assert [set(r) for r in refusing.requests] == [{"lora_name", "lora_path"}]  # its load, no completion
         with pytest.raises(RequestRefused, match="no endpoint serves model 'v2'.*publish the version first"):
             OpenAIPolicy(OpenAIBackendConfig(endpoints=[*vllm_like, refusing.url])).generate(["x"], 2, SAMPLER, 0, 2)
     finally:
@@ -89,8 +93,9 @@ def test_publishing_confirms_each_endpoint_and_takes_a_failing_one_out_of_rotati
 def test_only_the_newest_versions_stay_loaded_and_the_base_never_goes(versions_lake, vllm_like):
     endpoint = vllm_like[0]
     for version in (1, 2, 3):
-        results = publish([endpoint], f"v{version}", checkpoint(versions_lake, version), PublishConfig(max_loras=2),
-                          protected={"v0"})
+        results = publish(
+            [endpoint], f"v{version}", checkpoint(versions_lake, version), PublishConfig(max_loras=2), protected={"v0"}
+        )
         assert results[0].confirmed
     assert results[0].unloaded == ["v1"] and listed(endpoint) == ["v0", "v2", "v3"]
     assert version_of("v12", "v{model_version}") == 12 and version_of("qwen-v3-lora", "qwen-v{model_version}-lora") == 3
@@ -112,25 +117,48 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
     lake = Lake.open(lake_uri)
     ensure_base_policy(lake, BasePolicyConfig.model_validate(SMALL_POLICY))
     port = free_port()
-    server = subprocess.Popen([str(BIN / "rlvr"), "policy", "serve", "--lake", lake_uri, "--port", str(port),
-                               "--no-on-demand", "--preload", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [
+            str(BIN / "rlvr"),
+            "policy",
+            "serve",
+            "--lake",
+            lake_uri,
+            "--port",
+            str(port),
+            "--no-on-demand",
+            "--preload",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         wait_for(f"{endpoint}/health", server, 60, "rlvr policy serve")
-        remote = {**RUN, "rollout": {**CONFIG["rollout"], "backend": "openai",
-                                     "openai": {"endpoints": [endpoint], "backoff_seconds": 0.05}},
-                  "publish": {"max_loras": 2}}
+        remote = {
+            **RUN,
+            "rollout": {
+                **CONFIG["rollout"],
+                "backend": "openai",
+                "openai": {"endpoints": [endpoint], "backoff_seconds": 0.05},
+            },
+            "publish": {"max_loras": 2},
+        }
         rows = rl_loop(remote, lake_uri=lake_uri)
         assert [(r["iteration"], r["model_version"], r["trained_version"]) for r in rows] == [(1, 0, 1), (2, 1, 2)]
         assert listed(endpoint) == ["v0", "v1", "v2"]
-        gate = lake.read("logprob_checks").sort("created_at")     # the gate ran at start and on each version
+        gate = lake.read("logprob_checks").sort("created_at")  # the gate ran at start and on each version
         assert gate["model_version"].to_list() == [0, 1, 2] and all(gate["passed"])
-        shared = {**remote, "train": {**RUN.get("train", {}), "device": "cuda"},
-                  "rollout": {**remote["rollout"], "openai": {**remote["rollout"]["openai"], "server_devices": [0]}}}
-        with pytest.raises(LayoutRefused, match="no memory split is stated"):    # refused before anything runs
+        shared = {
+            **remote,
+            "train": {**RUN.get("train", {}), "device": "cuda"},
+            "rollout": {**remote["rollout"], "openai": {**remote["rollout"]["openai"], "server_devices": [0]}},
+        }
+        with pytest.raises(LayoutRefused, match="no memory split is stated"):  # refused before anything runs
             rl_loop(shared, lake_uri=lake_uri)
         assert lake.read("iteration_metrics").height == 2
-        config = tmp_path / "remote.yaml"                    # by hand: v2 is served already, v1 goes (max_loras 1)
+        config = tmp_path / "remote.yaml"  # by hand: v2 is served already, v1 goes (max_loras 1)
         config.write_text(yaml.safe_dump({"rollout": remote["rollout"], "publish": {"max_loras": 1}}))
         by_hand = cli("policy", "publish", "2", "--config", str(config), "--lake", lake_uri)
         assert by_hand.returncode == 0, by_hand.stderr[-2000:]
@@ -139,15 +167,19 @@ def test_the_loop_publishes_every_version_before_sampling_it(cli, tmp_path):
         server.terminate()
         server.wait(10)
     publications = lake.read("publications").sort("created_at")
-    assert publications.select("model_version", "action").rows() == [(0, "already_served"), (1, "loaded"),
-                                                                      (2, "loaded"), (2, "already_served")]
+    assert publications.select("model_version", "action").rows() == [
+        (0, "already_served"),
+        (1, "loaded"),
+        (2, "loaded"),
+        (2, "already_served"),
+    ]
     assert set(publications["endpoint"]) == {endpoint} and publications["error"].null_count() == 4
     assert publications["unloaded"].to_list()[-1] == ["v1"]
     runs = lake.read("runs", filter=pc.field("stage") == "publish")
     assert runs.height == 4 and set(runs["status"]) == {"completed"}
     rollouts = lake.read("rollouts", columns=["iteration", "model_version", "backend", "created_at"])
     assert set(rollouts["backend"]) == {f"openai:{endpoint}"}
-    for version in (1, 2):                                          # confirmed before anything sampled it
+    for version in (1, 2):  # confirmed before anything sampled it
         published = publications.filter(publications["model_version"] == version)["created_at"][0]
         sampled = rollouts.filter(rollouts["model_version"] == version)["created_at"]
         evaluated = lake.read("eval_rollouts", filter=pc.field("model_version") == version)["created_at"]
@@ -159,8 +191,13 @@ def test_the_publish_benchmark_measures_each_way_on_the_stand_in(tmp_path):
     figure measured and the ratio the one it reports."""
     import json
 
-    result = subprocess.run([str(BIN / "rlvr"), "bench", "publish", "--versions", "1", "--engine", "stand-in",
-                             "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(BIN / "rlvr"), "bench", "publish", "--versions", "1", "--engine", "stand-in", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     figures = json.loads(result.stdout)["figures"]
     assert figures["engine"] == "stand-in" and figures["versions"] == 1

@@ -31,16 +31,21 @@ from storage import fragment_reads
 from storage.lake import Lake
 
 TABLES = tuple(SLICE_COLUMN)
-SLICES = 32                                    # more than the runs of one action: each its own slice
+SLICES = 32  # more than the runs of one action: each its own slice
 
 
 class OtherProcess:
     """The writer process, driven one command at a time (each answered before the next: no race in a read)."""
 
     def __init__(self):
-        self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "lake_writer_process.py")],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                                        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "lake_writer_process.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
 
     def __call__(self, **command) -> dict:
         self.process.stdin.write(json.dumps(command) + "\n")
@@ -71,9 +76,11 @@ def reference(lake: Lake, table: str, user_filter, columns: list[str], own_open:
     options = lake.location.storage_options()
     try:
         runs = DeltaTable(lake.location.table_uri("runs"), storage_options=options).to_pyarrow_table(
-            columns=["run_id", "status"])
-        hidden = {run for run, status in zip(runs["run_id"].to_pylist(), runs["status"].to_pylist())
-                  if status != "completed"} - own_open
+            columns=["run_id", "status"]
+        )
+        hidden = {
+            run for run, status in zip(runs["run_id"].to_pylist(), runs["status"].to_pylist()) if status != "completed"
+        } - own_open
     except TableNotFoundError:
         hidden = set()
     try:
@@ -92,8 +99,12 @@ def filters(table: str) -> list:
     column = SLICE_COLUMN[table]
     many = [f"file-{i}" for i in range(30)] if table == "quarantine" else [f"p{i:03d}" for i in range(30)]
     other_field = "source_uri" if table == "quarantine" else "problem_id"
-    return [None, pc.field(column) == 1, pc.field(other_field).isin(many),
-            pc.field(other_field).isin(many[:14] + many[16:])]
+    return [
+        None,
+        pc.field(column) == 1,
+        pc.field(other_field).isin(many),
+        pc.field(other_field).isin(many[:14] + many[16:]),
+    ]
 
 
 def check_reads(lake: Lake, own_open: set[str], step: str) -> None:
@@ -102,23 +113,32 @@ def check_reads(lake: Lake, own_open: set[str], step: str) -> None:
         for user_filter in filters(table):
             cached = lake.read(table, filter=user_filter, columns=columns).sort(columns).to_dicts()
             expected = reference(lake, table, user_filter, columns, own_open)
-            assert cached == expected, (f"after {step}: a cached read of {table} where {user_filter} gave "
-                                        f"{len(cached)} rows, an uncached read of the same snapshot {len(expected)}")
+            assert cached == expected, (
+                f"after {step}: a cached read of {table} where {user_filter} gave "
+                f"{len(cached)} rows, an uncached read of the same snapshot {len(expected)}"
+            )
 
 
 ACTIONS = st.one_of(
     st.tuples(st.just("other_runs"), st.integers(1, 25), st.sampled_from(TABLES), st.integers(0, SLICES - 1)),
     st.tuples(st.just("other_end"), st.integers(0, 40), st.sampled_from(("complete", "fail", "abandon"))),
-    st.tuples(st.just("own_run"), st.sampled_from(TABLES), st.integers(0, SLICES - 1),
-              st.sampled_from(("complete", "fail", "open"))),
+    st.tuples(
+        st.just("own_run"),
+        st.sampled_from(TABLES),
+        st.integers(0, SLICES - 1),
+        st.sampled_from(("complete", "fail", "open")),
+    ),
     st.tuples(st.just("own_end"), st.integers(0, 10)),
     st.tuples(st.just("compact")),
 )
 # The interleaving that the keys before got wrong: more than twenty runs hidden (Arrow prints a set of 22 or more
 # as its first and last ten), one in the middle of their sorted list completing in the other process while this
 # one reads the same table version.
-MIDDLE_RUN_COMPLETES = [("other_runs", 23, "dbb_state", 1), ("other_end", 11, "complete"),
-                        ("other_end", 10, "complete")]
+MIDDLE_RUN_COMPLETES = [
+    ("other_runs", 23, "dbb_state", 1),
+    ("other_end", 11, "complete"),
+    ("other_end", 10, "complete"),
+]
 
 
 def play(lake_uri: str, other: OtherProcess, actions: list[tuple]) -> None:
@@ -138,7 +158,7 @@ def play(lake_uri: str, other: OtherProcess, actions: list[tuple]) -> None:
                     other(do="write", run=run_id, table=table, slice=(first + index) % SLICES, rows=1 + index % 3)
                 others_open.extend(started)
             elif kind == "other_end" and others_open:
-                run_id = sorted(others_open)[action[1] % len(others_open)]   # by position in the sorted hidden list
+                run_id = sorted(others_open)[action[1] % len(others_open)]  # by position in the sorted hidden list
                 others_open.remove(run_id)
                 other(do=action[2], run=run_id)
             elif kind == "own_run":
@@ -160,8 +180,12 @@ def play(lake_uri: str, other: OtherProcess, actions: list[tuple]) -> None:
             check_reads(lake, {run_id for _, run_id in own}, f"action {number} {action}")
 
 
-@settings(max_examples=8, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(actions=st.lists(ACTIONS, min_size=1, max_size=8))
 @example(actions=MIDDLE_RUN_COMPLETES)
 def test_every_cached_read_equals_an_uncached_read_of_the_same_snapshot(tmp_path, other, actions):
@@ -176,9 +200,9 @@ def test_keys_by_a_filters_text_return_stale_rows(tmp_path, other, monkeypatch):
         play(str(tmp_path / "lake"), other, MIDDLE_RUN_COMPLETES)
 
 
-@pytest.mark.slow                                     # 40 s of S3 commits; the property itself runs in the fast suite
+@pytest.mark.slow  # 40 s of S3 commits; the property itself runs in the fast suite
 def test_a_middle_run_completing_elsewhere_is_seen_on_s3_too(s3_env):
-    other = OtherProcess()                             # started with the S3 settings in its environment
+    other = OtherProcess()  # started with the S3 settings in its environment
     try:
         play(f"s3://{s3_env}/lake", other, MIDDLE_RUN_COMPLETES + [("compact",), ("other_end", 5, "abandon")])
     finally:
@@ -188,9 +212,11 @@ def test_a_middle_run_completing_elsewhere_is_seen_on_s3_too(s3_env):
 def test_a_filter_key_is_the_whole_expression():
     ids = [f"run-{i:02d}" for i in range(30)]
     middle_changed = ids[:15] + ["run-xx"] + ids[16:]
-    assert str(pc.field("run_id").isin(ids)) == str(pc.field("run_id").isin(middle_changed))      # why
+    assert str(pc.field("run_id").isin(ids)) == str(pc.field("run_id").isin(middle_changed))  # why
     assert fragment_reads.filter_key(pc.field("run_id").isin(ids)) != fragment_reads.filter_key(
-        pc.field("run_id").isin(middle_changed))
+        pc.field("run_id").isin(middle_changed)
+    )
     assert fragment_reads.filter_key(pc.field("run_id").isin(list(ids))) == fragment_reads.filter_key(
-        pc.field("run_id").isin(ids))
+        pc.field("run_id").isin(ids)
+    )
     assert fragment_reads.filter_key(None) is None

@@ -29,10 +29,13 @@ def test_parquet_rows_are_numbered_from_one(tmp_path):
     assert [(r.line, r.record) for r in read_rows(str(path))] == [(1, {"question": "a"}), (2, {"question": "b"})]
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: None, "No such file"),
-    (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4), "no line is a JSON object"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: None, "No such file"),
+        (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4), "no line is a JSON object"),
+    ],
+)
 def test_unreadable_jsonl_fails_naming_the_file(tmp_path, make, message):
     path = tmp_path / "broken.jsonl"
     make(path)

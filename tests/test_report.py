@@ -13,7 +13,7 @@ from polars.testing import assert_frame_equal
 from tasks.report import data
 from tasks.report.plots import PLOTS
 
-SELF_PLAY = {"self_play_health"}                    # drawn on self-play lakes: tests/test_selfplay_loop.py
+SELF_PLAY = {"self_play_health"}  # drawn on self-play lakes: tests/test_selfplay_loop.py
 LOOP_PLOTS = [plot for plot in PLOTS if plot.name not in SELF_PLAY]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -29,9 +29,9 @@ def looped_lake(tmp_path_factory, prefect_api):
 
     lake_uri = str(tmp_path_factory.mktemp("report") / "lake")
     curated_with_eval(lake_uri)
-    evaluation = {**RUN.get("evaluation", {}), "k": 2}                       # pass@2 beside pass@1
+    evaluation = {**RUN.get("evaluation", {}), "k": 2}  # pass@2 beside pass@1
     rl_loop({**RUN, "evaluation": evaluation, "loop": {"iterations": 2, "evaluate_every": 1}}, lake_uri=lake_uri)
-    verify_iteration(1, {"workers": 0, "verifier": "flipped"}, lake_uri)     # a later re-score of iteration 1
+    verify_iteration(1, {"workers": 0, "verifier": "flipped"}, lake_uri)  # a later re-score of iteration 1
     return Lake.open(lake_uri)
 
 
@@ -69,11 +69,14 @@ def test_the_solve_rate_per_level_plot_draws_the_evaluations_numbers(looped_lake
     from storage.catalog import open_catalog
 
     result = data.gather(open_catalog(looped_lake))["eval_solve_rate_by_level"]
-    expected = (looped_lake.read("evaluations").group_by("model_version", "level")
-                .agg(pl.col("problems").sum(), solve_rate=pl.col("solved").sum() / pl.col("samples").sum())
-                .sort("model_version", "level"))
+    expected = (
+        looped_lake.read("evaluations")
+        .group_by("model_version", "level")
+        .agg(pl.col("problems").sum(), solve_rate=pl.col("solved").sum() / pl.col("samples").sum())
+        .sort("model_version", "level")
+    )
     assert_frame_equal(result.select(expected.columns), expected, check_dtypes=False)
-    assert result["model_version"].unique().to_list() == [1, 2]        # evaluated after each iteration
+    assert result["model_version"].unique().to_list() == [1, 2]  # evaluated after each iteration
 
 
 def test_distributions_use_the_verifier_that_scored_the_iteration_first(looped_lake):
@@ -82,12 +85,22 @@ def test_distributions_use_the_verifier_that_scored_the_iteration_first(looped_l
     frames = data.gather(open_catalog(looped_lake))
     rollouts = looped_lake.read("rollouts", columns=["iteration"])
     assert frames["rewards"].group_by("iteration", "verifier").len().sort("iteration").rows() == [
-        (i, "random", rollouts.filter(pl.col("iteration") == i).height) for i in (1, 2)]   # not the later `flipped`
+        (i, "random", rollouts.filter(pl.col("iteration") == i).height) for i in (1, 2)
+    ]  # not the later `flipped`
     assert frames["response_lengths"].height == rollouts.height
 
 
-@pytest.mark.parametrize("iterations, expected", [([], []), ([4], [4]), ([2, 1], [1, 2]), ([1, 2, 3, 4], [1, 3, 4]),
-                                                  (list(range(1, 11)), [1, 5, 10]), ([3, 3, 7], [3, 7])])
+@pytest.mark.parametrize(
+    "iterations, expected",
+    [
+        ([], []),
+        ([4], [4]),
+        ([2, 1], [1, 2]),
+        ([1, 2, 3, 4], [1, 3, 4]),
+        (list(range(1, 11)), [1, 5, 10]),
+        ([3, 3, 7], [3, 7]),
+    ],
+)
 def test_distribution_iterations_span_the_run(iterations, expected):
     assert data.pick_iterations(iterations) == expected
 
@@ -144,8 +157,17 @@ def test_html_tables_format_rates_counts_and_duckdb_decimals():
 
     from tasks.report.html import frame_table
 
-    table = frame_table(pl.DataFrame({"model_version": [11], "problems": [Decimal(500)], "solve_rate": [0.4537],
-                                      "mean_tokens": [29.51], "split": ["<eval>"]}))
+    table = frame_table(
+        pl.DataFrame(
+            {
+                "model_version": [11],
+                "problems": [Decimal(500)],
+                "solve_rate": [0.4537],
+                "mean_tokens": [29.51],
+                "split": ["<eval>"],
+            }
+        )
+    )
     assert '<td class="number">500</td>' in table and '<td class="number">45.4%</td>' in table
     assert '<td class="number">29.51</td>' in table and "<td>&lt;eval&gt;</td>" in table
 
@@ -183,9 +205,21 @@ window.addEventListener("load", () => {
 def headless(*args: str, timeout: int = 120):
     import subprocess
 
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--no-first-run", "--hide-scrollbars", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--hide-scrollbars",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium (Debian's `chromium`; .ci/run installs it)")
@@ -212,11 +246,13 @@ def test_the_report_renders_in_a_browser(looped_lake, tmp_path):
     assert result["tables"] >= 2 and result["empty_tables"] == 0
 
     screenshot = tmp_path / "report.png"
-    shot = headless("--window-size=1280,2400", f"--screenshot={screenshot}", (tmp_path / "out" / "report.html").as_uri())
+    shot = headless(
+        "--window-size=1280,2400", f"--screenshot={screenshot}", (tmp_path / "out" / "report.html").as_uri()
+    )
     assert screenshot.exists(), shot.stderr[-2000:]
     pixels = np.asarray(Image.open(screenshot).convert("RGB"))
     assert pixels.shape[:2] == (2400, 1280)
     colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
     assert colours > 50, f"a near-blank page: {colours} colours"
-    drawn_rows = (pixels < 245).any(axis=2).any(axis=1).mean()        # text, tables and plots down the page
+    drawn_rows = (pixels < 245).any(axis=2).any(axis=1).mean()  # text, tables and plots down the page
     assert drawn_rows > 0.4, f"only {drawn_rows:.0%} of the page's pixel rows hold anything"

@@ -44,8 +44,14 @@ print(torch.backends.cpu.get_cpu_capability().lower(), digest.hexdigest())
 def trained(**environment: str) -> tuple[str, str]:
     """(instruction set, digest of the weights) after three steps in a fresh process, two torch threads."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2", **environment}
-    done = subprocess.run([sys.executable, "-c", "import torch; torch.set_num_threads(2)\n" + STEPS], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; torch.set_num_threads(2)\n" + STEPS],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     isa, digest = done.stdout.split()[-2:]
     return isa, digest
@@ -55,12 +61,12 @@ def test_training_steps_are_bit_identical_in_two_fresh_processes():
     assert trained() == trained()
 
 
-@pytest.mark.slow                           # two more fresh processes with torch
+@pytest.mark.slow  # two more fresh processes with torch
 @pytest.mark.skipif(instruction_set() != "avx512", reason="needs a CPU with AVX-512 to run both instruction sets")
 def test_another_instruction_set_sums_in_another_order():
     native, avx2 = trained(), trained(ATEN_CPU_CAPABILITY="avx2")
     assert native[0] == "avx512" and avx2[0] == "avx2"
-    assert native[1] != avx2[1]                                     # why a figure names the instruction set
+    assert native[1] != avx2[1]  # why a figure names the instruction set
 
 
 def test_a_result_names_the_instruction_set_torch_uses_here():
@@ -78,9 +84,23 @@ def test_without_torch_the_instruction_set_is_read_as_torch_would_choose_it(aske
     env.pop("ATEN_CPU_CAPABILITY", None)
     if asked:
         env["ATEN_CPU_CAPABILITY"] = asked
-    read = subprocess.run([sys.executable, "-c", "import sys; from bench.results import instruction_set; "
-                           "print(instruction_set(), 'torch' in sys.modules)"], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    chosen = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"],
-                            env=env, capture_output=True, text=True, timeout=120)
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from bench.results import instruction_set; print(instruction_set(), 'torch' in sys.modules)",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    chosen = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert read.stdout.split() == [chosen.stdout.strip(), "False"], read.stderr[-1000:]

@@ -26,13 +26,16 @@ from flows.curation import curate_bank
 from storage.lake import Lake
 from tasks.interop.reward_http import DEFAULT_MAX_REQUEST_MB
 
-TEMPLATE = "<|user|>\n{}\n<|assistant|>\n"              # what OpenRLHF's chat template puts round the statement
+TEMPLATE = "<|user|>\n{}\n<|assistant|>\n"  # what OpenRLHF's chat template puts round the statement
 
 
 def post(url: str, body: dict | None, timeout: float = 60, headers: dict | None = None) -> tuple[int, dict]:
     """POST `body` as JSON (None: a GET); the status and the JSON answer, an error's too."""
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, json.loads(answer.read())
@@ -65,16 +68,20 @@ def openrlhf_request(row: dict, response: str) -> dict:
 def test_openrlhf_requests_are_scored_group_committed_and_recorded(bank):
     lake_uri, rows = bank
     rows = rows[:6]
-    server, url = start_server(lake_uri, "--run", "orl-1", "--model", "qwen-tiny", "--rollouts-per-step", "8",
-                               "--workers", "0")
+    server, url = start_server(
+        lake_uri, "--run", "orl-1", "--model", "qwen-tiny", "--rollouts-per-step", "8", "--workers", "0"
+    )
     try:
-        assert post(url + "/get_reward", {"query": [], "prompts": [], "labels": []}) == \
-            (200, {"rewards": [], "scores": [], "extra_logs": {}})            # OpenRLHF's extra URLs send nothing
+        assert post(url + "/get_reward", {"query": [], "prompts": [], "labels": []}) == (
+            200,
+            {"rewards": [], "scores": [], "extra_logs": {}},
+        )  # OpenRLHF's extra URLs send nothing
         status, answer = post(url + "/get_reward", {"query": ["a"], "prompts": ["a", "b"], "labels": ["1"]})
         assert status == 400 and "one entry each per sample" in answer["error"]
         # 6 problems × 4 samples, one request per sample as OpenRLHF sends them, 12 at a time
-        requests = [(row, f"so #### {row['label'] if sample % 2 == 0 else 'nope'}")
-                    for row in rows for sample in range(4)]
+        requests = [
+            (row, f"so #### {row['label'] if sample % 2 == 0 else 'nope'}") for row in rows for sample in range(4)
+        ]
         answers = [None] * len(requests)
 
         def send(index: int) -> None:
@@ -99,11 +106,11 @@ def test_openrlhf_requests_are_scored_group_committed_and_recorded(bank):
     assert rollouts["rollout_id"].is_unique().all()
     numbered = rollouts.group_by("iteration", "problem_id").agg(pl.col("sample_idx").sort())
     assert all(samples == list(range(len(samples))) for samples in numbered["sample_idx"].to_list())
-    assert set(rollouts["problem_id"]) == {row["problem_id"] for row in rows}       # traced back to the bank
-    assert sorted(rollouts["iteration"].value_counts()["count"]) == [8, 8, 8]      # 8 rollouts a step
+    assert set(rollouts["problem_id"]) == {row["problem_id"] for row in rows}  # traced back to the bank
+    assert sorted(rollouts["iteration"].value_counts()["count"]) == [8, 8, 8]  # 8 rollouts a step
     runs = lake.read("runs", filter=pc.field("flow") == "external:orl-1")
     assert set(runs["status"]) == {"completed"} and set(runs["stage"]) == {"reward"}
-    assert runs.height < 24                                                          # group commits
+    assert runs.height < 24  # group commits
     rewards = lake.read("rewards")
     assert rewards.height == 24 and rewards["correct"].sum() == 12
     assert rewards.join(rollouts, on=["rollout_id", "run_id"]).height == 24
@@ -116,10 +123,16 @@ def test_openrlhf_requests_are_scored_group_committed_and_recorded(bank):
     assert set(per_problem["n_samples"]) == {4}
 
     # the platform's SQL and re-scoring on a run it did not drive
-    sql = run_cli("sql", "--lake", lake_uri, "--format", "json",
-                  "select o.problem_id, avg(case when r.correct then 1.0 else 0.0 end) as solve_rate "
-                  "from rollouts o join rewards r using (rollout_id) join runs u on o.run_id = u.run_id "
-                  "where u.flow = 'external:orl-1' group by 1")
+    sql = run_cli(
+        "sql",
+        "--lake",
+        lake_uri,
+        "--format",
+        "json",
+        "select o.problem_id, avg(case when r.correct then 1.0 else 0.0 end) as solve_rate "
+        "from rollouts o join rewards r using (rollout_id) join runs u on o.run_id = u.run_id "
+        "where u.flow = 'external:orl-1' group by 1",
+    )
     assert sql.returncode == 0, sql.stderr
     solve_rates = [json.loads(line) for line in sql.stdout.splitlines() if line.strip()]
     assert len(solve_rates) == 6 and {row["solve_rate"] for row in solve_rates} == {0.5}
@@ -136,24 +149,42 @@ def test_native_endpoint_code_in_the_sandbox_and_clear_errors(bank, tmp_path):
     server, url = start_server(lake_uri, "--run", "default-run", "--workers", "1")
     try:
         add = json.dumps({"tests": "assert add(2, 3) == 5", "entry_point": "add"})
-        items = [{"prompt": "Write add(a, b).", "response": "```python\ndef add(a, b):\n    return a + b\n```",
-                  "label": add, "domain": "code"},
-                 {"prompt": "Write add(a, b).", "response": "```python\nimport os\nos._exit(0)\n```", "label": add,
-                  "domain": "code"},
-                 {"prompt": "", "response": f"#### {rows[0]['label']}", "problem_id": rows[0]["problem_id"]}]
+        items = [
+            {
+                "prompt": "Write add(a, b).",
+                "response": "```python\ndef add(a, b):\n    return a + b\n```",
+                "label": add,
+                "domain": "code",
+            },
+            {
+                "prompt": "Write add(a, b).",
+                "response": "```python\nimport os\nos._exit(0)\n```",
+                "label": add,
+                "domain": "code",
+            },
+            {"prompt": "", "response": f"#### {rows[0]['label']}", "problem_id": rows[0]["problem_id"]},
+        ]
         status, answer = post(url + "/v1/rewards", {"run": "native-1", "step": 3, "model": "m", "items": items})
         assert status == 200, answer
         assert answer["rewards"] == [1.0, 0.0, 1.0] and answer["iteration"] == 3 and answer["lake_run_id"]
         assert answer["verifiers"][0] == "code"
-        for body, field in [({"step": -1, "items": []}, "`step`"), ({"step": 0, "items": [{"prompt": "p"}]},
-                                                                   "items[0]"),
-                            ({"step": 0, "items": [{"prompt": "p", "response": "r"}]}, "`label`"),
-                            ({"step": 0, "items": [{"prompt": "p", "response": "r", "label": "1",
-                                                    "response_token_ids": ["a"]}]}, "`response_token_ids`"),
-                            ({"step": 0, "items": [{"prompt": "p", "response": "r", "problem_id": "nope"}]},
-                             "not in the bank and the item has no label"),
-                            ({"run": "bad name!", "step": 0, "items": [{"prompt": "p", "response": "r", "label": "1"}]},
-                             "run name 'bad name!'")]:
+        for body, field in [
+            ({"step": -1, "items": []}, "`step`"),
+            ({"step": 0, "items": [{"prompt": "p"}]}, "items[0]"),
+            ({"step": 0, "items": [{"prompt": "p", "response": "r"}]}, "`label`"),
+            (
+                {"step": 0, "items": [{"prompt": "p", "response": "r", "label": "1", "response_token_ids": ["a"]}]},
+                "`response_token_ids`",
+            ),
+            (
+                {"step": 0, "items": [{"prompt": "p", "response": "r", "problem_id": "nope"}]},
+                "not in the bank and the item has no label",
+            ),
+            (
+                {"run": "bad name!", "step": 0, "items": [{"prompt": "p", "response": "r", "label": "1"}]},
+                "run name 'bad name!'",
+            ),
+        ]:
             status, answer = post(url + "/v1/rewards", body)
             assert status == 400 and field in answer["error"]
     finally:
@@ -175,8 +206,8 @@ def test_a_killed_server_loses_no_acknowledged_reward_and_iterations_stay_with_t
         for _ in range(6):
             try:
                 status, _ = post(url + "/get_reward", openrlhf_request(row, f"#### {row['label']}"), timeout=30)
-            except (OSError, http.client.HTTPException, ValueError):   # the server died under this request (refused,
-                return                                   # reset, or its answer cut short): not acknowledged
+            except (OSError, http.client.HTTPException, ValueError):  # the server died under this request (refused,
+                return  # reset, or its answer cut short): not acknowledged
             if status == 200:
                 with lock:
                     answered.append(row["problem_id"])
@@ -185,17 +216,17 @@ def test_a_killed_server_loses_no_acknowledged_reward_and_iterations_stay_with_t
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 60
-    while len(answered) < 12 and time.monotonic() < deadline:      # some answered, more in flight
+    while len(answered) < 12 and time.monotonic() < deadline:  # some answered, more in flight
         time.sleep(0.01)
     stop(server, signal.SIGKILL)
     for thread in threads:
         thread.join()
-    assert 12 <= len(answered) < 72, len(answered)                  # killed mid-way
+    assert 12 <= len(answered) < 72, len(answered)  # killed mid-way
     lake = Lake.open(lake_uri)
     stored = lake.read("rollouts")
     assert stored["rollout_id"].is_unique().all()
     held = Counter(stored["problem_id"].to_list())
-    assert all(held[problem_id] >= count for problem_id, count in Counter(answered).items())   # every answered one
+    assert all(held[problem_id] >= count for problem_id, count in Counter(answered).items())  # every answered one
     assert lake.read("rewards").height == stored.height and set(lake.read("rewards")["reward"]) == {1.0}
 
     other, url = start_server(lake_uri, "--run", "another", "--workers", "0")
@@ -222,42 +253,65 @@ def test_a_guarded_server_refuses_foreign_prompts_big_bodies_strangers_and_other
     lake_uri, rows = bank
     row = rows[0]
     (tmp_path / "token").write_text("s3cret-Token_1\n")
-    server, url = start_server(lake_uri, "--run", "orl-g", "--workers", "0", "--token-file", str(tmp_path / "token"),
-                               "--max-request-mb", "1", "--allow-run", "native-ok")
+    server, url = start_server(
+        lake_uri,
+        "--run",
+        "orl-g",
+        "--workers",
+        "0",
+        "--token-file",
+        str(tmp_path / "token"),
+        "--max-request-mb",
+        "1",
+        "--allow-run",
+        "native-ok",
+    )
     auth = {"Authorization": "Bearer s3cret-Token_1"}
     try:
-        assert post(url + "/health", None) == (200, {"status": "ok", "bank_problems": 30})     # open to all
+        assert post(url + "/health", None) == (200, {"status": "ok", "bank_problems": 30})  # open to all
         request = openrlhf_request(row, f"#### {row['label']}")
         status, answer = post(url + "/get_reward", request)
         assert status == 401 and answer["error"].startswith("no bearer token: send the header `Authorization:")
         status, answer = post(url + "/get_reward", request, headers={"Authorization": "Bearer s3cret-Token_2"})
         assert status == 401 and answer["error"].startswith("wrong bearer token")
-        assert post(url + "/nowhere", None)[0] == 401                           # no route is told to a stranger
+        assert post(url + "/nowhere", None)[0] == 401  # no route is told to a stranger
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(url + "/v1/rewards", data=b"{}")
         assert refused.value.headers["WWW-Authenticate"] == 'Bearer realm="rlvr reward serve"'
 
         prompt = TEMPLATE.format(f"The answer goes last, as in \\boxed{{{row['label']}}}.\n{row['input']}")
         foreign = prompt.replace("<|user|>\n", "<|user|>\n ") + "I cannot say.<|end|>"  # its prompt altered
-        status, answer = post(url + "/get_reward", {"query": [prompt + f"#### {row['label']}", foreign],
-                                                    "prompts": [prompt, prompt], "labels": [row["label"]] * 2},
-                              headers=auth)
+        status, answer = post(
+            url + "/get_reward",
+            {
+                "query": [prompt + f"#### {row['label']}", foreign],
+                "prompts": [prompt, prompt],
+                "labels": [row["label"]] * 2,
+            },
+            headers=auth,
+        )
         assert status == 400, answer
-        assert answer["error"].startswith("query[1] does not start with prompts[1] (only special tokens such as "
-                                          "padding may lead it): they part at character 9, where the query has "
-                                          "' The answer")
-        padded = "<|endoftext|><|endoftext|>" + prompt + f"#### {row['label']}<|im_end|>"   # a padded batch's
-        assert post(url + "/get_reward", {"query": [padded], "prompts": [prompt], "labels": [row["label"]]},
-                    headers=auth) == (200, {"rewards": [1.0], "scores": [1.0], "extra_logs": {"correct": [1.0]}})
+        assert answer["error"].startswith(
+            "query[1] does not start with prompts[1] (only special tokens such as "
+            "padding may lead it): they part at character 9, where the query has "
+            "' The answer"
+        )
+        padded = "<|endoftext|><|endoftext|>" + prompt + f"#### {row['label']}<|im_end|>"  # a padded batch's
+        assert post(
+            url + "/get_reward", {"query": [padded], "prompts": [prompt], "labels": [row["label"]]}, headers=auth
+        ) == (200, {"rewards": [1.0], "scores": [1.0], "extra_logs": {"correct": [1.0]}})
 
-        status, answer = post(url + "/get_reward", {"query": ["x" * (1 << 20)], "prompts": ["x"], "labels": ["1"]},
-                              headers=auth)
+        status, answer = post(
+            url + "/get_reward", {"query": ["x" * (1 << 20)], "prompts": ["x"], "labels": ["1"]}, headers=auth
+        )
         assert status == 413 and "over this server's limit of 1,048,576 (--max-request-mb)" in answer["error"]
 
         native = {"step": 3, "model": "m", "items": [{"prompt": "What is 1 + 1?", "response": "#### 2", "label": "2"}]}
         status, answer = post(url + "/v1/rewards", {"run": "native-other", **native}, headers=auth)
-        assert (status, answer["error"]) == (403, "run 'native-other' is not one this server may write: native-ok, "
-                                                  "orl-g (its --run and --allow-run)")
+        assert (status, answer["error"]) == (
+            403,
+            "run 'native-other' is not one this server may write: native-ok, orl-g (its --run and --allow-run)",
+        )
         status, answer = post(url + "/v1/rewards", {"run": "native-ok", **native}, headers=auth)
         assert status == 200 and answer["rewards"] == [1.0] and answer["iteration"] == 3
     finally:
@@ -270,10 +324,11 @@ def test_a_guarded_server_refuses_foreign_prompts_big_bodies_strangers_and_other
 def test_a_token_file_missing_or_empty_and_a_bad_allowed_run_stop_the_server_at_start(tmp_path):
     lake = str(tmp_path / "lake")
     (tmp_path / "empty").write_text("\n")
-    for options, expected in [(["--token-file", str(tmp_path / "absent")], f"--token-file {tmp_path}/absent: no "
-                                                                             "such file"),
-                              (["--token-file", str(tmp_path / "empty")], f"--token-file {tmp_path}/empty is empty"),
-                              (["--allow-run", "bad name"], "--allow-run 'bad name' is not a run name")]:
+    for options, expected in [
+        (["--token-file", str(tmp_path / "absent")], f"--token-file {tmp_path}/absent: no such file"),
+        (["--token-file", str(tmp_path / "empty")], f"--token-file {tmp_path}/empty is empty"),
+        (["--allow-run", "bad name"], "--allow-run 'bad name' is not a run name"),
+    ]:
         started = run_cli("reward", "serve", "--run", "r", "--lake", lake, "--port", "0", *options, timeout=120)
         assert started.returncode == 1 and expected in " ".join(started.stderr.split()), started.stderr
 
@@ -291,13 +346,20 @@ def test_a_restarted_server_numbers_openrlhf_steps_on_from_the_stored_rollouts(b
         assert post(url + "/get_reward", {"query": ["elsewhere"], "prompts": ["p"], "labels": ["1"]})[0] == 400
     finally:
         stop(server)
-    server, url = start_server(lake_uri, *options)     # OpenRLHF resumed from a checkpoint: its steps come again
+    server, url = start_server(lake_uri, *options)  # OpenRLHF resumed from a checkpoint: its steps come again
     try:
         for row in rows[:3]:
             assert post(url + "/get_reward", openrlhf_request(row, f"#### {row['label']}"))[0] == 200
         for response in ("#### 2", "#### 3"):
-            status, answer = post(url + "/v1/rewards", {"run": "native-r", "step": 7, "model": "m", "items": [
-                {"prompt": "What is 1 + 1?", "response": response, "label": "2"}]})
+            status, answer = post(
+                url + "/v1/rewards",
+                {
+                    "run": "native-r",
+                    "step": 7,
+                    "model": "m",
+                    "items": [{"prompt": "What is 1 + 1?", "response": response, "label": "2"}],
+                },
+            )
             assert status == 200 and answer["iteration"] == 7
     finally:
         stop(server)
@@ -312,8 +374,9 @@ def test_a_restarted_server_numbers_openrlhf_steps_on_from_the_stored_rollouts(b
     assert rollouts.filter(pl.col("iteration") == 3)["problem_id"].to_list() == [rows[3]["problem_id"]]
     openrlhf = rollouts.filter(pl.col("iteration") < 3)
     ids = [row["problem_id"] for row in rows]
-    assert openrlhf.select("iteration", "problem_id").rows() == \
-        [(0, i) for i in ids[:4]] + [(1, i) for i in ids[4:6] + ids[:2]] + [(2, ids[2])]
+    assert openrlhf.select("iteration", "problem_id").rows() == [(0, i) for i in ids[:4]] + [
+        (1, i) for i in ids[4:6] + ids[:2]
+    ] + [(2, ids[2])]
     assert openrlhf.group_by("iteration").agg(pl.col("model_version").n_unique())["model_version"].to_list() == [1] * 3
     repeated = rollouts.filter(pl.col("iteration") == 7)
     assert repeated["sample_idx"].to_list() == [0, 1] and repeated["model_version"].n_unique() == 1

@@ -35,9 +35,10 @@ def uniform_model(tokenizer):
 def test_tokenizer_is_byte_level_and_lossless(tokenizer):
     text = "Compute 3·4 + √2, then x² = 1/2. 🙂"
     assert tokenizer.decode(tokenizer(text).input_ids) == text
-    assert len(tokenizer) == 256 + 4                      # bytes plus pad, eos and the two chat markers
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
-                                           add_generation_prompt=True)
+    assert len(tokenizer) == 256 + 4  # bytes plus pad, eos and the two chat markers
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -55,25 +56,28 @@ def test_sampling_logprobs_by_hand():
     expected = torch.log_softmax(torch.tensor([3.0, 2.0]), -1)
     assert torch.allclose(top2[0, :2], expected) and torch.isinf(top2[0, 2:]).all()
     probabilities = torch.log(torch.tensor([[0.6, 0.3, 0.1]]))
-    assert torch.allclose(sampling_logprobs(probabilities, SamplerConfig(top_p=0.8)).exp(),
-                          torch.tensor([[2 / 3, 1 / 3, 0.0]]))        # smallest set reaching 0.8: {0.6, 0.3}
-    assert torch.allclose(sampling_logprobs(probabilities, SamplerConfig(top_p=0.5)).exp(),
-                          torch.tensor([[1.0, 0.0, 0.0]]))
-    exact = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))                 # 0.5 + 0.3 reaches 0.8 exactly, as in HF
+    assert torch.allclose(
+        sampling_logprobs(probabilities, SamplerConfig(top_p=0.8)).exp(), torch.tensor([[2 / 3, 1 / 3, 0.0]])
+    )  # smallest set reaching 0.8: {0.6, 0.3}
+    assert torch.allclose(
+        sampling_logprobs(probabilities, SamplerConfig(top_p=0.5)).exp(), torch.tensor([[1.0, 0.0, 0.0]])
+    )
+    exact = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))  # 0.5 + 0.3 reaches 0.8 exactly, as in HF
     assert torch.allclose(sampling_logprobs(exact, SamplerConfig(top_p=0.8)).exp(), torch.tensor([[0.625, 0.375, 0.0]]))
 
 
 def test_self_certainty_by_hand():
     probabilities = torch.tensor([[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]])
-    expected = (1 / 3) * (math.log((1 / 3) / 0.5) + 2 * math.log((1 / 3) / 0.25))   # KL(U || p)
+    expected = (1 / 3) * (math.log((1 / 3) / 0.5) + 2 * math.log((1 / 3) / 0.25))  # KL(U || p)
     result = self_certainty(probabilities.log())
     assert result[0].item() == pytest.approx(expected) and result[1].item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_behaviour_logprobs_are_the_full_distribution_the_trainer_recomputes(model, tokenizer):
     policy = HFPolicy(model, tokenizer, model_version=0, batch_size=5)
-    groups = policy.generate(["What is 2+3?\nAnswer:", "7*8 ="], 4, SamplerConfig(max_new_tokens=12), seed=1,
-                             model_version=0)
+    groups = policy.generate(
+        ["What is 2+3?\nAnswer:", "7*8 ="], 4, SamplerConfig(max_new_tokens=12), seed=1, model_version=0
+    )
     samples = [s for group in groups for s in group]
     recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
     for sample, logprobs in zip(samples, recomputed):
@@ -85,23 +89,32 @@ def test_finished_rows_leave_the_models_batch_and_the_rest_keep_their_context(mo
     batch; every other row's log-probs still match a fresh forward over its own prompt and tokens, so each kept
     its own cache rows. Stop strings end rows between end tokens, so both ways of finishing narrow it."""
     widths = []
-    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
     try:
         policy = HFPolicy(model, tokenizer, model_version=0, batch_size=64)
-        groups = policy.generate(["What is 2+3?\nAnswer:", "7*8 ="], 32, SamplerConfig(max_new_tokens=40, stop=["7"]),
-                                 seed=3, model_version=0)
+        groups = policy.generate(
+            ["What is 2+3?\nAnswer:", "7*8 ="],
+            32,
+            SamplerConfig(max_new_tokens=40, stop=["7"]),
+            seed=3,
+            model_version=0,
+        )
     finally:
         hook.remove()
     samples = [s for group in groups for s in group]
-    assert widths[0] == 2                        # each prompt prefilled once, its KV cache copied to its 32 rows
-    assert widths[1] == 64 and min(widths) < 56 and widths[1:] == sorted(widths[1:], reverse=True)   # it narrowed
+    assert widths[0] == 2  # each prompt prefilled once, its KV cache copied to its 32 rows
+    assert widths[1] == 64 and min(widths) < 56 and widths[1:] == sorted(widths[1:], reverse=True)  # it narrowed
     assert {s.finish_reason for s in samples} == {"stop", "length"}
     recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
     for sample, logprobs in zip(samples, recomputed):
         assert torch.allclose(torch.tensor(sample.logprobs), logprobs.detach(), atol=1e-4)
-        assert sample.finish_reason == "length" or sample.token_ids[-1] in stop_token_ids(model, tokenizer) \
+        assert (
+            sample.finish_reason == "length"
+            or sample.token_ids[-1] in stop_token_ids(model, tokenizer)
             or "7" in tokenizer.decode(sample.token_ids)
+        )
 
 
 def test_a_groups_shared_prefill_samples_what_a_prefill_per_row_samples(model, tokenizer, monkeypatch):
@@ -127,7 +140,7 @@ def test_top_k_logprobs_describe_the_truncated_distribution(model, tokenizer):
     samples = policy.generate(["7*8 ="], 6, SamplerConfig(top_k=5, max_new_tokens=8), seed=2, model_version=0)[0]
     recomputed = sequence_logprobs(model, [s.prompt_token_ids for s in samples], [s.token_ids for s in samples])
     for sample, full in zip(samples, recomputed):
-        assert (torch.tensor(sample.logprobs) > full.detach() + 1e-3).all()   # renormalised over 5 tokens
+        assert (torch.tensor(sample.logprobs) > full.detach() + 1e-3).all()  # renormalised over 5 tokens
 
 
 def test_uniform_policy_stops_at_eos_or_length_with_exact_logprobs(uniform_model, tokenizer):
@@ -135,12 +148,12 @@ def test_uniform_policy_stops_at_eos_or_length_with_exact_logprobs(uniform_model
     samples = policy.generate(["x"], 128, SamplerConfig(max_new_tokens=40), seed=0, model_version=0)[0]
     vocabulary = len(tokenizer)
     reasons = {s.finish_reason for s in samples}
-    assert reasons == {"stop", "length"}                 # P(an end token within 40) = 1 − (258/260)^40 ≈ 27 %
+    assert reasons == {"stop", "length"}  # P(an end token within 40) = 1 − (258/260)^40 ≈ 27 %
     end_tokens = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    assert {s.token_ids[-1] for s in samples if s.finish_reason == "stop"} == end_tokens   # both end a response
+    assert {s.token_ids[-1] for s in samples if s.finish_reason == "stop"} == end_tokens  # both end a response
     for sample in samples:
         assert sample.logprobs == pytest.approx([-math.log(vocabulary)] * len(sample.token_ids), abs=1e-5)
-        assert sample.self_certainty == pytest.approx(0.0, abs=1e-5)   # a uniform distribution is maximally unsure
+        assert sample.self_certainty == pytest.approx(0.0, abs=1e-5)  # a uniform distribution is maximally unsure
         if sample.finish_reason == "stop":
             assert sample.token_ids[-1] in end_tokens and len(sample.token_ids) <= 40
         else:
@@ -157,10 +170,10 @@ def test_stop_strings_end_responses_and_are_cut_from_the_text(uniform_model, tok
 
 def test_a_multibyte_stop_string_is_found_across_its_byte_tokens(uniform_model, tokenizer):
     policy = HFPolicy(uniform_model, tokenizer, model_version=0)
-    smiles = tokenizer("🙂🙂").input_ids                   # two characters, eight byte tokens
+    smiles = tokenizer("🙂🙂").input_ids  # two characters, eight byte tokens
     rows = torch.tensor([[7, 8, 9] + smiles, [7, 8, 9] + smiles, [7, 8, 9] + smiles[:7] + [0]])
     lengths, alive = torch.tensor([11, 10, 11]), torch.tensor([True, True, True])
-    assert len(smiles) == 8          # the whole string; one byte short; its last byte replaced
+    assert len(smiles) == 8  # the whole string; one byte short; its last byte replaced
     assert policy._hit_stop_string(rows, lengths, alive, ["🙂🙂"]).tolist() == [True, False, False]
     assert policy._hit_stop_string(rows, lengths, torch.tensor([False, True, True]), ["🙂🙂"]).tolist() == [False] * 3
     assert _cut(tokenizer.decode([7, 8] + smiles + [9], skip_special_tokens=True), ["🙂🙂"]) == tokenizer.decode([7, 8])
@@ -194,6 +207,8 @@ def test_the_sampling_benchmark_times_both_samplers_on_the_same_work():
     prompts = ["1 * 2 + 3 =", "4 * 5 + 6 ="]
     ours, _ = hf_tokens_per_second(model, tokenizer, prompts, 3, 12)
     theirs, _ = generate_tokens_per_second(model, tokenizer, prompts, 3, 12)
-    assert 0 < ours <= 6 * 12 and 0 < theirs <= 6 * 12           # 6 rows, at most 12 new tokens each
+    assert 0 < ours <= 6 * 12 and 0 < theirs <= 6 * 12  # 6 rows, at most 12 new tokens each
     result = compare("tiny", 2, 2, 8, 1)
-    assert result["rows"] == 4 and result["ratio"] == pytest.approx(result["hf_tokens_per_s"] / result["generate_tokens_per_s"], rel=1e-2)
+    assert result["rows"] == 4 and result["ratio"] == pytest.approx(
+        result["hf_tokens_per_s"] / result["generate_tokens_per_s"], rel=1e-2
+    )

@@ -30,8 +30,9 @@ from tasks.sandbox.client import Sandbox, SandboxUnavailable
 from tasks.sandbox.limits import SandboxLimits
 from tasks.sandbox.zygote import UID_BASE, UID_SLOTS
 
-LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, processes=16,
-                       output_bytes=200_000)
+LIMITS = SandboxLimits(
+    cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, processes=16, output_bytes=200_000
+)
 NOBODY = 65534
 
 
@@ -71,17 +72,24 @@ def context():
     socket_path = str(folder / "answer.sock")
     unix.bind(socket_path)
     os.chmod(socket_path, 0o777)
-    os.chmod(folder, 0o755)                          # the unprivileged orchestrator reaches it; the sandbox must not
+    os.chmod(folder, 0o755)  # the unprivileged orchestrator reaches it; the sandbox must not
     stop = threading.Event()
     threads = []
     for server in (tcp, abstract, unix):
         server.listen()
         threads.append(threading.Thread(target=_serve, args=(server, secret, stop), daemon=True))
         threads[-1].start()
-    yield {"secret": secret, "hidden": "hidden-" + uuid.uuid4().hex[:12], "marker": marker,
-           "port": tcp.getsockname()[1], "abstract": abstract_name, "socket_path": socket_path,
-           "readme_line": open(Path(REPO) / "README.md").readline(), "limits": LIMITS.to_dict(),
-           "folder": str(folder)}
+    yield {
+        "secret": secret,
+        "hidden": "hidden-" + uuid.uuid4().hex[:12],
+        "marker": marker,
+        "port": tcp.getsockname()[1],
+        "abstract": abstract_name,
+        "socket_path": socket_path,
+        "readme_line": open(Path(REPO) / "README.md").readline(),
+        "limits": LIMITS.to_dict(),
+        "folder": str(folder),
+    }
     stop.set()
     for thread in threads:
         thread.join(2)
@@ -110,15 +118,36 @@ def run_unprivileged(flag: str, arguments: list[str], stdin: str, timeout: float
     mount_point = tempfile.mkdtemp(prefix="rlvr-python-")
     os.chmod(mount_point, 0o755)
     site = [p for p in sys.path if p.endswith("site-packages")]
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent",
-           "PYTHONPATH": os.pathsep.join([REPO, *site])}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/nonexistent",
+        "PYTHONPATH": os.pathsep.join([REPO, *site]),
+    }
     try:
         return subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount --bind "$1" "$2" && shift 2 && exec setpriv --reuid=65534 --regid=65534 --clear-groups '
-             '--inh-caps=-all --bounding-set=-all "$@"', "sh", sys.base_prefix, mount_point,
-             f"{mount_point}/bin/python3", flag, *arguments],
-            input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount --bind "$1" "$2" && shift 2 && exec setpriv --reuid=65534 --regid=65534 --clear-groups '
+                '--inh-caps=-all --bounding-set=-all "$@"',
+                "sh",
+                sys.base_prefix,
+                mount_point,
+                f"{mount_point}/bin/python3",
+                flag,
+                *arguments,
+            ],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     finally:
         os.rmdir(mount_point)
 
@@ -132,18 +161,21 @@ def outcomes(context):
         if mode not in cache:
             if mode == "userns as nobody":
                 request = {**context, "secret_path": _secret_file(context, NOBODY)}
-                done = run_unprivileged("-m", ["bench.hostile_programs", "userns"],
-                                        json.dumps({"context": request, "names": list(HOSTILE)}))
+                done = run_unprivileged(
+                    "-m", ["bench.hostile_programs", "userns"], json.dumps({"context": request, "names": list(HOSTILE)})
+                )
                 assert done.returncode == 0, done.stderr[-3000:]
                 cache[mode] = json.loads(done.stdout.strip().splitlines()[-1])
             else:
-                os.environ["RLVR_HOSTILE_SECRET"] = context["secret"]        # in the orchestrator's environment
+                os.environ["RLVR_HOSTILE_SECRET"] = context["secret"]  # in the orchestrator's environment
                 try:
-                    cache[mode] = score_all(mode, {**context, "secret_path": _secret_file(context, None)},
-                                            list(HOSTILE))
+                    cache[mode] = score_all(
+                        mode, {**context, "secret_path": _secret_file(context, None)}, list(HOSTILE)
+                    )
                 finally:
                     os.environ.pop("RLVR_HOSTILE_SECRET", None)
         return cache[mode]
+
     return of
 
 
@@ -160,7 +192,7 @@ def test_hostile_program_is_contained(mode, name, outcomes, context):
 
 def test_the_suite_is_large_enough():
     assert len(HOSTILE) >= 40
-    assert len(ALL_MODES) >= (3 if ROOT else 1)     # root hosts check all three modes
+    assert len(ALL_MODES) >= (3 if ROOT else 1)  # root hosts check all three modes
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -177,8 +209,10 @@ def test_an_honest_program_passes_in_every_mode(mode):
 
     verifier = CodeVerifier(limits=LIMITS, _sandbox=Sandbox(isolation=mode, limits=LIMITS))
     try:
-        verdict = verifier.verify({"prompt": "", "tests": "assert solve(2) == 4\nassert solve(3) == 9\n",
-                                   "entry_point": "solve"}, "import math\ndef solve(x):\n    return int(math.pow(x, 2))\n")
+        verdict = verifier.verify(
+            {"prompt": "", "tests": "assert solve(2) == 4\nassert solve(3) == 9\n", "entry_point": "solve"},
+            "import math\ndef solve(x):\n    return int(math.pow(x, 2))\n",
+        )
     finally:
         verifier.close()
     assert verdict.reward == 1.0 and verdict.correct and verdict.details["isolation"] == mode
@@ -191,14 +225,15 @@ def test_the_sandbox_has_no_network_and_sees_no_other_process(mode):
             "import os\nprint([line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]])\n"
             "print([p for p in os.listdir('/proc') if p.isdigit()])\n"
             "print(os.getuid(), os.environ.get('RLVR_HOSTILE_SECRET'))\nprint(sorted(os.listdir('/')))\n"
-            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n")
+            "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+        )
     interfaces, processes, identity, root, capabilities = result.output.strip().splitlines()
     assert interfaces == "['lo']"
-    assert processes == "['1']"                       # itself, PID 1 of its own namespace: not the test runner
+    assert processes == "['1']"  # itself, PID 1 of its own namespace: not the test runner
     assert "home" not in root and "run" not in root and "etc" in root
     uid, secret = identity.split()
     assert secret == "None"
-    if mode == "namespaces":                          # a user id of its own server, never root's
+    if mode == "namespaces":  # a user id of its own server, never root's
         assert UID_BASE <= int(uid) < UID_BASE + 2 * UID_SLOTS and int(uid) % 2 == UID_BASE % 2
     else:
         assert uid == "0"
@@ -208,16 +243,21 @@ def test_the_sandbox_has_no_network_and_sees_no_other_process(mode):
 def test_live_sandboxes_never_share_user_ids():
     """Each live sandbox on the host holds its own pair of user ids (an flock per slot): a slot another
     sandbox holds, in this process or any other, is passed over, and closing a sandbox frees its slot."""
-    start = UID_SLOTS - 1                                    # the last slot: the next claim wraps to 0
+    start = UID_SLOTS - 1  # the last slot: the next claim wraps to 0
     first, held = client.claim_uid_slot(start)
     second, also_held = client.claim_uid_slot(first)
     assert held is not None and also_held is not None and second != first
-    other = subprocess.run([sys.executable, "-c", f"from tasks.sandbox.client import claim_uid_slot; "
-                            f"print(claim_uid_slot({first})[0])"], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert int(other.stdout) not in (first, second), other.stderr      # another process passes over both
+    other = subprocess.run(
+        [sys.executable, "-c", f"from tasks.sandbox.client import claim_uid_slot; print(claim_uid_slot({first})[0])"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert int(other.stdout) not in (first, second), other.stderr  # another process passes over both
     os.close(held)
     again, again_held = client.claim_uid_slot(first)
-    assert again == first                                            # free again
+    assert again == first  # free again
     os.close(again_held)
     os.close(also_held)
     sandboxes = [Sandbox(isolation="rlimits", allow_insecure=True) for _ in range(3)]
@@ -245,8 +285,10 @@ def test_without_isolation_code_is_refused_unless_explicitly_allowed(monkeypatch
 
 
 def test_the_rlimits_fallback_still_refuses_sockets(context):
-    program = (f"import socket\ns = socket.create_connection(('127.0.0.1', {context['port']}), timeout=2)\n"
-               "print(s.recv(100).decode())\n")
+    program = (
+        f"import socket\ns = socket.create_connection(('127.0.0.1', {context['port']}), timeout=2)\n"
+        "print(s.recv(100).decode())\n"
+    )
     with Sandbox(limits=LIMITS, isolation="rlimits", allow_insecure=True) as sandbox:
         result = sandbox.run_script(program)
     assert context["secret"] not in result.output and result.exit_code != 0
@@ -352,9 +394,9 @@ def test_many_children_together_stay_within_the_memory_budget(mode):
     budget = LIMITS.memory_mb * 1024 * 1024
     seen = {**peaks, "budget": sandbox.budget, "kernel_peak_mb": result.peak_mb}
     assert result.status == "memory_limit", result
-    if sandbox.budget.startswith("cgroup"):      # the kernel's own count of the run's memory, pages it charged
+    if sandbox.budget.startswith("cgroup"):  # the kernel's own count of the run's memory, pages it charged
         assert result.peak_mb is not None and result.peak_mb <= LIMITS.memory_mb, seen
-    else:                                        # polled: what one poll interval lets through, sampled from outside
+    else:  # polled: what one poll interval lets through, sampled from outside
         assert peaks["sandbox"] <= budget + 64 * 1024 * 1024, seen
     assert peaks["host"] <= budget + 700 * 1024 * 1024, seen
 
@@ -362,7 +404,7 @@ def test_many_children_together_stay_within_the_memory_budget(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_cpu_time_is_a_budget_of_the_whole_run(mode):
     """Four processes spinning together pass a 2 s CPU budget in about half a second of wall time each."""
-    program = ("import os\nfor _ in range(3):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n")
+    program = "import os\nfor _ in range(3):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
     limits = SandboxLimits(cpu_seconds=2, wall_seconds=8, memory_mb=512)
     with Sandbox(limits=limits, isolation=mode) as sandbox:
         result = sandbox.run_script(program)
@@ -373,15 +415,17 @@ def test_cpu_time_is_a_budget_of_the_whole_run(mode):
 def test_the_tmpfs_of_a_run_is_private_and_bounded():
     mode = MODES[0] if MODES else pytest.skip("no jailed mode on this host")
     limits = SandboxLimits(memory_mb=512, scratch_mb=32, wall_seconds=8)
-    program = ("import os\nwritten = 0\nfor n in range(100):\n    try:\n        with open(f'f{n}', 'wb') as f:\n"
-               "            f.write(b'0' * (4 << 20))\n        written += 4\n    except OSError:\n        break\n"
-               "print(written, sorted(os.listdir('/tmp')))\n")
+    program = (
+        "import os\nwritten = 0\nfor n in range(100):\n    try:\n        with open(f'f{n}', 'wb') as f:\n"
+        "            f.write(b'0' * (4 << 20))\n        written += 4\n    except OSError:\n        break\n"
+        "print(written, sorted(os.listdir('/tmp')))\n"
+    )
     with Sandbox(limits=limits, isolation=mode) as sandbox:
         first = sandbox.run_script(program)
         second = sandbox.run_script("import os\nprint(sorted(os.listdir('/tmp')))\n")
     written, listing = first.output.split(" ", 1)
     assert int(written) <= limits.scratch_mb and listing.strip() == "['work']"
-    assert second.output.strip() == "['work']"                # the next run starts from an empty tmpfs
+    assert second.output.strip() == "['work']"  # the next run starts from an empty tmpfs
 
 
 # ---- no leaks ---------------------------------------------------------------------------------------------
@@ -415,7 +459,7 @@ def test_a_quick_script_never_loses_its_output(mode):
 
 def test_a_server_past_a_health_limit_is_replaced_without_failing_a_run():
     mode = MODES[0] if MODES else pytest.skip("no jailed mode on this host")
-    with Sandbox(limits=LIMITS, isolation=mode, health_limits={"open_fds": 3}) as sandbox:   # it holds 7
+    with Sandbox(limits=LIMITS, isolation=mode, health_limits={"open_fds": 3}) as sandbox:  # it holds 7
         server = sandbox.server_pid
         first = sandbox.run_script("print('ok')")
         assert first.output.strip() == "ok" and first.health["recycle"] and sandbox.recycled == 1

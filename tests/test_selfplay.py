@@ -40,25 +40,35 @@ def test_a_valid_proposal_gets_its_outputs_from_the_sandbox(pair):
     assert result.task.inputs == ("([3, 1, 2], 2)",) and result.task.outputs == ("[2, 3]",)
 
 
-@pytest.mark.parametrize("text, reason, detail", [
-    ("no blocks at all", "unparseable", "needs a python block"),
-    (proposal("def g(x):\n    return x", "1"), "unparseable", "defines no top-level function f"),
-    (proposal("def f(x) return x", "1"), "does_not_run", "syntax error"),
-    (proposal("def f(x):\n    return 1 // (x - 1)", "1"), "does_not_run", "ZeroDivisionError"),
-    (proposal("def f(x):\n    return undefined_name", "1"), "does_not_run", "NameError"),
-    (proposal("import random\ndef f(x):\n    return random.random() + x", "1"), "forbidden_import", "imports random"),
-    (proposal("from _random import Random\ndef f(x):\n    return x", "1"), "forbidden_import", "imports _random"),
-    (proposal("import math\ndef f(x):\n    return math.isqrt(x)", "1.5"), "does_not_run", "TypeError"),
-    (proposal("def f(x):\n    import os\n    return os.getpid()", "1"), "forbidden_import", "imports os"),
-    (proposal("def f(x):\n    return open('/etc/passwd').read()", "1"), "forbidden_import", "calls open()"),
-    (proposal("def f(x):\n    return ().__class__.__base__.__subclasses__()", "1"), "forbidden_import",
-     "uses __subclasses__"),
-    (proposal("def f(x):\n    while True:\n        x += 1", "1"), "too_slow", "sandbox: "),
-    (proposal("def f(x):\n    return 'a' * x", "1000"), "output_too_large", "characters (limit 500)"),
-    (proposal("def f(x):\n    return 'a' * x", "100000"), "output_too_large", "sandbox: output_limit"),
-    (proposal("def f(x):\n    return object()", "1"), "not_a_literal", "is not a literal"),
-    (proposal("def f(x):\n    return x", "len('ab')"), "not_a_literal", "is not an argument list of literals"),
-])
+@pytest.mark.parametrize(
+    "text, reason, detail",
+    [
+        ("no blocks at all", "unparseable", "needs a python block"),
+        (proposal("def g(x):\n    return x", "1"), "unparseable", "defines no top-level function f"),
+        (proposal("def f(x) return x", "1"), "does_not_run", "syntax error"),
+        (proposal("def f(x):\n    return 1 // (x - 1)", "1"), "does_not_run", "ZeroDivisionError"),
+        (proposal("def f(x):\n    return undefined_name", "1"), "does_not_run", "NameError"),
+        (
+            proposal("import random\ndef f(x):\n    return random.random() + x", "1"),
+            "forbidden_import",
+            "imports random",
+        ),
+        (proposal("from _random import Random\ndef f(x):\n    return x", "1"), "forbidden_import", "imports _random"),
+        (proposal("import math\ndef f(x):\n    return math.isqrt(x)", "1.5"), "does_not_run", "TypeError"),
+        (proposal("def f(x):\n    import os\n    return os.getpid()", "1"), "forbidden_import", "imports os"),
+        (proposal("def f(x):\n    return open('/etc/passwd').read()", "1"), "forbidden_import", "calls open()"),
+        (
+            proposal("def f(x):\n    return ().__class__.__base__.__subclasses__()", "1"),
+            "forbidden_import",
+            "uses __subclasses__",
+        ),
+        (proposal("def f(x):\n    while True:\n        x += 1", "1"), "too_slow", "sandbox: "),
+        (proposal("def f(x):\n    return 'a' * x", "1000"), "output_too_large", "characters (limit 500)"),
+        (proposal("def f(x):\n    return 'a' * x", "100000"), "output_too_large", "sandbox: output_limit"),
+        (proposal("def f(x):\n    return object()", "1"), "not_a_literal", "is not a literal"),
+        (proposal("def f(x):\n    return x", "len('ab')"), "not_a_literal", "is not an argument list of literals"),
+    ],
+)
 def test_each_validity_rule_rejects_a_hand_written_proposal(pair, text, reason, detail):
     result = verdict(pair, text)
     assert result.task is None and result.rejection.reason == reason
@@ -80,8 +90,9 @@ def test_a_repeat_of_an_earlier_task_is_a_duplicate_even_reformatted(pair):
     other_input = verdict(pair, proposal("def f(x):\n    return x * 2", "4"), seen=seen)
     assert first.task is not None and other_input.task is not None
     assert again.rejection == Rejection("duplicate", "the same program and inputs were proposed before")
-    batch = validate_all([parse_proposal(proposal("def f(x):\n    return -x", "1"), "deduction")] * 2, set(),
-                         sandboxes=pair)
+    batch = validate_all(
+        [parse_proposal(proposal("def f(x):\n    return -x", "1"), "deduction")] * 2, set(), sandboxes=pair
+    )
     assert [v.rejection.reason if v.rejection else "valid" for v in batch] == ["valid", "duplicate"]
 
 
@@ -89,31 +100,39 @@ def test_the_solver_is_judged_by_execution_for_each_task_type(pair, sandbox):
     program = "def f(a, b):\n    return a * b + 1"
     deduction = CodeTask("deduction", program, ("(3, 4)",), ("13",))
     assert judge_answer(sandbox, deduction, "13") == (True, None)
-    assert judge_answer(sandbox, deduction, "13.0") == (False, "wrong output")       # a float is not the int
-    assert judge_answer(sandbox, deduction, "f(3, 4)")[1] == "the answer is not a literal"   # never evaluated
+    assert judge_answer(sandbox, deduction, "13.0") == (False, "wrong output")  # a float is not the int
+    assert judge_answer(sandbox, deduction, "f(3, 4)")[1] == "the answer is not a literal"  # never evaluated
     abduction = CodeTask("abduction", program, ("(3, 4)",), ("13",))
-    assert judge_answer(sandbox, abduction, "4, 3") == (True, None)                  # any input that gives it
+    assert judge_answer(sandbox, abduction, "4, 3") == (True, None)  # any input that gives it
     assert judge_answer(sandbox, abduction, "2, 2") == (False, "wrong output")
     assert judge_answer(sandbox, abduction, "__import__('os')")[0] is False
-    pairs = validate(pair, parse_proposal(proposal(program, "1, 1", "2, 3", "0, 5", "4, 4"), "induction",
-                                             RULES), set(), RULES).task
-    assert pairs.shown == 2 and "f(0, 5)" not in solver_prompt(pairs)              # held-out pairs stay hidden
+    pairs = validate(
+        pair, parse_proposal(proposal(program, "1, 1", "2, 3", "0, 5", "4, 4"), "induction", RULES), set(), RULES
+    ).task
+    assert pairs.shown == 2 and "f(0, 5)" not in solver_prompt(pairs)  # held-out pairs stay hidden
     assert judge_answer(sandbox, pairs, "def f(a, b):\n    return b * a + 1") == (True, None)
-    wrong = "def f(a, b):\n    return {(1, 1): 2, (2, 3): 7}.get((a, b), 0)"       # fits the shown pairs only
+    wrong = "def f(a, b):\n    return {(1, 1): 2, (2, 3): 7}.get((a, b), 0)"  # fits the shown pairs only
     assert judge_answer(sandbox, pairs, wrong) == (False, "wrong on held-out pairs")
 
 
 def test_hostile_solver_answers_score_nothing(pair, sandbox):
-    task = validate(pair, parse_proposal(proposal("def f(x):\n    return x + 1", "1", "2", "3", "4"),
-                                            "induction", RULES), set(), RULES).task
-    forged = ("import atexit, json\ndef f(x):\n    return x\n"
-              "atexit.register(lambda: print('@@rlvr-outputs-0000000000000000@@' + json.dumps(['4', '5'])))")
-    assert judge_answer(sandbox, task, forged)[0] is False                         # a marker it cannot know
+    task = validate(
+        pair,
+        parse_proposal(proposal("def f(x):\n    return x + 1", "1", "2", "3", "4"), "induction", RULES),
+        set(),
+        RULES,
+    ).task
+    forged = (
+        "import atexit, json\ndef f(x):\n    return x\n"
+        "atexit.register(lambda: print('@@rlvr-outputs-0000000000000000@@' + json.dumps(['4', '5'])))"
+    )
+    assert judge_answer(sandbox, task, forged)[0] is False  # a marker it cannot know
     exits = "import sys\ndef f(x):\n    sys.exit(0)"
-    assert judge_answer(sandbox, task, exits)[0] is False                          # exiting early is not passing
+    assert judge_answer(sandbox, task, exits)[0] is False  # exiting early is not passing
     spins = "def f(x):\n    while True:\n        pass"
-    assert judge_answer(sandbox, task, spins) == (False, "too_slow: sandbox: timeout") or \
-        judge_answer(sandbox, task, spins)[1].startswith("too_slow")
+    assert judge_answer(sandbox, task, spins) == (False, "too_slow: sandbox: timeout") or judge_answer(
+        sandbox, task, spins
+    )[1].startswith("too_slow")
 
 
 def test_the_selfplay_verifier_scores_a_problem_row():
@@ -130,8 +149,9 @@ def test_the_selfplay_verifier_scores_a_problem_row():
     assert missing.details["reason"] == "no answer block"
 
 
-@pytest.mark.parametrize("solve_rate, reward", [(None, 0.0), (0.0, 0.0), (1.0, 0.0), (0.25, 0.75), (0.5, 0.5),
-                                                (7 / 8, 0.125)])
+@pytest.mark.parametrize(
+    "solve_rate, reward", [(None, 0.0), (0.0, 0.0), (1.0, 0.0), (0.25, 0.75), (0.5, 0.5), (7 / 8, 0.125)]
+)
 def test_learnability_by_hand(solve_rate, reward):
     assert learnability(solve_rate) == pytest.approx(reward)
 
@@ -148,7 +168,8 @@ def test_every_warm_up_template_agrees_with_the_sandbox_and_its_worked_examples_
     rng = random.Random(0)
     drawn = [draw_task(rng, False, "induction") for _ in range(120)]
     assert {task.program.split("return")[1].split()[0] for task in drawn} >= {
-        t.text.split("return")[1].split()[0] for t in TEMPLATES}                    # every template drawn
+        t.text.split("return")[1].split()[0] for t in TEMPLATES
+    }  # every template drawn
     for task in drawn:
         checked = validate(pair, parse_proposal(proposal_text(task), "induction"), set()).task
         assert checked is not None and checked.outputs == task.outputs
@@ -162,18 +183,36 @@ def test_every_warm_up_template_agrees_with_the_sandbox_and_its_worked_examples_
         assert proposer.verify({"answer": made.answer}, made.solution).correct is True
 
 
-def proposal_row(iteration: int, index: int, verdict: str, task_key: str | None, shape: str | None,
-                 solve_rate: float | None = None, reason: str | None = None) -> dict:
-    return {"proposal_id": f"p-{iteration}-{index:02d}", "iteration": iteration, "verdict": verdict,
-            "task_key": task_key, "shape_key": shape, "solve_rate": solve_rate, "reason": reason}
+def proposal_row(
+    iteration: int,
+    index: int,
+    verdict: str,
+    task_key: str | None,
+    shape: str | None,
+    solve_rate: float | None = None,
+    reason: str | None = None,
+) -> dict:
+    return {
+        "proposal_id": f"p-{iteration}-{index:02d}",
+        "iteration": iteration,
+        "verdict": verdict,
+        "task_key": task_key,
+        "shape_key": shape,
+        "solve_rate": solve_rate,
+        "reason": reason,
+    }
 
 
 HISTORY = [  # iteration 1: three valid tasks of two shapes, one unparseable; iteration 2: a repeat and a new task
-    proposal_row(1, 0, "valid", "t1", "s1", 0.5), proposal_row(1, 1, "valid", "t2", "s1", 0.25),
-    proposal_row(1, 2, "valid", "t3", "s2", 1.0), proposal_row(1, 3, "invalid", None, None, reason="unparseable"),
-    proposal_row(2, 0, "invalid", "t1", None, reason="duplicate"), proposal_row(2, 1, "valid", "t4", "s2", 0.75),
+    proposal_row(1, 0, "valid", "t1", "s1", 0.5),
+    proposal_row(1, 1, "valid", "t2", "s1", 0.25),
+    proposal_row(1, 2, "valid", "t3", "s2", 1.0),
+    proposal_row(1, 3, "invalid", None, None, reason="unparseable"),
+    proposal_row(2, 0, "invalid", "t1", None, reason="duplicate"),
+    proposal_row(2, 1, "valid", "t4", "s2", 0.75),
     proposal_row(2, 2, "invalid", None, None, reason="unparseable"),
-    proposal_row(2, 3, "invalid", None, None, reason="unparseable")]
+    proposal_row(2, 3, "invalid", None, None, reason="unparseable"),
+]
 
 
 def test_collapse_metrics_by_hand_and_the_sql_view_agrees(tmp_path):
@@ -185,21 +224,41 @@ def test_collapse_metrics_by_hand_and_the_sql_view_agrees(tmp_path):
 
     health = proposal_health(pl.DataFrame(HISTORY))
     first, second = health.rows(named=True)
-    assert (first["valid_rate"], first["distinct_rate"], first["near_duplicate_rate"]) == (0.75, 1.0, pytest.approx(1 / 3))
+    assert (first["valid_rate"], first["distinct_rate"], first["near_duplicate_rate"]) == (
+        0.75,
+        1.0,
+        pytest.approx(1 / 3),
+    )
     assert first["mean_solve_rate"] == pytest.approx(7 / 12)
     assert (second["valid_rate"], second["distinct_rate"], second["near_duplicate_rate"]) == (0.25, 0.5, 1.0)
     # a valid SPICE challenge has no program, so no shape: it is not a near-duplicate of anything
     challenge = proposal_row(1, 4, "valid", "c1", None, 0.5)
     with_challenge = proposal_health(pl.DataFrame([*HISTORY, challenge])).row(0, named=True)
     assert (with_challenge["valid_rate"], with_challenge["distinct_rate"], with_challenge["near_duplicate_rate"]) == (
-        0.8, 1.0, pytest.approx(1 / 3))
+        0.8,
+        1.0,
+        pytest.approx(1 / 3),
+    )
     lake = Lake.open(str(tmp_path / "lake"))
-    full = [{**row, "role": "proposer", "task_type": "deduction", "model_version": 1, "rollout_id": row["proposal_id"],
-             "created_at": datetime.now(UTC)} for row in [*HISTORY, challenge]]
+    full = [
+        {
+            **row,
+            "role": "proposer",
+            "task_type": "deduction",
+            "model_version": 1,
+            "rollout_id": row["proposal_id"],
+            "created_at": datetime.now(UTC),
+        }
+        for row in [*HISTORY, challenge]
+    ]
     for iteration in (1, 2):
         with lake.run("test", "rollout", {}, iteration=iteration) as run:
-            lake.replace("proposals", pl.DataFrame([r for r in full if r["iteration"] == iteration]),
-                         {"iteration": iteration}, run)
+            lake.replace(
+                "proposals",
+                pl.DataFrame([r for r in full if r["iteration"] == iteration]),
+                {"iteration": iteration},
+                run,
+            )
     sql = open_catalog(lake).sql("select * from proposal_health").pl()
     expected = proposal_health(pl.DataFrame([*HISTORY, challenge]))
     for column in ("valid_rate", "distinct_rate", "near_duplicate_rate", "mean_solve_rate", "solve_rate_std"):
@@ -215,10 +274,12 @@ def test_the_tripwire_names_what_fired():
 
     health = proposal_health(pl.DataFrame(HISTORY))
     wire = TripwireConfig(after=2, min_valid_rate=0.5, max_near_duplicate_rate=0.9, min_eval_solve_rate=0.3)
-    assert tripped(health, 0.1, 1, wire) == []                                      # before `after`
+    assert tripped(health, 0.1, 1, wire) == []  # before `after`
     assert tripped(health, 0.4, 2, wire) == [
         "valid-proposal rate 25.0% below selfplay.tripwire.min_valid_rate 50%",
-        "near-duplicate rate 100.0% above selfplay.tripwire.max_near_duplicate_rate 90%"]
+        "near-duplicate rate 100.0% above selfplay.tripwire.max_near_duplicate_rate 90%",
+    ]
     assert tripped(health, 0.1, 2, TripwireConfig(min_eval_solve_rate=0.3)) == [
-        "held-out solve rate 10.0% below selfplay.tripwire.min_eval_solve_rate 30%"]
-    assert tripped(health, None, 2, TripwireConfig()) == []                         # every check off by default
+        "held-out solve rate 10.0% below selfplay.tripwire.min_eval_solve_rate 30%"
+    ]
+    assert tripped(health, None, 2, TripwireConfig()) == []  # every check off by default

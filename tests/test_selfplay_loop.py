@@ -15,25 +15,52 @@ import yaml
 
 from tasks.proposals.code_tasks import learnability
 
-pytestmark = pytest.mark.slow                     # one self-play run, killed and resumed, shared by every test here
+pytestmark = pytest.mark.slow  # one self-play run, killed and resumed, shared by every test here
 
 CONFIG = {
-    "bank": {"sources": [
-        {"kind": "generator", "name": "sp-solver", "generator": "selfplay_solver", "count": 6, "seed": 2},
-        {"kind": "generator", "name": "sp-proposer", "generator": "selfplay_proposer_bare", "count": 12, "seed": 3},
-        {"kind": "generator", "name": "sp-proposer-eval", "generator": "selfplay_proposer_bare", "count": 12,
-         "seed": 3, "split": "eval"}],
-        "decontamination": {"enabled": False}},
-    "rollout": {"group_size": 4, "base_policy": {"tiny": {"hidden_size": 64, "intermediate_size": 128,
-                                                          "num_hidden_layers": 2}},
-                "prompt": {"template": "plain", "format": "{prompt}\n"}, "sampler": {"max_new_tokens": 64}},
-    "selfplay": {"enabled": True, "references": 0, "proposer_groups": 1, "proposer_group_size": 4,
-                 "solver_tasks": 2, "proposal_tokens": 160,
-                 "tripwire": {"after": 2, "min_valid_rate": 0.99}},   # iteration 2 repeats iteration 1's tasks
+    "bank": {
+        "sources": [
+            {"kind": "generator", "name": "sp-solver", "generator": "selfplay_solver", "count": 6, "seed": 2},
+            {"kind": "generator", "name": "sp-proposer", "generator": "selfplay_proposer_bare", "count": 12, "seed": 3},
+            {
+                "kind": "generator",
+                "name": "sp-proposer-eval",
+                "generator": "selfplay_proposer_bare",
+                "count": 12,
+                "seed": 3,
+                "split": "eval",
+            },
+        ],
+        "decontamination": {"enabled": False},
+    },
+    "rollout": {
+        "group_size": 4,
+        "base_policy": {"tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}},
+        "prompt": {"template": "plain", "format": "{prompt}\n"},
+        "sampler": {"max_new_tokens": 64},
+    },
+    "selfplay": {
+        "enabled": True,
+        "references": 0,
+        "proposer_groups": 1,
+        "proposer_group_size": 4,
+        "solver_tasks": 2,
+        "proposal_tokens": 160,
+        "tripwire": {"after": 2, "min_valid_rate": 0.99},
+    },  # iteration 2 repeats iteration 1's tasks
     "dynamic_sampling": {"band": [-0.1, 1.1], "groups_per_batch": 32, "max_rounds": 1, "oversample": 1.0},
     "verify": {"workers": 0},
-    "warmup": {"enabled": True, "band": [0.5, 1.0], "max_steps": 800, "evaluate_every": 50, "eval_problems": 10,
-               "batch_size": 9, "learning_rate": 3.0e-3, "lr_warmup_steps": 20, "max_new_tokens": 160},
+    "warmup": {
+        "enabled": True,
+        "band": [0.5, 1.0],
+        "max_steps": 800,
+        "evaluate_every": 50,
+        "eval_problems": 10,
+        "batch_size": 9,
+        "learning_rate": 3.0e-3,
+        "lr_warmup_steps": 20,
+        "max_new_tokens": 160,
+    },
     "train": {"micro_batch_size": 16},
     "evaluation": {"max_problems": 10, "sampler": {"max_new_tokens": 160}},
     "loop": {"iterations": 3, "evaluate_every": 3},
@@ -65,7 +92,7 @@ def test_the_tripwire_stops_the_loop_with_what_fired(played):
     assert "self-play stopped after iteration 2: valid-proposal rate" in resumed.stderr
     assert "below selfplay.tripwire.min_valid_rate 99%" in resumed.stderr
     recorded = Lake.open(lake_uri).read("iteration_metrics")["iteration"].sort().to_list()
-    assert recorded == [0, 1, 2]                                  # the iteration that tripped it is recorded
+    assert recorded == [0, 1, 2]  # the iteration that tripped it is recorded
 
 
 def test_killed_and_resumed_nothing_is_lost_or_repeated(played):
@@ -79,7 +106,7 @@ def test_killed_and_resumed_nothing_is_lost_or_repeated(played):
     proposals = lake.read("proposals")
     proposer_rollouts = lake.read("rollouts").filter(pl.col("round") == 1)
     assert proposals.group_by("iteration").len().sort("iteration")["len"].to_list() == [12, 12]
-    assert sorted(proposals["rollout_id"]) == sorted(proposer_rollouts["rollout_id"])   # one per proposer rollout
+    assert sorted(proposals["rollout_id"]) == sorted(proposer_rollouts["rollout_id"])  # one per proposer rollout
     assert proposals["proposal_id"].is_unique().all()
 
 
@@ -91,8 +118,13 @@ def test_every_proposal_is_rewarded_by_its_rule_and_valid_ones_enter_the_bank(pl
     proposals = lake.read("proposals")
     assert (proposals["verdict"] == "valid").any() and (proposals["reason"] == "duplicate").any()
     for row in proposals.iter_rows(named=True):
-        expected = (learnability(row["solve_rate"]) if row["verdict"] == "valid" else
-                    -1.0 if row["reason"] == "unparseable" else -0.5)
+        expected = (
+            learnability(row["solve_rate"])
+            if row["verdict"] == "valid"
+            else -1.0
+            if row["reason"] == "unparseable"
+            else -0.5
+        )
         assert row["reward"] == pytest.approx(expected), row
     rewards = lake.read("rewards").join(proposals.select("rollout_id", "reward"), on="rollout_id", suffix="_proposal")
     assert (rewards["verifier"] == "learnability").all() and (rewards["reward"] == rewards["reward_proposal"]).all()
@@ -100,8 +132,9 @@ def test_every_proposal_is_rewarded_by_its_rule_and_valid_ones_enter_the_bank(pl
     banked = lake.read("problems").filter(pl.col("problem_id").is_in(valid["problem_id"].to_list()))
     assert banked.height == valid["problem_id"].n_unique()
     assert (banked["source"] == "self-play").all() and (banked["verifier"] == "selfplay").all()
-    curated = lake.read("runs").filter((pl.col("stage") == "curate") & pl.col("bank_version").is_in(
-        banked["bank_version"].to_list()))
+    curated = lake.read("runs").filter(
+        (pl.col("stage") == "curate") & pl.col("bank_version").is_in(banked["bank_version"].to_list())
+    )
     assert (curated["status"] == "completed").all() and curated["iteration"].is_not_null().all()
     solved = lake.read("rewards").filter(pl.col("problem_id").is_in(valid["problem_id"].to_list()))
     assert (solved["verifier"] == "selfplay").all() and solved.height > 0
@@ -120,7 +153,7 @@ def test_lineage_walks_from_a_proposed_problem_to_its_proposer(played):
     assert f"proposer model version {proposal['model_version']}" in text
     assert f"iteration {proposal['iteration']}, rollout {proposal['rollout_id']}" in text
     version = lake.read("model_versions").filter(pl.col("model_version") == proposal["model_version"])
-    assert version.height == 1                                    # the proposer version is registered
+    assert version.height == 1  # the proposer version is registered
 
 
 def test_the_report_plots_self_play_health(played, tmp_path):
@@ -144,13 +177,18 @@ def test_read_only_commands_exit_cleanly_again_and_again(played):
 
     bench, lake_uri, _ = played
     problem = Lake.open(lake_uri).read("proposals").filter(pl.col("verdict") == "valid")["problem_id"][0]
-    commands = [("sql", "select count(*) from rollouts", "--lake", lake_uri),
-                ("sql", "select verdict, count(*) from proposals group by verdict", "--lake", lake_uri),
-                ("lineage", "problem", problem, "--lake", lake_uri),
-                ("lineage", "model-version", "1", "--lake", lake_uri),
-                ("bank", "stats", "--lake", lake_uri)]
+    commands = [
+        ("sql", "select count(*) from rollouts", "--lake", lake_uri),
+        ("sql", "select verdict, count(*) from proposals group by verdict", "--lake", lake_uri),
+        ("lineage", "problem", problem, "--lake", lake_uri),
+        ("lineage", "model-version", "1", "--lake", lake_uri),
+        ("bank", "stats", "--lake", lake_uri),
+    ]
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda args: (args, bench.rlvr(*args)), commands * 5))
-    failed = [(args[:2], result.returncode, result.stderr[-500:]) for args, result in results
-              if result.returncode != 0 or result.stderr.strip()]
+    failed = [
+        (args[:2], result.returncode, result.stderr[-500:])
+        for args, result in results
+        if result.returncode != 0 or result.stderr.strip()
+    ]
     assert not failed, failed

@@ -31,7 +31,7 @@ from storage.registry import version_row
 
 SAMPLER = SamplerConfig(max_new_tokens=24)
 PROMPTS = ["What is 2+3?\nAnswer:", "7*8 = 7*8 = 7*8 ="]
-FP32_GATE = 1e-5                     # mean |Δ log p| an fp32 server may differ from the fp32 trainer by
+FP32_GATE = 1e-5  # mean |Δ log p| an fp32 server may differ from the fp32 trainer by
 # vLLM (uvicorn) closes a connection after an answer its app raised for (a failed RPC's 500): a client reusing it
 # may send the next request into the closed socket. The publish stage asks so too (policy/publish.py).
 ONE_REQUEST_A_CONNECTION = {"Connection": "close"}
@@ -39,8 +39,14 @@ ONE_REQUEST_A_CONNECTION = {"Connection": "close"}
 
 def fresh(engine):
     """Every one-name server back on v0, and the adapter servers holding no adapter."""
-    full = publish(engine.full, "policy", version_row(engine.lake, 0)["checkpoint_uri"], PublishConfig(weights="full"),
-                   template="policy", version=0)
+    full = publish(
+        engine.full,
+        "policy",
+        version_row(engine.lake, 0)["checkpoint_uri"],
+        PublishConfig(weights="full"),
+        template="policy",
+        version=0,
+    )
     assert all(result.confirmed for result in full), [result.error for result in full]
     for url in dict.fromkeys([engine.lora, *engine.lora_rotation]):
         for name in served_models(httpx.Client(), url):
@@ -81,7 +87,7 @@ def test_completions_carry_token_ids_and_the_trainers_logprobs(engine):
             assert sample.token_ids and len(sample.logprobs) == len(sample.token_ids)
             assert sample.finish_reason in ("stop", "length")
     assert delta(engine, 0, groups) <= FP32_GATE
-    again = sampled(engine.full[0], "policy")                 # a request's seed fixes its samples
+    again = sampled(engine.full[0], "policy")  # a request's seed fixes its samples
     assert [[s.token_ids for s in group] for group in again] == [[s.token_ids for s in group] for group in groups]
 
 
@@ -98,7 +104,8 @@ def test_several_prompts_in_one_request_come_back_prompt_by_prompt(engine):
     assert [len(group) for group in groups] == [3] * 4
     for prompt, group in zip(PROMPTS + ["1+1=", "9-4="], groups):
         assert {tuple(sample.prompt_token_ids) for sample in group} == {
-            tuple(tokenizer(prompt, add_special_tokens=False).input_ids)}
+            tuple(tokenizer(prompt, add_special_tokens=False).input_ids)
+        }
     assert delta(engine, 0, groups[:2]) <= FP32_GATE
 
 
@@ -107,9 +114,12 @@ def test_many_long_seeded_requests_at_once_are_all_answered(engine):
     request seeded as the backend seeds them: vLLM 0.32's CPU build died on that ("CPU Generator does not use
     offset") until serve.sh turned chunked prefill off for it."""
     fresh(engine)
-    prompts = [f"Problem {index}: " + " ".join(f"{index * 7 + k} plus {k} is" for k in range(40)) for index in range(16)]
-    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[engine.full[0]], model_name="policy", concurrency=16,
-                                              max_retries=1))
+    prompts = [
+        f"Problem {index}: " + " ".join(f"{index * 7 + k} plus {k} is" for k in range(40)) for index in range(16)
+    ]
+    client = OpenAIPolicy(
+        OpenAIBackendConfig(endpoints=[engine.full[0]], model_name="policy", concurrency=16, max_retries=1)
+    )
     try:
         groups = client.generate(prompts, 4, SamplerConfig(max_new_tokens=8), seed=3, model_version=0)
     finally:
@@ -129,22 +139,35 @@ def test_text_prompts_get_special_tokens_only_when_asked_and_token_prompts_are_t
     url, prompt = engine.full[0], f"{IM_START}user\n2+3?<|im_end|>\n{IM_START}assistant\n"
     assert tokenizer("x").input_ids[0] == tokenizer.bos_token_id
     for add in (True, False):
-        body = {"model": "policy", "prompt": prompt, "max_tokens": 2, "add_special_tokens": add,
-                "return_token_ids": True}
+        body = {
+            "model": "policy",
+            "prompt": prompt,
+            "max_tokens": 2,
+            "add_special_tokens": add,
+            "return_token_ids": True,
+        }
         answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
         assert answer["choices"][0]["prompt_token_ids"] == tokenizer(prompt, add_special_tokens=add).input_ids
     hf_ids = tokenizer(prompt, add_special_tokens=False).input_ids
     body = completion_request("policy", [prompt], 2, SAMPLER, 1)
-    twice = parse_choices(httpx.post(f"{url}/v1/completions", json={k: v for k, v in body.items()
-                                                                   if k != "add_special_tokens"}, timeout=60).json(), 2, url)
+    twice = parse_choices(
+        httpx.post(
+            f"{url}/v1/completions", json={k: v for k, v in body.items() if k != "add_special_tokens"}, timeout=60
+        ).json(),
+        2,
+        url,
+    )
     assert twice[0].prompt_token_ids == [tokenizer.bos_token_id] + hf_ids
     verdict = measure([twice], [hf_ids], model, SAMPLER, tolerance=0.05)
     assert not verdict.prompt_tokens_match and not verdict.passed and "BOS" in verdict.causes[0]
     once = parse_choices(httpx.post(f"{url}/v1/completions", json=body, timeout=60).json(), 2, url)
     assert once[0].prompt_token_ids == hf_ids and measure([once], [hf_ids], model, SAMPLER, 0.05).passed
-    answer = httpx.post(f"{url}/v1/completions", json={"model": "policy", "prompt": hf_ids, "max_tokens": 2,
-                                                       "return_token_ids": True}, timeout=60).json()
-    assert answer["choices"][0]["prompt_token_ids"] == hf_ids     # token ids are taken as they are
+    answer = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "policy", "prompt": hf_ids, "max_tokens": 2, "return_token_ids": True},
+        timeout=60,
+    ).json()
+    assert answer["choices"][0]["prompt_token_ids"] == hf_ids  # token ids are taken as they are
 
 
 def test_penalties_a_request_omits_come_from_the_generation_config_and_stated_ones_do_not(engine):
@@ -154,14 +177,30 @@ def test_penalties_a_request_omits_come_from_the_generation_config_and_stated_on
     stated = sampled(engine.lora, "v0")
     omitted = sampled(engine.lora, "v0", drop=tuple(NEUTRAL))
     assert delta(engine, 0, stated) <= FP32_GATE
-    assert delta(engine, 0, omitted) > 0.01                   # penalised: not the trainer's distribution
+    assert delta(engine, 0, omitted) > 0.01  # penalised: not the trainer's distribution
     model, tokenizer = local(engine, 0)
-    verdict = measure(omitted, [tokenizer(p, add_special_tokens=False).input_ids for p in PROMPTS], model, SAMPLER,
-                      tolerance=0.01)
+    verdict = measure(
+        omitted, [tokenizer(p, add_special_tokens=False).input_ids for p in PROMPTS], model, SAMPLER, tolerance=0.01
+    )
     assert not verdict.passed and "server-side penalties" in verdict.causes[0]
-    checked = subprocess.run([str(BIN / "rlvr"), "policy", "check", engine.lora, "--model", "v0", "--lake",
-                              engine.lake.uri, "--format", "json"], capture_output=True, text=True, timeout=300)
-    assert checked.returncode == 0, checked.stderr[-2000:]                 # `rlvr policy check`: stated, so it agrees
+    checked = subprocess.run(
+        [
+            str(BIN / "rlvr"),
+            "policy",
+            "check",
+            engine.lora,
+            "--model",
+            "v0",
+            "--lake",
+            engine.lake.uri,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 0, checked.stderr[-2000:]  # `rlvr policy check`: stated, so it agrees
     assert json.loads(checked.stdout.strip().splitlines()[-1])["mean_abs_delta"] <= FP32_GATE
 
 
@@ -191,13 +230,17 @@ def test_more_adapters_than_max_loras_load_and_answer(engine):
     fresh(engine)
     url = engine.lora
     for version in (2, 3):
-        [result] = publish([url], f"v{version}", version_row(engine.lake, version)["checkpoint_uri"],
-                           PublishConfig(max_loras=4))
+        [result] = publish(
+            [url], f"v{version}", version_row(engine.lake, version)["checkpoint_uri"], PublishConfig(max_loras=4)
+        )
         assert result.action == "loaded", result.error
     with httpx.Client(timeout=60) as client:
         copy = version_row(engine.lake, 3)["checkpoint_uri"]
-        assert client.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": copy}).status_code == 200
-        assert set(served_models(client, url)) == {"v0", "v2", "v3", "extra"}     # three, --max-loras 2
+        assert (
+            client.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "extra", "lora_path": copy}).status_code
+            == 200
+        )
+        assert set(served_models(client, url)) == {"v0", "v2", "v3", "extra"}  # three, --max-loras 2
     assert delta(engine, 3, sampled(url, "extra")) <= FP32_GATE
 
 
@@ -214,13 +257,23 @@ def test_a_base_request_beside_adapter_requests_keeps_the_bases_logprobs(engine)
     for version in (2, 3):
         [result] = publish([url], f"v{version}", version_row(engine.lake, version)["checkpoint_uri"], PublishConfig())
         assert result.action == "loaded", result.error
-    client = OpenAIPolicy(OpenAIBackendConfig(endpoints=[url], model_name="v{model_version}", concurrency=16,
-                                              max_retries=1))
+    client = OpenAIPolicy(
+        OpenAIBackendConfig(endpoints=[url], model_name="v{model_version}", concurrency=16, max_retries=1)
+    )
     long = SamplerConfig(max_new_tokens=200)
     try:
         with ThreadPoolExecutor(3) as pool:
-            adapters = [pool.submit(client.generate, [f"{k} plus {k} is" for k in range(8)], 2, long, seed=version,
-                                    model_version=version) for version in (2, 3)]
+            adapters = [
+                pool.submit(
+                    client.generate,
+                    [f"{k} plus {k} is" for k in range(8)],
+                    2,
+                    long,
+                    seed=version,
+                    model_version=version,
+                )
+                for version in (2, 3)
+            ]
             while engine.engine == "vllm" and not requests_running(url):
                 assert not any(job.done() for job in adapters), "the adapter requests ended before base ones joined"
                 time.sleep(0.05)
@@ -244,23 +297,24 @@ def test_the_cpu_lora_extension_gives_rows_without_an_adapter_no_adapter_term(mo
     monkeypatch.syspath_prepend(str(ROOT / "infra" / "vllm"))
     from rlvr_cpu_lora import skipping_base_rows
 
-    def bgmv_shrink(inputs, weights, output, indices, scaling=1.0):      # vLLM 0.32's, torch_ops/lora_ops.py
-        output[:, :weights.shape[-2]] = scaling * torch.einsum("bi, boi -> bo", inputs, weights[indices].squeeze(1))
+    def bgmv_shrink(inputs, weights, output, indices, scaling=1.0):  # vLLM 0.32's, torch_ops/lora_ops.py
+        output[:, : weights.shape[-2]] = scaling * torch.einsum("bi, boi -> bo", inputs, weights[indices].squeeze(1))
 
     inputs, weights = torch.randn(4, 8), torch.randn(2, 1, 3, 8)
     indices = torch.tensor([0, -1, 1, -1])
     unmended, mended = torch.zeros(4, 3), torch.zeros(4, 3)
     bgmv_shrink(inputs, weights, unmended, indices, 0.5)
     skipping_base_rows(bgmv_shrink)(inputs, weights, mended, indices, 0.5)
-    assert torch.allclose(unmended[1], 0.5 * weights[1, 0] @ inputs[1])      # the defect: slot -1 is the last
+    assert torch.allclose(unmended[1], 0.5 * weights[1, 0] @ inputs[1])  # the defect: slot -1 is the last
     assert torch.equal(mended[[1, 3]], torch.zeros(2, 3)) and torch.equal(mended[[0, 2]], unmended[[0, 2]])
 
 
 def requests_running(url: str) -> bool:
     """Whether a vLLM server is generating now (its `vllm:num_requests_running` gauge)."""
     metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    return any(line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0
-               for line in metrics.splitlines())
+    return any(
+        line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0 for line in metrics.splitlines()
+    )
 
 
 def test_dev_mode_routes_answer_as_vllm_answers(engine):
@@ -273,9 +327,11 @@ def test_dev_mode_routes_answer_as_vllm_answers(engine):
         assert missing.status_code == 400 and "Missing 'method'" in missing.json()["error"]["message"]
         unknown = client.post(f"{url}/collective_rpc", json={"method": "no_such_method"})
         assert unknown.status_code == 500 and "no_such_method" in unknown.json()["error"]["message"]
-        failed = client.post(f"{url}/collective_rpc", json={"method": "rlvr_load_checkpoint", "args": ["/nonexistent", 4]})
+        failed = client.post(
+            f"{url}/collective_rpc", json={"method": "rlvr_load_checkpoint", "args": ["/nonexistent", 4]}
+        )
         assert failed.status_code == 500 and "/nonexistent" in failed.json()["error"]["message"]
-        assert held_versions(client, url) == [0]                                  # a failed load changes nothing
+        assert held_versions(client, url) == [0]  # a failed load changes nothing
         assert client.post(f"{url}/pause", params={"mode": "wait"}).json() == {"status": "paused"}
         assert client.get(f"{url}/is_paused").json() == {"is_paused": True}
         assert client.post(f"{url}/resume").json() == {"status": "resumed"}
@@ -283,16 +339,15 @@ def test_dev_mode_routes_answer_as_vllm_answers(engine):
         assert client.post(f"{url}/reset_prefix_cache").json() == {"success": True}
         assert client.post(f"{url}/sleep", params={"level": "1"}).json() == {"status": "sleeping", "level": 1}
         assert client.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
-        with pytest.raises(httpx.ReadTimeout):              # asleep: a request waits, as while paused
-            client.post(f"{url}/v1/completions", json={"model": "policy", "prompt": "1+1=", "max_tokens": 2},
-                        timeout=3)
+        with pytest.raises(httpx.ReadTimeout):  # asleep: a request waits, as while paused
+            client.post(f"{url}/v1/completions", json={"model": "policy", "prompt": "1+1=", "max_tokens": 2}, timeout=3)
         assert client.post(f"{url}/wake_up").json() == {"status": "awake", "tags": None}
         assert client.get(f"{url}/is_sleeping").json() == {"is_sleeping": False}
         assert "/collective_rpc" in client.get(f"{url}/openapi.json").json()["paths"]
         unknown_model = client.post(f"{url}/v1/completions", json={"model": "v7", "prompt": "1+1=", "max_tokens": 2})
         assert unknown_model.status_code == 404 and unknown_model.json()["error"]["type"] == "NotFoundError"
         no_adapters = client.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "v2", "lora_path": "/x"})
-        assert no_adapters.status_code == 404                 # a one-name server has no adapter routes
+        assert no_adapters.status_code == 404  # a one-name server has no adapter routes
 
 
 def test_full_weights_swap_in_place_and_the_served_output_layer_is_the_new_versions(engine):
@@ -302,20 +357,21 @@ def test_full_weights_swap_in_place_and_the_served_output_layer_is_the_new_versi
     from tasks.rollout.stage import RolloutConfig
 
     fresh(engine)
-    rollout = RolloutConfig(backend="openai", sampler=SAMPLER,
-                            openai=OpenAIBackendConfig(endpoints=engine.full, model_name="policy"))
+    rollout = RolloutConfig(
+        backend="openai", sampler=SAMPLER, openai=OpenAIBackendConfig(endpoints=engine.full, model_name="policy")
+    )
     rows = publish_version(engine.lake, rollout, PublishConfig(), 1)
     assert [(row["method"], row["action"]) for row in rows] == [("full", "loaded")] * 2, rows
     assert all(held_versions(httpx.Client(), url) == [1] for url in engine.full)
     gate = engine.lake.read("logprob_checks").filter(model_version=1).tail(2)
     assert gate["passed"].to_list() == [True, True] and max(gate["mean_abs_delta"]) <= FP32_GATE
     assert delta(engine, 1, sampled(engine.full[1], "policy")) <= FP32_GATE
-    assert all(httpx.get(f"{url}/is_paused").json() == {"is_paused": False} for url in engine.full)   # resumed
+    assert all(httpx.get(f"{url}/is_paused").json() == {"is_paused": False} for url in engine.full)  # resumed
     again = publish_version(engine.lake, rollout, PublishConfig(), 1)
     assert [row["action"] for row in again] == ["already_served"] * 2
     client = OpenAIPolicy(rollout.openai)
     try:
-        with pytest.raises(Exception, match=r"holds version \[1\]"):               # v0 is out of rotation now
+        with pytest.raises(Exception, match=r"holds version \[1\]"):  # v0 is out of rotation now
             client.generate(PROMPTS, 2, SAMPLER, seed=1, model_version=0)
     finally:
         client.close()
@@ -326,10 +382,11 @@ def test_a_server_without_the_extension_refuses_full_weights_and_says_how_to_sta
     from policy.publish import PublishFailed
     from tasks.rollout.stage import RolloutConfig
 
-    fresh(engine)                       # the adapter server: no dev mode, no worker extension
+    fresh(engine)  # the adapter server: no dev mode, no worker extension
     assert "/collective_rpc" not in httpx.get(f"{engine.lora}/openapi.json").json()["paths"]
-    rollout = RolloutConfig(backend="openai", sampler=SAMPLER,
-                            openai=OpenAIBackendConfig(endpoints=[engine.lora], model_name="v0"))
+    rollout = RolloutConfig(
+        backend="openai", sampler=SAMPLER, openai=OpenAIBackendConfig(endpoints=[engine.lora], model_name="v0")
+    )
     with pytest.raises(PublishFailed, match="VLLM_SERVER_DEV_MODE=1.*WEIGHTS=full"):
         publish_version(engine.lake, rollout, PublishConfig(weights="full"), 1)
     assert engine.lake.read("publications").filter(endpoint=engine.lora)["action"].to_list()[-1] == "failed"
@@ -345,13 +402,15 @@ def test_servers_sleep_during_training_and_wake_after_even_when_it_fails(engine)
         assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
         raise RuntimeError("the step failed")
     assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": False}
-    assert delta(engine, 0, sampled(url, "policy")) <= FP32_GATE             # awake, with its weights
-    with pytest.raises(LayoutRefused, match="--enable-sleep-mode.*SLEEP=1"), \
-            servers_asleep(openai.model_copy(update={"endpoints": [engine.lora]})):
+    assert delta(engine, 0, sampled(url, "policy")) <= FP32_GATE  # awake, with its weights
+    with (
+        pytest.raises(LayoutRefused, match="--enable-sleep-mode.*SLEEP=1"),
+        servers_asleep(openai.model_copy(update={"endpoints": [engine.lora]})),
+    ):
         pass
 
 
-PROBES = [                               # (method, route, body, what of the answer must be the same)
+PROBES = [  # (method, route, body, what of the answer must be the same)
     ("GET", "/v1/models", None, "ids"),
     ("POST", "/collective_rpc", {"method": "rlvr_loaded_version"}, "json"),
     ("POST", "/collective_rpc", {}, "error"),
@@ -366,8 +425,21 @@ PROBES = [                               # (method, route, body, what of the ans
     ("GET", "/is_paused", None, "json"),
     ("POST", "/v1/completions", {"model": "nope", "prompt": "1+1=", "max_tokens": 2}, "error"),
     ("POST", "/v1/load_lora_adapter", {"lora_name": "v2", "lora_path": "/x"}, "status"),
-    ("POST", "/v1/completions", {"model": "policy", "prompt": "1+1=", "max_tokens": 3, "n": 2, "logprobs": 0,
-                                 "return_tokens_as_token_ids": True, "return_token_ids": True, "seed": 1}, "shape"),
+    (
+        "POST",
+        "/v1/completions",
+        {
+            "model": "policy",
+            "prompt": "1+1=",
+            "max_tokens": 3,
+            "n": 2,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "seed": 1,
+        },
+        "shape",
+    ),
 ]
 LORA_PROBES = [
     ("GET", "/v1/models", None, "json-models"),
@@ -410,8 +482,21 @@ def answer_of(client: httpx.Client, url: str, method: str, route: str, body, com
 def shape(value):
     """The keys and value types the backend reads from a completion (`parse_choices`), recursively."""
     if isinstance(value, dict):
-        return {key: shape(value[key]) for key in ("choices", "logprobs", "tokens", "token_logprobs", "token_ids",
-                                                    "prompt_token_ids", "finish_reason", "index", "text") if key in value}
+        return {
+            key: shape(value[key])
+            for key in (
+                "choices",
+                "logprobs",
+                "tokens",
+                "token_logprobs",
+                "token_ids",
+                "prompt_token_ids",
+                "finish_reason",
+                "index",
+                "text",
+            )
+            if key in value
+        }
     if isinstance(value, list):
         return [shape(value[0])] if value else []
     return type(value).__name__
@@ -426,6 +511,7 @@ def test_the_stand_in_answers_as_vllm_does(vllm, stand_in):
     for servers in (vllm, stand_in):
         with httpx.Client(timeout=60, headers=ONE_REQUEST_A_CONNECTION) as client:
             answers[servers.engine] = [answer_of(client, servers.full[0], *probe, servers.lake) for probe in PROBES] + [
-                answer_of(client, servers.lora, *probe, servers.lake) for probe in LORA_PROBES]
+                answer_of(client, servers.lora, *probe, servers.lake) for probe in LORA_PROBES
+            ]
     for probe, ours, theirs in zip(PROBES + LORA_PROBES, answers["stand-in"], answers["vllm"]):
         assert ours == theirs, f"{probe[0]} {probe[1]} {probe[2]}: stand-in {ours!r}, vLLM {theirs!r}"

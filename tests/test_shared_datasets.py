@@ -9,8 +9,16 @@ import polars as pl
 import pytest
 from conftest import run_cli
 
-EXPECTED_ROWS = {"gsm8k-train": 7473, "gsm8k-test": 1319, "math500": 500, "aime24": 30, "humaneval": 164,
-                 "gen:mix": 100_000, "gym:propositional_logic": 500, "gym:knights_knaves": 500}
+EXPECTED_ROWS = {
+    "gsm8k-train": 7473,
+    "gsm8k-test": 1319,
+    "math500": 500,
+    "aime24": 30,
+    "humaneval": 164,
+    "gen:mix": 100_000,
+    "gym:propositional_logic": 500,
+    "gym:knights_knaves": 500,
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +54,14 @@ def test_real_sets_survive_whole(curated):
     # eval sets are never deduplicated away; HumanEval and these sets parse completely
     assert counts["gsm8k-test"] == 1319 and counts["math500"] == 500 and counts["aime24"] == 30
     assert counts["humaneval"] == 164
-    assert counts["gsm8k-train"] >= 7400               # a handful dropped as near-duplicates or test leaks
-    assert counts["gen:mix"] > 85_000                   # exact repeats of small parameter spaces dropped
-    levels = {(r["source"], r["level"]) for r in sql(lake, "select distinct source, level from problems where source in ('gsm8k-train', 'math500', 'aime24')")}
+    assert counts["gsm8k-train"] >= 7400  # a handful dropped as near-duplicates or test leaks
+    assert counts["gen:mix"] > 85_000  # exact repeats of small parameter spaces dropped
+    levels = {
+        (r["source"], r["level"])
+        for r in sql(
+            lake, "select distinct source, level from problems where source in ('gsm8k-train', 'math500', 'aime24')"
+        )
+    }
     assert levels == {("gsm8k-train", 1), ("math500", 2), ("math500", 3), ("aime24", 3)}
     splits = {r["source"]: r["split"] for r in sql(lake, "select distinct source, split from problems")}
     assert splits["gsm8k-test"] == splits["math500"] == splits["aime24"] == "eval" and splits["gsm8k-train"] == "train"
@@ -61,15 +74,21 @@ def test_no_duplicate_ids_and_dropped_ids_are_queryable(curated):
     assert sql(lake, "select count(*) - count(distinct problem_id) as d from problems") == [{"d": 0}]
     reasons = {r["reason"] for r in sql(lake, "select distinct reason from dropped_problems")}
     assert "exact_duplicate" in reasons
-    orphans = sql(lake, "select count(*) as n from dropped_problems d left join problems p on d.duplicate_of = p.problem_id "
-                        "where d.reason != 'contaminated' and p.problem_id is null")
+    orphans = sql(
+        lake,
+        "select count(*) as n from dropped_problems d left join problems p on d.duplicate_of = p.problem_id "
+        "where d.reason != 'contaminated' and p.problem_id is null",
+    )
     assert orphans == [{"n": 0}]
 
 
 def test_lineage_points_at_the_source_line(curated, shared_datasets):
     lake, _ = curated
-    row = sql(lake, "select problem_id, source_line, prompt from problems where source = 'gsm8k-train' "
-                    "order by source_line desc limit 1")[0]
+    row = sql(
+        lake,
+        "select problem_id, source_line, prompt from problems where source = 'gsm8k-train' "
+        "order by source_line desc limit 1",
+    )[0]
     line = (shared_datasets / "gsm8k" / "train.jsonl").read_text().splitlines()[row["source_line"] - 1]
     assert json.loads(line)["question"].strip() == row["prompt"]
     shown = run_cli("lineage", "problem", row["problem_id"], "--lake", lake)

@@ -31,8 +31,11 @@ ESCAPES = {
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
-    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(folder.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
 
 
 @pytest.fixture
@@ -55,14 +58,17 @@ def test_each_escape_is_refused_and_the_lake_is_unchanged(local_lake, escape):
     message = str(refused.value)
     assert "only reads" in message or "disabled by configuration" in message or "Permission Error" in message, message
     assert fingerprint(Path(local_lake.uri)) == before
-    assert catalog.sql("select count(*) from quarantine").fetchall() == [(2,)]    # still answers queries
+    assert catalog.sql("select count(*) from quarantine").fetchall() == [(2,)]  # still answers queries
 
 
 def test_the_command_line_refuses_in_one_line_and_shows_no_secret(local_lake):
     before = fingerprint(Path(local_lake.uri))
     secret = {"AWS_SECRET_ACCESS_KEY": "do-not-print-me"}
-    for query in (ESCAPES["overwrite a Delta log"].format(lake=local_lake.uri), ESCAPES["read the process environment"],
-                  "attach ':memory:' as x"):
+    for query in (
+        ESCAPES["overwrite a Delta log"].format(lake=local_lake.uri),
+        ESCAPES["read the process environment"],
+        "attach ':memory:' as x",
+    ):
         result = run_cli("sql", query, "--lake", local_lake.uri, env=secret)
         assert result.returncode == 1 and result.stdout == ""
         assert result.stderr.startswith("error: ") and result.stderr.strip().count("\n") == 0, result.stderr
@@ -74,8 +80,14 @@ def test_the_command_line_refuses_in_one_line_and_shows_no_secret(local_lake):
 
 def test_queries_of_every_kind_still_work(local_lake):
     catalog = open_lake_catalog(local_lake)
-    for query in ("with q as (select * from quarantine) select count(*) from q", "from quarantine select source",
-                  "describe quarantine", "show tables", "summarize quarantine", "explain select * from quarantine",
-                  "select 1; select 2"):
+    for query in (
+        "with q as (select * from quarantine) select count(*) from q",
+        "from quarantine select source",
+        "describe quarantine",
+        "show tables",
+        "summarize quarantine",
+        "explain select * from quarantine",
+        "select 1; select 2",
+    ):
         assert catalog.sql(query).fetchall(), query
     assert os.path.isdir(local_lake.uri)

@@ -11,8 +11,12 @@ T0 = datetime(2026, 12, 6, tzinfo=UTC)
 
 
 def runs(*intervals) -> pl.DataFrame:
-    return pl.DataFrame({"started_at": [T0 + timedelta(seconds=a) for a, _ in intervals],
-                         "ended_at": [None if b is None else T0 + timedelta(seconds=b) for _, b in intervals]})
+    return pl.DataFrame(
+        {
+            "started_at": [T0 + timedelta(seconds=a) for a, _ in intervals],
+            "ended_at": [None if b is None else T0 + timedelta(seconds=b) for _, b in intervals],
+        }
+    )
 
 
 def test_time_outside_the_stage_runs_counts_overlapping_runs_once():
@@ -24,5 +28,5 @@ def test_time_outside_the_stage_runs_counts_overlapping_runs_once():
 
 def test_runs_one_after_another_leave_their_gaps_outside():
     assert outside_share(runs((0, 2), (3, 5), (6, 10))) == pytest.approx(2 / 10)
-    assert outside_share(runs((0, 10), (4, None))) == pytest.approx(0.0)      # a run that never ended is left out
+    assert outside_share(runs((0, 10), (4, None))) == pytest.approx(0.0)  # a run that never ended is left out
     assert outside_share(runs((0, None))) is None

@@ -19,7 +19,7 @@ def rendered(name: str) -> list[str]:
 
 def test_no_existing_table_schema_changed():
     frozen = json.loads(SNAPSHOT.read_text())
-    changed = [name for name in frozen if name in TABLES and rendered(name)[:len(frozen[name])] != frozen[name]]
+    changed = [name for name in frozen if name in TABLES and rendered(name)[: len(frozen[name])] != frozen[name]]
     assert not changed, f"schemas of existing tables changed (old lakes could no longer be written): {changed}"
     assert set(frozen) <= set(TABLES), f"tables removed: {sorted(set(frozen) - set(TABLES))}"
 
@@ -31,7 +31,7 @@ def test_tables_grow_only_by_nullable_columns_at_their_end():
         added = [field for field in TABLES[name].schema if field.name not in known]
         assert all(field.nullable for field in added), f"{name}: added columns must be nullable: {added}"
         names = TABLES[name].schema.names
-        assert names[len(names) - len(added):] == [f.name for f in added], f"{name}: add columns at the end"
+        assert names[len(names) - len(added) :] == [f.name for f in added], f"{name}: add columns at the end"
 
 
 def test_every_table_is_in_the_snapshot():

@@ -26,14 +26,22 @@ def synthetic_rows(model, tokenizer, n=12, seed=0) -> pl.DataFrame:
     """Responses of varied length with their behaviour log-probs under `model` (on-policy) and advantages."""
     generator = torch.Generator().manual_seed(seed)
     prompts = [tokenizer(f"{i} + {i} =").input_ids for i in range(n)]
-    responses = [torch.randint(4, 200, (int(torch.randint(2, 9, (1,), generator=generator)),),
-                               generator=generator).tolist() for _ in range(n)]
+    responses = [
+        torch.randint(4, 200, (int(torch.randint(2, 9, (1,), generator=generator)),), generator=generator).tolist()
+        for _ in range(n)
+    ]
     with torch.no_grad():
         logprobs, mask, _ = response_logprobs(model, prompts, responses)
-    return pl.DataFrame({"prompt_token_ids": prompts, "response_token_ids": responses,
-                         "behaviour_logprobs": [row[:len(r)].tolist() for row, r in zip(logprobs, responses)],
-                         "advantage": torch.randn(n, generator=generator).tolist(), "weight": [1.0] * n,
-                         "temperature": [1.0] * n})
+    return pl.DataFrame(
+        {
+            "prompt_token_ids": prompts,
+            "response_token_ids": responses,
+            "behaviour_logprobs": [row[: len(r)].tolist() for row, r in zip(logprobs, responses)],
+            "advantage": torch.randn(n, generator=generator).tolist(),
+            "weight": [1.0] * n,
+            "temperature": [1.0] * n,
+        }
+    )
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
@@ -57,11 +65,12 @@ def test_micro_batches_are_cut_in_length_order(policy):
     lengths = sorted((rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list())
     shapes = []
     trained = copy.deepcopy(model)
-    trained.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
-                                      with_kwargs=True)
+    trained.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     train_on_batch(trained, rows, TrainConfig(micro_batch_size=6))
     assert [rows for rows, _ in shapes] == [6, 6, 6, 6]
-    assert [width for _, width in shapes] == [max(lengths[i:i + 6]) for i in range(0, 24, 6)]   # the least padding
+    assert [width for _, width in shapes] == [max(lengths[i : i + 6]) for i in range(0, 24, 6)]  # the least padding
 
 
 def test_a_step_makes_positive_advantage_responses_likelier(policy):
@@ -97,7 +106,7 @@ def test_the_optimizer_state_and_step_count_carry_over(policy):
     second, state = train_on_batch(trained, rows, config, state)
     assert (first["global_step"], second["global_step"]) == (2, 4)
     assert first["learning_rate"] == pytest.approx(1e-4 * 2 / 4) and second["learning_rate"] == pytest.approx(1e-4)
-    assert state["optimizer"]["state"]                    # Adam moments travel with the checkpoint
+    assert state["optimizer"]["state"]  # Adam moments travel with the checkpoint
 
 
 def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path):
@@ -113,17 +122,21 @@ def test_training_registers_the_next_version_with_lineage(prefect_api, tmp_path)
     result = train_policy(1, {"micro_batch_size": 4}, lake_uri)
     assert result["trained"] and result["model_version"] == 1 and result["sequences"] == 12
     lake = Lake.open(lake_uri)
-    lineage = open_catalog(lake).sql("""
+    lineage = (
+        open_catalog(lake)
+        .sql("""
         select m.model_version, m.parent_version, b.batch_id, r.model_version as sampled_by, p.bank_version,
                rm.stage as train_stage, rb.stage as batch_stage
         from model_versions m, unnest(m.batch_ids) as t(batch_id)
         join batches b on b.batch_id = t.batch_id join rollouts r using (rollout_id) join problems p using (problem_id)
         join runs rm on rm.run_id = m.run_id join runs rb on rb.run_id = b.run_id
         where m.model_version = 1
-    """).pl()
+    """)
+        .pl()
+    )
     assert lineage.height == 12 and set(lineage["sampled_by"]) == {0} and set(lineage["parent_version"]) == {0}
     assert set(lineage["train_stage"]) == {"train"} and set(lineage["batch_stage"]) == {"advantages"}
-    assert rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)["model_version"] == 1   # sampled by the new version
+    assert rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)["model_version"] == 1  # sampled by the new version
     assert set(lake.read("rollouts").filter(pl.col("iteration") == 2)["model_version"]) == {1}
 
 
@@ -140,14 +153,14 @@ def test_command_line_train_and_model_version_lineage(cli, tmp_path):
     trained = cli("train", "--iteration", "1", "--config", str(config), "--processes", "2", "--lake", lake_uri)
     assert trained.returncode == 0, trained.stderr
     assert "iteration 1: trained" in trained.stdout
-    assert re.search(r"processes\s+│\s+2\b", trained.stdout), trained.stdout      # data parallel, from the flag
+    assert re.search(r"processes\s+│\s+2\b", trained.stdout), trained.stdout  # data parallel, from the flag
     lineage = cli("lineage", "model-version", "1", "--lake", lake_uri)
     assert lineage.returncode == 0, lineage.stderr
     assert "version 1 (rl, parent 0, iteration 1)" in lineage.stdout and "12 rollouts of 3 problems" in lineage.stdout
     assert "version 0 (base, no parent)" in lineage.stdout
     from flows.iteration import compute_advantages
 
-    compute_advantages(1, CONFIG, lake_uri)                  # the iteration's batch is replaced after training
+    compute_advantages(1, CONFIG, lake_uri)  # the iteration's batch is replaced after training
     replaced = cli("lineage", "model-version", "1", "--lake", lake_uri)
     assert replaced.returncode == 0 and "no longer in `batches`" in replaced.stdout
     unknown = cli("lineage", "model-version", "9", "--lake", lake_uri)
@@ -182,9 +195,9 @@ def test_lora_versions_are_adapters_that_continue_and_load_merged(prefect_api, t
     assert set(os.listdir(v1_uri)) >= {"adapter_config.json", "adapter_model.safetensors"}
     assert "model.safetensors" not in os.listdir(v1_uri) and adapter_base(v1_uri) == base_uri
     base, _ = load_policy(base_uri)
-    merged, _ = load_policy(v1_uri)                      # what the hf backend samples from
+    merged, _ = load_policy(v1_uri)  # what the hf backend samples from
     assert any(not torch.equal(a, b) for a, b in zip(base.state_dict().values(), merged.state_dict().values()))
-    rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)    # sampled by the adapter version
+    rl_iteration(CONFIG, iteration=2, lake_uri=lake_uri)  # sampled by the adapter version
     second = train_policy(2, lora, lake_uri)
     v2_uri = version_row(lake, 2)["checkpoint_uri"]
     assert adapter_base(v2_uri) == base_uri and second["global_step"] == first["global_step"] + 1
@@ -206,9 +219,9 @@ def test_two_data_parallel_processes_train_as_one(prefect_api, tmp_path):
     curated(lake_uri)
     rl_iteration(CONFIG, iteration=1, lake_uri=lake_uri)
     one = train_policy(1, {"micro_batch_size": 5}, lake_uri)
-    two = train_policy(1, {"micro_batch_size": 5, "processes": 2}, lake_uri, parent=0)   # the same step, a branch
+    two = train_policy(1, {"micro_batch_size": 5, "processes": 2}, lake_uri, parent=0)  # the same step, a branch
     assert (one["model_version"], two["model_version"]) == (1, 2) and two["sequences"] == one["sequences"] == 12
-    assert (one["processes"], two["processes"]) == (1, 2) and two["torch_threads"] == 1   # a core each
+    assert (one["processes"], two["processes"]) == (1, 2) and two["torch_threads"] == 1  # a core each
     assert two["loss"] == pytest.approx(one["loss"], abs=1e-6) and two["tokens"] == one["tokens"]
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     assert two["clip_fraction"] == pytest.approx(one["clip_fraction"], abs=1e-6)
@@ -235,7 +248,9 @@ def test_the_decoupled_loss_weights_each_off_policy_token_from_the_same_forward_
     for a, b in zip(behaviour.parameters(), decoupled.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
     older = rows.with_columns(behaviour_logprobs=rows["behaviour_logprobs"].list.eval(pl.element() - 5.0))
-    capped, _ = train_on_batch(copy.deepcopy(model), older, TrainConfig(micro_batch_size=5, off_policy_loss="decoupled"))
+    capped, _ = train_on_batch(
+        copy.deepcopy(model), older, TrainConfig(micro_batch_size=5, off_policy_loss="decoupled")
+    )
     assert capped["loss"] == pytest.approx(2 * plain["loss"], rel=1e-5) and capped["clip_fraction"] == 0.0
 
 
@@ -260,13 +275,14 @@ def test_the_decoupled_clip_acts_on_later_mini_batches_against_the_policy_at_the
     metrics, _ = train_on_batch(copy.deepcopy(model), rows, config)
     assert metrics["optimizer_steps"] == 2 and metrics["clip_fraction"] > 0
     (first, first_proximal), (second, second_proximal) = calls
-    assert first_proximal is None                           # the first update's own forward is the start policy
+    assert first_proximal is None  # the first update's own forward is the start policy
     with torch.no_grad():
-        expected, _, _ = response_logprobs(start, second["prompt_token_ids"].to_list(),
-                                           second["response_token_ids"].to_list())
+        expected, _, _ = response_logprobs(
+            start, second["prompt_token_ids"].to_list(), second["response_token_ids"].to_list()
+        )
     assert torch.allclose(second_proximal, expected, atol=1e-6)
     one, _ = train_on_batch(copy.deepcopy(model), rows, config.model_copy(update={"mini_batches": 1}))
-    assert one["clip_fraction"] == 0.0                      # one update: every ratio is exactly 1
+    assert one["clip_fraction"] == 0.0  # one update: every ratio is exactly 1
 
 
 def test_a_decoupled_loss_with_the_sequence_weight_too_is_refused():
@@ -286,8 +302,11 @@ def grouped_rows(model, tokenizer, groups=4, group_size=6, seed=5) -> pl.DataFra
     responses[1] = []
     with torch.no_grad():
         logprobs, _, _ = response_logprobs(model, prompts, responses)
-    return rows.with_columns(pl.Series("prompt_token_ids", prompts), pl.Series("response_token_ids", responses),
-                             pl.Series("behaviour_logprobs", [row[:len(r)].tolist() for row, r in zip(logprobs, responses)]))
+    return rows.with_columns(
+        pl.Series("prompt_token_ids", prompts),
+        pl.Series("response_token_ids", responses),
+        pl.Series("behaviour_logprobs", [row[: len(r)].tolist() for row, r in zip(logprobs, responses)]),
+    )
 
 
 def test_a_groups_prompt_forwarded_once_gives_each_rows_logprobs_and_gradients(policy):
@@ -297,20 +316,25 @@ def test_a_groups_prompt_forwarded_once_gives_each_rows_logprobs_and_gradients(p
     rows = grouped_rows(model, tokenizer)
     prompts, responses = rows["prompt_token_ids"].to_list(), rows["response_token_ids"].to_list()
     widths, results = [], {}
-    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
     try:
         for shared in (False, True):
             model.zero_grad()
-            logprobs, mask, entropy = response_logprobs(model, prompts, responses, 0.7, with_entropy=True,
-                                                        share_prompts=shared)
+            logprobs, mask, entropy = response_logprobs(
+                model, prompts, responses, 0.7, with_entropy=True, share_prompts=shared
+            )
             (logprobs * torch.linspace(-1, 1, logprobs.shape[1])).sum().backward()
             results[shared] = (logprobs.detach(), mask, entropy, [p.grad.clone() for p in model.parameters()])
     finally:
         hook.remove()
         model.zero_grad()
-    assert widths[0][0] == 24 and widths[1][0] == 4 and widths[2][0] == 24   # 4 prompts once, then 24 responses
-    (whole, whole_mask, whole_entropy, whole_grads), (once, once_mask, once_entropy, once_grads) = results[False], results[True]
+    assert widths[0][0] == 24 and widths[1][0] == 4 and widths[2][0] == 24  # 4 prompts once, then 24 responses
+    (whole, whole_mask, whole_entropy, whole_grads), (once, once_mask, once_entropy, once_grads) = (
+        results[False],
+        results[True],
+    )
     assert torch.equal(whole_mask, once_mask) and whole_mask[1].sum() == 0
     assert torch.allclose(whole, once, atol=1e-5) and torch.allclose(whole_entropy, once_entropy, atol=1e-5)
     for a, b in zip(whole_grads, once_grads):
@@ -330,15 +354,17 @@ def test_a_model_whose_cache_cannot_be_spread_forwards_rows_whole_after_one_try(
     monkeypatch.setattr(logprobs_module, "_UNSPREADABLE", set())
     monkeypatch.delattr(Cache, "batch_select_indices")
     widths = []
-    hook = model.register_forward_pre_hook(lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
     try:
         with torch.no_grad():
-            tried, again, whole = (response_logprobs(model, prompts, responses, share_prompts=shared)[0]
-                                   for shared in (True, True, False))
+            tried, again, whole = (
+                response_logprobs(model, prompts, responses, share_prompts=shared)[0] for shared in (True, True, False)
+            )
     finally:
         hook.remove()
-    assert widths == [4, 24, 24, 24]                   # one prompt pass wasted, once
+    assert widths == [4, 24, 24, 24]  # one prompt pass wasted, once
     assert torch.equal(tried, whole) and torch.equal(again, whole)
 
 
@@ -351,7 +377,7 @@ def test_a_step_over_groups_keeps_each_group_in_one_micro_batch_and_trains_as_ro
     prompts = [tuple(ids) for ids in rows["prompt_token_ids"].to_list()]
     lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
     order = micro_batch_order(list(range(rows.height))[::-1], lengths, prompts)
-    assert [prompts[i] for i in order[:6]] == [prompts[order[0]]] * 6           # a group's rows side by side
+    assert [prompts[i] for i in order[:6]] == [prompts[order[0]]] * 6  # a group's rows side by side
     shared, whole = copy.deepcopy(model), copy.deepcopy(model)
     config = TrainConfig(loss_type="dapo", micro_batch_size=12)
     metrics_shared, _ = train_on_batch(shared, rows, config)

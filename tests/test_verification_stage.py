@@ -12,10 +12,23 @@ from tasks.curation.load import load_source
 def seed_iteration(lake, iteration=1):
     """A tiny bank (math + code) and rollouts for one iteration: half right, half wrong."""
     math = load_source(SourceConfig(kind="generator", generator="level1", count=4, seed=3), ValidationConfig()).problems
-    code = pl.DataFrame([{"problem_id": "code-1", "source": "toy", "source_kind": "humaneval", "source_uri": "toy",
-                          "split": "train", "domain": "code", "level": 2, "prompt": "def add(a, b):\n",
-                          "tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n", "entry_point": "add",
-                          "verifier": "code"}])
+    code = pl.DataFrame(
+        [
+            {
+                "problem_id": "code-1",
+                "source": "toy",
+                "source_kind": "humaneval",
+                "source_uri": "toy",
+                "split": "train",
+                "domain": "code",
+                "level": 2,
+                "prompt": "def add(a, b):\n",
+                "tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+                "entry_point": "add",
+                "verifier": "code",
+            }
+        ]
+    )
     problems = pl.concat([math.drop("similarity_checks"), code], how="diagonal_relaxed")
     with lake.run("test", "seed", {}, bank_version=1) as run:
         lake.replace("problems", problems.with_columns(bank_version=pl.lit(1, pl.Int64)), {"bank_version": 1}, run)
@@ -23,9 +36,23 @@ def seed_iteration(lake, iteration=1):
     for row in math.iter_rows(named=True):
         rows.append({"problem_id": row["problem_id"], "response": f"\\boxed{{{row['answer']}}}"})
         rows.append({"problem_id": row["problem_id"], "response": f"\\boxed{{{int(row['answer']) + 1}}}"})
-    rows += [{"problem_id": "code-1", "response": "    return a + b\n"}, {"problem_id": "code-1", "response": "    return 0\n"}]
-    rollouts = pl.DataFrame([{**r, "rollout_id": f"r{i}", "iteration": iteration, "group_id": r["problem_id"],
-                              "sample_idx": i % 2, "model_version": 0} for i, r in enumerate(rows)])
+    rows += [
+        {"problem_id": "code-1", "response": "    return a + b\n"},
+        {"problem_id": "code-1", "response": "    return 0\n"},
+    ]
+    rollouts = pl.DataFrame(
+        [
+            {
+                **r,
+                "rollout_id": f"r{i}",
+                "iteration": iteration,
+                "group_id": r["problem_id"],
+                "sample_idx": i % 2,
+                "model_version": 0,
+            }
+            for i, r in enumerate(rows)
+        ]
+    )
     with lake.run("test", "rollout", {}, iteration=iteration) as run:
         lake.replace("rollouts", rollouts, {"iteration": iteration}, run)
     return rollouts
@@ -43,7 +70,10 @@ def test_rewards_for_an_iteration(verify_iteration, lake, lake_uri):
     result = verify_iteration(1, {"workers": 2}, lake_uri)
     rewards = lake.read("rewards").sort("rollout_id")
     assert rewards.height == rollouts.height
-    assert rewards.group_by("verifier").agg(pl.col("reward").sum()).sort("verifier").rows() == [("code", 1.0), ("math", 4.0)]
+    assert rewards.group_by("verifier").agg(pl.col("reward").sum()).sort("verifier").rows() == [
+        ("code", 1.0),
+        ("math", 4.0),
+    ]
     assert dict(rewards.select("verifier", "verifier_version").unique().rows()) == {"math": "2.2", "code": "1.1"}
     assert set(rewards["run_id"]) == {result["run_id"]}
     assert json.loads(rewards.filter(pl.col("verifier") == "code")["details"][0])["tests_total"] == 1
@@ -76,7 +106,7 @@ def record_audit(lake, rho0: float, rho1: float, verifier: str = "math", version
 def test_noise_correction_uses_the_latest_audit(verify_iteration, lake, lake_uri, tmp_path):
     seed_iteration(lake)
     record_audit(lake, 0.3, 0.3)
-    record_audit(lake, 0.1, 0.2)                              # the latest
+    record_audit(lake, 0.1, 0.2)  # the latest
     verify_iteration(1, {"workers": 0, "noise_correction": True}, lake_uri)
     rewards = lake.read("rewards")
     math = rewards.filter(pl.col("verifier") == "math")
@@ -93,19 +123,35 @@ def test_missing_rollouts_are_a_clear_error(verify_iteration, lake, lake_uri):
 
 def test_audit_command_stores_rho(cli, tmp_path):
     lake = str(tmp_path / "lake")
-    lines = [{"id": i, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": True} for i in range(8)]
-    lines += [{"id": 100 + i, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": False} for i in range(6)]
-    lines += [{"id": 200, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": True},   # a false negative
-              {"id": 201, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": False}]  # a false positive
+    lines = [
+        {"id": i, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": True} for i in range(8)
+    ]
+    lines += [
+        {"id": 100 + i, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": False}
+        for i in range(6)
+    ]
+    lines += [
+        {"id": 200, "domain": "math", "ground_truth": "2", "response": r"\boxed{3}", "label": True},  # a false negative
+        {"id": 201, "domain": "math", "ground_truth": "2", "response": r"\boxed{2}", "label": False},
+    ]  # a false positive
     path = tmp_path / "audit.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = cli("audit-verifier", str(path), "--workers", "2", "--lake", lake)
     assert result.returncode == 0, result.stderr
-    stored = cli("sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json",
-                     "--lake", lake)
+    stored = cli(
+        "sql", "select verifier, rho0, rho1, n_correct, n_wrong from verifier_noise", "--format", "json", "--lake", lake
+    )
     assert json.loads(stored.stdout) == {"verifier": "math", "rho0": 1 / 7, "rho1": 1 / 9, "n_correct": 9, "n_wrong": 7}
-    bounds = json.loads(cli("sql", "select rho0_low, rho0_high, rho1_low, rho1_high from verifier_noise", "--format",
-                            "json", "--lake", lake).stdout)
+    bounds = json.loads(
+        cli(
+            "sql",
+            "select rho0_low, rho0_high, rho1_low, rho1_high from verifier_noise",
+            "--format",
+            "json",
+            "--lake",
+            lake,
+        ).stdout
+    )
     from tasks.verifiers.noise import wilson_interval
 
     assert (bounds["rho0_low"], bounds["rho0_high"]) == pytest.approx(wilson_interval(1, 7))
@@ -121,8 +167,15 @@ def test_audit_against_a_reference_verifier_keeps_lines_aligned(cli, tmp_path):
         right_steps = i % 2 == 0
         steps = "3*4=12, 12+5=17" if right_steps else "3*4=13, 13+5=18"
         answer = 17 if i % 4 < 3 else 18
-        lines.append({"id": i, "domain": "math", "ground_truth": "17", "steps": ["3*4=12", "12+5=17"],
-                      "response": f"{steps}. \\boxed{{{answer}}}"})
+        lines.append(
+            {
+                "id": i,
+                "domain": "math",
+                "ground_truth": "17",
+                "steps": ["3*4=12", "12+5=17"],
+                "response": f"{steps}. \\boxed{{{answer}}}",
+            }
+        )
     path = tmp_path / "audit.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = cli("audit-verifier", str(path), "--reference", "flipped", "--workers", "2", "--lake", lake)
@@ -144,7 +197,7 @@ def test_a_rollout_without_its_problem_is_reported_and_the_rest_scored(lake, cap
     skipped = rewards.filter(pl.col("rollout_id") == "orphan").row(0, named=True)
     assert skipped["reward"] == 0.0 and skipped["correct"] is None
     assert json.loads(skipped["details"])["reason"] == "skipped: its problem is not in the bank"
-    assert rewards.filter(pl.col("rollout_id") != "orphan")["reward"].sum() == 5.0     # the others, as before
+    assert rewards.filter(pl.col("rollout_id") != "orphan")["reward"].sum() == 5.0  # the others, as before
     assert "1 of 11 rollouts could not be scored: 1 skipped: its problem is not in the bank" in capsys.readouterr().out
 
 
@@ -155,8 +208,11 @@ def test_noise_correction_reaches_training_through_the_loop(lake, lake_uri, pref
     from flows.iteration import rl_iteration
 
     curated(lake_uri)
-    config = {**CONFIG, "verify": {"workers": 0, "verifier": "random", "noise_correction": True},
-              "reward": {"components": {"corrected": {"weight": 1.0}}}}
+    config = {
+        **CONFIG,
+        "verify": {"workers": 0, "verifier": "random", "noise_correction": True},
+        "reward": {"components": {"corrected": {"weight": 1.0}}},
+    }
     record_audit(lake, 0.2, 0.1, verifier="random", version=_version("random"))
     rl_iteration(config, lake_uri=lake_uri)
     rewards = lake.read("rewards")
@@ -170,7 +226,7 @@ def test_wilson_intervals_by_hand():
     from tasks.verifiers.noise import estimate_noise, wilson_interval
 
     low, high = wilson_interval(5, 50)
-    assert (round(low, 4), round(high, 4)) == (0.0435, 0.2136)           # the textbook value
+    assert (round(low, 4), round(high, 4)) == (0.0435, 0.2136)  # the textbook value
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)
     import numpy as np
 

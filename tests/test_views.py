@@ -17,7 +17,7 @@ def looped_lake(tmp_path_factory, prefect_api):
     lake_uri = str(tmp_path_factory.mktemp("views") / "lake")
     curated_with_eval(lake_uri)
     rl_loop({**RUN, "loop": {"iterations": 2, "evaluate_every": 1}}, lake_uri=lake_uri)
-    verify_iteration(1, {"workers": 0, "verifier": "flipped"}, lake_uri)     # a second verifier on iteration 1
+    verify_iteration(1, {"workers": 0, "verifier": "flipped"}, lake_uri)  # a second verifier on iteration 1
     return Lake.open(lake_uri)
 
 
@@ -29,7 +29,12 @@ def view(lake, name: str) -> pl.DataFrame:
 
 def test_every_view_answers(looped_lake):
     for spec in VIEWS:
-        if "proposals" in spec.needs or spec.name in ("self_verification", "code_solve_rate_by_code_level", "failing_tests", "tool_use"):
+        if "proposals" in spec.needs or spec.name in (
+            "self_verification",
+            "code_solve_rate_by_code_level",
+            "failing_tests",
+            "tool_use",
+        ):
             # tests/test_selfplay.py, test_self_verify.py, test_workspaces.py, test_episodes.py
             continue
         assert not view(looped_lake, spec.name).is_empty(), spec.name
@@ -39,7 +44,7 @@ def test_filter_and_zone_shares(looped_lake):
     stats = view(looped_lake, "filter_stats")
     assert stats.group_by("iteration").agg(pl.col("share").sum())["share"].to_list() == pytest.approx([1.0, 1.0])
     kept = stats.filter(pl.col("outcome") == "kept")["groups"].to_list()
-    assert kept == [3, 3]                                     # groups_per_batch of the test config
+    assert kept == [3, 3]  # groups_per_batch of the test config
     zone = view(looped_lake, "learning_zone_share")
     assert zone["iteration"].to_list() == [1, 2] and zone["zone_share"].is_between(0, 1).all()
 

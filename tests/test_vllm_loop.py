@@ -25,13 +25,20 @@ pytestmark = pytest.mark.vllm
 
 def run_config(servers, weights: str, mode: str) -> dict:
     full = weights == "full"
-    openai = {"endpoints": servers.full if full else servers.lora_rotation, "backoff_seconds": 0.05,
-              "model_name": "policy" if full else "v{model_version}"}
+    openai = {
+        "endpoints": servers.full if full else servers.lora_rotation,
+        "backoff_seconds": 0.05,
+        "model_name": "policy" if full else "v{model_version}",
+    }
     base = {"checkpoint": servers.base, **({"served_name": "policy"} if full else {})}
     train = {**RUN.get("train", {}), **({} if full else {"lora": {"r": 4, "alpha": 8}, "learning_rate": 1e-2})}
-    return {**RUN, "rollout": {**CONFIG["rollout"], "base_policy": base, "backend": "openai", "openai": openai},
-            "publish": {"weights": weights, "max_loras": 3}, "train": train,
-            "loop": {"iterations": 3, "mode": mode, **({"max_staleness": 1} if mode == "async" else {})}}
+    return {
+        **RUN,
+        "rollout": {**CONFIG["rollout"], "base_policy": base, "backend": "openai", "openai": openai},
+        "publish": {"weights": weights, "max_loras": 3},
+        "train": train,
+        "loop": {"iterations": 3, "mode": mode, **({"max_staleness": 1} if mode == "async" else {})},
+    }
 
 
 def behaviour_gap(lake) -> tuple[float, float, int]:
@@ -41,16 +48,18 @@ def behaviour_gap(lake) -> tuple[float, float, int]:
 
     from policy.logprobs import response_logprobs
 
-    rollouts = lake.read("rollouts", columns=["model_version", "prompt_token_ids", "response_token_ids",
-                                              "behaviour_logprobs", "sampler"])
+    rollouts = lake.read(
+        "rollouts", columns=["model_version", "prompt_token_ids", "response_token_ids", "behaviour_logprobs", "sampler"]
+    )
     gaps = []
     for (version,), rows in rollouts.group_by(["model_version"]):
         model, _ = load_policy(version_row(lake, version)["checkpoint_uri"])
         rows = rows.filter(pl.col("response_token_ids").list.len() > 0)
         temperature = json.loads(rows["sampler"][0]).get("temperature") or 1.0
         with torch.no_grad():
-            recomputed, mask, _ = response_logprobs(model, rows["prompt_token_ids"].to_list(),
-                                                    rows["response_token_ids"].to_list(), temperature)
+            recomputed, mask, _ = response_logprobs(
+                model, rows["prompt_token_ids"].to_list(), rows["response_token_ids"].to_list(), temperature
+            )
         for row, (served, local, keep) in enumerate(zip(rows["behaviour_logprobs"].to_list(), recomputed, mask)):
             local = local[keep.bool()].tolist()
             assert len(local) == len(served), row
@@ -79,15 +88,17 @@ def test_the_loop_runs_on_vllm(vllm, prefect_api, tmp_path, weights, mode):
     assert loaded.group_by("model_version").len().sort("model_version").rows() == [(1, 2), (2, 2), (3, 2)]
     assert publications["error"].null_count() == publications.height
     if weights == "full":
-        assert all(httpx.post(f"{url}/collective_rpc", json={"method": "rlvr_loaded_version"}).json()
-                   == {"results": ["3"]} for url in endpoints)
+        assert all(
+            httpx.post(f"{url}/collective_rpc", json={"method": "rlvr_loaded_version"}).json() == {"results": ["3"]}
+            for url in endpoints
+        )
 
     gate = lake.read("logprob_checks")
     assert all(gate["passed"]) and set(gate["endpoint"]) == set(endpoints)
     assert set(gate["model_version"]) >= {1, 2} and max(gate["mean_abs_delta"]) <= FP32_GATE
 
     rollouts = lake.read("rollouts", columns=["model_version", "backend"])
-    assert {backend.removeprefix("openai:") for backend in rollouts["backend"]} == set(endpoints)   # both served
+    assert {backend.removeprefix("openai:") for backend in rollouts["backend"]} == set(endpoints)  # both served
     assert set(rollouts["model_version"]) >= {0, 1}
     mean, most, tokens = behaviour_gap(lake)
     assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)
@@ -104,19 +115,28 @@ def test_the_overlapped_loop_starts_its_own_vllm_server_and_stops_it(prefect_api
         pytest.skip(vllm_servers.missing())
     lake_uri = str(tmp_path / "lake")
     curated_with_eval(lake_uri)
-    base = {"checkpoint": sharpened_base(tmp_path / "base")}       # a shape vLLM's CPU attention takes
-    config = {**RUN, "rollout": {**CONFIG["rollout"], "base_policy": base, "backend": "openai",
-                                 "openai": {"launch": 1, "backoff_seconds": 0.05}},
-              "train": {**RUN.get("train", {}), "lora": {"r": 4, "alpha": 8}, "learning_rate": 1e-2},
-              "loop": {"iterations": 2, "mode": "async", "max_staleness": 1}}
+    base = {"checkpoint": sharpened_base(tmp_path / "base")}  # a shape vLLM's CPU attention takes
+    config = {
+        **RUN,
+        "rollout": {
+            **CONFIG["rollout"],
+            "base_policy": base,
+            "backend": "openai",
+            "openai": {"launch": 1, "backoff_seconds": 0.05},
+        },
+        "train": {**RUN.get("train", {}), "lora": {"r": 4, "alpha": 8}, "learning_rate": 1e-2},
+        "loop": {"iterations": 2, "mode": "async", "max_staleness": 1},
+    }
     rows = rl_loop(config, lake_uri=lake_uri)
     lake = Lake.open(lake_uri)
     assert [row["trained_version"] for row in rows] == [1, 2]
     publications = lake.read("publications")
     [endpoint] = set(publications["endpoint"])
-    assert endpoint.startswith("http://127.0.0.1:") and set(publications.filter(pl.col("model_version") > 0)["method"]) == {"adapter"}
+    assert endpoint.startswith("http://127.0.0.1:") and set(
+        publications.filter(pl.col("model_version") > 0)["method"]
+    ) == {"adapter"}
     assert {b.removeprefix("openai:") for b in lake.read("rollouts", columns=["backend"])["backend"]} == {endpoint}
     mean, most, tokens = behaviour_gap(lake)
     assert tokens > 100 and mean <= FP32_GATE and most <= 1e-3, (mean, most)
-    with pytest.raises(httpx.HTTPError):                                   # stopped with the loop
+    with pytest.raises(httpx.HTTPError):  # stopped with the loop
         httpx.get(f"{endpoint}/v1/models", timeout=5)

@@ -41,13 +41,23 @@ def test_warm_up_stops_at_the_band_and_fails_clearly_without_it(policy):
     model, tokenizer = policy
     examples = pl.DataFrame({"prompt": ["1+1=", "2+2="], "target": ["2", "4"]})
     rates = iter([0.1, 0.2, 0.3])
-    metrics = warm_up(copy.deepcopy(model), tokenizer, examples, WarmupConfig(evaluate_every=5, band=(0.25, 0.45)),
-                      lambda current: next(rates))
+    metrics = warm_up(
+        copy.deepcopy(model),
+        tokenizer,
+        examples,
+        WarmupConfig(evaluate_every=5, band=(0.25, 0.45)),
+        lambda current: next(rates),
+    )
     assert metrics["steps"] == 15 and metrics["solve_rate"] == 0.3 and not metrics["overshoot"]
     assert [step for step, _ in metrics["history"]] == [5, 10, 15]
     with pytest.raises(WarmupFailed, match="did not reach a held-out solve rate of 99% in 6 steps"):
-        warm_up(copy.deepcopy(model), tokenizer, examples, WarmupConfig(evaluate_every=3, max_steps=6,
-                                                                       band=(0.99, 1.0)), lambda current: 0.0)
+        warm_up(
+            copy.deepcopy(model),
+            tokenizer,
+            examples,
+            WarmupConfig(evaluate_every=3, max_steps=6, band=(0.99, 1.0)),
+            lambda current: 0.0,
+        )
 
 
 def test_warm_up_learns_the_examples(policy):
@@ -61,7 +71,12 @@ def test_warm_up_learns_the_examples(policy):
     prompts = [tokenizer(examples["prompt"][0]).input_ids]
     targets = [tokenizer(examples["target"][0]).input_ids + [tokenizer.eos_token_id]]
     before = supervised_loss(model, prompts, targets).item()
-    warm_up(trained, tokenizer, examples, WarmupConfig(evaluate_every=40, learning_rate=3e-3, lr_warmup_steps=0),
-            lambda current: 1.0)
+    warm_up(
+        trained,
+        tokenizer,
+        examples,
+        WarmupConfig(evaluate_every=40, learning_rate=3e-3, lr_warmup_steps=0),
+        lambda current: 1.0,
+    )
     after = supervised_loss(trained, prompts, targets).item()
     assert before > math.log(100) and after < before / 3

@@ -31,9 +31,9 @@ def test_a_watchdog_bounds_a_block_until_it_is_closed():
     with pytest.raises(ItemTimeout, match="timed out after 0.2 s"):
         with watchdog.within(0.2):
             deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:      # pure Python: the asynchronous exception lands here
+            while time.monotonic() < deadline:  # pure Python: the asynchronous exception lands here
                 pass
-    with watchdog.within(5):                        # a block that ends in time is left alone
+    with watchdog.within(5):  # a block that ends in time is left alone
         pass
     watchdog.close()
     assert not watchdog._thread.is_alive()

@@ -58,12 +58,15 @@ def test_a_test_result_per_test_with_partial_credit(verifier):
     wrong = LRU.wrong[0]
     verdict = score(verifier, {**LRU.reference, **wrong.files})
     tests = verdict.details["tests"]
-    assert len(tests) == verdict.details["tests_total"] == len(
-        [t for source in LRU.tests.values() for t in source.split("\n") if t.strip().startswith("def test")])
+    assert (
+        len(tests)
+        == verdict.details["tests_total"]
+        == len([t for source in LRU.tests.values() for t in source.split("\n") if t.strip().startswith("def test")])
+    )
     failing = [t["name"] for t in tests if not t["passed"]]
     assert failing and all(name.startswith("test_lru::") for name in failing)
     assert verdict.reward == pytest.approx(verdict.details["tests_passed"] / len(tests))
-    json.dumps(verdict.details)                               # stored as rewards.details
+    json.dumps(verdict.details)  # stored as rewards.details
 
 
 def test_partial_credit_rules_by_hand():
@@ -78,14 +81,16 @@ def test_partial_credit_rules_by_hand():
 
 def test_answers_name_their_files_in_any_of_the_documented_ways():
     wanted = ["kv/store.py", "kv/__init__.py"]
-    response = ("Here:\n```python kv/store.py\nA = 1\n```\n`kv/__init__.py`:\n```python\nB = 2\n```\n"
-                "```python\n# tests/test_kv.py\nimport os\n```\n")
+    response = (
+        "Here:\n```python kv/store.py\nA = 1\n```\n`kv/__init__.py`:\n```python\nB = 2\n```\n"
+        "```python\n# tests/test_kv.py\nimport os\n```\n"
+    )
     files, missing = extract_files(response, wanted)
     assert files == {"kv/store.py": "A = 1\n", "kv/__init__.py": "B = 2\n"} and missing == []
     files, missing = extract_files("```python\n# lru.py\nX = 1\n```", ["lru.py"])
     assert files == {"lru.py": "X = 1\n"}
     files, missing = extract_files("```\nX = 1\n```\n```py\nX = 2\n```", ["lru.py"])
-    assert files == {"lru.py": "X = 2\n"}                       # one file: the last unnamed block
+    assert files == {"lru.py": "X = 2\n"}  # one file: the last unnamed block
     assert extract_files("no code", ["lru.py"]) == ({}, ["lru.py"])
 
 
@@ -99,8 +104,10 @@ def test_a_response_missing_a_file_scores_zero_with_the_reason(verifier):
 
 def test_a_problem_file_with_a_bad_field_names_file_and_field(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("id: Bad_Id\nlevel: file\ndifficulty: 2\ntopic: x\nstatement: s\nfiles: [a.py]\n"
-                    "reference: {a.py: 'x = 1'}\ntests: {test_a.py: 'import a'}\n")
+    path.write_text(
+        "id: Bad_Id\nlevel: file\ndifficulty: 2\ntopic: x\nstatement: s\nfiles: [a.py]\n"
+        "reference: {a.py: 'x = 1'}\ntests: {test_a.py: 'import a'}\n"
+    )
     with pytest.raises(ProblemError, match=r"bad.yaml: id: 'Bad_Id' is not kebab-case"):
         load_problem(path)
     path.write_text(path.read_text().replace("Bad_Id", "ok").replace("x = 1", "def (:"))
@@ -199,7 +206,7 @@ for target in ("/tmp/{marker}", "/{marker}", "../{marker}", "{tmp_path}/{marker}
         pass
 """ + LRU.reference["lru.py"]
     verdict = score(verifier, {"lru.py": program})
-    assert verdict.correct                      # its own tmpfs: allowed there, gone after the run
+    assert verdict.correct  # its own tmpfs: allowed there, gone after the run
     assert not os.path.exists(f"/tmp/{marker}") and not (tmp_path / marker).exists()
     assert not os.path.exists(f"/{marker}") and not os.path.exists(f"/usr/{marker}")
 
@@ -215,7 +222,7 @@ if os.fork() == 0:
     verdict = score(verifier, {"lru.py": daemon})
     assert verdict.reward == 0.0 and verdict.details["leftover_processes"] >= 1
     assert "process(es) running" in verdict.details["reason"]
-    assert score(verifier, LRU.reference).correct     # nothing of it outlived its run
+    assert score(verifier, LRU.reference).correct  # nothing of it outlived its run
 
 
 def test_system_exit_in_a_method_is_the_candidate_failing_not_the_tests(verifier):
@@ -238,7 +245,9 @@ def test_curation_quarantines_a_failing_reference_and_a_bad_file_and_tags_levels
     good = PROBLEMS["ds-union-find"]
     shutil.copy(good.path, folder / "file" / "a-good.yaml")
     broken = Path(good.path).read_text().replace(f"id: {good.id}", "id: broken-reference")
-    broken = broken.replace("class UnionFind", "class NotUnionFind", 1).replace("statement: |\n", "statement: |\n  Variant.\n", 1)
+    broken = broken.replace("class UnionFind", "class NotUnionFind", 1).replace(
+        "statement: |\n", "statement: |\n  Variant.\n", 1
+    )
     (folder / "file" / "b-broken.yaml").write_text(broken)
     (folder / "file" / "c-bad.yaml").write_text("id: c-bad\nlevel: file\n")
     source = SourceConfig(kind="workspaces", path=str(folder), name="mine")
@@ -247,8 +256,9 @@ def test_curation_quarantines_a_failing_reference_and_a_bad_file_and_tags_levels
     assert loaded.problems.height == 1 and loaded.problems["verifier"].to_list() == ["workspace"]
     assert json.loads(loaded.problems["metadata"][0])["code_level"] == "file"
     reasons = dict(zip(loaded.quarantined["source_uri"].to_list(), loaded.quarantined["reason"].to_list()))
-    assert any("b-broken.yaml" in uri and "reference solution fails its own tests" in reason
-               for uri, reason in reasons.items())
+    assert any(
+        "b-broken.yaml" in uri and "reference solution fails its own tests" in reason for uri, reason in reasons.items()
+    )
     assert loaded.quarantined.filter(pl.col("reason").str.contains("c-bad.yaml"))["field"].to_list() == ["difficulty"]
 
 
@@ -259,9 +269,18 @@ def test_the_generated_family_is_seeded_and_its_references_pass_and_wrongs_fail(
     assert [p.tests for _, p in first] == [p.tests for _, p in again]
     assert generate_problems("bounded_buffer", 1, seed=4)[0][1].tests != first[0][1].tests
     assert simulate("stack", 2, "drop_oldest", [("push", 1), ("push", 2), ("push", 3), ("items",), ("pop",)]) == [
-        True, True, True, [3, 2], 3]
+        True,
+        True,
+        True,
+        [3, 2],
+        3,
+    ]
     assert simulate("queue", 1, "reject", [("push", 1), ("push", 2), ("pop",), ("pop",)]) == [
-        True, False, 1, "IndexError"]
+        True,
+        False,
+        1,
+        "IndexError",
+    ]
     for _, problem in first:
         assert verifier.run(problem.spec(), problem.reference).correct, problem.id
         for wrong in problem.wrong:
@@ -277,25 +296,45 @@ def test_sql_views_per_code_level_and_per_failing_test(verifier, tmp_path):
     from tasks.workspaces.generate import generate_problems
 
     lake, run = Lake.open(str(tmp_path / "lake")), Run(flow="test", stage="test", parameters={})
-    loaded = load_source(SourceConfig(kind="workspaces", generator="bounded_buffer", count=2, name="g"),
-                         ValidationConfig())
-    lake.append("problems", loaded.problems.drop("similarity_checks").with_columns(
-        bank_version=pl.lit(1, pl.Int64), run_id=pl.lit(run.run_id)), run)
+    loaded = load_source(
+        SourceConfig(kind="workspaces", generator="bounded_buffer", count=2, name="g"), ValidationConfig()
+    )
+    lake.append(
+        "problems",
+        loaded.problems.drop("similarity_checks").with_columns(
+            bank_version=pl.lit(1, pl.Int64), run_id=pl.lit(run.run_id)
+        ),
+        run,
+    )
     rows = []
     for problem in loaded.problems.iter_rows(named=True):
         spec = json.loads(problem["tests"])
-        wrong = next(p for _, p in generate_problems("bounded_buffer", 2, 0) if p.prompt() == problem["prompt"]).wrong[0].files
+        wrong = (
+            next(p for _, p in generate_problems("bounded_buffer", 2, 0) if p.prompt() == problem["prompt"])
+            .wrong[0]
+            .files
+        )
         for index, files in enumerate([json.loads(problem["solution"]), wrong]):
             verdict = verifier.run(spec, files)
-            rows.append({"iteration": 1, "rollout_id": f"{problem['problem_id']}-{index}",
-                         "problem_id": problem["problem_id"], "verifier": "workspace", "verifier_version": "1.0",
-                         "reward": verdict.reward, "correct": verdict.correct, "details": json.dumps(verdict.details),
-                         "run_id": run.run_id})
+            rows.append(
+                {
+                    "iteration": 1,
+                    "rollout_id": f"{problem['problem_id']}-{index}",
+                    "problem_id": problem["problem_id"],
+                    "verifier": "workspace",
+                    "verifier_version": "1.0",
+                    "reward": verdict.reward,
+                    "correct": verdict.correct,
+                    "details": json.dumps(verdict.details),
+                    "run_id": run.run_id,
+                }
+            )
     lake.append("rewards", pl.DataFrame(rows), run)
     catalog = open_catalog(lake)
     by_level = catalog.sql("select * from code_solve_rate_by_code_level").pl()
     assert by_level.select("code_level", "rollouts", "solve_rate").to_dicts() == [
-        {"code_level": "file", "rollouts": 4, "solve_rate": 0.5}]
+        {"code_level": "file", "rollouts": 4, "solve_rate": 0.5}
+    ]
     failing = catalog.sql("select * from failing_tests where failures > 0").pl()
     assert failing.height >= 2 and (failing["runs"] == 2).all() and (failing["failure_rate"] == 0.5).all()
     assert failing["test"].str.contains("::").all()
@@ -303,30 +342,62 @@ def test_sql_views_per_code_level_and_per_failing_test(verifier, tmp_path):
 
 def test_curating_workspaces_decontaminates_against_a_code_eval_set(cli, tmp_path):
     project = PROBLEMS["proj-markdown"]
-    eval_file = tmp_path / "heldout.jsonl"               # a HumanEval-layout evaluation set quoting one statement
-    eval_file.write_text(json.dumps({"task_id": "x/0", "prompt": f'def render(text):\n    """{project.prompt()}"""\n',
-                                     "canonical_solution": "    return text\n", "entry_point": "render",
-                                     "test": "def check(candidate):\n    assert candidate('a') == 'a'\n"}) + "\n")
+    eval_file = tmp_path / "heldout.jsonl"  # a HumanEval-layout evaluation set quoting one statement
+    eval_file.write_text(
+        json.dumps(
+            {
+                "task_id": "x/0",
+                "prompt": f'def render(text):\n    """{project.prompt()}"""\n',
+                "canonical_solution": "    return text\n",
+                "entry_point": "render",
+                "test": "def check(candidate):\n    assert candidate('a') == 'a'\n",
+            }
+        )
+        + "\n"
+    )
     config = tmp_path / "bank.yaml"
-    config.write_text(f"bank:\n  sources:\n    - {{kind: workspaces, code_level: project, name: projects}}\n"
-                      f"    - {{kind: humaneval, path: {eval_file}, name: heldout, split: eval}}\n")
+    config.write_text(
+        f"bank:\n  sources:\n    - {{kind: workspaces, code_level: project, name: projects}}\n"
+        f"    - {{kind: humaneval, path: {eval_file}, name: heldout, split: eval}}\n"
+    )
     lake = str(tmp_path / "lake")
     result = cli("curate", "--config", str(config), "--lake", lake)
     assert result.returncode == 0, result.stderr
-    dropped = cli("sql", "select reason, count(*) n from dropped_problems group by 1", "--lake", lake, "--format", "csv")
+    dropped = cli(
+        "sql", "select reason, count(*) n from dropped_problems group by 1", "--lake", lake, "--format", "csv"
+    )
     assert "contaminated,1" in dropped.stdout
-    levels = cli("sql", "select json_extract_string(metadata, '$.code_level') as code_level, count(*) n from problems "
-                 "where source = 'projects' group by 1", "--lake", lake, "--format", "csv")
+    levels = cli(
+        "sql",
+        "select json_extract_string(metadata, '$.code_level') as code_level, count(*) n from problems "
+        "where source = 'projects' group by 1",
+        "--lake",
+        lake,
+        "--format",
+        "csv",
+    )
     assert "project,4" in levels.stdout
 
 
 def test_verify_file_scores_workspace_lines(tmp_path):
     from conftest import run_cli
 
-    lines = [{"id": 1, "domain": "code", "verifier": "workspace", "tests": json.dumps(LRU.spec()),
-              "response": f"```python lru.py\n{LRU.reference['lru.py']}```"},
-             {"id": 2, "domain": "code", "verifier": "workspace", "tests": json.dumps(LRU.spec()),
-              "response": "```python lru.py\nclass LRUCache:\n    pass\n```"}]
+    lines = [
+        {
+            "id": 1,
+            "domain": "code",
+            "verifier": "workspace",
+            "tests": json.dumps(LRU.spec()),
+            "response": f"```python lru.py\n{LRU.reference['lru.py']}```",
+        },
+        {
+            "id": 2,
+            "domain": "code",
+            "verifier": "workspace",
+            "tests": json.dumps(LRU.spec()),
+            "response": "```python lru.py\nclass LRUCache:\n    pass\n```",
+        },
+    ]
     source, scored = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = run_cli("verify-file", str(source), str(scored), "--workers", "1", "--partial-credit", "half")
@@ -344,7 +415,7 @@ def test_process_a_answers_calls_itself_when_no_thread_can_start(monkeypatch):
 
     to_a, from_b = os.pipe()
     to_b, from_a = os.pipe()
-    connection = proxies.Connection(from_b, to_b)          # B's reading thread starts before the limit bites
+    connection = proxies.Connection(from_b, to_b)  # B's reading thread starts before the limit bites
     workspace = remote.Workspace(to_a, from_a)
     serving = threading.Thread(target=workspace.serve, daemon=True)
     serving.start()
@@ -356,11 +427,11 @@ def test_process_a_answers_calls_itself_when_no_thread_can_start(monkeypatch):
     connection.deadline = time.monotonic() + 20
     json_module = connection.request("import", "json")
     assert json_module.dumps([1, 2]) == "[1, 2]"
-    assert workspace.threads == 0                          # every call was answered by serve itself
+    assert workspace.threads == 0  # every call was answered by serve itself
     monkeypatch.undo()
-    os.close(from_b)                                       # B hangs up: A's serve reads the end and returns
+    os.close(from_b)  # B hangs up: A's serve reads the end and returns
     serving.join(10)
-    os.close(from_a)                                       # A's end closes: B's reader sees it and stops
+    os.close(from_a)  # A's end closes: B's reader sees it and stops
     for _ in range(100):
         if connection.gone:
             break

@@ -17,7 +17,7 @@ class SingleDevice:
     """One process: accelerate places the model, autocasts and scales fp16 losses."""
 
     rank, world, loss_scale = 0, 1, 1.0
-    shares_prompts = True       # a micro-batch may forward a group's prompt once, then its responses
+    shares_prompts = True  # a micro-batch may forward a group's prompt once, then its responses
 
     def __init__(self, device: str, mixed_precision: str):
         from accelerate import Accelerator
@@ -49,7 +49,7 @@ class Distributed:
     FSDP2 (`fully_shard` per decoder layer and the whole model: parameters, gradients and optimizer state
     sharded, gathered layer by layer for each forward and backward)."""
 
-    shares_prompts = False      # DDP and FSDP hook one forward per backward: a micro-batch forwards each row whole
+    shares_prompts = False  # DDP and FSDP hook one forward per backward: a micro-batch forwards each row whole
 
     def __init__(self, strategy: str, device: str, mixed_precision: str):
         import torch
@@ -66,8 +66,11 @@ class Distributed:
         if self.strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                           gradient_as_bucket_view=True)    # no second copy of the gradients
+            return DistributedDataParallel(
+                model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                gradient_as_bucket_view=True,
+            )  # no second copy of the gradients
         from torch.distributed.fsdp import fully_shard
 
         for layer in decoder_layers(model):
@@ -90,7 +93,7 @@ class Distributed:
     def accumulating(self, model, last: bool):
         """Gradients reduced over ranks only on a mini-batch's last micro-batch."""
         if self.strategy == "ddp":
-            with (nullcontext() if last else model.no_sync()):
+            with nullcontext() if last else model.no_sync():
                 yield
         else:
             model.set_requires_gradient_sync(last)
@@ -118,8 +121,9 @@ class Distributed:
 
         if self.strategy == "ddp":
             return None, named_optimizer_state(optimizer.state_dict(), trainable_names(model))
-        return get_state_dict(unwrapped(model), optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                                   cpu_offload=True))
+        return get_state_dict(
+            unwrapped(model), optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def load_optimizer(self, model, optimizer, state: dict) -> None:
         """A checkpoint's whole optimizer state (parameters by index, as `optimizer.state_dict()` has them),
@@ -129,8 +133,12 @@ class Distributed:
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(unwrapped(model), optimizer, named_optimizer_state(state, trainable_names(model)),
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            unwrapped(model),
+            optimizer,
+            named_optimizer_state(state, trainable_names(model)),
+            options=StateDictOptions(full_state_dict=True),
+        )
 
 
 def trainable_names(model) -> list[str]:
@@ -141,17 +149,23 @@ def trainable_names(model) -> list[str]:
 def named_optimizer_state(state: dict, names: list[str]) -> dict:
     """`optimizer.state_dict()` (parameters by index) with parameters by name, as torch.distributed.checkpoint's
     whole state dicts hold them."""
-    return {"state": {names[index]: value for index, value in state["state"].items()},
-            "param_groups": [{**group, "params": [names[index] for index in group["params"]]}
-                             for group in state["param_groups"]]}
+    return {
+        "state": {names[index]: value for index, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[index] for index in group["params"]]} for group in state["param_groups"]
+        ],
+    }
 
 
 def indexed_optimizer_state(state: dict, names: list[str]) -> dict:
     """The inverse of `named_optimizer_state`: what `optimizer.load_state_dict` of one process takes."""
     position = {name: index for index, name in enumerate(names)}
-    return {"state": {position[name]: value for name, value in state["state"].items()},
-            "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
-                             for group in state["param_groups"]]}
+    return {
+        "state": {position[name]: value for name, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [position[name] for name in group["params"]]} for group in state["param_groups"]
+        ],
+    }
 
 
 def unwrapped(model):

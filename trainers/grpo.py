@@ -30,53 +30,82 @@ class LoraSettings(Strict):
     r: int = Field(8, ge=1, description="adapter rank")
     alpha: int = Field(16, ge=1, description="scaling numerator (the update is scaled by alpha / r)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-                                      description="modules that get an adapter")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], description="modules that get an adapter"
+    )
 
 
 class TrainConfig(Strict):
     """One training step per iteration's batch."""
 
-    loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field("dapo", description="token aggregation: dapo = token mean "
-                                                          "over the batch, grpo = per-sequence mean, dr_grpo = constant")
+    loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field(
+        "dapo",
+        description="token aggregation: dapo = token mean over the batch, grpo = per-sequence mean, dr_grpo = constant",
+    )
     epsilon_low: float = Field(0.2, ge=0, description="lower clip of the ratio: 1 - epsilon_low")
-    epsilon_high: float = Field(0.28, ge=0, description="upper clip (Clip-Higher: above epsilon_low lets rare "
-                                "tokens grow, against entropy collapse)")
+    epsilon_high: float = Field(
+        0.28,
+        ge=0,
+        description="upper clip (Clip-Higher: above epsilon_low lets rare tokens grow, against entropy collapse)",
+    )
     beta: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the reference version; 0 disables it")
     reference_version: int = Field(0, ge=0, description="model version the KL penalty pulls toward")
     learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate after warm-up")
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up, counted over "
-                              "the whole run (the step count travels with the checkpoint)")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="optimizer steps of linear learning-rate warm-up, counted over "
+        "the whole run (the step count travels with the checkpoint)",
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per batch (the batch is split into this many)")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass (gradient accumulation)")
-    max_completion_length: int | None = Field(None, ge=1, description="dr_grpo's constant; default the rollouts' "
-                                              "max_new_tokens (else the batch's longest response)")
+    max_completion_length: int | None = Field(
+        None,
+        ge=1,
+        description="dr_grpo's constant; default the rollouts' max_new_tokens (else the batch's longest response)",
+    )
     mixed_precision: Literal["no", "fp16", "bf16"] = Field("no", description="accelerate mixed precision (GPU)")
     device: str = Field("cpu", description="cpu, or cuda on a GPU machine")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter (peft) instead of the full model")
     seed: int = Field(0, description="seed of the mini-batch shuffle")
-    off_policy_loss: Literal["behaviour", "decoupled"] = Field("behaviour", description="behaviour: the ratio "
-                                                                "to the stored behaviour log-probs is clipped (PPO "
-                                                                "with π_old = π_behaviour); decoupled (AReaL): the "
-                                                                "ratio to the proximal policy, the one at the "
-                                                                "batch's start, is clipped and each token weighted "
-                                                                "by its truncated π_prox / π_behaviour (π_prox from "
-                                                                "a no-grad pass before the batch's first update "
-                                                                "when it takes several optimizer steps)")
+    off_policy_loss: Literal["behaviour", "decoupled"] = Field(
+        "behaviour",
+        description="behaviour: the ratio "
+        "to the stored behaviour log-probs is clipped (PPO "
+        "with π_old = π_behaviour); decoupled (AReaL): the "
+        "ratio to the proximal policy, the one at the "
+        "batch's start, is clipped and each token weighted "
+        "by its truncated π_prox / π_behaviour (π_prox from "
+        "a no-grad pass before the batch's first update "
+        "when it takes several optimizer steps)",
+    )
     importance_cap: float = Field(2.0, gt=0, description="decoupled: truncation of the per-token weight")
-    strategy: Literal["single", "ddp", "fsdp"] = Field("single", description="single: this process trains; ddp: "
-                                                      "`processes` persistent ranks on torch.distributed, a full copy "
-                                                      "each (DistributedDataParallel); fsdp: the same ranks with "
-                                                      "parameters, gradients and optimizer state sharded (FSDP2)")
-    processes: int = Field(1, ge=1, description="ranks of ddp / fsdp (gloo on CPU, NCCL on GPUs), started once per "
-                           "run and kept between steps; each takes a share of every mini-batch. More than 1 with "
-                           "strategy single means ddp")
-    devices: list[str] = Field(default_factory=list, description="one device per rank (e.g. [cuda:4, cuda:5]); "
-                               "empty: `device` for every rank on a CPU, cuda:0, cuda:1, ... on GPUs")
-    share_devices: bool = Field(False, description="allow the trainer's GPUs to be ones the sampling role holds "
-                                "(rollout.devices, rollout.openai.server_devices); else the run refuses to start")
+    strategy: Literal["single", "ddp", "fsdp"] = Field(
+        "single",
+        description="single: this process trains; ddp: "
+        "`processes` persistent ranks on torch.distributed, a full copy "
+        "each (DistributedDataParallel); fsdp: the same ranks with "
+        "parameters, gradients and optimizer state sharded (FSDP2)",
+    )
+    processes: int = Field(
+        1,
+        ge=1,
+        description="ranks of ddp / fsdp (gloo on CPU, NCCL on GPUs), started once per "
+        "run and kept between steps; each takes a share of every mini-batch. More than 1 with "
+        "strategy single means ddp",
+    )
+    devices: list[str] = Field(
+        default_factory=list,
+        description="one device per rank (e.g. [cuda:4, cuda:5]); "
+        "empty: `device` for every rank on a CPU, cuda:0, cuda:1, ... on GPUs",
+    )
+    share_devices: bool = Field(
+        False,
+        description="allow the trainer's GPUs to be ones the sampling role holds "
+        "(rollout.devices, rollout.openai.server_devices); else the run refuses to start",
+    )
 
 
 def rank_devices(config: TrainConfig) -> list[str]:
@@ -95,8 +124,9 @@ def strategy_of(config: TrainConfig) -> str:
     return "ddp" if config.strategy == "single" and config.processes > 1 else config.strategy
 
 
-def train_on_batch(model, rows: pl.DataFrame, config: TrainConfig, optimizer_state: dict | None = None,
-                   reference=None) -> tuple[dict, dict]:
+def train_on_batch(
+    model, rows: pl.DataFrame, config: TrainConfig, optimizer_state: dict | None = None, reference=None
+) -> tuple[dict, dict]:
     """One batch's optimizer steps on `model` in place, in this process; returns (metrics, optimizer state).
 
     `rows` holds one row per rollout: prompt_token_ids, response_token_ids, behaviour_logprobs,
@@ -114,17 +144,18 @@ def build_optimizer(model, config: TrainConfig, optimizer_state: dict | None = N
     """(AdamW over the trainable parameters, the optimizer step count), continuing the parent version's state."""
     import torch
 
-    trainable = [p for p in model.parameters() if p.requires_grad]      # all of them, or a LoRA adapter's
+    trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or a LoRA adapter's
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     if optimizer_state:
         optimizer.load_state_dict(optimizer_state["optimizer"])
-        for group in optimizer.param_groups:             # the config decides, not the first run's saved settings
+        for group in optimizer.param_groups:  # the config decides, not the first run's saved settings
             group["weight_decay"] = config.weight_decay
     return optimizer, (optimizer_state["step"] if optimizer_state else 0)
 
 
-def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainConfig, placement,
-                reference=None) -> tuple[dict, int]:
+def train_steps(
+    model, optimizer, step: int, rows: pl.DataFrame, config: TrainConfig, placement, reference=None
+) -> tuple[dict, int]:
     """The batch's optimizer steps (`config.mini_batches`) from optimizer step `step`: (metrics, step after).
     With several ranks (`placement.world`), each takes every world-th row of each mini-batch and runs the same
     number of micro-batches (an idle one, weight 0, where its share is short), so the collectives line up."""
@@ -133,7 +164,7 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
     rank, world = placement.rank, placement.world
     trainable = [p for p in model.parameters() if p.requires_grad]
     model.train()
-    rows = rows.filter(pl.col("weight") > 0)             # masked responses (weight 0) are not in the batch at all
+    rows = rows.filter(pl.col("weight") > 0)  # masked responses (weight 0) are not in the batch at all
     order = list(range(rows.height))
     random.Random(config.seed + step).shuffle(order)
     shares_prompts = placement.shares_prompts
@@ -141,26 +172,40 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
     # sequence, and the gradient, a sum over the mini-batch, does not depend on the order (~12 % of the step)
     lengths = (rows["prompt_token_ids"].list.len() + rows["response_token_ids"].list.len()).to_list()
     prompts = [tuple(ids) for ids in rows["prompt_token_ids"].to_list()] if shares_prompts else None
-    mini_batches = [micro_batch_order(order[i::config.mini_batches], lengths, prompts)
-                    for i in range(config.mini_batches) if order[i::config.mini_batches]]
+    mini_batches = [
+        micro_batch_order(order[i :: config.mini_batches], lengths, prompts)
+        for i in range(config.mini_batches)
+        if order[i :: config.mini_batches]
+    ]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
     # ---- the decoupled objective's proximal policy: the one at the batch's start, kept for every update ----
-    proximal = proximal_logprobs(model, rows, mini_batches, config, placement) \
-        if config.off_policy_loss == "decoupled" else {}
+    proximal = (
+        proximal_logprobs(model, rows, mini_batches, config, placement) if config.off_policy_loss == "decoupled" else {}
+    )
 
     for number, indices in enumerate(mini_batches):
         # ---- one optimizer step: the mini-batch in micro-batches, gradients accumulated ----
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate * min(1.0, (step + 1) / max(config.warmup_steps, 1))
         mini = rows[indices]
-        tokens = policy_tokens(mini)                                    # normalisers count the whole mini-batch
+        tokens = policy_tokens(mini)  # normalisers count the whole mini-batch
         micro_batches = rank_micro_batches(mini, rank, world, config.micro_batch_size)
         optimizer.zero_grad()
         for index, (micro, idle) in enumerate(micro_batches):
-            with placement.accumulating(model, last=index == len(micro_batches) - 1):   # ranks sync on the last
-                out, mask, entropy, loss = micro_batch_loss(model, micro, mini, tokens, longest, config, placement,
-                                                            reference, idle, proximal.get((number, index)))
+            with placement.accumulating(model, last=index == len(micro_batches) - 1):  # ranks sync on the last
+                out, mask, entropy, loss = micro_batch_loss(
+                    model,
+                    micro,
+                    mini,
+                    tokens,
+                    longest,
+                    config,
+                    placement,
+                    reference,
+                    idle,
+                    proximal.get((number, index)),
+                )
             if idle:
                 continue
             micro_tokens = float(mask.sum())
@@ -175,20 +220,27 @@ def train_steps(model, optimizer, step: int, rows: pl.DataFrame, config: TrainCo
         totals["tokens"] += tokens
 
     model.eval()
-    shared = ["loss", "clip_fraction", "kl", "entropy"]               # each rank's share of the sums
+    shared = ["loss", "clip_fraction", "kl", "entropy"]  # each rank's share of the sums
     totals.update(zip(shared, placement.sum([totals[name] for name in shared])))
     steps, tokens = len(mini_batches), max(totals["tokens"], 1)
-    metrics = {"loss": totals["loss"] / steps, "clip_fraction": totals["clip_fraction"] / tokens,
-               "kl": totals["kl"] / tokens, "entropy": totals["entropy"] / tokens,
-               "grad_norm": totals["grad_norm"] / steps, "tokens": totals["tokens"], "optimizer_steps": steps,
-               "sequences": rows.height, "learning_rate": optimizer.param_groups[0]["lr"], "global_step": step,
-               "torch_threads": torch.get_num_threads(),     # bit-reproducible only at the same count
-               "processes": world}
+    metrics = {
+        "loss": totals["loss"] / steps,
+        "clip_fraction": totals["clip_fraction"] / tokens,
+        "kl": totals["kl"] / tokens,
+        "entropy": totals["entropy"] / tokens,
+        "grad_norm": totals["grad_norm"] / steps,
+        "tokens": totals["tokens"],
+        "optimizer_steps": steps,
+        "sequences": rows.height,
+        "learning_rate": optimizer.param_groups[0]["lr"],
+        "global_step": step,
+        "torch_threads": torch.get_num_threads(),  # bit-reproducible only at the same count
+        "processes": world,
+    }
     return metrics, step
 
 
-def proximal_logprobs(model, rows: pl.DataFrame, mini_batches: list[list[int]], config: TrainConfig,
-                      placement) -> dict:
+def proximal_logprobs(model, rows: pl.DataFrame, mini_batches: list[list[int]], config: TrainConfig, placement) -> dict:
     """The proximal policy's log-probs (AReaL's π_prox, the policy before the batch's first update) of every
     micro-batch this rank forwards after that update, by (mini-batch, micro-batch): a no-grad pass now, before
     any step. The first mini-batch's are its own forward's, detached (the model has not moved yet). Every rank
@@ -198,19 +250,33 @@ def proximal_logprobs(model, rows: pl.DataFrame, mini_batches: list[list[int]], 
     kept = {}
     with torch.no_grad():
         for number, indices in enumerate(mini_batches[1:], start=1):
-            for index, (micro, _) in enumerate(rank_micro_batches(rows[indices], placement.rank, placement.world,
-                                                                  config.micro_batch_size)):
+            for index, (micro, _) in enumerate(
+                rank_micro_batches(rows[indices], placement.rank, placement.world, config.micro_batch_size)
+            ):
                 with placement.autocast():
-                    logprobs, _, _ = response_logprobs(model, micro["prompt_token_ids"].to_list(),
-                                                       micro["response_token_ids"].to_list(),
-                                                       float(micro["temperature"][0]),
-                                                       share_prompts=placement.shares_prompts)   # [B, T]
+                    logprobs, _, _ = response_logprobs(
+                        model,
+                        micro["prompt_token_ids"].to_list(),
+                        micro["response_token_ids"].to_list(),
+                        float(micro["temperature"][0]),
+                        share_prompts=placement.shares_prompts,
+                    )  # [B, T]
                 kept[(number, index)] = logprobs.float()
     return kept
 
 
-def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int, longest: int, config: TrainConfig,
-                     placement, reference=None, idle: bool = False, proximal=None):
+def micro_batch_loss(
+    model,
+    micro: pl.DataFrame,
+    mini: pl.DataFrame,
+    tokens: int,
+    longest: int,
+    config: TrainConfig,
+    placement,
+    reference=None,
+    idle: bool = False,
+    proximal=None,
+):
     """Forward, the policy loss and its backward for one micro-batch: (loss output, mask, entropy, loss).
     `proximal`: the decoupled objective's π_prox log-probs of these rows ([B, T]; None: this forward's own,
     the model not having moved since the batch began)."""
@@ -219,32 +285,43 @@ def micro_batch_loss(model, micro: pl.DataFrame, mini: pl.DataFrame, tokens: int
     prompts, responses = micro["prompt_token_ids"].to_list(), micro["response_token_ids"].to_list()
     shares_prompts = placement.shares_prompts
     with placement.autocast():
-        logprobs, mask, entropy = response_logprobs(model, prompts, responses, float(micro["temperature"][0]),
-                                                    with_entropy=True, share_prompts=shares_prompts)   # [B, T] each
+        logprobs, mask, entropy = response_logprobs(
+            model, prompts, responses, float(micro["temperature"][0]), with_entropy=True, share_prompts=shares_prompts
+        )  # [B, T] each
     device = logprobs.device
     if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
-        mask = mask * loss_masks(micro, mask.shape[1], device)      # episodes: the tool's tokens are out
+        mask = mask * loss_masks(micro, mask.shape[1], device)  # episodes: the tool's tokens are out
         entropy = entropy * mask
-    behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)   # [B, T]
+    behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)  # [B, T]
     token_weights = None
-    if config.off_policy_loss == "decoupled":    # the policy before the batch's first update is the proximal one
+    if config.off_policy_loss == "decoupled":  # the policy before the batch's first update is the proximal one
         proximal = logprobs.detach() if proximal is None else proximal * mask
         token_weights = torch.clamp(torch.exp(proximal - behaviour), max=config.importance_cap) * mask
         behaviour = proximal
     ref_logprobs = None
     if config.beta and reference is not None:
         with torch.no_grad():
-            ref_logprobs, _, _ = response_logprobs(reference, prompts, responses, float(micro["temperature"][0]),
-                                                   share_prompts=shares_prompts)
-    share = micro.height / mini.height              # grpo and dr_grpo average over sequences
-    out = policy_loss(logprobs, behaviour, torch.tensor(micro["advantage"].to_list(), device=device),
-                      mask, loss_type=config.loss_type, epsilon_low=config.epsilon_low,
-                      epsilon_high=config.epsilon_high, ref_logprobs=ref_logprobs, beta=config.beta,
-                      weights=torch.tensor(micro["weight"].to_list(), device=device),
-                      max_completion_length=longest, token_normaliser=float(max(tokens, 1)),
-                      token_weights=token_weights)
+            ref_logprobs, _, _ = response_logprobs(
+                reference, prompts, responses, float(micro["temperature"][0]), share_prompts=shares_prompts
+            )
+    share = micro.height / mini.height  # grpo and dr_grpo average over sequences
+    out = policy_loss(
+        logprobs,
+        behaviour,
+        torch.tensor(micro["advantage"].to_list(), device=device),
+        mask,
+        loss_type=config.loss_type,
+        epsilon_low=config.epsilon_low,
+        epsilon_high=config.epsilon_high,
+        ref_logprobs=ref_logprobs,
+        beta=config.beta,
+        weights=torch.tensor(micro["weight"].to_list(), device=device),
+        max_completion_length=longest,
+        token_normaliser=float(max(tokens, 1)),
+        token_weights=token_weights,
+    )
     loss = (out.loss if config.loss_type == "dapo" else out.loss * share) * (0.0 if idle else 1.0)
-    placement.backward(loss * placement.loss_scale)          # DDP and FSDP average over ranks: scaled to a sum
+    placement.backward(loss * placement.loss_scale)  # DDP and FSDP average over ranks: scaled to a sum
     return out, mask, entropy, loss
 
 
@@ -263,10 +340,10 @@ def micro_batch_order(indices: list[int], lengths: list[int], prompts: list[tupl
 def rank_micro_batches(mini: pl.DataFrame, rank: int, world: int, size: int) -> list[tuple[pl.DataFrame, bool]]:
     """This rank's micro-batches of a mini-batch: (rows, idle). Every rank gets the same count, the longest
     share's; a shorter share is topped up with idle ones (one row, weight 0: it runs, and adds nothing)."""
-    mine = mini[rank::world]                                         # lengths interleaved over ranks
-    per_rank = -(-mini.height // world)                              # ceilings of integer divisions
+    mine = mini[rank::world]  # lengths interleaved over ranks
+    per_rank = -(-mini.height // world)  # ceilings of integer divisions
     count = -(-per_rank // size)
-    batches = [(mine[start:start + size], False) for start in range(0, mine.height, size)]
+    batches = [(mine[start : start + size], False) for start in range(0, mine.height, size)]
     idle = mini[:1].with_columns(pl.lit(0.0).alias("weight"), pl.lit(0.0).alias("advantage"))
     return batches + [(idle, True)] * (count - len(batches))
 
@@ -281,8 +358,10 @@ def policy_tokens(rows: pl.DataFrame) -> int:
 
 def loss_masks(rows: pl.DataFrame, width: int, device):
     """[B, T] of each row's loss mask (ones where a row has none), right-padded with zeros."""
-    masks = [mask if mask is not None else [1] * len(ids)
-             for mask, ids in zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())]
+    masks = [
+        mask if mask is not None else [1] * len(ids)
+        for mask, ids in zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())
+    ]
     return _padded(masks, width, device)
 
 
@@ -291,5 +370,5 @@ def _padded(rows: list[list[float]], width: int, device):
 
     out = torch.zeros((len(rows), width), device=device)
     for i, values in enumerate(rows):
-        out[i, :len(values)] = torch.tensor(values, device=device)
+        out[i, : len(values)] = torch.tensor(values, device=device)
     return out

@@ -22,17 +22,28 @@ LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor          # scalar, differentiable
-    clip_fraction: float        # share of (masked) tokens whose ratio was clipped
-    kl: float                   # mean k3 KL per token (0 without a reference)
+    loss: torch.Tensor  # scalar, differentiable
+    clip_fraction: float  # share of (masked) tokens whose ratio was clipped
+    kl: float  # mean k3 KL per token (0 without a reference)
     ratio_mean: float
 
 
-def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor,
-                mask: torch.Tensor, *, loss_type: str = "dapo", epsilon_low: float = 0.2, epsilon_high: float = 0.28,
-                weights: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None, beta: float = 0.0,
-                max_completion_length: int | None = None, token_normaliser: float | None = None,
-                token_weights: torch.Tensor | None = None) -> LossOutput:
+def policy_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str = "dapo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.28,
+    weights: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    max_completion_length: int | None = None,
+    token_normaliser: float | None = None,
+    token_weights: torch.Tensor | None = None,
+) -> LossOutput:
     """The clipped surrogate loss.
 
     Args:
@@ -55,12 +66,12 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}: use one of {LOSS_TYPES}")
     mask = mask.to(logprobs.dtype)
-    if weights is not None:                          # a zero weight (masked truncation) removes the response entirely
+    if weights is not None:  # a zero weight (masked truncation) removes the response entirely
         mask = mask * (weights[:, None] > 0).to(mask.dtype)
-    ratio = torch.exp(logprobs - behaviour_logprobs)                                   # [B, T]
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)                    # [B, T]
-    advantage = advantages[:, None]                                                    # [B, 1]
-    per_token = -torch.min(ratio * advantage, clipped * advantage)                     # [B, T]
+    ratio = torch.exp(logprobs - behaviour_logprobs)  # [B, T]
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)  # [B, T]
+    advantage = advantages[:, None]  # [B, 1]
+    per_token = -torch.min(ratio * advantage, clipped * advantage)  # [B, T]
     if weights is not None:
         per_token = per_token * weights[:, None]
     if token_weights is not None:
@@ -68,7 +79,7 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
     kl = torch.zeros_like(per_token)
     if beta and ref_logprobs is not None:
         delta = ref_logprobs - logprobs
-        kl = torch.exp(delta) - delta - 1                                              # [B, T] k3 estimator
+        kl = torch.exp(delta) - delta - 1  # [B, T] k3 estimator
         per_token = per_token + beta * kl
     if loss_type == "dapo":
         loss = (per_token * mask).sum() / (token_normaliser or mask.sum().clamp(min=1.0))
@@ -80,6 +91,6 @@ def policy_loss(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advant
         loss = (per_token * mask).sum() / (sequences * (max_completion_length or mask.shape[1]))
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1.0)
-        was_clipped = ((ratio * advantage) > (clipped * advantage)).to(mask.dtype)     # min picked the clipped term
+        was_clipped = ((ratio * advantage) > (clipped * advantage)).to(mask.dtype)  # min picked the clipped term
         stats = ((was_clipped * mask).sum() / tokens, (kl * mask).sum() / tokens, (ratio * mask).sum() / tokens)
     return LossOutput(loss, *(float(s) for s in stats))

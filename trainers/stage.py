@@ -43,23 +43,31 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
         # dr_grpo's constant is the generation limit, the same for every batch
         config = config.model_copy(update={"max_completion_length": int(rows["max_new_tokens"].max())})
     version = next_version_number(lake)
-    if strategy_of(config) != "single":                # persistent ranks train; rank 0 writes the checkpoint
-
+    if strategy_of(config) != "single":  # persistent ranks train; rank 0 writes the checkpoint
         stepped = trainer_group(config).step(lake.uri, iteration, parent_uri, version, config, reference_uri)
         uri, metrics = stepped["uri"], stepped["metrics"]
     else:
         model, tokenizer, adapter_of = trainable_policy(parent_uri, config)
-        same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)   # adapter state fits adapters
+        same_kind = (adapter_base(parent_uri) is not None) == (config.lora is not None)  # adapter state fits adapters
         optimizer_state = load_training_state(parent_uri) if same_kind else None
         reference = load_policy(reference_uri, config.device)[0] if reference_uri else None
         metrics, state = train_on_batch(model, rows, config, optimizer_state, reference)
         uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
     faults.point("checkpoint-saved:train")
-    kind = "rl" if parent == latest_version(lake) else BRANCH          # an older parent: a branch, off the main line
-    register(lake, run, version, uri=uri, kind=kind, parent=parent, iteration=iteration, batch_ids=[batch_id],
-             metrics=metrics, architecture=json.loads(parent_row["architecture"] or "{}"))
+    kind = "rl" if parent == latest_version(lake) else BRANCH  # an older parent: a branch, off the main line
+    register(
+        lake,
+        run,
+        version,
+        uri=uri,
+        kind=kind,
+        parent=parent,
+        iteration=iteration,
+        batch_ids=[batch_id],
+        metrics=metrics,
+        architecture=json.loads(parent_row["architecture"] or "{}"),
+    )
     return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics}
-
 
 
 def warmup_version(lake: Lake) -> int | None:
@@ -77,28 +85,46 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     parent = latest_version(lake)
     parent_row = version_row(lake, parent)
     model, tokenizer = load_policy(parent_row["checkpoint_uri"], settings.rollout.sampling_device())
-    bank = lake.read("problems", filter=pc.field("problem_id").isin(training_bank(lake, settings.rollout.mix)
-                                                                    ["problem_id"].to_list()),
-                     columns=["prompt", "solution"]).drop_nulls("solution")
+    bank = lake.read(
+        "problems",
+        filter=pc.field("problem_id").isin(training_bank(lake, settings.rollout.mix)["problem_id"].to_list()),
+        columns=["prompt", "solution"],
+    ).drop_nulls("solution")
     if bank.is_empty():
         raise ValueError("warm-up needs training problems with worked solutions; the bank has none")
-    examples = bank.select(prompt=pl.col("prompt").map_elements(lambda text: format_prompt(text, prompt, tokenizer),
-                                                                return_dtype=pl.String), target="solution")
+    examples = bank.select(
+        prompt=pl.col("prompt").map_elements(
+            lambda text: format_prompt(text, prompt, tokenizer), return_dtype=pl.String
+        ),
+        target="solution",
+    )
     held_out = evaluation_problems(lake, settings.evaluation).head(config.eval_problems)
     eval_prompts = [format_prompt(text, prompt, tokenizer) for text in held_out["prompt"]]
     sampler = SamplerConfig(max_new_tokens=config.max_new_tokens)
     tools = settings.rollout.tools
-    tool = PythonTool(tools.seconds) if tools.enabled else None    # held-out episodes call tools as rollouts do
+    tool = PythonTool(tools.seconds) if tools.enabled else None  # held-out episodes call tools as rollouts do
 
     def solve_rate(current) -> float:
         policy = HFPolicy(current, tokenizer, parent, settings.rollout.batch_size)
         if tool is not None:
             policy = EpisodePolicy(policy, tokenizer, tools, tool)
         samples = policy.generate(eval_prompts, 1, sampler, config.seed, parent)
-        frame = held_out.select("problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier",
-                                "steps", "metadata", "params").with_columns(
-            rollout_id=pl.Series([str(i) for i in range(held_out.height)]), iteration=pl.lit(0),
-            response=pl.Series([group[0].text for group in samples]))
+        frame = held_out.select(
+            "problem_id",
+            "domain",
+            "prompt",
+            "answer",
+            "tests",
+            "entry_point",
+            "verifier",
+            "steps",
+            "metadata",
+            "params",
+        ).with_columns(
+            rollout_id=pl.Series([str(i) for i in range(held_out.height)]),
+            iteration=pl.lit(0),
+            response=pl.Series([group[0].text for group in samples]),
+        )
         scored = score_rollouts(frame, truth, pool)
         return float(scored["correct"].fill_null(False).mean())
 
@@ -106,7 +132,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
         if rate is not None:
             print(f"warm-up step {step}: loss {loss:.3f}, held-out sampled solve rate {rate:.1%}")
 
-    truth = settings.verify.model_copy(update={"verifier": None})   # the problems' own verifiers, as evaluation
+    truth = settings.verify.model_copy(update={"verifier": None})  # the problems' own verifiers, as evaluation
     try:
         with verifier_pool(truth) as pool:
             metrics = warm_up(model, tokenizer, examples, config, solve_rate, report)
@@ -114,11 +140,21 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
         if tool is not None:
             tool.close()
     if metrics["overshoot"]:
-        print(f"warm-up overshot the band: {metrics['solve_rate']:.1%} > {config.band[1]:.0%} at the first measurement "
-              f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band")
+        print(
+            f"warm-up overshot the band: {metrics['solve_rate']:.1%} > {config.band[1]:.0%} at the first measurement "
+            f"inside it; evaluate more often (warmup.evaluate_every) to stop nearer the band"
+        )
     version = next_version_number(lake)
     uri = save_checkpoint(lake, version, model, tokenizer)
     faults.point("checkpoint-saved:warmup")
-    register(lake, run, version, uri=uri, kind="warmup", parent=parent, metrics=metrics,
-             architecture=json.loads(parent_row["architecture"] or "{}"))
+    register(
+        lake,
+        run,
+        version,
+        uri=uri,
+        kind="warmup",
+        parent=parent,
+        metrics=metrics,
+        architecture=json.loads(parent_row["architecture"] or "{}"),
+    )
     return {"model_version": version, **metrics}

@@ -12,7 +12,7 @@ def trainable_policy(parent_uri: str, config: TrainConfig):
     when the parent is one; a full parent gets a fresh adapter, or is trained whole without `lora`."""
     base = adapter_base(parent_uri)
     if config.lora is None:
-        model, tokenizer = load_policy(parent_uri, config.device)          # an adapter parent arrives merged
+        model, tokenizer = load_policy(parent_uri, config.device)  # an adapter parent arrives merged
         return model, tokenizer, None
     if base is not None:
         model, tokenizer = load_policy(parent_uri, config.device, trainable_adapter=True)
@@ -20,10 +20,15 @@ def trainable_policy(parent_uri: str, config: TrainConfig):
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = load_policy(parent_uri, config.device)
-    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                      target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
     import torch
 
-    with peft_warnings_quiet(), torch.random.fork_rng():     # a fresh adapter's initialisation is seeded: every
-        torch.manual_seed(config.seed)                       # rank (and a rerun) starts from the same one
+    with peft_warnings_quiet(), torch.random.fork_rng():  # a fresh adapter's initialisation is seeded: every
+        torch.manual_seed(config.seed)  # rank (and a rerun) starts from the same one
         return get_peft_model(model, lora), tokenizer, parent_uri

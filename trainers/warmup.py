@@ -27,8 +27,11 @@ class WarmupConfig(Strict):
     """Supervised warm-up before RL; skipped when the lake already holds a warm-up version."""
 
     enabled: bool = Field(False, description="run the warm-up before the first RL iteration")
-    band: tuple[float, float] = Field((0.25, 0.45), description="stop once the held-out sampled solve rate "
-                                      "reaches band[0]; a rate above band[1] is recorded as an overshoot")
+    band: tuple[float, float] = Field(
+        (0.25, 0.45),
+        description="stop once the held-out sampled solve rate "
+        "reaches band[0]; a rate above band[1] is recorded as an overshoot",
+    )
     max_steps: int = Field(20000, ge=1, description="give up (and fail) after this many optimizer steps")
     batch_size: int = Field(64, ge=1, description="worked solutions per optimizer step")
     learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate (after a linear warm-up)")
@@ -45,21 +48,27 @@ def supervised_loss(model, prompts: list[list[int]], targets: list[list[int]]):
 
     sequences = [p + t for p, t in zip(prompts, targets)]
     width = max(len(s) for s in sequences)
-    input_ids = torch.zeros((len(sequences), width), dtype=torch.long, device=model.device)   # [B, S]
-    labels = torch.full_like(input_ids, -100)                                                  # -100: ignored
+    input_ids = torch.zeros((len(sequences), width), dtype=torch.long, device=model.device)  # [B, S]
+    labels = torch.full_like(input_ids, -100)  # -100: ignored
     attention = torch.zeros_like(input_ids)
     for row, (prompt, target) in enumerate(zip(prompts, targets)):
-        input_ids[row, :len(prompt) + len(target)] = torch.tensor(prompt + target)
-        labels[row, len(prompt):len(prompt) + len(target)] = torch.tensor(target)
-        attention[row, :len(prompt) + len(target)] = 1
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()        # [B, S-1, V]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                             ignore_index=-100)
+        input_ids[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
+        labels[row, len(prompt) : len(prompt) + len(target)] = torch.tensor(target)
+        attention[row, : len(prompt) + len(target)] = 1
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # [B, S-1, V]
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
 
 
-def warm_up(model, tokenizer, examples: pl.DataFrame, config: WarmupConfig,
-            solve_rate: Callable[[object], float], progress: Callable[[int, float, float | None], None] = lambda *a: None
-            ) -> dict:
+def warm_up(
+    model,
+    tokenizer,
+    examples: pl.DataFrame,
+    config: WarmupConfig,
+    solve_rate: Callable[[object], float],
+    progress: Callable[[int, float, float | None], None] = lambda *a: None,
+) -> dict:
     """Train `model` in place on `examples` (prompt text, target text) until `solve_rate(model)` reaches the band.
 
     Returns the metrics: steps, final solve rate, the evaluation history, whether it overshot.
@@ -67,8 +76,9 @@ def warm_up(model, tokenizer, examples: pl.DataFrame, config: WarmupConfig,
     import torch
 
     prompts = [tokenizer(text, add_special_tokens=False).input_ids for text in examples["prompt"]]
-    targets = [tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-               for text in examples["target"]]
+    targets = [
+        tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for text in examples["target"]
+    ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     rng = random.Random(config.seed)
     history: list[tuple[int, float]] = []
@@ -91,7 +101,14 @@ def warm_up(model, tokenizer, examples: pl.DataFrame, config: WarmupConfig,
         progress(step, float(loss.detach()), measured)
         if measured is not None and measured >= config.band[0]:
             model.eval()
-            return {"steps": step, "solve_rate": rate, "overshoot": rate > config.band[1], "history": history,
-                    "final_loss": float(loss.detach())}
-    raise WarmupFailed(f"warm-up did not reach a held-out solve rate of {config.band[0]:.0%} in {config.max_steps} "
-                       f"steps (last {rate:.1%}): raise max_steps or the learning rate, or use easier problems")
+            return {
+                "steps": step,
+                "solve_rate": rate,
+                "overshoot": rate > config.band[1],
+                "history": history,
+                "final_loss": float(loss.detach()),
+            }
+    raise WarmupFailed(
+        f"warm-up did not reach a held-out solve rate of {config.band[0]:.0%} in {config.max_steps} "
+        f"steps (last {rate:.1%}): raise max_steps or the learning rate, or use easier problems"
+    )

@@ -33,7 +33,7 @@ from trainers.distributed import Distributed, indexed_optimizer_state, trainable
 from trainers.grpo import TrainConfig, build_optimizer, rank_devices, strategy_of, train_steps
 from trainers.trainable import trainable_policy
 
-STRUCTURE = ("strategy", "processes", "devices", "device", "lora", "mixed_precision")   # what a group is built for
+STRUCTURE = ("strategy", "processes", "devices", "device", "lora", "mixed_precision")  # what a group is built for
 
 
 class RankFailed(RuntimeError):
@@ -47,21 +47,25 @@ class TrainerGroup:
     config: TrainConfig
     processes: list = field(default_factory=list)
     connections: list = field(default_factory=list)
-    held_uri: str | None = None                  # the checkpoint whose weights the ranks hold (the last they wrote)
+    held_uri: str | None = None  # the checkpoint whose weights the ranks hold (the last they wrote)
 
     def __post_init__(self):
         import torch.multiprocessing as mp
 
         if strategy_of(self.config) == "fsdp" and self.config.lora is not None:
-            raise ValueError("train.lora trains under ddp (the adapter is small enough to replicate); fsdp shards "
-                             "full fine-tuning")
+            raise ValueError(
+                "train.lora trains under ddp (the adapter is small enough to replicate); fsdp shards full fine-tuning"
+            )
         context = mp.get_context("spawn")
         devices, port = rank_devices(self.config), free_port()
         for rank in range(self.config.processes):
             mine, theirs = context.Pipe()
-            process = context.Process(target=rank_main, name=f"rlvr-trainer-rank-{rank}", daemon=True,
-                                      args=(rank, self.config.processes, port, strategy_of(self.config),
-                                            devices[rank], theirs))
+            process = context.Process(
+                target=rank_main,
+                name=f"rlvr-trainer-rank-{rank}",
+                daemon=True,
+                args=(rank, self.config.processes, port, strategy_of(self.config), devices[rank], theirs),
+            )
             process.start()
             theirs.close()
             self.processes.append(process)
@@ -71,18 +75,33 @@ class TrainerGroup:
     def pids(self) -> list[int]:
         return [process.pid for process in self.processes]
 
-    def step(self, lake_uri: str | None, iteration: int, parent_uri: str, version: int | None, config: TrainConfig,
-             reference_uri: str | None = None, rows_file: str | None = None) -> dict:
+    def step(
+        self,
+        lake_uri: str | None,
+        iteration: int,
+        parent_uri: str,
+        version: int | None,
+        config: TrainConfig,
+        reference_uri: str | None = None,
+        rows_file: str | None = None,
+    ) -> dict:
         """Train the iteration's batch from `parent_uri` on every rank; rank 0's reply: uri, metrics, adapter_of.
         A benchmark's step: `rows_file` (Arrow IPC) instead of the lake's batch, and `version` None writes no
         checkpoint (the ranks keep training what they hold)."""
-        command = {"lake_uri": lake_uri, "iteration": iteration, "parent_uri": parent_uri, "version": version,
-                   "config": config.model_dump_json(), "reference_uri": reference_uri, "rows_file": rows_file,
-                   "reload": parent_uri != self.held_uri}
+        command = {
+            "lake_uri": lake_uri,
+            "iteration": iteration,
+            "parent_uri": parent_uri,
+            "version": version,
+            "config": config.model_dump_json(),
+            "reference_uri": reference_uri,
+            "rows_file": rows_file,
+            "reload": parent_uri != self.held_uri,
+        }
         for connection in self.connections:
             try:
                 connection.send(command)
-            except OSError:                              # a rank already gone: _replies names it
+            except OSError:  # a rank already gone: _replies names it
                 pass
         replies = self._replies()
         self.held_uri = replies[0]["uri"] or parent_uri
@@ -98,11 +117,13 @@ class TrainerGroup:
                     if connection.poll(0.1):
                         replies[rank] = connection.recv()
                         if "error" in replies[rank]:
-                            self._fail(f"trainer rank {rank} of {len(self.processes)} failed: "
-                                       f"{replies[rank]['error']}\n{replies[rank]['traceback']}")
+                            self._fail(
+                                f"trainer rank {rank} of {len(self.processes)} failed: "
+                                f"{replies[rank]['error']}\n{replies[rank]['traceback']}"
+                            )
                         continue
                 except (EOFError, OSError):
-                    pass                                 # its end of the pipe closed: it died, checked below
+                    pass  # its end of the pipe closed: it died, checked below
                 if not process.is_alive():
                     self._fail("")
         return replies
@@ -110,7 +131,7 @@ class TrainerGroup:
     def _fail(self, error: str) -> None:
         """Stop the group and raise, naming a rank that died first: the others' errors (a collective whose peer
         vanished) follow from it. A rank's own error when none died."""
-        deadline = time.monotonic() + 3                  # a dead peer's exit shows a moment after the others fail
+        deadline = time.monotonic() + 3  # a dead peer's exit shows a moment after the others fail
         dead = []
         while not dead and time.monotonic() < deadline:
             dead = [(rank, p) for rank, p in enumerate(self.processes) if not p.is_alive() and p.exitcode != 0]
@@ -124,9 +145,11 @@ class TrainerGroup:
         rank, process = dead[0]
         code = process.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
-        raise RankFailed(f"trainer rank {rank} of {len(self.processes)} (pid {process.pid}) died during the training "
-                         f"step ({how}); nothing was registered: the step can be run again from the last registered "
-                         "version" + (f". Then {error.splitlines()[0]}" if error else ""))
+        raise RankFailed(
+            f"trainer rank {rank} of {len(self.processes)} (pid {process.pid}) died during the training "
+            f"step ({how}); nothing was registered: the step can be run again from the last registered "
+            "version" + (f". Then {error.splitlines()[0]}" if error else "")
+        )
 
     def close(self) -> None:
         """Stop every rank (those blocked in a collective with a dead one too) and forget the group."""
@@ -152,7 +175,7 @@ def trainer_group(config: TrainConfig) -> TrainerGroup:
     """The run's group for this config's structure, started at its first step and kept until it fails."""
     key = config.model_dump_json(include=set(STRUCTURE))
     if key not in GROUPS:
-        for other in list(GROUPS.values()):              # another structure: its ranks would hold the devices
+        for other in list(GROUPS.values()):  # another structure: its ranks would hold the devices
             other.close()
         GROUPS[key] = TrainerGroup(config)
     return GROUPS[key]
@@ -168,24 +191,33 @@ def rank_main(rank: int, world: int, port: int, strategy: str, device: str, conn
     """One rank's life: join the group, then train each step it is sent until told to stop."""
 
     threads = os.environ.get("RLVR_TORCH_THREADS") or str(max(1, cores_given() // world))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), RLVR_TORCH_THREADS=threads, OMP_NUM_THREADS=threads)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        RLVR_TORCH_THREADS=threads,
+        OMP_NUM_THREADS=threads,
+    )
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(int(threads))
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(minutes=30))
+    dist.init_process_group(
+        "nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world, timeout=timedelta(minutes=30)
+    )
     held: dict = {}
     try:
         while (command := connection.recv()) is not None:
             try:
                 connection.send(train_step(held, strategy, device, command))
-            except Exception as error:                   # the group cannot go on once one rank left a collective
-                connection.send({"error": f"{type(error).__name__}: {error}",
-                                 "traceback": "".join(traceback.format_exc(limit=-6))})
+            except Exception as error:  # the group cannot go on once one rank left a collective
+                connection.send(
+                    {"error": f"{type(error).__name__}: {error}", "traceback": "".join(traceback.format_exc(limit=-6))}
+                )
                 break
     except (EOFError, KeyboardInterrupt):
         pass
@@ -211,7 +243,6 @@ def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
     import polars as pl
     import torch.distributed as dist
 
-
     config = TrainConfig.model_validate_json(command["config"])
     placement = Distributed(strategy, device, config.mixed_precision)
     parent = command["parent_uri"]
@@ -226,21 +257,29 @@ def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
             step = state["step"]
         held.update(model=model, tokenizer=tokenizer, adapter_of=adapter_of, optimizer=optimizer, step=step)
     model, optimizer = held["model"], held["optimizer"]
-    for group in optimizer.param_groups:                 # the config decides, as build_optimizer does
+    for group in optimizer.param_groups:  # the config decides, as build_optimizer does
         group["weight_decay"] = config.weight_decay
-    faults.point(f"rank-ready:{dist.get_rank()}")        # tests kill a rank here, mid-step
+    faults.point(f"rank-ready:{dist.get_rank()}")  # tests kill a rank here, mid-step
     lake = Lake.open(command["lake_uri"]) if command["lake_uri"] else None
     rows = pl.read_ipc(command["rows_file"]) if command["rows_file"] else training_rows(lake, command["iteration"])[0]
     reference = load_policy(command["reference_uri"], device)[0] if config.beta and command["reference_uri"] else None
     metrics, held["step"] = train_steps(model, optimizer, held["step"], rows, config, placement, reference)
     reply = {"rank": dist.get_rank(), "uri": None, "metrics": metrics, "loaded_parent": loaded}
-    if command["version"] is None:                       # a benchmark's step: nothing written
+    if command["version"] is None:  # a benchmark's step: nothing written
         return reply
-    weights, optimizer_state = placement.full_state(model, optimizer)        # a collective under FSDP
+    weights, optimizer_state = placement.full_state(model, optimizer)  # a collective under FSDP
     if dist.get_rank() == 0:
         state = {"optimizer": indexed_optimizer_state(optimizer_state, trainable_names(model)), "step": held["step"]}
-        uri = save_checkpoint(lake, command["version"], unwrapped(model), held["tokenizer"], state,
-                              held["adapter_of"], state_dict=weights, cache=False)
+        uri = save_checkpoint(
+            lake,
+            command["version"],
+            unwrapped(model),
+            held["tokenizer"],
+            state,
+            held["adapter_of"],
+            state_dict=weights,
+            cache=False,
+        )
         reply |= {"uri": uri, "adapter_of": held["adapter_of"]}
-    dist.barrier()                                       # no rank starts the next step before the checkpoint exists
+    dist.barrier()  # no rank starts the next step before the checkpoint exists
     return reply

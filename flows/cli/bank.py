@@ -18,9 +18,13 @@ bank_app = typer.Typer(help="Inspect and sample the problem bank.", no_args_is_h
 
 @app.command()
 def curate(
-    config: Annotated[Optional[Path], typer.Option(help="curation config (YAML; the `bank:` section if present)")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="curation config (YAML; the `bank:` section if present)")
+    ] = None,
     source: Annotated[list[str], typer.Option("--source", help="KIND:PATH_OR_NAME[:COUNT], repeatable")] = [],
-    eval_source: Annotated[list[str], typer.Option("--eval-source", help="like --source, as a held-out evaluation set")] = [],
+    eval_source: Annotated[
+        list[str], typer.Option("--eval-source", help="like --source, as a held-out evaluation set")
+    ] = [],
     bank_version: Annotated[Optional[int], typer.Option(help="re-curate this bank version, replacing it")] = None,
     force: Annotated[bool, typer.Option(help="re-curate a version even when later versions depend on it")] = False,
     lake: LakeOption = None,
@@ -59,12 +63,17 @@ def curate_and_print(curation, lake: str | None, force: bool = False) -> None:
 def _print_curation(result: dict) -> None:
     import polars as pl
 
-    show_table(pl.DataFrame(result["sources"]), title=f"bank version {result['bank_version']} (run {result['run_id']})",
-               part="curation")                # `rlvr run` may print the loop's table after it
+    show_table(
+        pl.DataFrame(result["sources"]),
+        title=f"bank version {result['bank_version']} (run {result['run_id']})",
+        part="curation",
+    )  # `rlvr run` may print the loop's table after it
     totals = pl.DataFrame(result["sources"]).select(pl.exclude("source").sum()).row(0, named=True)
-    console.print(f"kept {totals['kept']:,} of {totals['loaded']:,} rows: {totals['quarantined']:,} quarantined, "
-                  f"{totals['exact_dup']:,} exact and {totals['near_dup']:,} near duplicates, "
-                  f"{totals['contaminated']:,} contaminated. Lake version {result['lake_version']}.")
+    console.print(
+        f"kept {totals['kept']:,} of {totals['loaded']:,} rows: {totals['quarantined']:,} quarantined, "
+        f"{totals['exact_dup']:,} exact and {totals['near_dup']:,} near duplicates, "
+        f"{totals['contaminated']:,} contaminated. Lake version {result['lake_version']}."
+    )
 
 
 @bank_app.command("stats")
@@ -109,8 +118,9 @@ def bank_sample(
     from tasks.curation.stage import draw_training_mix
 
     try:
-        drawn = draw_training_mix(Lake.open(lake), n, mix_from_options(levels, domain_weights, split, bank_version,
-                                                                       seed))
+        drawn = draw_training_mix(
+            Lake.open(lake), n, mix_from_options(levels, domain_weights, split, bank_version, seed)
+        )
     except ValueError as error:
         fail_on_bad_request(error)
     summary = drawn.group_by("level", "domain").len("drawn").sort("level", "domain")
@@ -122,5 +132,8 @@ def bank_sample(
         writers[out.suffix](out)
         console.print(f"wrote {out}")
     else:
-        show_table(drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
-                   title=f"first {min(10, drawn.height)}", part="first")
+        show_table(
+            drawn.select("problem_id", "level", "domain", "source", "prompt").head(10),
+            title=f"first {min(10, drawn.height)}",
+            part="first",
+        )

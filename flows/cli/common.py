@@ -15,15 +15,30 @@ from rich.markup import escape
 
 from flows.display import TableFormat, errors
 
-LakeOption = Annotated[Optional[str], typer.Option("--lake", envvar="RLVR_LAKE",
-                                                   help="lake location: a folder or s3://bucket/prefix [default: ./lake]")]
-FormatOption = Annotated[TableFormat, typer.Option(
-    "--format", help="table for people; csv or json (JSON lines) for programs: then stdout holds only the rows, "
-    "and notes go to stderr")]
-WaitOption = Annotated[bool, typer.Option("--wait", help="queue behind another writer of this lake instead of being "
-                                          "refused (one process writes iterations at a time)")]
-ConfigOption = Annotated[Optional[Path], typer.Option(help="run config (YAML) with rollout / dynamic_sampling / "
-                                                      "verify / advantages sections")]
+LakeOption = Annotated[
+    Optional[str],
+    typer.Option("--lake", envvar="RLVR_LAKE", help="lake location: a folder or s3://bucket/prefix [default: ./lake]"),
+]
+FormatOption = Annotated[
+    TableFormat,
+    typer.Option(
+        "--format",
+        help="table for people; csv or json (JSON lines) for programs: then stdout holds only the rows, "
+        "and notes go to stderr",
+    ),
+]
+WaitOption = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="queue behind another writer of this lake instead of being "
+        "refused (one process writes iterations at a time)",
+    ),
+]
+ConfigOption = Annotated[
+    Optional[Path],
+    typer.Option(help="run config (YAML) with rollout / dynamic_sampling / verify / advantages sections"),
+]
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -56,10 +71,16 @@ def mix_from_options(levels: str, domain_weights: str | None, split: str, bank_v
     try:
         level_weights = {i + 1: float(w) for i, w in enumerate(levels.split(","))}
     except ValueError:
-        raise ValueError(f"--levels {levels!r}: give the weights of levels 1,2,3,4 in percent, e.g. 20,45,30,5") \
-            from None
-    return MixConfig(level_weights=level_weights, domain_weights=parse_weights(domain_weights), split=split,
-                     bank_version=bank_version, seed=seed)
+        raise ValueError(
+            f"--levels {levels!r}: give the weights of levels 1,2,3,4 in percent, e.g. 20,45,30,5"
+        ) from None
+    return MixConfig(
+        level_weights=level_weights,
+        domain_weights=parse_weights(domain_weights),
+        split=split,
+        bank_version=bank_version,
+        seed=seed,
+    )
 
 
 @contextmanager
@@ -77,8 +98,9 @@ def loop_writer(lake: str | None, wait: bool) -> Iterator[None]:
     except LeaseHeld as error:
         if not wait:
             fail(str(error))
-        errors.print(f"[dim]waiting: {escape(str(error).split(': one writer')[0])}[/dim]", highlight=False,
-                     soft_wrap=True)
+        errors.print(
+            f"[dim]waiting: {escape(str(error).split(': one writer')[0])}[/dim]", highlight=False, soft_wrap=True
+        )
         held = opened.lease(LOOP, wait=True)
         held.__enter__()
     try:
@@ -110,7 +132,7 @@ def prefect_defaults() -> None:
         fail(str(error))
     from flows.policies import without_flow_heartbeats
 
-    _COMMAND_CONTEXT.enter_context(without_flow_heartbeats())    # for the whole command (see policies.py)
+    _COMMAND_CONTEXT.enter_context(without_flow_heartbeats())  # for the whole command (see policies.py)
     if not os.environ.get("RLVR_DEBUG"):
         for name in ("prefect.flow_runs", "prefect.task_runs"):
             logging.getLogger(name).addFilter(_OneLineErrors())
@@ -123,16 +145,18 @@ def iteration_config(path: Path | None, overrides: dict | None = None):
     from tasks.iteration import IterationConfig
 
     try:
-        settings = load_yaml_config(path, IterationConfig, tuple(IterationConfig.model_fields)) if path else \
-            IterationConfig()
+        settings = (
+            load_yaml_config(path, IterationConfig, tuple(IterationConfig.model_fields)) if path else IterationConfig()
+        )
     except ValueError as error:
         fail(str(error), 2)
     for dotted, value in (overrides or {}).items():
         if value is not None:
             section, name = dotted.split(".")
             try:
-                part = type(getattr(settings, section)).model_validate({**getattr(settings, section).model_dump(),
-                                                                         name: value})
+                part = type(getattr(settings, section)).model_validate(
+                    {**getattr(settings, section).model_dump(), name: value}
+                )
             except ValidationError as error:
                 fail(f"--{name.replace('_', '-')} {value}: {error.errors()[0]['msg']}", 2)
             settings = settings.model_copy(update={section: part})

@@ -49,10 +49,13 @@ lake_app = typer.Typer(help="The lake's upkeep.", no_args_is_help=True)
 
 @lake_app.command("maintain")
 def lake_maintain(
-    config: Annotated[Optional[Path], typer.Option(help="YAML with a `maintenance:` section (MaintenanceConfig)")]
-    = None,
-    retention_hours: Annotated[Optional[float], typer.Option(min=0, help="keep time travel this far back; older "
-                                                             "versions' files are vacuumed [default: 168]")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="YAML with a `maintenance:` section (MaintenanceConfig)")
+    ] = None,
+    retention_hours: Annotated[
+        Optional[float],
+        typer.Option(min=0, help="keep time travel this far back; older versions' files are vacuumed [default: 168]"),
+    ] = None,
     table: Annotated[Optional[list[str]], typer.Option(help="only this table (repeatable)")] = None,
     lake: LakeOption = None,
     format: FormatOption = TableFormat.table,
@@ -74,11 +77,24 @@ def lake_maintain(
         results = maintain(Lake.open(lake), settings)
     except (ValueError, LakeError, LeaseHeld) as error:
         fail(str(error), 2)
-    show_table(pl.DataFrame([{"table": r.table, "files": f"{r.files_before} → {r.files_after}",
-                              "compaction": r.compacted, "checkpoint": r.checkpoint, "vacuumed": r.vacuumed_files,
-                              "log_files": r.log_files,
-                              "notes": "; ".join(r.notes)} for r in results]),
-               title=f"maintained {len(results)} tables (retention {settings.retention_hours:g} h)", part="maintained")
+    show_table(
+        pl.DataFrame(
+            [
+                {
+                    "table": r.table,
+                    "files": f"{r.files_before} → {r.files_after}",
+                    "compaction": r.compacted,
+                    "checkpoint": r.checkpoint,
+                    "vacuumed": r.vacuumed_files,
+                    "log_files": r.log_files,
+                    "notes": "; ".join(r.notes),
+                }
+                for r in results
+            ]
+        ),
+        title=f"maintained {len(results)} tables (retention {settings.retention_hours:g} h)",
+        part="maintained",
+    )
 
 
 lineage_app = typer.Typer(help="Where a row came from.", no_args_is_help=True)
@@ -116,13 +132,17 @@ def lineage_model_version(version: int, lake: LakeOption = None) -> None:
         console.print(f"version {entry['model_version']} ({entry['kind']}, {parent}{trained}), run {entry['run_id']}")
         console.print(f"  checkpoint    {entry['checkpoint_uri']}")
         for batch_id in entry.get("replaced_batches", []):
-            console.print(f"  batch         {batch_id}: no longer in `batches` (the iteration's advantages were "
-                          "re-run since; `rlvr sql --as-of` shows it as it was)")
+            console.print(
+                f"  batch         {batch_id}: no longer in `batches` (the iteration's advantages were "
+                "re-run since; `rlvr sql --as-of` shows it as it was)"
+            )
         for batch_id in [] if entry.get("replaced_batches") else entry["batch_ids"] or []:
-            console.print(f"  batch         {batch_id}: {entry.get('rollouts', 0)} rollouts of "
-                          f"{entry.get('problems', 0)} problems, sampled by version(s) "
-                          f"{', '.join(map(str, entry.get('sampled_by', [])))}, bank version(s) "
-                          f"{', '.join(map(str, entry.get('bank_versions', [])))}")
+            console.print(
+                f"  batch         {batch_id}: {entry.get('rollouts', 0)} rollouts of "
+                f"{entry.get('problems', 0)} problems, sampled by version(s) "
+                f"{', '.join(map(str, entry.get('sampled_by', [])))}, bank version(s) "
+                f"{', '.join(map(str, entry.get('bank_versions', [])))}"
+            )
         if entry.get("runs"):
             console.print(f"  stage runs    {', '.join(entry['runs'])}")
 
@@ -140,12 +160,19 @@ def lineage_tracking(lake: LakeOption = None, format: FormatOption = TableFormat
     if recorded.is_empty():
         fail("no tracker run recorded: `rlvr track --config configs/tracking.yaml` logs the lake's run to one")
     keys = ["tracker", "tracker_run_id", "experiment", "lake_run_id", "tracker_uri", "link"]
-    runs = recorded.group_by(keys).agg(pl.col("first_iteration").min(), pl.col("last_iteration").max(),
-                                       pl.len().alias("passes"),
-                                       pl.col("created_at").max().dt.strftime("%Y-%m-%d %H:%M:%S").alias("last_pass"))
-    show_table(runs.sort("tracker", "last_pass").select(*keys[:4], "first_iteration", "last_iteration", "passes",
-                                                       "last_pass", "link"),
-               title="tracker runs of the lake's run (step = iteration)", max_width=300)
+    runs = recorded.group_by(keys).agg(
+        pl.col("first_iteration").min(),
+        pl.col("last_iteration").max(),
+        pl.len().alias("passes"),
+        pl.col("created_at").max().dt.strftime("%Y-%m-%d %H:%M:%S").alias("last_pass"),
+    )
+    show_table(
+        runs.sort("tracker", "last_pass").select(
+            *keys[:4], "first_iteration", "last_iteration", "passes", "last_pass", "link"
+        ),
+        title="tracker runs of the lake's run (step = iteration)",
+        max_width=300,
+    )
 
 
 def with_interop_tables() -> None:
@@ -156,9 +183,15 @@ def with_interop_tables() -> None:
 @app.command()
 def doctor(
     lake: LakeOption = None,
-    repair: Annotated[bool, typer.Option("--repair", help="mark dead runs abandoned, delete rows of runs that never "
-                                         "completed and unnamed checkpoint folders, take over dead leases, vacuum "
-                                         "unreferenced files; never deletes committed data")] = False,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="mark dead runs abandoned, delete rows of runs that never "
+            "completed and unnamed checkpoint folders, take over dead leases, vacuum "
+            "unreferenced files; never deletes committed data",
+        ),
+    ] = False,
     format: FormatOption = TableFormat.table,
 ) -> None:
     """Check every table's log and files, runs, checkpoints and leases; say what each finding means."""
@@ -171,11 +204,24 @@ def doctor(
     with_interop_tables()
     opened = Lake.open(lake)
     findings = diagnose(opened, repair)
-    table = pl.DataFrame([{"severity": f.severity, "subject": f.subject, "finding": f.what, "meaning": f.meaning,
-                           "repair": ("done: " if f.repaired else "") + (f.repair or "needs a human")
-                           if f.severity != "info" or f.repair else ""} for f in findings])
+    table = pl.DataFrame(
+        [
+            {
+                "severity": f.severity,
+                "subject": f.subject,
+                "finding": f.what,
+                "meaning": f.meaning,
+                "repair": ("done: " if f.repaired else "") + (f.repair or "needs a human")
+                if f.severity != "info" or f.repair
+                else "",
+            }
+            for f in findings
+        ]
+    )
     show_table(table, title=f"rlvr doctor: {escape(opened.uri)}", max_width=600, show_lines=True)
     if healthy(findings):
-        console.print("the lake is healthy" + (" (after the repairs above)" if any(f.repaired for f in findings) else ""))
+        console.print(
+            "the lake is healthy" + (" (after the repairs above)" if any(f.repaired for f in findings) else "")
+        )
         return
     fail("the lake needs attention (see above)" + ("" if repair else "; `rlvr doctor --repair` fixes what it can"))

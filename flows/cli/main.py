@@ -17,18 +17,31 @@ from rich.markup import escape
 from flows.cli import bank, interop, lake, policy, report, runs, serving, stages, verify
 from flows.display import console, errors, use_format
 
-app = typer.Typer(help="RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 
-GROUPS = (   # (module, name): a name makes a sub-command group (`rlvr bank stats`), None adds its commands at the top
-    (bank.app, None), (runs.app, None), (lake.app, None), (verify.app, None), (stages.app, None),
-    (serving.app, None), (report.app, None), (interop.app, None),
-    (bank.bank_app, "bank"), (lake.lineage_app, "lineage"), (policy.app, "policy"), (runs.analyze_app, "analyze"),
-    (interop.reward_app, "reward"), (lake.lake_app, "lake"),
+GROUPS = (  # (module, name): a name makes a sub-command group (`rlvr bank stats`), None adds its commands at the top
+    (bank.app, None),
+    (runs.app, None),
+    (lake.app, None),
+    (verify.app, None),
+    (stages.app, None),
+    (serving.app, None),
+    (report.app, None),
+    (interop.app, None),
+    (bank.bank_app, "bank"),
+    (lake.lineage_app, "lineage"),
+    (policy.app, "policy"),
+    (runs.analyze_app, "analyze"),
+    (interop.reward_app, "reward"),
+    (lake.lake_app, "lake"),
 )
 for group, name in GROUPS:
     app.add_typer(group, name=name)
-for plugged in entry_points(group="rlvr.commands"):      # `rlvr bench ...` (bench/cli.py)
+for plugged in entry_points(group="rlvr.commands"):  # `rlvr bench ...` (bench/cli.py)
     app.add_typer(plugged.load(), name=plugged.name)
 
 
@@ -53,22 +66,32 @@ def _print_version(wanted: bool) -> None:
 
 @app.callback()
 def main_options(
-    insecure_sandbox: Annotated[bool, typer.Option(
-        "--insecure-sandbox", help="run model-generated code with resource limits only where this host offers no "
-        "isolation (no root, no user namespaces); recorded on every code reward")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
-                                          help="print the version and exit")] = False,
+    insecure_sandbox: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-sandbox",
+            help="run model-generated code with resource limits only where this host offers no "
+            "isolation (no root, no user namespaces); recorded on every code reward",
+        ),
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit")
+    ] = False,
 ) -> None:
     """RLVR data platform: problem bank, rollouts, verifiers, advantages, GRPO/DAPO."""
-    use_format()                                   # tables for people unless the command says --format
+    use_format()  # tables for people unless the command says --format
     if insecure_sandbox:
         from tasks.sandbox.client import INSECURE_ENV, isolation_mode
 
-        os.environ[INSECURE_ENV] = "1"             # verification workers inherit it
+        os.environ[INSECURE_ENV] = "1"  # verification workers inherit it
         if isolation_mode() == "rlimits":
-            errors.print("[bold red]WARNING: --insecure-sandbox: model-generated code will run WITHOUT isolation, "
-                         "as this user, with resource limits only. It can read and change this user's files and "
-                         "processes. Every code reward records it.[/bold red]", highlight=False, soft_wrap=True)
+            errors.print(
+                "[bold red]WARNING: --insecure-sandbox: model-generated code will run WITHOUT isolation, "
+                "as this user, with resource limits only. It can read and change this user's files and "
+                "processes. Every code reward records it.[/bold red]",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def main() -> None:

@@ -16,8 +16,9 @@ app = typer.Typer()
 
 @app.command()
 def report(
-    out: Annotated[Path, typer.Option("--out", help="folder for report.html and the PNGs (created if needed)")]
-        = Path("report"),
+    out: Annotated[Path, typer.Option("--out", help="folder for report.html and the PNGs (created if needed)")] = Path(
+        "report"
+    ),
     lake: LakeOption = None,
 ) -> None:
     """An HTML report (solve rate per level over model versions, reward and length distributions, learning-zone
@@ -26,7 +27,7 @@ def report(
     from tasks.report.stage import require_rollouts
 
     try:
-        require_rollouts(Lake.open(lake))      # before Prefect starts: an empty lake is one line, not a failed run
+        require_rollouts(Lake.open(lake))  # before Prefect starts: an empty lake is one line, not a failed run
     except ValueError as error:
         fail(str(error))
     prefect_defaults()
@@ -36,8 +37,11 @@ def report(
         result = report_flow(str(out), lake)
     except ValueError as error:
         fail(str(error))
-    console.print(f"wrote {escape(result['html'])} (lake version {result['lake_version']}, run {result['run_id']})",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {escape(result['html'])} (lake version {result['lake_version']}, run {result['run_id']})",
+        highlight=False,
+        soft_wrap=True,
+    )
     for path in [result["overview"], *result["plots"].values()]:
         console.print(f"  {escape(path)}", highlight=False, soft_wrap=True)
     for name, note in result["skipped"].items():

@@ -27,13 +27,24 @@ app = typer.Typer()
 @app.command()
 def run(
     config: Annotated[Path, typer.Option(help="run config (YAML)")] = Path("configs/demo.yaml"),
-    iterations: Annotated[Optional[int], typer.Option(min=0, help="RL iterations the lake should hold; a run "
-                                                                  "resumes after the last recorded one [default: "
-                                                                  "the config's loop.iterations]")] = None,
+    iterations: Annotated[
+        Optional[int],
+        typer.Option(
+            min=0,
+            help="RL iterations the lake should hold; a run "
+            "resumes after the last recorded one [default: "
+            "the config's loop.iterations]",
+        ),
+    ] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
-    documents: Annotated[Optional[Path], typer.Option(help="SPICE: a corpus (JSONL, text, or a folder of "
-                                                           "them) self-play's challenger reads (sets selfplay.documents)")] = None,
+    documents: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="SPICE: a corpus (JSONL, text, or a folder of "
+            "them) self-play's challenger reads (sets selfplay.documents)"
+        ),
+    ] = None,
     format: FormatOption = TableFormat.table,
 ) -> None:
     """The main job: curate the config's bank (unless done before), then run the RL loop, resuming where the lake is."""
@@ -51,29 +62,33 @@ def run(
         from tasks.proposals.documents import read_documents
 
         try:
-            corpus = read_documents(documents)        # a bad corpus fails here, naming its file and line
+            corpus = read_documents(documents)  # a bad corpus fails here, naming its file and line
         except ValueError as error:
             fail(str(error), 2)
         unlicensed = sum(document.licence is None for document in corpus)
         unread = sum(document.licence_unread for document in corpus)
-        console.print(f"[dim]{len(corpus)} documents from {documents}"
-                      + (f"; {unlicensed} with no licence found (no LICENSE file beside them)" if unlicensed else "")
-                      + (f"; {unread} whose licence file's text is not a licence it knows" if unread else "")
-                      + "[/dim]")
+        console.print(
+            f"[dim]{len(corpus)} documents from {documents}"
+            + (f"; {unlicensed} with no licence found (no LICENSE file beside them)" if unlicensed else "")
+            + (f"; {unread} whose licence file's text is not a licence it knows" if unread else "")
+            + "[/dim]"
+        )
         settings.selfplay.documents = str(documents.resolve())
     opened = Lake.open(lake)
     with loop_writer(lake, wait):
         previous = identical_curation(opened, curation)
         if previous is not None:
-            console.print(f"[dim]bank version {previous['bank_version']} was curated from this config by run "
-                          f"{previous['run_id']}; skipping curation[/dim]")
+            console.print(
+                f"[dim]bank version {previous['bank_version']} was curated from this config by run "
+                f"{previous['run_id']}; skipping curation[/dim]"
+            )
         else:
             curate_and_print(curation, lake)
         count = settings.loop.iterations if iterations is None else iterations
         if count == 0:
             print_bank_stats(opened, None)
             return
-        if nothing_left(opened, count, settings.warmup.enabled):     # no orchestration needed
+        if nothing_left(opened, count, settings.warmup.enabled):  # no orchestration needed
             console.print(f"nothing to do: the lake already holds {count} iteration(s) (raise --iterations to go on)")
             return
         run_loop(settings, count, lake)
@@ -82,19 +97,25 @@ def run(
 @app.command()
 def iterate(
     config: ConfigOption = None,
-    iteration: Annotated[Optional[int], typer.Option(help="iteration number (replaces its output); default: next")] = None,
+    iteration: Annotated[
+        Optional[int], typer.Option(help="iteration number (replaces its output); default: next")
+    ] = None,
     model_version: Annotated[Optional[int], typer.Option(help="policy version to sample; default: the latest")] = None,
     groups: Annotated[Optional[int], typer.Option(help="informative groups the batch needs")] = None,
     group_size: Annotated[Optional[int], typer.Option(help="G: samples per prompt")] = None,
-    verifier: Annotated[Optional[str], typer.Option(help="score with this verifier (or reward control) instead")] = None,
+    verifier: Annotated[
+        Optional[str], typer.Option(help="score with this verifier (or reward control) instead")
+    ] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
     format: FormatOption = TableFormat.table,
 ) -> None:
     """One RL iteration without training: rollout with dynamic sampling, verification, advantages, batch."""
     use_format(format)
-    settings = iteration_config(config, {"dynamic_sampling.groups_per_batch": groups, "rollout.group_size": group_size,
-                                         "verify.verifier": verifier})
+    settings = iteration_config(
+        config,
+        {"dynamic_sampling.groups_per_batch": groups, "rollout.group_size": group_size, "verify.verifier": verifier},
+    )
     with loop_writer(lake, wait):
         prefect_defaults()
         from flows.iteration import rl_iteration
@@ -136,10 +157,15 @@ def advantages(
 def train(
     iteration: Annotated[int, typer.Option(help="the iteration whose batch to train on")],
     config: Annotated[Optional[Path], typer.Option(help="run config (YAML) with a `train:` section")] = None,
-    processes: Annotated[Optional[int], typer.Option(min=1, help="trainer ranks on torch.distributed (gloo on "
-                                                     "CPU, NCCL on GPUs) [default: the config's, else 1]")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help="single, ddp or fsdp [default: the config's; ddp with "
-                                                    "--processes 2 or more]")] = None,
+    processes: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1, help="trainer ranks on torch.distributed (gloo on CPU, NCCL on GPUs) [default: the config's, else 1]"
+        ),
+    ] = None,
+    strategy: Annotated[
+        Optional[str], typer.Option(help="single, ddp or fsdp [default: the config's; ddp with --processes 2 or more]")
+    ] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
     format: FormatOption = TableFormat.table,
@@ -155,8 +181,13 @@ def train(
         fail(str(error), 2)
     if processes is not None or strategy is not None:
         try:
-            settings = TrainConfig.model_validate({**settings.model_dump(), **({"processes": processes} if processes
-                                                   else {}), **({"strategy": strategy} if strategy else {})})
+            settings = TrainConfig.model_validate(
+                {
+                    **settings.model_dump(),
+                    **({"processes": processes} if processes else {}),
+                    **({"strategy": strategy} if strategy else {}),
+                }
+            )
         except ValueError as error:
             fail(str(error), 2)
     with loop_writer(lake, wait):
@@ -173,10 +204,28 @@ def train(
         return
     import polars as pl
 
-    shown = {k: result[k] for k in ("model_version", "batch_id", "loss", "clip_fraction", "kl", "entropy",
-                                    "grad_norm", "tokens", "optimizer_steps", "global_step", "processes")}
-    show_table(pl.DataFrame({"": list(shown), "value": [str(round(v, 5)) if isinstance(v, float) else str(v)
-                                                        for v in shown.values()]}), title=f"iteration {iteration}: trained")
+    shown = {
+        k: result[k]
+        for k in (
+            "model_version",
+            "batch_id",
+            "loss",
+            "clip_fraction",
+            "kl",
+            "entropy",
+            "grad_norm",
+            "tokens",
+            "optimizer_steps",
+            "global_step",
+            "processes",
+        )
+    }
+    show_table(
+        pl.DataFrame(
+            {"": list(shown), "value": [str(round(v, 5)) if isinstance(v, float) else str(v) for v in shown.values()]}
+        ),
+        title=f"iteration {iteration}: trained",
+    )
 
 
 def run_loop(settings, iterations: int, lake: str | None) -> None:
@@ -217,17 +266,32 @@ def loop_table(rows: list[dict], warmup: dict | None = None):
     import polars as pl
 
     numbers = ["learning_zone_share", "mean_reward", "loss", "eval_solve_rate", "mean_staleness"]
-    first = [] if warmup is None or any(row["iteration"] == 0 for row in rows) else [
-        {**warmup, "model_version": warmup.get("trained_version", warmup.get("model_version"))}]
-    frame = pl.DataFrame([{key: row.get(key) for key in ("iteration", "model_version", "groups_kept", *numbers,
-                                                          "solve_rate_by_level")} for row in [*first, *rows]],
-                         schema_overrides={name: pl.Float64 for name in numbers})
+    first = (
+        []
+        if warmup is None or any(row["iteration"] == 0 for row in rows)
+        else [{**warmup, "model_version": warmup.get("trained_version", warmup.get("model_version"))}]
+    )
+    frame = pl.DataFrame(
+        [
+            {
+                key: row.get(key)
+                for key in ("iteration", "model_version", "groups_kept", *numbers, "solve_rate_by_level")
+            }
+            for row in [*first, *rows]
+        ],
+        schema_overrides={name: pl.Float64 for name in numbers},
+    )
     return frame.select(
-        "iteration", version="model_version", kept="groups_kept",
-        zone=pl.col("learning_zone_share").round(2), stale=pl.col("mean_staleness").round(1),
+        "iteration",
+        version="model_version",
+        kept="groups_kept",
+        zone=pl.col("learning_zone_share").round(2),
+        stale=pl.col("mean_staleness").round(1),
         reward=pl.col("mean_reward").round(3),
-        loss=pl.col("loss").round(3), eval=pl.col("eval_solve_rate").round(3),
-        by_level=pl.col("solve_rate_by_level").map_elements(_compact_levels, return_dtype=pl.String))
+        loss=pl.col("loss").round(3),
+        eval=pl.col("eval_solve_rate").round(3),
+        by_level=pl.col("solve_rate_by_level").map_elements(_compact_levels, return_dtype=pl.String),
+    )
 
 
 def _compact_levels(text: str) -> str:
@@ -239,22 +303,33 @@ def _compact_levels(text: str) -> str:
 def _print_iteration(result: dict) -> None:
     import polars as pl
 
-    rows = [("model version", result["model_version"]), ("batch", result["batch_id"]),
-            ("groups kept / drawn", f"{result['groups_kept']} / {result['groups']}"),
-            ("rollouts in batch", result["batch_rollouts"]),
-            ("filtered share", f"{result['filtered_share']:.0%}"),
-            ("learning-zone share (20-50 %)", f"{result['learning_zone_share']:.0%}"),
-            ("filter reasons", ", ".join(f"{k or 'kept'}: {v}" for k, v in sorted(result["filter_reasons"].items(),
-                                                                                   key=lambda kv: str(kv[0]))))]
+    rows = [
+        ("model version", result["model_version"]),
+        ("batch", result["batch_id"]),
+        ("groups kept / drawn", f"{result['groups_kept']} / {result['groups']}"),
+        ("rollouts in batch", result["batch_rollouts"]),
+        ("filtered share", f"{result['filtered_share']:.0%}"),
+        ("learning-zone share (20-50 %)", f"{result['learning_zone_share']:.0%}"),
+        (
+            "filter reasons",
+            ", ".join(
+                f"{k or 'kept'}: {v}" for k, v in sorted(result["filter_reasons"].items(), key=lambda kv: str(kv[0]))
+            ),
+        ),
+    ]
     if "rounds" in result:
-        rows[1:1] = [("generation rounds", result["rounds"]), ("rollouts", result["rollouts"]),
-                     ("mean reward", f"{result['mean_reward']:.3f}")]
+        rows[1:1] = [
+            ("generation rounds", result["rounds"]),
+            ("rollouts", result["rollouts"]),
+            ("mean reward", f"{result['mean_reward']:.3f}"),
+        ]
         if result["short_by"]:
             rows.append(("batch short by", f"{result['short_by']} groups (round bound reached)"))
     table = pl.DataFrame({"": [k for k, _ in rows], "value": [str(v) for _, v in rows]})
     show_table(table, title=f"iteration {result['iteration']}", part="iteration")
-    histogram = pl.DataFrame({"solve rate": list(result["solve_rate_histogram"]),
-                              "groups": list(result["solve_rate_histogram"].values())})
+    histogram = pl.DataFrame(
+        {"solve rate": list(result["solve_rate_histogram"]), "groups": list(result["solve_rate_histogram"].values())}
+    )
     show_table(histogram, title="solve-rate histogram", part="solve_rate_histogram")
 
 
@@ -284,19 +359,33 @@ def analyze_sampling(
     except ValueError as error:
         fail(str(error))
     ids = scored["problem_id"].unique().to_list()
-    problems = opened.read("problems", filter=pc.field("problem_id").isin(ids), columns=["problem_id", "level", "source"])
+    problems = opened.read(
+        "problems", filter=pc.field("problem_id").isin(ids), columns=["problem_id", "level", "source"]
+    )
     scored = scored.join(problems.unique("problem_id"), on="problem_id", how="left")
     table = per_problem(scored)
-    if format is not TableFormat.table:                     # every problem's row, for programs
+    if format is not TableFormat.table:  # every problem's row, for programs
         show_table(table)
         return
     sides, zones = summary(scored, table)
     shown = table.head(limit).select(
-        problem=pl.col("problem_id").str.slice(0, 10), level="level", solve="solve_rate", zone="zone",
-        **{"tokens ✓": "mean_tokens_correct", "tokens ✗": "mean_tokens_incorrect", "trunc ✓": "truncated_correct",
-           "trunc ✗": "truncated_incorrect", "form ✓": "form_correct", "form ✗": "form_incorrect"})
-    show_table(shown.with_columns(pl.col(pl.Float64).round(2)),
-               title=f"iteration {iteration}: {table.height} problems, "
-                     f"{int(table['samples'].max())} samples each (first {min(limit, table.height)})")
+        problem=pl.col("problem_id").str.slice(0, 10),
+        level="level",
+        solve="solve_rate",
+        zone="zone",
+        **{
+            "tokens ✓": "mean_tokens_correct",
+            "tokens ✗": "mean_tokens_incorrect",
+            "trunc ✓": "truncated_correct",
+            "trunc ✗": "truncated_incorrect",
+            "form ✓": "form_correct",
+            "form ✗": "form_incorrect",
+        },
+    )
+    show_table(
+        shown.with_columns(pl.col(pl.Float64).round(2)),
+        title=f"iteration {iteration}: {table.height} problems, "
+        f"{int(table['samples'].max())} samples each (first {min(limit, table.height)})",
+    )
     show_table(sides.with_columns(pl.col(pl.Float64).round(3)), title="correct vs incorrect responses")
     show_table(zones.with_columns(pl.col("share").round(3)), title="problems by zone")

@@ -40,7 +40,7 @@ def stage_overrides(path: Path | None) -> dict:
     from storage.config import read_yaml, validated_config
 
     data = read_yaml(path)
-    validated_config(data, path, RunConfig, STAGE_SECTIONS)      # errors name the file and the field
+    validated_config(data, path, RunConfig, STAGE_SECTIONS)  # errors name the file and the field
     return {section: data[section] for section in STAGE_SECTIONS if section in data}
 
 
@@ -48,14 +48,21 @@ def stage_overrides(path: Path | None) -> dict:
 def stage(
     name: Annotated[str, typer.Argument(help="rollout, verify, advantages, train or evaluate")],
     iteration: Annotated[list[str], typer.Option("--iteration", help="iteration(s): 3, 3-7 or 1,4 (repeatable)")],
-    config: Annotated[Optional[Path], typer.Option(help="run config whose stage sections override the ones the "
-                                                   "iteration last ran with")] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(help="run config whose stage sections override the ones the iteration last ran with"),
+    ] = None,
     downstream: Annotated[bool, typer.Option(help="also re-run every later stage (up to --through)")] = False,
     through: Annotated[Optional[str], typer.Option(help="with --downstream, the last stage to run")] = None,
     force: Annotated[bool, typer.Option(help="run even when inputs, config and code are unchanged")] = False,
-    verifier: Annotated[Optional[str], typer.Option(help="re-score with this verifier: verify scores the rollouts "
-                                                    "with it, evaluate re-scores the stored held-out responses "
-                                                    "(sampling nothing)")] = None,
+    verifier: Annotated[
+        Optional[str],
+        typer.Option(
+            help="re-score with this verifier: verify scores the rollouts "
+            "with it, evaluate re-scores the stored held-out responses "
+            "(sampling nothing)"
+        ),
+    ] = None,
     lake: LakeOption = None,
     wait: WaitOption = False,
     format: FormatOption = TableFormat.table,
@@ -80,7 +87,7 @@ def stage(
 
     with loop_writer(lake, wait):
         summaries, pending = [], []
-        for number in iterations:                 # unchanged stages are skipped here, with no orchestration
+        for number in iterations:  # unchanged stages are skipped here, with no orchestration
             skipped = None if force else skipped_chain(Lake.open(lake), name, number, overrides, downstream, through)
             summaries += skipped or []
             pending += [] if skipped else [number]
@@ -104,9 +111,17 @@ def _print_stages(summaries: list[dict]) -> None:
 
     if not summaries:
         return
-    rows = [{"iteration": s.get("iteration"), "stage": s["stage"],
-             "outcome": "skipped" if s.get("skipped") else "ran", "run": s.get("run_id"),
-             "output_of_run": s.get("same_as") or s.get("run_id"), "result": _result_of(s)} for s in summaries]
+    rows = [
+        {
+            "iteration": s.get("iteration"),
+            "stage": s["stage"],
+            "outcome": "skipped" if s.get("skipped") else "ran",
+            "run": s.get("run_id"),
+            "output_of_run": s.get("same_as") or s.get("run_id"),
+            "result": _result_of(s),
+        }
+        for s in summaries
+    ]
     show_table(pl.DataFrame(rows), title="stages (SQL: select * from runs order by started_at)")
 
 
@@ -115,26 +130,40 @@ def _result_of(summary: dict) -> str:
         version = summary.get("model_version")
         return "" if version is None else f"model version {version}"
     if summary["stage"] == "verify":
-        return "; ".join(f"{v['verifier']} {v['verifier_version']}: mean reward {v['mean_reward']:.3f}"
-                         for v in summary.get("verifiers", []))
+        return "; ".join(
+            f"{v['verifier']} {v['verifier_version']}: mean reward {v['mean_reward']:.3f}"
+            for v in summary.get("verifiers", [])
+        )
     if summary["stage"] in ("advantages", "rollout"):
         return f"{summary['groups_kept']} of {summary['groups']} groups kept, batch {summary['batch_id']}"
     if summary["stage"] == "train":
-        return (f"model version {summary['model_version']}" if summary.get("trained")
-                else f"no step ({summary.get('reason')})")
+        return (
+            f"model version {summary['model_version']}"
+            if summary.get("trained")
+            else f"no step ({summary.get('reason')})"
+        )
     return f"model version {summary['model_version']}: held-out solve rate {summary['solve_rate']:.1%}"
 
 
 @app.command()
 def evaluate(
     model_version: Annotated[Optional[int], typer.Option(help="version to evaluate; default: the latest")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="run config whose evaluation / rollout / verify sections "
-                                                   "override the lake's last recorded ones")] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="run config whose evaluation / rollout / verify sections override the lake's last recorded ones"
+        ),
+    ] = None,
     force: Annotated[bool, typer.Option(help="evaluate even when an identical evaluation is in place")] = False,
-    k: Annotated[Optional[int], typer.Option("--k", min=1, help="also report pass@k (samples per problem are raised "
-                                             "to k)")] = None,
-    verifier: Annotated[Optional[str], typer.Option(help="re-score the version's stored held-out responses with "
-                                                    "this verifier instead of sampling new ones")] = None,
+    k: Annotated[
+        Optional[int], typer.Option("--k", min=1, help="also report pass@k (samples per problem are raised to k)")
+    ] = None,
+    verifier: Annotated[
+        Optional[str],
+        typer.Option(
+            help="re-score the version's stored held-out responses with this verifier instead of sampling new ones"
+        ),
+    ] = None,
     lake: LakeOption = None,
     format: FormatOption = TableFormat.table,
 ) -> None:
@@ -158,13 +187,19 @@ def evaluate(
         if flags:
             settings = merged_config(settings, {"evaluation": flags})
         settings = EvaluationRunConfig.model_validate(
-            {name: value for name, value in settings.items() if name in EvaluationRunConfig.model_fields})
+            {name: value for name, value in settings.items() if name in EvaluationRunConfig.model_fields}
+        )
     except ValueError as error:
         fail(str(error), 2)
     version = model_version if model_version is not None else latest_version(opened)
-    skipped = None if version is None else skip_if_in_place(opened, evaluate_key(opened, settings, version),
-                                                             iteration_of_version(opened, version), force)
-    if skipped is not None:                      # in place: no orchestration needed
+    skipped = (
+        None
+        if version is None
+        else skip_if_in_place(
+            opened, evaluate_key(opened, settings, version), iteration_of_version(opened, version), force
+        )
+    )
+    if skipped is not None:  # in place: no orchestration needed
         result = {**skipped, "model_version": version}
     else:
         prefect_defaults()
@@ -175,12 +210,20 @@ def evaluate(
         except ValueError as error:
             fail(str(error))
     if result.get("skipped"):
-        console.print(f"model version {result['model_version']}: skipped, the evaluation of run "
-                      f"{escape(result['same_as'])} is in place (--force to re-run)")
+        console.print(
+            f"model version {result['model_version']}: skipped, the evaluation of run "
+            f"{escape(result['same_as'])} is in place (--force to re-run)"
+        )
         return
     table = pl.DataFrame(result["by_source_level"]).with_columns(pl.col("solve_rate", "pass_at_k").round(3))
-    table = table.rename({"solve_rate": "pass@1", "pass_at_k": f"pass@{result['k']}"}) if result["k"] > 1 else \
-        table.drop("pass_at_k").rename({"solve_rate": "pass@1"})
+    table = (
+        table.rename({"solve_rate": "pass@1", "pass_at_k": f"pass@{result['k']}"})
+        if result["k"] > 1
+        else table.drop("pass_at_k").rename({"solve_rate": "pass@1"})
+    )
     pass_k = f", pass@{result['k']} {result['pass_at_k']:.1%}" if result["k"] > 1 else ""
-    show_table(table, title=f"model version {result['model_version']}: held-out pass@1 "
-                            f"{result['solve_rate']:.1%}{pass_k} (SQL: select * from evaluations)")
+    show_table(
+        table,
+        title=f"model version {result['model_version']}: held-out pass@1 "
+        f"{result['solve_rate']:.1%}{pass_k} (SQL: select * from evaluations)",
+    )

@@ -61,160 +61,23 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))      # the checkout's torch-only modules
-sys.path.insert(0, str(Path(__file__).resolve().parent))          # vllm_part
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's torch-only modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measures, vllm_part
 
-SHAPES = {
-    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "vocab_size": 512},
-    # tiny's width with head size 32, the least vLLM's CPU build serves: the vllm_server part on a CPU host
-    "small": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 512},
-    "0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "vocab_size": 151936},
-}
-FAIL_ENV = "RLVR_GPU_CHECK_FAIL"                 # test hook: parts that raise on purpose
-TRACEBACK_LINES = 8                              # the tail of a failed part's traceback kept in its line
+from measures import (  # noqa: E402  (found through the path above)
+    SHAPES,
+    behaviour_gap,
+    build,
+    gradient,
+    prompts_of,
+    sample_with_generate,
+    sample_with_project,
+    train_steps,
+    use_threads,
+)
 
-
-def use_threads() -> None:
-    if os.environ.get("RLVR_TORCH_THREADS"):
-        torch.set_num_threads(int(os.environ["RLVR_TORCH_THREADS"]))
-
-
-def build(shape: str, device: str, seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return Qwen2ForCausalLM(config).to(device).eval()
-
-
-def prompts_of(count: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab, (count, length), generator=generator)
-
-
-def sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def sample_with_generate(model, prompts: torch.Tensor, new_tokens: int) -> dict:
-    """generate with scores: sampled tokens and their behaviour log-probs (temperature 1, no top-k / top-p, no
-    end token, so every row does the same work and no logits processor changes the scores)."""
-    device = model.device
-    ids = prompts.to(device)
-    sync(device)
-    started = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                             top_k=0, top_p=1.0, max_new_tokens=new_tokens, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    sync(device)
-    seconds = time.perf_counter() - started
-    tokens = out.sequences[:, ids.shape[1]:]                                              # [B, T]
-    scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)                       # [B, T, V]
-    behaviour = scores.gather(-1, tokens[..., None]).squeeze(-1)                          # [B, T]
-    return {"tokens": tokens.cpu(), "behaviour": behaviour.cpu(), "tokens_per_s": tokens.numel() / seconds}
-
-
-class Ids:
-    """A tokenizer over token ids for the project's sampler: the prompts are ids already."""
-
-    eos_token_id, pad_token_id = 2, 0
-
-    def __call__(self, text: str, **_):
-        return type("Encoded", (), {"input_ids": [int(t) for t in text.split()]})()
-
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
-
-    def batch_decode(self, rows, **_):
-        return [self.decode(row) for row in rows]
-
-    def get_vocab(self):
-        return {}
-
-    def convert_tokens_to_ids(self, token):
-        return None
-
-
-def sample_with_project(model, prompts: torch.Tensor, new_tokens: int) -> dict:
-    """The project's hf sampler on the model and batch: tokens/s, the sampled token ids and their behaviour
-    log-probs."""
-    from policy.hf import HFPolicy
-    from policy.sampling import SamplerConfig
-
-    texts = [" ".join(map(str, row.tolist())) for row in prompts]
-    policy = HFPolicy(model, Ids(), 0, batch_size=len(texts))
-    sampler = SamplerConfig(max_new_tokens=new_tokens)
-    sync(model.device)
-    started = time.perf_counter()
-    groups = policy.generate(texts, 1, sampler, seed=0, model_version=0)
-    sync(model.device)
-    seconds = time.perf_counter() - started
-    samples = [group[0] for group in groups]
-    return {"tokens_per_s": sum(len(sample.token_ids) for sample in samples) / seconds,
-            "tokens": [sample.token_ids for sample in samples], "behaviour": [sample.logprobs for sample in samples]}
-
-
-def behaviour_gap(model, prompts: torch.Tensor, tokens: list[list[int]], behaviour) -> float:
-    """The largest gap between sampled tokens' behaviour log-probs and the trainer's recomputation
-    (`policy/logprobs.py`) over the real tokens: a sampler that lost its KV cache shows here."""
-    from policy.logprobs import response_logprobs
-
-    with torch.no_grad():
-        again, mask, _ = response_logprobs(model, prompts.tolist(), tokens)
-    width = again.shape[1]
-    sampled = torch.tensor([list(row) + [0.0] * (width - len(row)) for row in behaviour])
-    return float(((again.cpu() - sampled).abs() * mask.cpu()).max())
-
-
-def loss_of(model, prompts, tokens, behaviour, advantages, token_normaliser, dtype):
-    from policy.logprobs import response_logprobs
-    from trainers.loss import policy_loss
-
-    autocast = torch.autocast(device_type=model.device.type, dtype=dtype, enabled=dtype != torch.float32)
-    with autocast:
-        logprobs, mask, _ = response_logprobs(model, prompts.tolist(), tokens.tolist())
-    return policy_loss(logprobs, behaviour.to(logprobs.device), advantages.to(logprobs.device), mask,
-                       loss_type="dapo", token_normaliser=token_normaliser).loss
-
-
-def train_steps(model, prompts, tokens, behaviour, steps: int, dtype) -> dict:
-    """One untimed warm-up step, then `steps` timed optimizer steps of the trainer's loss on the sampled
-    batch: tokens/s."""
-    model.train()
-    try:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        advantages = torch.linspace(-1, 1, tokens.shape[0])
-
-        def step():
-            optimizer.zero_grad()
-            loss = loss_of(model, prompts, tokens, behaviour, advantages, None, dtype)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-        step()                                   # warm-up: kernels, the optimizer's state, the allocator
-        sync(model.device)
-        started = time.perf_counter()
-        for _ in range(steps):
-            loss = step()
-        sync(model.device)
-        seconds = time.perf_counter() - started
-    finally:
-        model.zero_grad(set_to_none=True)        # the gradients' memory back for the parts after
-        model.eval()
-    return {"tokens_per_s": steps * tokens.numel() / seconds, "loss": float(loss.detach())}
-
-
-def gradient(model, prompts, tokens, behaviour, advantages, normaliser, dtype) -> torch.Tensor:
-    model.zero_grad()
-    loss_of(model, prompts, tokens, behaviour, advantages, normaliser, dtype).backward()
-    return torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
+FAIL_ENV = "RLVR_GPU_CHECK_FAIL"  # test hook: parts that raise on purpose
+TRACEBACK_LINES = 8  # the tail of a failed part's traceback kept in its line
 
 
 def data_parallel(rank: int, world: int, args, batch: dict, expected: torch.Tensor, port: int, out: str) -> None:
@@ -228,18 +91,27 @@ def data_parallel(rank: int, world: int, args, batch: dict, expected: torch.Tens
     if args.device == "cuda":
         torch.cuda.set_device(rank)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
     model = build(args.shape, device)
     rows = torch.arange(batch["tokens"].shape[0])[rank::world]
-    total = float(batch["tokens"].numel())                   # dapo: the whole batch's token count normalises
-    mine = gradient(model, batch["prompts"][rows], batch["tokens"][rows], batch["behaviour"][rows],
-                    batch["advantages"][rows], total, torch.float32)
+    total = float(batch["tokens"].numel())  # dapo: the whole batch's token count normalises
+    mine = gradient(
+        model,
+        batch["prompts"][rows],
+        batch["tokens"][rows],
+        batch["behaviour"][rows],
+        batch["advantages"][rows],
+        total,
+        torch.float32,
+    )
     dist.all_reduce(mine)
     if rank == 0:
         gap = float((mine.cpu() - expected).abs().max() / expected.abs().max())
-        Path(out).write_text(json.dumps({"processes": world, "backend": dist.get_backend(),
-                                         "max_relative_gradient_gap": gap}))
+        Path(out).write_text(
+            json.dumps({"processes": world, "backend": dist.get_backend(), "max_relative_gradient_gap": gap})
+        )
     dist.destroy_process_group()
     # End without Python's shutdown: a gloo/NCCL worker thread letting go of the collective's tensors then needs
     # the GIL, and Python ends such a thread with pthread_exit, which aborts the rank (SIGABRT, "terminate called
@@ -258,11 +130,11 @@ def json_lines_out():
         fd = sys.stdout.fileno()
         out = os.fdopen(os.dup(fd), "w", buffering=1, encoding="utf-8")
         os.dup2(sys.stderr.fileno(), fd)
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):   # no file descriptor behind it
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):  # no file descriptor behind it
         out = sys.stdout
     sys.stdout = sys.stderr
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.captureWarnings(True)                # Python warnings through logging, to stderr
+    logging.captureWarnings(True)  # Python warnings through logging, to stderr
     return out
 
 
@@ -272,8 +144,8 @@ class Check:
     def __init__(self, out, fail: set[str]):
         self.out, self.fail = out, fail
         self.results: dict[str, object] = {}
-        self.failed: dict[str, str] = {}         # part -> "failed" or "skipped"
-        self.unhealthy: list[str] = []           # parts that ran and reported "ok": false (a gap too large)
+        self.failed: dict[str, str] = {}  # part -> "failed" or "skipped"
+        self.unhealthy: list[str] = []  # parts that ran and reported "ok": false (a gap too large)
 
     def emit(self, record: dict) -> None:
         self.out.write(json.dumps(record) + "\n")
@@ -285,8 +157,13 @@ class Check:
         for need in needs:
             if need in self.failed:
                 self.failed[name] = "skipped"
-                self.emit({"part": name, "skipped": f"part {need} {self.failed[need]}: this part needs its output",
-                           "ok": False})
+                self.emit(
+                    {
+                        "part": name,
+                        "skipped": f"part {need} {self.failed[need]}: this part needs its output",
+                        "ok": False,
+                    }
+                )
                 return None
         failure = None
         try:
@@ -298,12 +175,16 @@ class Check:
             text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
             print(f"part {name} failed:\n{text}", file=sys.stderr, flush=True)
             lines = [line for line in text.rstrip().splitlines() if not line.startswith("Traceback (most recent")]
-            failure = {"part": name, "ok": False, "error": f"{type(error).__name__}: {error}"[:500],
-                       "traceback": lines[-TRACEBACK_LINES:]}
+            failure = {
+                "part": name,
+                "ok": False,
+                "error": f"{type(error).__name__}: {error}"[:500],
+                "traceback": lines[-TRACEBACK_LINES:],
+            }
         if failure:
             self.failed[name] = "failed"
             self.emit(failure)
-            free_memory()                        # the traceback's frames are gone: e.g. after running out of memory
+            free_memory()  # the traceback's frames are gone: e.g. after running out of memory
             return None
         if "skipped" not in record:
             record.setdefault("ok", True)
@@ -338,8 +219,10 @@ def single_process_reason(args) -> str | None:
     gpus = torch.cuda.device_count() if args.device == "cuda" else 0
     if args.processes is None:
         if args.device != "cuda":
-            return f"--device {args.device}: the 2-process part runs by default on 2+ GPUs (NCCL); " \
-                   "--processes 2 runs it here (gloo)"
+            return (
+                f"--device {args.device}: the 2-process part runs by default on 2+ GPUs (NCCL); "
+                "--processes 2 runs it here (gloo)"
+            )
         if gpus < 2:
             return f"{gpus} GPU visible: the 2-process NCCL part needs 2"
         return None
@@ -376,15 +259,17 @@ def main() -> int:
     def model():
         started = time.perf_counter()
         built = build(args.shape, args.device)
-        return {"parameters": sum(p.numel() for p in built.parameters()),
-                "seconds": round(time.perf_counter() - started, 2)}, built
+        return {
+            "parameters": sum(p.numel() for p in built.parameters()),
+            "seconds": round(time.perf_counter() - started, 2),
+        }, built
 
     check.part("device", device)
     built = check.part("model", model, needs=("device",))
     prompts = prompts_of(args.batch, args.prompt_tokens, SHAPES[args.shape]["vocab_size"])
 
     def sampling():
-        sample_with_generate(built, prompts[:2], 4)                  # warm-up: kernels, allocator
+        sample_with_generate(built, prompts[:2], 4)  # warm-up: kernels, allocator
         generated = sample_with_generate(built, prompts, args.new_tokens)
         return {"generate_tokens_per_s": round(generated["tokens_per_s"], 1)}, generated
 
@@ -394,13 +279,16 @@ def main() -> int:
             import policy.sampling  # noqa: F401
         except ImportError as error:
             return {"skipped": f"the project's sampler needs {error.name}"}, None
-        sample_with_project(built, prompts[:2], 4)                   # warm-up
+        sample_with_project(built, prompts[:2], 4)  # warm-up
         sampled = sample_with_project(built, prompts, args.new_tokens)
         generated = check.results.get("sampling")
         gap = behaviour_gap(built, prompts, sampled["tokens"], sampled["behaviour"])
-        return {"tokens_per_s": round(sampled["tokens_per_s"], 1),
-                "ratio_to_generate": round(sampled["tokens_per_s"] / generated["tokens_per_s"], 3) if generated
-                else None, "max_abs_gap": gap, "ok": gap < 1e-3}, None
+        return {
+            "tokens_per_s": round(sampled["tokens_per_s"], 1),
+            "ratio_to_generate": round(sampled["tokens_per_s"] / generated["tokens_per_s"], 3) if generated else None,
+            "max_abs_gap": gap,
+            "ok": gap < 1e-3,
+        }, None
 
     generated = check.part("sampling", sampling, needs=("model",))
     check.part("hf_sampler", hf_sampler, needs=("model",))
@@ -415,8 +303,12 @@ def main() -> int:
 
     def training():
         trained = train_steps(built, prompts, generated["tokens"], generated["behaviour"], args.train_steps, dtype)
-        return {"dtype": str(dtype).removeprefix("torch."), "steps": args.train_steps,
-                "tokens_per_s": round(trained["tokens_per_s"], 1), "loss": trained["loss"]}, None
+        return {
+            "dtype": str(dtype).removeprefix("torch."),
+            "steps": args.train_steps,
+            "tokens_per_s": round(trained["tokens_per_s"], 1),
+            "loss": trained["loss"],
+        }, None
 
     check.part("training", training, needs=("model", "sampling"))
 
@@ -428,8 +320,9 @@ def main() -> int:
 
         replacement = build(args.shape, args.device, seed=1)
         try:
-            return check_server(built, replacement, prompts[:8], min(args.new_tokens, 32), vllm_env,
-                                args.vllm_start_s, behaviour_gap), None
+            return check_server(
+                built, replacement, prompts[:8], min(args.new_tokens, 32), vllm_env, args.vllm_start_s, behaviour_gap
+            ), None
         finally:
             del replacement
             free_memory()
@@ -443,11 +336,16 @@ def main() -> int:
         import torch.multiprocessing as mp
 
         world = args.processes or 2
-        batch = {"prompts": prompts, "tokens": generated["tokens"], "behaviour": generated["behaviour"],
-                 "advantages": torch.linspace(-1, 1, args.batch)}
+        batch = {
+            "prompts": prompts,
+            "tokens": generated["tokens"],
+            "behaviour": generated["behaviour"],
+            "advantages": torch.linspace(-1, 1, args.batch),
+        }
         whole = build(args.shape, args.device)
-        expected = gradient(whole, batch["prompts"], batch["tokens"], batch["behaviour"], batch["advantages"],
-                            None, torch.float32).cpu()
+        expected = gradient(
+            whole, batch["prompts"], batch["tokens"], batch["behaviour"], batch["advantages"], None, torch.float32
+        ).cpu()
         del whole
         free_memory()
         with socket.socket() as sock:

@@ -31,8 +31,12 @@ SERVED_NAME = "policy"
 
 def call(url: str, route: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
     """POST `body` (JSON) to `url + route`: (status, text); a refused connection is status 0."""
-    request = urllib.request.Request(f"{url}{route}", data=json.dumps(body or {}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Connection": "close"})
+    request = urllib.request.Request(
+        f"{url}{route}",
+        data=json.dumps(body or {}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Connection": "close"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, answer.read().decode()
@@ -53,25 +57,44 @@ def checked(url: str, route: str, body: dict | None = None) -> str:
 def start(folder: str, vllm_env: str, logs: Path, device: str) -> vllm_servers.Server:
     """serve.sh WEIGHTS=full on `folder` from `vllm_env`, as the `vllm` tests start theirs (vllm_servers.start)."""
     return vllm_servers.start(
-        folder, logs, vllm_servers.free_port(), WEIGHTS="full", SERVED_NAME=SERVED_NAME, VLLM_ENV=vllm_env,
-        GPUS=device.removeprefix("cuda:") if device.startswith("cuda:") else "0", DTYPE="float32",
-        MAX_MODEL_LEN="1024", EXTRA_ARGS="--skip-tokenizer-init --enforce-eager",
-        GPU_MEMORY_UTILIZATION=os.environ.get("GPU_MEMORY_UTILIZATION", "0.4"))  # the model shares it
+        folder,
+        logs,
+        vllm_servers.free_port(),
+        WEIGHTS="full",
+        SERVED_NAME=SERVED_NAME,
+        VLLM_ENV=vllm_env,
+        GPUS=device.removeprefix("cuda:") if device.startswith("cuda:") else "0",
+        DTYPE="float32",
+        MAX_MODEL_LEN="1024",
+        EXTRA_ARGS="--skip-tokenizer-init --enforce-eager",
+        GPU_MEMORY_UTILIZATION=os.environ.get("GPU_MEMORY_UTILIZATION", "0.4"),
+    )  # the model shares it
 
 
 def sample(url: str, prompts, new_tokens: int, seed: int) -> tuple[list[list[int]], list[list[float]]]:
     """One sample of each prompt (token ids), as the backend asks: temperature 1, no top-k / top-p, no
     penalties, the end token ignored; (token ids, behaviour log-probs) per prompt."""
-    body = {"model": SERVED_NAME, "prompt": prompts.tolist(), "max_tokens": new_tokens, "temperature": 1.0,
-            "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "logprobs": 0, "seed": seed, "ignore_eos": True, "return_token_ids": True,
-            "return_tokens_as_token_ids": True}
+    body = {
+        "model": SERVED_NAME,
+        "prompt": prompts.tolist(),
+        "max_tokens": new_tokens,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logprobs": 0,
+        "seed": seed,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+    }
     choices = sorted(json.loads(checked(url, "/v1/completions", body))["choices"], key=lambda c: c["index"])
     return [c["token_ids"] for c in choices], [c["logprobs"]["token_logprobs"] for c in choices]
 
 
-def check_server(model, replacement, prompts, new_tokens: int, vllm_env: str, start_seconds: float,
-                 gap_of) -> dict:
+def check_server(model, replacement, prompts, new_tokens: int, vllm_env: str, start_seconds: float, gap_of) -> dict:
     """The part's record: start, sampling gap, swap and the gap after it. `replacement` is version 1 (other
     weights, the same shape); `gap_of(model, prompts, tokens, behaviour)` the check's behaviour gap."""
     with tempfile.TemporaryDirectory(prefix="rlvr-gpu-vllm-") as work:
@@ -97,9 +120,15 @@ def check_server(model, replacement, prompts, new_tokens: int, vllm_env: str, st
             loaded = json.loads(checked(url, "/collective_rpc", {"method": "rlvr_loaded_version"}))["results"]
             tokens, behaviour = sample(url, prompts, new_tokens, seed=1)
             after = gap_of(replacement, prompts, tokens, behaviour)
-        except RuntimeError as error:             # the cause of a 500 is in the server's log only
+        except RuntimeError as error:  # the cause of a 500 is in the server's log only
             raise RuntimeError(f"{error}\nthe server's log:\n{server.errors()}") from None
         finally:
             server.stop()
-    return {"start_s": round(start_s, 1), "max_abs_gap": before, "swap_s": round(swap_s, 3), "loaded": loaded,
-            "max_abs_gap_after_swap": after, "ok": before < 1e-3 and after < 1e-3 and set(loaded) == {"1"}}
+    return {
+        "start_s": round(start_s, 1),
+        "max_abs_gap": before,
+        "swap_s": round(swap_s, 3),
+        "loaded": loaded,
+        "max_abs_gap_after_swap": after,
+        "ok": before < 1e-3 and after < 1e-3 and set(loaded) == {"1"},
+    }

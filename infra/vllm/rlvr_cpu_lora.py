@@ -26,7 +26,7 @@ def skipping_base_rows(op):
 
     @functools.wraps(op)
     def run(inputs, weights, output, indices, *args, **kwargs):
-        if inputs.shape[0] != indices.shape[0]:          # not the layout these ops are written for: unchanged
+        if inputs.shape[0] != indices.shape[0]:  # not the layout these ops are written for: unchanged
             return op(inputs, weights, output, indices, *args, **kwargs)
         slotted = (indices >= 0).unsqueeze(1).to(inputs.dtype)
         return op(inputs * slotted, weights, output, indices, *args, **kwargs)
@@ -41,7 +41,7 @@ def patch() -> list[str]:
     try:
         from vllm.lora.ops.torch_ops import lora_ops
         from vllm.lora.punica_wrapper import punica_cpu
-    except ImportError:                       # a build without the PyTorch LoRA ops: nothing to mend
+    except ImportError:  # a build without the PyTorch LoRA ops: nothing to mend
         return []
     wrapped = []
     for name in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"):

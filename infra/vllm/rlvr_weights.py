@@ -61,8 +61,11 @@ def tied_output_layer(model):
     head_weight, embedding_weight = getattr(head, "weight", None), getattr(embedding, "weight", None)
     if head_weight is None or embedding_weight is None:
         return None
-    shared = head_weight is embedding_weight or (head_weight.shape == embedding_weight.shape and head_weight.numel()
-                                                 and head_weight.data_ptr() == embedding_weight.data_ptr())
+    shared = head_weight is embedding_weight or (
+        head_weight.shape == embedding_weight.shape
+        and head_weight.numel()
+        and head_weight.data_ptr() == embedding_weight.data_ptr()
+    )
     config = getattr(model, "config", None)
     return head if shared or getattr(config, "tie_word_embeddings", False) else None
 
@@ -81,12 +84,13 @@ class CheckpointLoader:
         failures = []
         loaded = False
         if names_weights_path(getattr(runner, "reload_weights", None)) or names_weights_path(
-                getattr(self, "reload_weights", None)):
-            reload = getattr(self, "reload_weights", None) or runner.reload_weights   # the worker sets vLLM's config
+            getattr(self, "reload_weights", None)
+        ):
+            reload = getattr(self, "reload_weights", None) or runner.reload_weights  # the worker sets vLLM's config
             try:
                 reload(weights_path=folder, is_checkpoint_format=True)
                 loaded = True
-            except TypeError as error:                     # an API that moved: try the next way, say why
+            except TypeError as error:  # an API that moved: try the next way, say why
                 failures.append(f"reload_weights(weights_path=...): {error}")
         if not loaded:
             try:

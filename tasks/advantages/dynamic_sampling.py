@@ -37,26 +37,38 @@ class DynamicSamplingConfig(Strict):
     """DAPO's dynamic sampling: which groups carry signal, and how hard to try to fill the batch."""
 
     groups_per_batch: int = Field(16, ge=1, description="informative groups a training step consumes")
-    band: tuple[float, float] = Field((0.0, 1.0), description="keep groups whose solve rate lies strictly inside "
-                                      "(0-1 drops only all-wrong and all-correct groups, as DAPO does)")
-    max_rounds: int = Field(4, ge=1, le=VERIFICATION_ROUND - 1, description="generation rounds before the batch is declared short")
+    band: tuple[float, float] = Field(
+        (0.0, 1.0),
+        description="keep groups whose solve rate lies strictly inside "
+        "(0-1 drops only all-wrong and all-correct groups, as DAPO does)",
+    )
+    max_rounds: int = Field(
+        4, ge=1, le=VERIFICATION_ROUND - 1, description="generation rounds before the batch is declared short"
+    )
     oversample: float = Field(1.5, ge=1.0, description="groups drawn per round, relative to the groups still missing")
-    on_shortfall: Literal["train_smaller", "fail"] = Field("train_smaller", description="when the round bound is "
-                                                           "reached: train on the groups kept so far, or fail")
-    guidance: GuidanceConfig = Field(default_factory=GuidanceConfig, description="the lake's history guides which "
-                                     "problems to draw and how many (tasks/advantages/guided_sampling.py)")
+    on_shortfall: Literal["train_smaller", "fail"] = Field(
+        "train_smaller", description="when the round bound is reached: train on the groups kept so far, or fail"
+    )
+    guidance: GuidanceConfig = Field(
+        default_factory=GuidanceConfig,
+        description="the lake's history guides which "
+        "problems to draw and how many (tasks/advantages/guided_sampling.py)",
+    )
 
 
 @dataclass
 class FilledBatch:
-    rollouts: pl.DataFrame                # the kept groups' rollouts, with group columns
-    groups: pl.DataFrame                  # every drawn group: round, solve rate, kept, filter_reason
+    rollouts: pl.DataFrame  # the kept groups' rollouts, with group columns
+    groups: pl.DataFrame  # every drawn group: round, solve rate, kept, filter_reason
     rounds: int
-    short_by: int                         # groups missing when the bound was reached (0 if full)
+    short_by: int  # groups missing when the bound was reached (0 if full)
 
 
-def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicSamplingConfig,
-               plan: Callable[[int, int], int] | None = None) -> FilledBatch:
+def fill_batch(
+    draw_groups: Callable[[int, int], pl.DataFrame],
+    config: DynamicSamplingConfig,
+    plan: Callable[[int, int], int] | None = None,
+) -> FilledBatch:
     """Rounds of `draw_groups(n, round)` until `groups_per_batch` informative groups are kept or the round bound
     is hit. `plan(missing, round)` says how many groups a round draws (guided sampling); else `oversample` ×
     missing."""
@@ -69,23 +81,34 @@ def fill_batch(draw_groups: Callable[[int, int], pl.DataFrame], config: DynamicS
         missing = config.groups_per_batch - have
         wanted = plan(missing, rounds) if plan else math.ceil(missing * config.oversample)
         scored = with_group_columns(draw_groups(wanted, rounds))
-        groups = (scored.group_by("group_id", maintain_order=True)
-                  .agg(pl.col("problem_id").first(), pl.col("solve_rate").first(), n_samples=pl.len())
-                  .with_columns(round=pl.lit(rounds), filter_reason=filter_reason(config.band)))
+        groups = (
+            scored.group_by("group_id", maintain_order=True)
+            .agg(pl.col("problem_id").first(), pl.col("solve_rate").first(), n_samples=pl.len())
+            .with_columns(round=pl.lit(rounds), filter_reason=filter_reason(config.band))
+        )
         informative = groups.filter(kept(config.band))["group_id"].to_list()
         taken, surplus = informative[:missing], informative[missing:]
-        groups = groups.with_columns(filter_reason=pl.when(pl.col("group_id").is_in(surplus))
-                                     .then(pl.lit("surplus")).otherwise(pl.col("filter_reason")))
+        groups = groups.with_columns(
+            filter_reason=pl.when(pl.col("group_id").is_in(surplus))
+            .then(pl.lit("surplus"))
+            .otherwise(pl.col("filter_reason"))
+        )
         group_parts.append(groups.with_columns(kept=pl.col("filter_reason").is_null()))
         kept_parts.append(scored.filter(pl.col("group_id").is_in(taken)))
         have += len(taken)
     short_by = config.groups_per_batch - have
     if short_by and config.on_shortfall == "fail":
         drawn = sum(part.height for part in group_parts)
-        raise BatchShortfall(f"after {rounds} generation rounds only {have} of {config.groups_per_batch} groups "
-                             f"were informative ({drawn} drawn); the problems may be too easy or too hard for "
-                             f"this policy: raise max_rounds, widen the band or change the level mix", rounds, short_by)
-    return FilledBatch(pl.concat(kept_parts) if kept_parts else pl.DataFrame(), pl.concat(group_parts), rounds, short_by)
+        raise BatchShortfall(
+            f"after {rounds} generation rounds only {have} of {config.groups_per_batch} groups "
+            f"were informative ({drawn} drawn); the problems may be too easy or too hard for "
+            f"this policy: raise max_rounds, widen the band or change the level mix",
+            rounds,
+            short_by,
+        )
+    return FilledBatch(
+        pl.concat(kept_parts) if kept_parts else pl.DataFrame(), pl.concat(group_parts), rounds, short_by
+    )
 
 
 def sampling_metrics(groups: pl.DataFrame) -> dict:
@@ -97,5 +120,9 @@ def sampling_metrics(groups: pl.DataFrame) -> dict:
         inside = (rates >= low) & ((rates < high) if high < 1.0 else (rates <= high))
         histogram[f"{low:.1f}-{high:.1f}"] = int(inside.sum())
     zone = ((rates >= LEARNING_ZONE[0]) & (rates <= LEARNING_ZONE[1])).mean() if len(rates) else 0.0
-    return {"groups": judged.height, "filtered_share": float((~judged["kept"]).mean()) if judged.height else 0.0,
-            "solve_rate_histogram": histogram, "learning_zone_share": float(zone or 0.0)}
+    return {
+        "groups": judged.height,
+        "filtered_share": float((~judged["kept"]).mean()) if judged.height else 0.0,
+        "solve_rate_histogram": histogram,
+        "learning_zone_share": float(zone or 0.0),
+    }

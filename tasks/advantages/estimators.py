@@ -64,7 +64,11 @@ def dbb(epsilon: float = EPSILON) -> pl.Expr:
 
 
 ESTIMATORS: dict[str, Callable[..., pl.Expr]] = {
-    "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "batch_std": batch_std, "dbb": dbb,
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "batch_std": batch_std,
+    "dbb": dbb,
 }
 
 
@@ -78,8 +82,9 @@ def advantages(rollouts: pl.DataFrame, estimator: str = "grpo", epsilon: float =
     return with_group_columns(rollouts).with_columns(advantage=ESTIMATORS[estimator](epsilon))
 
 
-def dbb_update(state: pl.DataFrame, rollouts: pl.DataFrame, discount: float = 0.9,
-               prior: tuple[float, float] = (1.0, 1.0)) -> pl.DataFrame:
+def dbb_update(
+    state: pl.DataFrame, rollouts: pl.DataFrame, discount: float = 0.9, prior: tuple[float, float] = (1.0, 1.0)
+) -> pl.DataFrame:
     """The per-problem state after an iteration: α ← γα + successes, β ← γβ + failures.
 
     `state` has problem_id, dbb_alpha, dbb_beta (problems never seen start at `prior`); rollouts
@@ -90,16 +95,24 @@ def dbb_update(state: pl.DataFrame, rollouts: pl.DataFrame, discount: float = 0.
         failures=(1 - pl.col("correct").cast(pl.Float64)).sum(),
     )
     merged = state.join(counts, on="problem_id", how="full", coalesce=True).with_columns(
-        pl.col("dbb_alpha").fill_null(prior[0]), pl.col("dbb_beta").fill_null(prior[1]))
+        pl.col("dbb_alpha").fill_null(prior[0]), pl.col("dbb_beta").fill_null(prior[1])
+    )
     sampled = pl.col("successes").is_not_null()
     return merged.select(
         "problem_id",
-        dbb_alpha=pl.when(sampled).then(discount * pl.col("dbb_alpha") + pl.col("successes")).otherwise(pl.col("dbb_alpha")),
-        dbb_beta=pl.when(sampled).then(discount * pl.col("dbb_beta") + pl.col("failures")).otherwise(pl.col("dbb_beta")),
+        dbb_alpha=pl.when(sampled)
+        .then(discount * pl.col("dbb_alpha") + pl.col("successes"))
+        .otherwise(pl.col("dbb_alpha")),
+        dbb_beta=pl.when(sampled)
+        .then(discount * pl.col("dbb_beta") + pl.col("failures"))
+        .otherwise(pl.col("dbb_beta")),
     ).sort("problem_id")
 
 
-def with_dbb_state(rollouts: pl.DataFrame, state: pl.DataFrame, prior: tuple[float, float] = (1.0, 1.0)) -> pl.DataFrame:
+def with_dbb_state(
+    rollouts: pl.DataFrame, state: pl.DataFrame, prior: tuple[float, float] = (1.0, 1.0)
+) -> pl.DataFrame:
     """Attach each rollout's problem state (the prior for problems never seen)."""
     return rollouts.join(state, on="problem_id", how="left").with_columns(
-        pl.col("dbb_alpha").fill_null(prior[0]), pl.col("dbb_beta").fill_null(prior[1]))
+        pl.col("dbb_alpha").fill_null(prior[0]), pl.col("dbb_beta").fill_null(prior[1])
+    )

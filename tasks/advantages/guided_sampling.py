@@ -30,23 +30,39 @@ from pydantic import Field
 from storage.config import Strict
 
 HISTORY_COLUMNS = ["problem_id", "iteration", "solve_rate", "n_samples"]
-MIN_GROUPS_FOR_A_PRIOR = 8          # fewer groups at a (source, level): its prior is the whole history's
+MIN_GROUPS_FOR_A_PRIOR = 8  # fewer groups at a (source, level): its prior is the whole history's
 
 
 class GuidanceConfig(Strict):
     """How the lake's history guides dynamic sampling (off: every round draws `oversample` × the missing groups
     by the mix, at random)."""
 
-    enabled: bool = Field(False, description="rank the drawn candidates by their predicted keep probability and "
-                          "size each round by those predictions instead of `oversample`")
-    confidence: float = Field(0.8, gt=0, lt=1, description="probability that a round fills the batch, by the "
-                              "predictions (higher draws more groups, fewer second rounds)")
+    enabled: bool = Field(
+        False,
+        description="rank the drawn candidates by their predicted keep probability and "
+        "size each round by those predictions instead of `oversample`",
+    )
+    confidence: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="probability that a round fills the batch, by the "
+        "predictions (higher draws more groups, fewer second rounds)",
+    )
     history: int = Field(10, ge=1, description="past iterations of groups read from the lake")
-    prior_iterations: int = Field(2, ge=1, description="latest iterations whose groups fit the prior per source "
-                                  "and level (the current policy's spread of difficulty)")
+    prior_iterations: int = Field(
+        2,
+        ge=1,
+        description="latest iterations whose groups fit the prior per source "
+        "and level (the current policy's spread of difficulty)",
+    )
     discount: float = Field(0.7, gt=0, le=1, description="weight of a problem's own evidence per iteration of age")
-    pool: float = Field(3.0, ge=1, description="candidates drawn by the mix per group missing; a round draws the "
-                        "likeliest of them, as many as the predictions need (so this is also the most it draws)")
+    pool: float = Field(
+        3.0,
+        ge=1,
+        description="candidates drawn by the mix per group missing; a round draws the "
+        "likeliest of them, as many as the predictions need (so this is also the most it draws)",
+    )
 
 
 def beta_prior(solve_rates: Sequence[float], group_size: int) -> tuple[float, float]:
@@ -56,7 +72,7 @@ def beta_prior(solve_rates: Sequence[float], group_size: int) -> tuple[float, fl
     mean = float(np.clip(rates.mean(), 0.02, 0.98)) if rates.size else 0.5
     observed = float(rates.var()) if rates.size > 1 else 0.0
     spread = (observed - mean * (1 - mean) / group_size) / (1 - 1 / group_size) if group_size > 1 else observed
-    spread = min(max(spread, mean * (1 - mean) / 201), mean * (1 - mean) / 2)   # strength α + β within [1, 200]
+    spread = min(max(spread, mean * (1 - mean) / 201), mean * (1 - mean) / 2)  # strength α + β within [1, 200]
     strength = mean * (1 - mean) / spread - 1
     return mean * strength, (1 - mean) * strength
 
@@ -84,9 +100,11 @@ def problem_evidence(history: pl.DataFrame, iteration: int, discount: float) -> 
     """Per problem, its past groups' successes and failures, each weighted by discount ** age."""
     weight = pl.lit(discount).pow(iteration - pl.col("iteration"))
     solved = pl.col("solve_rate") * pl.col("n_samples")
-    return (history.filter(pl.col("solve_rate").is_not_null())
-            .group_by("problem_id").agg(successes=(weight * solved).sum(),
-                                        failures=(weight * (pl.col("n_samples") - solved)).sum()))
+    return (
+        history.filter(pl.col("solve_rate").is_not_null())
+        .group_by("problem_id")
+        .agg(successes=(weight * solved).sum(), failures=(weight * (pl.col("n_samples") - solved)).sum())
+    )
 
 
 def fitted_priors(history: pl.DataFrame, problems: pl.DataFrame, latest: int, group_size: int) -> pl.DataFrame:
@@ -94,14 +112,16 @@ def fitted_priors(history: pl.DataFrame, problems: pl.DataFrame, latest: int, gr
     row of null source and level for the whole of them (the fallback). `problems` says each history problem's
     source and level: the bank, not a round's candidates, which hold few of the problems of past groups."""
     recent_iterations = history["iteration"].unique().sort(descending=True).head(latest)
-    recent = (history.filter(pl.col("iteration").is_in(recent_iterations.implode()) & pl.col("solve_rate").is_not_null())
-              .join(problems.select("problem_id", "source", "level"), on="problem_id", how="left"))
+    recent = history.filter(
+        pl.col("iteration").is_in(recent_iterations.implode()) & pl.col("solve_rate").is_not_null()
+    ).join(problems.select("problem_id", "source", "level"), on="problem_id", how="left")
     rows = [{"source": None, "level": None, **_prior_row(recent["solve_rate"], group_size)}]
     for (source, level), part in recent.group_by("source", "level"):
         if part.height >= MIN_GROUPS_FOR_A_PRIOR:
             rows.append({"source": source, "level": level, **_prior_row(part["solve_rate"], group_size)})
-    return pl.DataFrame(rows, schema={"source": pl.String, "level": pl.Int64, "prior_alpha": pl.Float64,
-                                      "prior_beta": pl.Float64})
+    return pl.DataFrame(
+        rows, schema={"source": pl.String, "level": pl.Int64, "prior_alpha": pl.Float64, "prior_beta": pl.Float64}
+    )
 
 
 def _prior_row(rates: pl.Series, group_size: int) -> dict:
@@ -109,9 +129,15 @@ def _prior_row(rates: pl.Series, group_size: int) -> dict:
     return {"prior_alpha": alpha, "prior_beta": beta}
 
 
-def ranked_candidates(candidates: pl.DataFrame, history: pl.DataFrame, iteration: int, group_size: int,
-                      band: tuple[float, float], config: GuidanceConfig,
-                      bank: pl.DataFrame | None = None) -> pl.DataFrame:
+def ranked_candidates(
+    candidates: pl.DataFrame,
+    history: pl.DataFrame,
+    iteration: int,
+    group_size: int,
+    band: tuple[float, float],
+    config: GuidanceConfig,
+    bank: pl.DataFrame | None = None,
+) -> pl.DataFrame:
     """`candidates` (problem_id, source, level; in the mix's random order) with their posterior (alpha, beta),
     `posterior_solve_rate` and `keep_probability`, likeliest to be kept first (ties keep the mix's order). The
     priors are fitted to the history's groups by the source and level the `bank` gives them (default: the
@@ -119,17 +145,23 @@ def ranked_candidates(candidates: pl.DataFrame, history: pl.DataFrame, iteration
     priors = fitted_priors(history, bank if bank is not None else candidates, config.prior_iterations, group_size)
     fallback = priors.filter(pl.col("source").is_null()).row(0, named=True)
     evidence = problem_evidence(history, iteration, config.discount)
-    frame = (candidates.with_row_index("mix_order")
-             .join(priors.filter(pl.col("source").is_not_null()), on=["source", "level"], how="left")
-             .join(evidence, on="problem_id", how="left")
-             .with_columns(alpha=pl.col("prior_alpha").fill_null(fallback["prior_alpha"])
-                           + pl.col("successes").fill_null(0.0),
-                           beta=pl.col("prior_beta").fill_null(fallback["prior_beta"]) + pl.col("failures").fill_null(0.0)))
+    frame = (
+        candidates.with_row_index("mix_order")
+        .join(priors.filter(pl.col("source").is_not_null()), on=["source", "level"], how="left")
+        .join(evidence, on="problem_id", how="left")
+        .with_columns(
+            alpha=pl.col("prior_alpha").fill_null(fallback["prior_alpha"]) + pl.col("successes").fill_null(0.0),
+            beta=pl.col("prior_beta").fill_null(fallback["prior_beta"]) + pl.col("failures").fill_null(0.0),
+        )
+    )
     keep = keep_probability(frame["alpha"].to_numpy(), frame["beta"].to_numpy(), group_size, band)
-    return (frame.with_columns(posterior_solve_rate=pl.col("alpha") / (pl.col("alpha") + pl.col("beta")),
-                               keep_probability=pl.Series(keep))
-            .sort(["keep_probability", "mix_order"], descending=[True, False])
-            .drop("mix_order", "prior_alpha", "prior_beta", "successes", "failures"))
+    return (
+        frame.with_columns(
+            posterior_solve_rate=pl.col("alpha") / (pl.col("alpha") + pl.col("beta")), keep_probability=pl.Series(keep)
+        )
+        .sort(["keep_probability", "mix_order"], descending=[True, False])
+        .drop("mix_order", "prior_alpha", "prior_beta", "successes", "failures")
+    )
 
 
 def groups_to_draw(keep_probabilities: Sequence[float], missing: int, confidence: float, cap: int) -> int:

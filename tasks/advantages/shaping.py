@@ -31,8 +31,9 @@ def overlong_penalty(max_length: int, cache_length: int, factor: float = 1.0) ->
     return pl.min_horizontal(pl.lit(0.0), ramp).clip(lower_bound=-1.0) * factor
 
 
-def shape_overlong(rollouts: pl.DataFrame, max_length: int, cache_length: int, factor: float = 1.0,
-                   mask_truncated: bool = False) -> pl.DataFrame:
+def shape_overlong(
+    rollouts: pl.DataFrame, max_length: int, cache_length: int, factor: float = 1.0, mask_truncated: bool = False
+) -> pl.DataFrame:
     """Adds `shaped_reward` (reward + penalty) and `loss_mask` (0 for truncated rows when masking)."""
     shaped = rollouts.with_columns(shaped_reward=pl.col("reward") + overlong_penalty(max_length, cache_length, factor))
     truncated = pl.col("finish_reason") == "length"
@@ -47,8 +48,15 @@ def filter_reason(band: tuple[float, float] = (0.0, 1.0)) -> pl.Expr:
     low, high = band
     rate = pl.col("solve_rate")
     inside = (rate > low) & (rate < high)
-    return (pl.when(inside).then(None).when(rate <= 0.0).then(pl.lit("all_wrong"))
-            .when(rate >= 1.0).then(pl.lit("all_correct")).otherwise(pl.lit("outside_band")))
+    return (
+        pl.when(inside)
+        .then(None)
+        .when(rate <= 0.0)
+        .then(pl.lit("all_wrong"))
+        .when(rate >= 1.0)
+        .then(pl.lit("all_correct"))
+        .otherwise(pl.lit("outside_band"))
+    )
 
 
 def kept(band: tuple[float, float] = (0.0, 1.0)) -> pl.Expr:
@@ -71,9 +79,14 @@ def group_statistics(rollouts: pl.DataFrame, band: tuple[float, float] = (0.0, 1
     """
     draw_round = [pl.col("round").first()] if "round" in rollouts.columns else []
     stats = rollouts.group_by("group_id", maintain_order=True).agg(
-        pl.col("problem_id").first(), pl.col("model_version").first(), *draw_round, n_samples=pl.len(),
-        mean_reward=pl.col("reward").mean(), std_reward=pl.col("reward").std(ddof=1).fill_null(0.0),
-        min_reward=pl.col("reward").min(), max_reward=pl.col("reward").max(),
+        pl.col("problem_id").first(),
+        pl.col("model_version").first(),
+        *draw_round,
+        n_samples=pl.len(),
+        mean_reward=pl.col("reward").mean(),
+        std_reward=pl.col("reward").std(ddof=1).fill_null(0.0),
+        min_reward=pl.col("reward").min(),
+        max_reward=pl.col("reward").max(),
         solve_rate=pl.col("correct").cast(pl.Float64).mean(),
     )
     return stats.with_columns(filter_reason=filter_reason(band)).with_columns(kept=pl.col("filter_reason").is_null())
@@ -83,10 +96,16 @@ def staleness(rollouts: pl.DataFrame, current_version: int, max_stale_versions: 
     """Adds `staleness` and `freshness` (fresh, acceptable, stale)."""
     lag = current_version - pl.col("model_version")
     return rollouts.with_columns(staleness=lag).with_columns(
-        freshness=pl.when(lag <= 0).then(pl.lit("fresh")).when(lag <= max_stale_versions).then(pl.lit("acceptable"))
-        .otherwise(pl.lit("stale")))
+        freshness=pl.when(lag <= 0)
+        .then(pl.lit("fresh"))
+        .when(lag <= max_stale_versions)
+        .then(pl.lit("acceptable"))
+        .otherwise(pl.lit("stale"))
+    )
 
 
-def truncated_importance_weight(current_logprob_sum: pl.Expr, behaviour_logprob_sum: pl.Expr, cap: float = 2.0) -> pl.Expr:
+def truncated_importance_weight(
+    current_logprob_sum: pl.Expr, behaviour_logprob_sum: pl.Expr, cap: float = 2.0
+) -> pl.Expr:
     """exp(log π_current(y) − log π_behaviour(y)) truncated at `cap` (sequence level)."""
     return (current_logprob_sum - behaviour_logprob_sum).exp().clip(upper_bound=cap)

@@ -53,17 +53,19 @@ def shingles(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
             tokens += [_PAD] * (n - len(tokens))
         token_ids.extend([vocabulary.setdefault(token, len(vocabulary)) for token in tokens])
         lengths[index] = len(tokens)
-    hash_of_id = np.array([int.from_bytes(blake2b(token.encode(), digest_size=8).digest(), "little")
-                           for token in vocabulary], dtype=np.uint64)
+    hash_of_id = np.array(
+        [int.from_bytes(blake2b(token.encode(), digest_size=8).digest(), "little") for token in vocabulary],
+        dtype=np.uint64,
+    )
     tokens_flat = hash_of_id[np.array(token_ids, dtype=np.int64)]
     document_of_token = np.repeat(np.arange(len(texts)), lengths)
     count = len(tokens_flat) - n + 1
     if count <= 0:
         return np.empty(0, np.int64), np.empty(0, np.uint64)
     grams = np.zeros(count, dtype=np.uint64)
-    for offset in range(n):                                  # polynomial rolling hash over n tokens
-        grams = grams * _ROLL + tokens_flat[offset:offset + count]
-    inside = document_of_token[:count] == document_of_token[n - 1:]   # drop n-grams spanning two texts
+    for offset in range(n):  # polynomial rolling hash over n tokens
+        grams = grams * _ROLL + tokens_flat[offset : offset + count]
+    inside = document_of_token[:count] == document_of_token[n - 1 :]  # drop n-grams spanning two texts
     return document_of_token[:count][inside], mix64(grams[inside])
 
 
@@ -72,9 +74,9 @@ def minhash(documents: np.ndarray, hashes: np.ndarray, n_documents: int, num_per
     salts = np.random.default_rng(seed).integers(0, 2**63, size=num_perm, dtype=np.uint64)
     starts = np.searchsorted(documents, np.arange(n_documents))
     signatures = np.empty((n_documents, num_perm), dtype=np.uint64)
-    for first in range(0, num_perm, 8):                       # 8 permutations at a time bounds memory
-        block = mix64(hashes[:, None] ^ salts[None, first:first + 8])
-        signatures[:, first:first + 8] = np.minimum.reduceat(block, starts, axis=0)
+    for first in range(0, num_perm, 8):  # 8 permutations at a time bounds memory
+        block = mix64(hashes[:, None] ^ salts[None, first : first + 8])
+        signatures[:, first : first + 8] = np.minimum.reduceat(block, starts, axis=0)
     return signatures
 
 
@@ -94,13 +96,13 @@ def lsh_bands(threshold: float, num_perm: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class NearDuplicates:
-    duplicate_of: np.ndarray   # [N] index of the kept document this one duplicates, -1 if none
-    similarity: np.ndarray     # [N] estimated Jaccard similarity to that document (NaN if none)
+    duplicate_of: np.ndarray  # [N] index of the kept document this one duplicates, -1 if none
+    similarity: np.ndarray  # [N] estimated Jaccard similarity to that document (NaN if none)
 
 
 # Signatures computed before, by (n-gram, permutations, seed, the text's digest): the bank's texts are screened
 # again at every self-play iteration and curation of a long-lived process, and a text's signature never changes.
-SIGNATURES_KEPT = 50_000          # about 1 KB each at 128 permutations
+SIGNATURES_KEPT = 50_000  # about 1 KB each at 128 permutations
 _SIGNATURES: OrderedDict[tuple, np.ndarray] = OrderedDict()
 _SIGNATURES_LOCK = threading.Lock()
 
@@ -133,8 +135,9 @@ def signatures_of(texts: list[str], ngram: int, num_perm: int, seed: int) -> np.
     return signatures
 
 
-def near_duplicates(texts: list[str], groups: np.ndarray, threshold: float, ngram: int = 5,
-                    num_perm: int = 128, seed: int = 1) -> NearDuplicates:
+def near_duplicates(
+    texts: list[str], groups: np.ndarray, threshold: float, ngram: int = 5, num_perm: int = 128, seed: int = 1
+) -> NearDuplicates:
     """Cluster near-duplicate texts within each group (e.g. split); every cluster keeps its first text."""
     n_documents = len(texts)
     if n_documents == 0:
@@ -148,7 +151,7 @@ def near_duplicates(texts: list[str], groups: np.ndarray, threshold: float, ngra
         key = group_salt ^ np.uint64(band)
         for column in range(band * rows, (band + 1) * rows):
             key = mix64(key ^ signatures[:, column])
-        order = np.argsort(key, kind="stable")               # stable: the first of a bucket has the lowest index
+        order = np.argsort(key, kind="stable")  # stable: the first of a bucket has the lowest index
         sorted_key = key[order]
         starts_bucket = np.r_[True, sorted_key[1:] != sorted_key[:-1]]
         first_of_bucket = order[np.maximum.accumulate(np.where(starts_bucket, np.arange(n_documents), 0))]
@@ -156,8 +159,12 @@ def near_duplicates(texts: list[str], groups: np.ndarray, threshold: float, ngra
         firsts.append(first_of_bucket[~starts_bucket])
     pairs = np.unique(np.stack([np.concatenate(members), np.concatenate(firsts)], axis=1), axis=0)
     if len(pairs):
-        estimated = np.concatenate([(signatures[chunk[:, 0]] == signatures[chunk[:, 1]]).mean(axis=1)
-                                    for chunk in np.array_split(pairs, max(1, len(pairs) // 50_000))])
+        estimated = np.concatenate(
+            [
+                (signatures[chunk[:, 0]] == signatures[chunk[:, 1]]).mean(axis=1)
+                for chunk in np.array_split(pairs, max(1, len(pairs) // 50_000))
+            ]
+        )
         pairs = pairs[estimated >= threshold]
     cluster = _connected_components(n_documents, pairs)
     duplicate_of = np.where(cluster != np.arange(n_documents), cluster, -1)

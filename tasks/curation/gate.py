@@ -40,7 +40,7 @@ class GateSettings:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     decontamination: DecontaminationConfig = field(default_factory=DecontaminationConfig)
-    from_run: str | None = None                  # the curation run they were read from (None: the defaults)
+    from_run: str | None = None  # the curation run they were read from (None: the defaults)
 
     @classmethod
     def of(cls, config, from_run: str | None = None) -> GateSettings:
@@ -48,17 +48,21 @@ class GateSettings:
         return cls(config.validation, config.dedup, config.decontamination, from_run)
 
     def parameters(self) -> dict:
-        return {"validation": self.validation.model_dump(mode="json"), "dedup": self.dedup.model_dump(mode="json"),
-                "decontamination": self.decontamination.model_dump(mode="json"), "from_run": self.from_run}
+        return {
+            "validation": self.validation.model_dump(mode="json"),
+            "dedup": self.dedup.model_dump(mode="json"),
+            "decontamination": self.decontamination.model_dump(mode="json"),
+            "from_run": self.from_run,
+        }
 
 
 @dataclass
 class Admitted:
     bank_version: int
-    kept: pl.DataFrame           # the problems written
-    dropped: pl.DataFrame        # left out as duplicates or contaminated (`dropped_problems`)
-    quarantined: pl.DataFrame    # refused by validation (`quarantine`)
-    refused: dict[str, str] = field(default_factory=dict)   # made problems: id → why it did not enter
+    kept: pl.DataFrame  # the problems written
+    dropped: pl.DataFrame  # left out as duplicates or contaminated (`dropped_problems`)
+    quarantined: pl.DataFrame  # refused by validation (`quarantine`)
+    refused: dict[str, str] = field(default_factory=dict)  # made problems: id → why it did not enter
 
 
 @dataclass
@@ -77,8 +81,14 @@ def bank_run(lake: Lake, flow: str, parameters: dict, **fields) -> Iterator[Bank
             yield BankRun(lake, run, critical)
 
 
-def admit(section: BankRun, candidates: pl.DataFrame, quarantined: pl.DataFrame, settings: GateSettings,
-          bank_version: int | None = None, force: bool = False) -> Admitted:
+def admit(
+    section: BankRun,
+    candidates: pl.DataFrame,
+    quarantined: pl.DataFrame,
+    settings: GateSettings,
+    bank_version: int | None = None,
+    force: bool = False,
+) -> Admitted:
     """The critical section: under the `bank` lease, the version (`bank_version` re-curated, else the next), the
     bank's duplicates and the evaluation sets' overlaps left out, and the version's slices written."""
     lake = section.lake
@@ -91,8 +101,9 @@ def admit(section: BankRun, candidates: pl.DataFrame, quarantined: pl.DataFrame,
     return Admitted(version, kept, dropped, quarantined)
 
 
-def screen(lake: Lake, candidates: pl.DataFrame, settings: GateSettings,
-           bank_version: int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def screen(
+    lake: Lake, candidates: pl.DataFrame, settings: GateSettings, bank_version: int | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(kept, dropped): exact and near-duplicates of the bank's other versions (and of each other), then training
     problems that overlap an evaluation set."""
     existing = existing_bank(lake, bank_version)
@@ -104,19 +115,27 @@ def screen(lake: Lake, candidates: pl.DataFrame, settings: GateSettings,
 
 def gate_settings(lake: Lake) -> GateSettings:
     """The settings of the bank's latest completed curation (a run of made problems records the ones it used)."""
-    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
-                     columns=["run_id", "parameters", "started_at"])
+    runs = lake.read(
+        "runs",
+        filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
+        columns=["run_id", "parameters", "started_at"],
+    )
     for run_id, text, _ in runs.sort("started_at", descending=True).iter_rows():
         parameters = json.loads(text)
         if "sources" not in parameters:
             continue
         try:
-            return GateSettings(ValidationConfig.model_validate(parameters.get("validation", {})),
-                                DedupConfig.model_validate(parameters.get("dedup", {})),
-                                DecontaminationConfig.model_validate(parameters.get("decontamination", {})), run_id)
+            return GateSettings(
+                ValidationConfig.model_validate(parameters.get("validation", {})),
+                DedupConfig.model_validate(parameters.get("dedup", {})),
+                DecontaminationConfig.model_validate(parameters.get("decontamination", {})),
+                run_id,
+            )
         except ValidationError as error:
-            raise ValueError(f"curate run {run_id}: its validation, dedup or decontamination settings no longer "
-                             f"load ({error.errors()[0]['loc']}: {error.errors()[0]['msg']})") from None
+            raise ValueError(
+                f"curate run {run_id}: its validation, dedup or decontamination settings no longer "
+                f"load ({error.errors()[0]['loc']}: {error.errors()[0]['msg']})"
+            ) from None
     return GateSettings()
 
 
@@ -141,11 +160,21 @@ def validated(problems: pl.DataFrame, validation: ValidationConfig) -> tuple[pl.
     """(fit, quarantined) of made problems, the quarantined as curation's quarantine rows (the whole row as raw)."""
     found = issues(problems, validation)
     bad = problems.filter(pl.col("problem_id").is_in(list(found)))
-    quarantined = [{"source": row["source"], "source_uri": row["source_uri"], "source_line": row["source_line"],
-                    "field": found[row["problem_id"]][0], "reason": found[row["problem_id"]][1],
-                    "raw": json.dumps(row, default=str)[:2000]} for row in bad.iter_rows(named=True)]
-    return (problems.filter(~pl.col("problem_id").is_in(list(found))),
-            pl.DataFrame(quarantined, schema=QUARANTINE_SCHEMA))
+    quarantined = [
+        {
+            "source": row["source"],
+            "source_uri": row["source_uri"],
+            "source_line": row["source_line"],
+            "field": found[row["problem_id"]][0],
+            "reason": found[row["problem_id"]][1],
+            "raw": json.dumps(row, default=str)[:2000],
+        }
+        for row in bad.iter_rows(named=True)
+    ]
+    return (
+        problems.filter(~pl.col("problem_id").is_in(list(found))),
+        pl.DataFrame(quarantined, schema=QUARANTINE_SCHEMA),
+    )
 
 
 def refusals(lake: Lake, problems: pl.DataFrame) -> dict[str, tuple[str, str]]:
@@ -169,8 +198,15 @@ def drop_detail(row: dict) -> str:
     return f"{row['reason'].replace('_', ' ')} of problem {row['duplicate_of']} (similarity {row['similarity']:.2f})"
 
 
-def admit_made(lake: Lake, problems: pl.DataFrame, flow: str, parameters: dict, *, iteration: int | None = None,
-               prefect_flow_run_id: str | None = None) -> Admitted | None:
+def admit_made(
+    lake: Lake,
+    problems: pl.DataFrame,
+    flow: str,
+    parameters: dict,
+    *,
+    iteration: int | None = None,
+    prefect_flow_run_id: str | None = None,
+) -> Admitted | None:
     """Problems an iteration made, through the gate as a bank version of their own: a curate run under the `bank`
     lease, as any curation, so bank versions stay one per completed curation. None when the bank holds them all."""
     fresh = not_in_bank(lake, problems.with_columns(pl.col("similarity_checks").fill_null(False)))
@@ -178,13 +214,20 @@ def admit_made(lake: Lake, problems: pl.DataFrame, flow: str, parameters: dict, 
         return None
     settings = gate_settings(lake)
     fit, quarantined = validated(fresh, settings.validation)
-    with bank_run(lake, flow, {**parameters, "gate": settings.parameters()}, iteration=iteration,
-                  prefect_flow_run_id=prefect_flow_run_id) as section:
+    with bank_run(
+        lake,
+        flow,
+        {**parameters, "gate": settings.parameters()},
+        iteration=iteration,
+        prefect_flow_run_id=prefect_flow_run_id,
+    ) as section:
         admitted = admit(section, fit, quarantined, settings)
-    made = set(fresh["problem_id"])                 # (an old row flagged `contaminated_later` is not refused)
+    made = set(fresh["problem_id"])  # (an old row flagged `contaminated_later` is not refused)
     admitted.refused = {pid: "quarantined" for pid in made - set(fit["problem_id"])} | {
-        row["problem_id"]: drop_detail(row) for row in admitted.dropped.iter_rows(named=True)
-        if row["problem_id"] in made}
+        row["problem_id"]: drop_detail(row)
+        for row in admitted.dropped.iter_rows(named=True)
+        if row["problem_id"] in made
+    }
     return admitted
 
 
@@ -194,6 +237,8 @@ def refused_but_drawn(admitted: Admitted | None, drawn: Iterable[str]) -> None:
     asks again."""
     refused = sorted(set(drawn) & set(admitted.refused)) if admitted is not None else []
     if refused:
-        raise ValueError(f"{len(refused)} problem(s) this iteration sampled were refused by the bank as they were "
-                         f"committed (first: {refused[0]}, {admitted.refused[refused[0]]}), after the stage's check "
-                         "let them through: a curation committed in between; re-run the iteration")
+        raise ValueError(
+            f"{len(refused)} problem(s) this iteration sampled were refused by the bank as they were "
+            f"committed (first: {refused[0]}, {admitted.refused[refused[0]]}), after the stage's check "
+            "let them through: a curation committed in between; re-run the iteration"
+        )

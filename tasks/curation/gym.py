@@ -35,8 +35,11 @@ def gym_entries(dataset: str, params: dict[str, Any], count: int, seed: int) -> 
     except (TypeError, ValueError, AssertionError) as error:
         raise ValueError(f"reasoning-gym dataset {dataset!r} rejects parameters {params}: {error}") from None
     return [
-        {"prompt": entry["question"], "answer": None if entry["answer"] is None else str(entry["answer"]),
-         "metadata": entry["metadata"],
-         "params": {"dataset": dataset, "config": params, "size": count, "index": index}}
+        {
+            "prompt": entry["question"],
+            "answer": None if entry["answer"] is None else str(entry["answer"]),
+            "metadata": entry["metadata"],
+            "params": {"dataset": dataset, "config": params, "size": count, "index": index},
+        }
         for index, entry in enumerate(generated)
     ]

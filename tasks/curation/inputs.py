@@ -8,8 +8,9 @@ from storage.config import load_yaml_config
 from tasks.curation.config import CurationConfig, parse_source_spec
 
 
-def curation_config_from(config_path: Path | None, sources: list[str], eval_sources: list[str],
-                         bank_version: int | None) -> CurationConfig:
+def curation_config_from(
+    config_path: Path | None, sources: list[str], eval_sources: list[str], bank_version: int | None
+) -> CurationConfig:
     """A config file (its `bank:` section if it has one), plus any `--source`s, plus overrides."""
     if config_path is None and not sources and not eval_sources:
         raise ValueError("give --config FILE or at least one --source KIND:PATH_OR_NAME[:COUNT]")

@@ -55,8 +55,13 @@ def gsm8k(record: dict[str, Any]) -> dict[str, Any]:
     final = final.strip().replace(",", "")
     if not final:
         raise Rejected("answer", "empty answer after '####'")
-    return {"prompt": question, "answer": final, "solution": reasoning.strip(),
-            "steps": CALCULATOR_STEP.findall(reasoning), "metadata": _others(record, {"question", "answer"})}
+    return {
+        "prompt": question,
+        "answer": final,
+        "solution": reasoning.strip(),
+        "steps": CALCULATOR_STEP.findall(reasoning),
+        "metadata": _others(record, {"question", "answer"}),
+    }
 
 
 def math(record: dict[str, Any]) -> dict[str, Any]:
@@ -68,8 +73,12 @@ def math(record: dict[str, Any]) -> dict[str, Any]:
     if not answer:
         raise Rejected("answer", "no answer field and no \\boxed{} answer in the solution")
     used = {prompt_field, answer_field, "solution", "problem", "prompt", "question"}
-    return {"prompt": HARNESS_SUFFIX.sub("", prompt), "answer": answer, "solution": solution,
-            "metadata": _others(record, used)}
+    return {
+        "prompt": HARNESS_SUFFIX.sub("", prompt),
+        "answer": answer,
+        "solution": solution,
+        "metadata": _others(record, used),
+    }
 
 
 def olympiad(record: dict[str, Any]) -> dict[str, Any]:
@@ -84,8 +93,12 @@ def olympiad(record: dict[str, Any]) -> dict[str, Any]:
     solutions = record.get("solution")
     solution = solutions[0] if isinstance(solutions, list) and solutions else solutions
     answer = ", ".join(a.strip().strip("$").strip() for a in answers)
-    return {"prompt": prompt, "answer": answer, "solution": solution if isinstance(solution, str) else None,
-            "metadata": _others(record, {"question", "final_answer", "context", "solution"})}
+    return {
+        "prompt": prompt,
+        "answer": answer,
+        "solution": solution if isinstance(solution, str) else None,
+        "metadata": _others(record, {"question", "final_answer", "context", "solution"}),
+    }
 
 
 def humaneval(record: dict[str, Any]) -> dict[str, Any]:
@@ -95,9 +108,13 @@ def humaneval(record: dict[str, Any]) -> dict[str, Any]:
     tests, _ = _text(record, "test", "tests")
     entry_point, _ = _text(record, "entry_point")
     solution = record.get("canonical_solution")
-    return {"prompt": prompt, "tests": tests, "entry_point": entry_point,
-            "solution": solution if isinstance(solution, str) else None,
-            "metadata": _others(record, {"prompt", "test", "tests", "entry_point", "canonical_solution"})}
+    return {
+        "prompt": prompt,
+        "tests": tests,
+        "entry_point": entry_point,
+        "solution": solution if isinstance(solution, str) else None,
+        "metadata": _others(record, {"prompt", "test", "tests", "entry_point", "canonical_solution"}),
+    }
 
 
 def mapped(record: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
@@ -112,6 +129,9 @@ def mapped(record: dict[str, Any], columns: dict[str, str]) -> dict[str, Any]:
 
 
 LAYOUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "gsm8k": gsm8k, "math": math, "olympiad": olympiad, "humaneval": humaneval,
+    "gsm8k": gsm8k,
+    "math": math,
+    "olympiad": olympiad,
+    "humaneval": humaneval,
 }
 DOMAIN_OF_LAYOUT = {"gsm8k": "math", "math": "math", "olympiad": "math", "humaneval": "code", "mapped": "math"}

@@ -20,21 +20,41 @@ from tasks.generators import generate
 from tasks.verifiers.base import DEFAULT_VERIFIER
 
 CANDIDATE_SCHEMA = {
-    "problem_id": pl.String, "source": pl.String, "source_kind": pl.String, "source_uri": pl.String,
-    "source_line": pl.Int64, "split": pl.String, "domain": pl.String, "level": pl.Int8, "prompt": pl.String,
-    "answer": pl.String, "solution": pl.String, "steps": pl.List(pl.String), "tests": pl.String,
-    "entry_point": pl.String, "verifier": pl.String, "seed": pl.Int64, "params": pl.String, "metadata": pl.String,
+    "problem_id": pl.String,
+    "source": pl.String,
+    "source_kind": pl.String,
+    "source_uri": pl.String,
+    "source_line": pl.Int64,
+    "split": pl.String,
+    "domain": pl.String,
+    "level": pl.Int8,
+    "prompt": pl.String,
+    "answer": pl.String,
+    "solution": pl.String,
+    "steps": pl.List(pl.String),
+    "tests": pl.String,
+    "entry_point": pl.String,
+    "verifier": pl.String,
+    "seed": pl.Int64,
+    "params": pl.String,
+    "metadata": pl.String,
     "similarity_checks": pl.Boolean,
 }
-QUARANTINE_SCHEMA = {"source": pl.String, "source_uri": pl.String, "source_line": pl.Int64, "field": pl.String,
-                     "reason": pl.String, "raw": pl.String}
+QUARANTINE_SCHEMA = {
+    "source": pl.String,
+    "source_uri": pl.String,
+    "source_line": pl.Int64,
+    "field": pl.String,
+    "reason": pl.String,
+    "raw": pl.String,
+}
 
 
 @dataclass
 class LoadedSource:
     name: str
-    problems: pl.DataFrame      # CANDIDATE_SCHEMA
-    quarantined: pl.DataFrame   # QUARANTINE_SCHEMA
+    problems: pl.DataFrame  # CANDIDATE_SCHEMA
+    quarantined: pl.DataFrame  # QUARANTINE_SCHEMA
 
 
 def load_source(source: SourceConfig, validation: ValidationConfig) -> LoadedSource:
@@ -53,11 +73,14 @@ def load_source(source: SourceConfig, validation: ValidationConfig) -> LoadedSou
     for draft in drafts:
         issue = problem_issue(draft, validation.max_prompt_chars, validation.check_math_answers)
         if issue is not None:
-            quarantined.append(_quarantine_row(source, draft["source_line"], issue[0], issue[1], draft.pop("_raw", None)))
+            quarantined.append(
+                _quarantine_row(source, draft["source_line"], issue[0], issue[1], draft.pop("_raw", None))
+            )
             continue
         draft.pop("_raw", None)
-        draft["problem_id"] = problem_id(draft["split"], draft["domain"], draft["prompt"], draft.get("answer"),
-                                         draft.get("tests"))
+        draft["problem_id"] = problem_id(
+            draft["split"], draft["domain"], draft["prompt"], draft.get("answer"), draft.get("tests")
+        )
         draft["metadata"] = json.dumps(draft.get("metadata") or {}, ensure_ascii=False, default=str)
         draft["params"] = json.dumps(draft.get("params") or {}, sort_keys=True, default=str)
         problems.append(draft)
@@ -70,9 +93,17 @@ def load_source(source: SourceConfig, validation: ValidationConfig) -> LoadedSou
 
 def _base(source: SourceConfig, domain: str, level: int | None, uri: str, line: int | None) -> dict[str, Any]:
     domain = source.domain or domain
-    return {"source": source.source_name, "source_kind": source.kind, "source_uri": uri, "source_line": line,
-            "split": source.split, "domain": domain, "level": level,
-            "verifier": source.verifier or DEFAULT_VERIFIER[domain], "similarity_checks": source.wants_similarity_checks}
+    return {
+        "source": source.source_name,
+        "source_kind": source.kind,
+        "source_uri": uri,
+        "source_line": line,
+        "split": source.split,
+        "domain": domain,
+        "level": level,
+        "verifier": source.verifier or DEFAULT_VERIFIER[domain],
+        "similarity_checks": source.wants_similarity_checks,
+    }
 
 
 def _file_drafts(source: SourceConfig) -> tuple[list[dict], list[dict]]:
@@ -83,14 +114,24 @@ def _file_drafts(source: SourceConfig) -> tuple[list[dict], list[dict]]:
             quarantined.append(_quarantine_row(source, row.line, None, row.error, row.raw))
             continue
         try:
-            fields = (layouts.mapped(row.record, source.columns) if source.kind == "mapped"
-                      else layouts.LAYOUTS[source.kind](row.record))
+            fields = (
+                layouts.mapped(row.record, source.columns)
+                if source.kind == "mapped"
+                else layouts.LAYOUTS[source.kind](row.record)
+            )
             row_level = _level_from_field(source, row.record) if source.level_field else level
         except layouts.Rejected as rejected:
-            quarantined.append(_quarantine_row(source, row.line, rejected.field, rejected.reason, row.raw or row.record))
+            quarantined.append(
+                _quarantine_row(source, row.line, rejected.field, rejected.reason, row.raw or row.record)
+            )
             continue
-        draft = _base(source, layouts.DOMAIN_OF_LAYOUT[source.kind], row_level if isinstance(row_level, int) else None,
-                      source.path, row.line)
+        draft = _base(
+            source,
+            layouts.DOMAIN_OF_LAYOUT[source.kind],
+            row_level if isinstance(row_level, int) else None,
+            source.path,
+            row.line,
+        )
         draft.update(fields)
         draft["_raw"] = row.raw or row.record
         draft["_level_range"] = row_level if isinstance(row_level, tuple) else None
@@ -126,11 +167,26 @@ def _generator_drafts(source: SourceConfig) -> list[dict]:
     drafts = []
     problems = generate(source.generator, source.procedural_count, source.seed)
     for generator, seed, made in track(problems, f"generating {source.source_name}", source.procedural_count):
-        draft = _base(source, generator.domain, source.level if isinstance(source.level, int) else generator.level,
-                      generator.name, None)
-        draft.update(prompt=made.prompt, answer=made.answer, solution=made.solution, steps=made.steps, seed=seed,
-                     params={"generator": generator.name, "selector": source.generator, "source_seed": source.seed,
-                             **made.params})
+        draft = _base(
+            source,
+            generator.domain,
+            source.level if isinstance(source.level, int) else generator.level,
+            generator.name,
+            None,
+        )
+        draft.update(
+            prompt=made.prompt,
+            answer=made.answer,
+            solution=made.solution,
+            steps=made.steps,
+            seed=seed,
+            params={
+                "generator": generator.name,
+                "selector": source.generator,
+                "source_seed": source.seed,
+                **made.params,
+            },
+        )
         if generator.verifier is not None and source.verifier is None:
             draft["verifier"] = generator.verifier
         drafts.append(draft)
@@ -150,5 +206,11 @@ def _gym_drafts(source: SourceConfig) -> list[dict]:
 
 def _quarantine_row(source: SourceConfig, line: int | None, field: str | None, reason: str, raw: Any) -> dict:
     text = raw if isinstance(raw, str) or raw is None else json.dumps(raw, ensure_ascii=False, default=str)
-    return {"source": source.source_name, "source_uri": source.path or source.source_name, "source_line": line,
-            "field": field, "reason": reason, "raw": None if text is None else text[:2000]}
+    return {
+        "source": source.source_name,
+        "source_uri": source.path or source.source_name,
+        "source_line": line,
+        "field": field,
+        "reason": reason,
+        "raw": None if text is None else text[:2000],
+    }

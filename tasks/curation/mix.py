@@ -37,8 +37,13 @@ def allocate(total: int, weights: dict[Hashable, float], capacity: dict[Hashable
     return counts
 
 
-def sample_mix(problems: pl.DataFrame, n: int, seed: int, level_weights: dict[int, float] | None = None,
-               domain_weights: dict[str, float] | None = None) -> pl.DataFrame:
+def sample_mix(
+    problems: pl.DataFrame,
+    n: int,
+    seed: int,
+    level_weights: dict[int, float] | None = None,
+    domain_weights: dict[str, float] | None = None,
+) -> pl.DataFrame:
     """Draw `n` distinct problems: level shares first, then domain shares within each level.
 
     Without `domain_weights`, domains keep their share of the bank within each level.
@@ -55,17 +60,24 @@ def sample_mix(problems: pl.DataFrame, n: int, seed: int, level_weights: dict[in
     level_capacity = {lvl: int(c) for lvl, c in cells.group_by("level").agg(pl.col("len").sum()).iter_rows()}
     level_counts = allocate(n, {lvl: level_weights.get(lvl, 0.0) for lvl in level_capacity}, level_capacity)
     if sum(level_counts.values()) < n:
-        raise ValueError(f"cannot draw {n} problems with level weights {level_weights}: levels with weight hold "
-                         f"only {sum(level_counts.values())}")
+        raise ValueError(
+            f"cannot draw {n} problems with level weights {level_weights}: levels with weight hold "
+            f"only {sum(level_counts.values())}"
+        )
     parts = []
     for level, level_n in sorted(level_counts.items()):
         domain_capacity = {d: int(c) for lvl, d, c in cells.filter(pl.col("level") == level).iter_rows()}
-        weights = ({d: domain_weights.get(d, 0.0) for d in domain_capacity} if domain_weights
-                   else {d: float(c) for d, c in domain_capacity.items()})
+        weights = (
+            {d: domain_weights.get(d, 0.0) for d in domain_capacity}
+            if domain_weights
+            else {d: float(c) for d, c in domain_capacity.items()}
+        )
         domain_counts = allocate(level_n, weights, domain_capacity)
         if sum(domain_counts.values()) < level_n:
-            raise ValueError(f"level {level}: domains with weight hold only {sum(domain_counts.values())} of the "
-                             f"{level_n} problems the mix needs")
+            raise ValueError(
+                f"level {level}: domains with weight hold only {sum(domain_counts.values())} of the "
+                f"{level_n} problems the mix needs"
+            )
         for domain, count in sorted(domain_counts.items()):
             if count:
                 cell = problems.filter((pl.col("level") == level) & (pl.col("domain") == domain)).sort("problem_id")

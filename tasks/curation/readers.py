@@ -18,8 +18,8 @@ class SourceReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class RawRow:
-    line: int                         # 1-based line of a JSONL file, or 1-based row of a Parquet file
-    record: dict[str, Any] | None     # None when the line is not a JSON object
+    line: int  # 1-based line of a JSONL file, or 1-based row of a Parquet file
+    record: dict[str, Any] | None  # None when the line is not a JSON object
     error: str | None = None
     raw: str | None = None
 
@@ -50,7 +50,9 @@ def probe(path: str) -> None:
             try:
                 pq.ParquetFile(handle)
             except (pa.ArrowException, OSError) as error:
-                raise SourceReadError(f"cannot read source file {path}: not a readable Parquet file ({error})") from None
+                raise SourceReadError(
+                    f"cannot read source file {path}: not a readable Parquet file ({error})"
+                ) from None
         return
     with _open(path) as handle:
         head = handle.read(65536).removeprefix(b"\xef\xbb\xbf")
@@ -58,7 +60,7 @@ def probe(path: str) -> None:
         raise SourceReadError(f"cannot read source file {path}: it holds no rows")
     lines = head.split(b"\n")
     if len(head) == 65536:
-        lines = lines[:-1]                      # the last line may be cut
+        lines = lines[:-1]  # the last line may be cut
     for line in lines:
         try:
             if isinstance(json.loads(line), dict):
@@ -79,7 +81,7 @@ def _jsonl_rows(path: str) -> Iterator[RawRow]:
     with _open(path) as handle:
         for number, raw_bytes in enumerate(handle, start=1):
             try:
-                text = raw_bytes.decode("utf-8-sig" if number == 1 else "utf-8")   # tolerate a byte-order mark
+                text = raw_bytes.decode("utf-8-sig" if number == 1 else "utf-8")  # tolerate a byte-order mark
             except UnicodeDecodeError as error:
                 yield RawRow(number, None, f"not UTF-8 text: {error.reason}", repr(raw_bytes[:200]))
                 continue

@@ -30,40 +30,64 @@ def next_bank_version(lake: Lake) -> int:
     """One past the highest bank version a completed curation wrote. Called under the `bank` lease, so no
     other curation is between this and its commit; a version whose run failed or was abandoned is
     reused, and its slices (invisible, as every unfinished run's rows are) are replaced."""
-    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
-                     columns=["bank_version"])
+    runs = lake.read(
+        "runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"), columns=["bank_version"]
+    )
     return int(runs["bank_version"].max() or 0) + 1
 
 
 def check_recuration(lake: Lake, bank_version: int, force: bool) -> None:
     """Re-curating a version that later versions were deduplicated against could drop problems they
     rely on: refuse unless forced."""
-    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed")
-                     & (pc.field("bank_version") > bank_version), columns=["bank_version"])
+    runs = lake.read(
+        "runs",
+        filter=(pc.field("stage") == "curate")
+        & (pc.field("status") == "completed")
+        & (pc.field("bank_version") > bank_version),
+        columns=["bank_version"],
+    )
     if runs.height and not force:
         later = sorted(set(runs["bank_version"].to_list()))
-        raise ValueError(f"bank version {bank_version} has later versions {later} deduplicated against it; "
-                         "re-curating it could drop problems they rely on (pass --force to do it anyway)")
+        raise ValueError(
+            f"bank version {bank_version} has later versions {later} deduplicated against it; "
+            "re-curating it could drop problems they rely on (pass --force to do it anyway)"
+        )
 
 
 def identical_curation(lake: Lake, config: CurationConfig) -> dict | None:
     """The latest completed curation run with exactly this config, if any (so `rlvr run` can skip it)."""
     parameters = json.dumps(config.model_dump(mode="json"), sort_keys=True, default=str)
-    runs = lake.read("runs", filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
-                     columns=["run_id", "bank_version", "parameters", "started_at"])
+    runs = lake.read(
+        "runs",
+        filter=(pc.field("stage") == "curate") & (pc.field("status") == "completed"),
+        columns=["run_id", "bank_version", "parameters", "started_at"],
+    )
     matches = runs.filter(pl.col("parameters") == parameters).sort("started_at")
     return matches.row(-1, named=True) if matches.height else None
 
 
 def existing_bank(lake: Lake, bank_version: int | None = None) -> pl.DataFrame:
     """Problems of every other bank version (None: every version): what new problems are deduplicated against."""
-    return lake.read("problems", filter=None if bank_version is None else pc.field("bank_version") != bank_version,
-                     columns=["problem_id", "source", "source_kind", "source_uri", "source_line", "seed", "domain",
-                              "split", "prompt"])
+    return lake.read(
+        "problems",
+        filter=None if bank_version is None else pc.field("bank_version") != bank_version,
+        columns=[
+            "problem_id",
+            "source",
+            "source_kind",
+            "source_uri",
+            "source_line",
+            "seed",
+            "domain",
+            "split",
+            "prompt",
+        ],
+    )
 
 
-def evaluation_sets(existing: pl.DataFrame, candidates: pl.DataFrame, config: DecontaminationConfig,
-                    validation: ValidationConfig) -> dict[str, list[str]]:
+def evaluation_sets(
+    existing: pl.DataFrame, candidates: pl.DataFrame, config: DecontaminationConfig, validation: ValidationConfig
+) -> dict[str, list[str]]:
     """Prompts of every evaluation set by name: eval sources in the bank, in this run, and extra files."""
     sets: dict[str, list[str]] = defaultdict(list)
     for frame in (existing, candidates):
@@ -74,14 +98,16 @@ def evaluation_sets(existing: pl.DataFrame, candidates: pl.DataFrame, config: De
     if config.against is not None:
         unknown = set(config.against) - set(sets)
         if unknown:
-            raise ValueError(f"decontamination.against names unknown evaluation sets {sorted(unknown)}; "
-                             f"known: {sorted(sets)}")
+            raise ValueError(
+                f"decontamination.against names unknown evaluation sets {sorted(unknown)}; known: {sorted(sets)}"
+            )
         return {name: sets[name] for name in config.against}
     return dict(sets)
 
 
-def write_bank(lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, quarantined: pl.DataFrame,
-               dropped: pl.DataFrame) -> None:
+def write_bank(
+    lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, quarantined: pl.DataFrame, dropped: pl.DataFrame
+) -> None:
     """Replace this bank version's slice of each table, the problems table last.
 
     Delta commits one table at a time; if a later write fails, the slices already replaced are put
@@ -91,7 +117,11 @@ def write_bank(lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, 
     """
     key = {"bank_version": bank_version}
     version_column = pl.lit(bank_version, pl.Int64).alias("bank_version")
-    writes = [("quarantine", quarantined), ("dropped_problems", dropped), ("problems", problems.drop("similarity_checks"))]
+    writes = [
+        ("quarantine", quarantined),
+        ("dropped_problems", dropped),
+        ("problems", problems.drop("similarity_checks")),
+    ]
     before = {name: (table.version() if (table := lake.table(name)) is not None else None) for name, _ in writes}
     done: list[str] = []
     try:
@@ -106,14 +136,19 @@ def write_bank(lake: Lake, run: Run, bank_version: int, problems: pl.DataFrame, 
 
 def source_report(loaded: list[LoadedSource], kept: pl.DataFrame, dropped: pl.DataFrame) -> pl.DataFrame:
     """Per source: rows loaded, quarantined, dropped by each reason, kept."""
-    counts = pl.DataFrame({
-        "source": [s.name for s in loaded],
-        "loaded": [s.problems.height + s.quarantined.height for s in loaded],
-        "quarantined": [s.quarantined.height for s in loaded],
-    })
+    counts = pl.DataFrame(
+        {
+            "source": [s.name for s in loaded],
+            "loaded": [s.problems.height + s.quarantined.height for s in loaded],
+            "quarantined": [s.quarantined.height for s in loaded],
+        }
+    )
     reasons = ["exact_duplicate", "near_duplicate", "contaminated"]
-    by_reason = (dropped.group_by("source", "reason").len()
-                 .pivot(on="reason", index="source", values="len") if dropped.height else pl.DataFrame({"source": []}))
+    by_reason = (
+        dropped.group_by("source", "reason").len().pivot(on="reason", index="source", values="len")
+        if dropped.height
+        else pl.DataFrame({"source": []})
+    )
     for reason in reasons:
         if reason not in by_reason.columns:
             by_reason = by_reason.with_columns(pl.lit(0, pl.UInt32).alias(reason))
@@ -127,8 +162,11 @@ def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> 
     """Move code problems whose reference solution fails its own tests (run in the sandbox) to quarantine."""
 
     problems = loaded.problems
-    runnable = problems.filter((pl.col("domain") == "code") & pl.col("solution").is_not_null()
-                               & ~pl.col("verifier").is_in(list(EXECUTOR_VERIFIERS)))   # self-play: no tests
+    runnable = problems.filter(
+        (pl.col("domain") == "code")
+        & pl.col("solution").is_not_null()
+        & ~pl.col("verifier").is_in(list(EXECUTOR_VERIFIERS))
+    )  # self-play: no tests
     if not validation.run_code_solutions or runnable.is_empty():
         return loaded
     failing: dict[str, str] = {}
@@ -136,24 +174,33 @@ def check_code_solutions(loaded: LoadedSource, validation: ValidationConfig) -> 
         for row in track(list(runnable.iter_rows(named=True)), f"running {loaded.name}'s reference solutions"):
             if row["verifier"] == "workspace":
                 spec = json.loads(row["tests"])
-                result = sandbox.run_suite({**spec.get("given", {}), **json.loads(row["solution"])}, spec["tests"],
-                                           limits=WORKSPACE_LIMITS)
+                result = sandbox.run_suite(
+                    {**spec.get("given", {}), **json.loads(row["solution"])}, spec["tests"], limits=WORKSPACE_LIMITS
+                )
             else:
                 program = extract_program(row["solution"], row["prompt"], row["entry_point"])
                 result = sandbox.run_tests(program, row["tests"], row["entry_point"], row["prompt"])
             if not result.all_passed:
                 detail = "; ".join([*([] if result.status == "ok" else [result.status]), *result.failures[:1]])
-                failing[row["problem_id"]] = (f"reference solution fails its own tests ({result.passed}/{result.total} "
-                                              f"passed: {detail})")[:500]
+                failing[row["problem_id"]] = (
+                    f"reference solution fails its own tests ({result.passed}/{result.total} passed: {detail})"
+                )[:500]
     if not failing:
         return loaded
     bad = problems.filter(pl.col("problem_id").is_in(list(failing)))
     quarantined = bad.select(
-        "source", "source_uri", "source_line", field=pl.lit("canonical_solution"),
+        "source",
+        "source_uri",
+        "source_line",
+        field=pl.lit("canonical_solution"),
         reason=pl.col("problem_id").replace_strict(failing, return_dtype=pl.String),
-        raw=pl.col("solution").str.slice(0, 2000))
-    return LoadedSource(loaded.name, problems.filter(~pl.col("problem_id").is_in(list(failing))),
-                        pl.concat([loaded.quarantined, quarantined.select(loaded.quarantined.columns)]))
+        raw=pl.col("solution").str.slice(0, 2000),
+    )
+    return LoadedSource(
+        loaded.name,
+        problems.filter(~pl.col("problem_id").is_in(list(failing))),
+        pl.concat([loaded.quarantined, quarantined.select(loaded.quarantined.columns)]),
+    )
 
 
 def preflight(config: CurationConfig) -> None:
@@ -181,8 +228,9 @@ def bank_problems(lake: Lake, bank_version: int | None = None, split: str | None
     if split != "train":
         return problems
     # training problems that a later evaluation set turned out to overlap stay in the bank, out of mixes
-    leaked = lake.read("dropped_problems", filter=condition & (pc.field("reason") == "contaminated_later"),
-                       columns=["problem_id"])
+    leaked = lake.read(
+        "dropped_problems", filter=condition & (pc.field("reason") == "contaminated_later"), columns=["problem_id"]
+    )
     return problems.join(leaked, on="problem_id", how="anti")
 
 
@@ -204,6 +252,8 @@ def bank_stats(lake: Lake, bank_version: int | None = None) -> dict[str, pl.Data
         "by source": problems.group_by("source", "split", "domain").len("problems").sort("source"),
         "by domain": problems.group_by("domain").len("problems").sort("domain"),
         "by level": problems.group_by("level", "split").len("problems").sort("level", "split"),
-        "quarantine reasons": quarantine.group_by("source", "field", "reason").len("rows").sort("rows", descending=True),
+        "quarantine reasons": quarantine.group_by("source", "field", "reason")
+        .len("rows")
+        .sort("rows", descending=True),
         "dropped": dropped.group_by("source", "reason").len("rows").sort("source", "reason"),
     }

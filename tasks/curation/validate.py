@@ -17,13 +17,38 @@ SIMPLE_ANSWER = re.compile(r"^\$?-?\d[\d,]*(\.\d+)?%?$|^-?\d+/\d+$|^-?\.\d+$")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname|begin|end)\s*\{[^{}]*\}")
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _WORD = re.compile(r"[a-zA-Z]{3,}")
-MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "mod", "pi", "inf", "max", "min", "gcd",
-              "lcm", "arcsin", "arccos", "arctan", "sqrt", "det", "deg", "dx", "dy", "dt"}
+MATH_WORDS = {
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "log",
+    "ln",
+    "exp",
+    "mod",
+    "pi",
+    "inf",
+    "max",
+    "min",
+    "gcd",
+    "lcm",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sqrt",
+    "det",
+    "deg",
+    "dx",
+    "dy",
+    "dt",
+}
 NON_ANSWERS = {"n/a", "na", "none", "null", "nan", "todo", "tbd", "unknown", "see above", "?"}
 
 
 ANSWER_FREE_VERIFIERS = {"judge"}
-EXECUTOR_VERIFIERS = {"selfplay", "proposal", "learnability"}      # code checked by running a task, not tests
+EXECUTOR_VERIFIERS = {"selfplay", "proposal", "learnability"}  # code checked by running a task, not tests
 
 
 def executor_task_issue(problem: dict[str, Any]) -> tuple[str, str] | None:
@@ -40,7 +65,9 @@ def executor_task_issue(problem: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_answers: bool) -> tuple[str | None, str] | None:
+def problem_issue(
+    problem: dict[str, Any], max_prompt_chars: int, check_math_answers: bool
+) -> tuple[str | None, str] | None:
     """The first thing wrong with a problem, or None if it can enter the bank."""
     prompt = problem.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -50,16 +77,20 @@ def problem_issue(problem: dict[str, Any], max_prompt_chars: int, check_math_ans
     if not 1 <= problem["level"] <= 4:
         return "level", f"level {problem['level']} is not 1-4"
     domain = problem["domain"]
-    if problem.get("verifier") in EXECUTOR_VERIFIERS:              # self-play: a task, not tests
+    if problem.get("verifier") in EXECUTOR_VERIFIERS:  # self-play: a task, not tests
         return executor_task_issue(problem)
     if problem.get("verifier") == "workspace":
         return workspace_issue(problem.get("tests"))
     if domain == "code":
         return code_issue(prompt, problem.get("solution"), problem.get("tests"), problem.get("entry_point"))
     answer = problem.get("answer")
-    judged = problem.get("verifier") in ANSWER_FREE_VERIFIERS        # graded by a judge model, not against a gold
-    if domain in ("math", "qa", "logic") and problem["source_kind"] != "gym" and not judged and (
-            answer is None or not str(answer).strip()):
+    judged = problem.get("verifier") in ANSWER_FREE_VERIFIERS  # graded by a judge model, not against a gold
+    if (
+        domain in ("math", "qa", "logic")
+        and problem["source_kind"] != "gym"
+        and not judged
+        and (answer is None or not str(answer).strip())
+    ):
         return "answer", "missing answer"
     if domain == "math" and check_math_answers and not math_answer_parses(str(answer)):
         return "answer", "math answer cannot be parsed"
@@ -106,7 +137,7 @@ def math_answer_parses(answer: str) -> bool:
         return True
     bare = _LATEX_COMMAND.sub(" ", _LATEX_TEXT.sub(" ", text))
     if any(word.lower() not in MATH_WORDS and not word.isupper() for word in _WORD.findall(bare)):
-        return False                      # a lower-case word is prose; upper-case runs are products (2RC)
+        return False  # a lower-case word is prose; upper-case runs are products (2RC)
     from math_verify import parse  # imported lazily: it pulls in sympy
 
     logging.getLogger("math_verify.parser").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected
@@ -114,4 +145,4 @@ def math_answer_parses(answer: str) -> bool:
     # Timeouts use signals, which only work in the main thread; dataset answers are short and
     # trusted, so parse without them here (responses from the policy are parsed in workers).
     parsed = parse(f"${text.strip('$')}$", parsing_timeout=None)
-    return any(not isinstance(value, str) for value in parsed)   # strings are its "could not parse" fallback
+    return any(not isinstance(value, str) for value in parsed)  # strings are its "could not parse" fallback

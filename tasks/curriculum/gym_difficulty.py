@@ -36,8 +36,9 @@ def move_step(step: int, max_step: int, solve_rate: float | None) -> tuple[int, 
     return step, "in_zone" if LEARNING_ZONE[0] <= solve_rate <= LEARNING_ZONE[1] else "between"
 
 
-def next_difficulty(dataset: str, step: int, params: dict[str, Any], solve_rate: float | None
-                    ) -> tuple[int, str, dict[str, Any]]:
+def next_difficulty(
+    dataset: str, step: int, params: dict[str, Any], solve_rate: float | None
+) -> tuple[int, str, dict[str, Any]]:
     """(step, reason, parameters) after `move_step`; a step whose parameters reasoning-gym itself
     refuses is not taken (reason step_rejected), so a faulty curriculum never breaks the loop."""
     new, reason = move_step(step, max_step(dataset), solve_rate)
@@ -73,8 +74,9 @@ def step_params(dataset: str, step: int, base: dict[str, Any] | None = None) -> 
         params = json.loads(json.dumps(_step_config(dataset, step, base)))
         getattr(DATASETS[dataset][1](**params), "validate", lambda: None)()
     except (TypeError, ValueError, AssertionError) as error:
-        raise ValueError(f"{dataset}: step {step} of its reasoning-gym curriculum gives parameters it rejects: "
-                         f"{error}") from None
+        raise ValueError(
+            f"{dataset}: step {step} of its reasoning-gym curriculum gives parameters it rejects: {error}"
+        ) from None
     return params
 
 
@@ -86,10 +88,16 @@ def start_step(dataset: str, params: dict[str, Any]) -> int:
 
     given = dataclasses.asdict(DATASETS[dataset][1](**_without_run_fields(params)))
     steps = [_step_config(dataset, s, params) for s in range(max_step(dataset) + 1)]
-    growth = {f: steps[-1][f] - steps[0][f] for f in _curriculum_fields(dataset)
-              if all(_is_number(v) for v in (steps[0][f], steps[-1][f], given[f]))}
-    reached = [s for s, config in enumerate(steps)
-               if all((config[f] - given[f]) * growth[f] <= 0 for f in growth if _is_number(config[f]))]
+    growth = {
+        f: steps[-1][f] - steps[0][f]
+        for f in _curriculum_fields(dataset)
+        if all(_is_number(v) for v in (steps[0][f], steps[-1][f], given[f]))
+    }
+    reached = [
+        s
+        for s, config in enumerate(steps)
+        if all((config[f] - given[f]) * growth[f] <= 0 for f in growth if _is_number(config[f]))
+    ]
     return max(reached, default=0)
 
 
@@ -117,6 +125,8 @@ def _curriculum(dataset: str):
 def _curriculum_fields(dataset: str) -> list[str]:
     fields = []
     for attr in _curriculum(dataset).attributes.values():
-        names = (attr.lower_field_name, attr.upper_field_name) if hasattr(attr, "upper_field_name") else (attr.field_name,)
+        names = (
+            (attr.lower_field_name, attr.upper_field_name) if hasattr(attr, "upper_field_name") else (attr.field_name,)
+        )
         fields.extend(names)
     return fields

@@ -20,11 +20,12 @@ class LevelChange:
     solve_rate: float | None
     old_weight: float
     new_weight: float
-    reason: str            # in_zone, too_easy, too_hard, between, unmeasured
+    reason: str  # in_zone, too_easy, too_hard, between, unmeasured
 
 
-def rebalance(weights: dict[int, float], solve_rates: dict[int, float], step: float = 0.5,
-              floor: float = 0.02) -> list[LevelChange]:
+def rebalance(
+    weights: dict[int, float], solve_rates: dict[int, float], step: float = 0.5, floor: float = 0.02
+) -> list[LevelChange]:
     """New level weights (summing to 1) from the current ones and each level's measured solve rate."""
     if not 0 < step < 1:
         raise ValueError(f"step must be in (0, 1), got {step}")
@@ -47,5 +48,7 @@ def rebalance(weights: dict[int, float], solve_rates: dict[int, float], step: fl
     new_total = sum(w for w, _ in scaled.values())
     shares = {level: max(w / new_total, floor) for level, (w, _) in scaled.items()}
     norm = sum(shares.values())
-    return [LevelChange(level, solve_rates.get(level), weights[level] / total, shares[level] / norm, reason)
-            for level, (_, reason) in sorted(scaled.items())]
+    return [
+        LevelChange(level, solve_rates.get(level), weights[level] / total, shares[level] / norm, reason)
+        for level, (_, reason) in sorted(scaled.items())
+    ]

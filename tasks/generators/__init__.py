@@ -29,19 +29,25 @@ class Generator:
     name: str
     level: int
     make: Callable[[random.Random], Generated]
-    in_mix: bool = True          # False: only by name (a drill family, e.g. for the tiny model's learning run)
+    in_mix: bool = True  # False: only by name (a drill family, e.g. for the tiny model's learning run)
     domain: str = "math"
     verifier: str | None = None  # None: the domain's default verifier
 
 
 def _levels(name: str, make, domain: str, verifier: str) -> list[Generator]:
     """A family with four levels: `name` draws across them, `name_levelN` one of them."""
-    return [Generator(f"{name}_level{level}", level, partial(make, level=level), False, domain, verifier)
-            for level in (1, 2, 3, 4)]
+    return [
+        Generator(f"{name}_level{level}", level, partial(make, level=level), False, domain, verifier)
+        for level in (1, 2, 3, 4)
+    ]
 
 
-OTHER_DOMAINS = {"sat": (logic.sat, "logic", "sat"), "tictactoe": (games.tictactoe, "logic", "game"),
-                 "connect4": (games.connect4, "logic", "game"), "translation": (translation.translation, "qa", "translation")}
+OTHER_DOMAINS = {
+    "sat": (logic.sat, "logic", "sat"),
+    "tictactoe": (games.tictactoe, "logic", "game"),
+    "connect4": (games.connect4, "logic", "game"),
+    "translation": (translation.translation, "qa", "translation"),
+}
 
 
 GENERATORS: dict[str, Generator] = {
@@ -83,7 +89,7 @@ def families(selector: str) -> list[Generator]:
     """`level2` → that level's generators; `mix` → all of them; a name → that generator."""
     if selector in GENERATORS:
         return [GENERATORS[selector]]
-    if selector in OTHER_DOMAINS:                       # every level of a family of another domain
+    if selector in OTHER_DOMAINS:  # every level of a family of another domain
         return [g for g in GENERATORS.values() if g.name.startswith(f"{selector}_level")]
     if selector.startswith("level") and selector[5:].isdigit():
         chosen = [g for g in GENERATORS.values() if g.level == int(selector[5:]) and g.in_mix]
@@ -94,8 +100,9 @@ def families(selector: str) -> list[Generator]:
     raise ValueError(f"unknown generator {selector!r}: use mix, level1..level4 or one of {sorted(GENERATORS)}")
 
 
-def generate(selector: str, count: int, seed: int,
-             level_mix: dict[int, float] | None = None) -> Iterator[tuple[Generator, int, Generated]]:
+def generate(
+    selector: str, count: int, seed: int, level_mix: dict[int, float] | None = None
+) -> Iterator[tuple[Generator, int, Generated]]:
     """Yield `count` problems as (generator, per-problem seed, problem).
 
     With several levels (`mix`), the level of problem i is drawn from `level_mix`

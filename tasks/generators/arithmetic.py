@@ -8,8 +8,33 @@ from storage.seeds import derive_seed
 from tasks.generators.base import Generated, step
 from tasks.proposals.judgements import verification_answer, verification_prompt
 
-NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kemi", "Luca",
-         "Maya", "Noor", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara", "Umar", "Vera", "Wen", "Yara", "Zane"]
+NAMES = [
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Elif",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jonas",
+    "Kemi",
+    "Luca",
+    "Maya",
+    "Noor",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wen",
+    "Yara",
+    "Zane",
+]
 ITEMS = ["pencils", "stickers", "apples", "marbles", "cards", "stamps", "beads", "shells", "coins", "books"]
 
 
@@ -44,8 +69,13 @@ def two_step_tool(rng: random.Random, heldout: bool = False) -> Generated:
             break
     product, total = a * b, a * b + c
     solution = f"<python>print({a}*{b}+{c})</python>\n<output>\n{total}\n</output>\n#### {total}"
-    return Generated(f"What is {a}*{b}+{c}? {TOOL_HINT}", str(total), solution,
-                     [step(f"{a}*{b}", product), step(f"{product}+{c}", total)], {"a": a, "b": b, "c": c})
+    return Generated(
+        f"What is {a}*{b}+{c}? {TOOL_HINT}",
+        str(total),
+        solution,
+        [step(f"{a}*{b}", product), step(f"{product}+{c}", total)],
+        {"a": a, "b": b, "c": c},
+    )
 
 
 def two_step_tool_eval(rng: random.Random) -> Generated:
@@ -68,7 +98,7 @@ def arith_chain(rng: random.Random) -> Generated:
     expression = str(operands[0]) + "".join(f" {op} {value}" for op, value in zip(operators, operands[1:]))
 
     steps: list[str] = []
-    terms, signs = [operands[0]], []          # products first: fold each `*` into the running term
+    terms, signs = [operands[0]], []  # products first: fold each `*` into the running term
     for operator, value in zip(operators, operands[1:]):
         if operator == "*":
             product = terms[-1] * value
@@ -82,7 +112,9 @@ def arith_chain(rng: random.Random) -> Generated:
         new_total = total + term if sign == "+" else total - term
         steps.append(step(f"{total}{sign}{term}", new_total))
         total = new_total
-    prompt = rng.choice(["Compute {e}.", "What is {e}?", "Evaluate {e}.", "Calculate the value of {e}."]).format(e=expression)
+    prompt = rng.choice(["Compute {e}.", "What is {e}?", "Evaluate {e}.", "Calculate the value of {e}."]).format(
+        e=expression
+    )
     solution = "\n".join(f"{s.split('=')[0]} = {s.split('=')[1]}" for s in steps) + f"\n#### {total}"
     return Generated(prompt, str(total), solution, steps, {"n_ops": n_ops, "expression": expression})
 
@@ -94,12 +126,14 @@ def word_problem(rng: random.Random) -> Generated:
     bought = packs * per_pack
     steps = [step(f"{packs}*{per_pack}", bought), step(f"{start}+{bought}", start + bought)]
     have = start + bought
-    sentences = [f"{name} has {start} {item}.",
-                 f"{name} buys {packs} packs of {item} with {per_pack} {item} in each pack."]
+    sentences = [
+        f"{name} has {start} {item}.",
+        f"{name} buys {packs} packs of {item} with {per_pack} {item} in each pack.",
+    ]
     n_steps = rng.randint(2, 4)
     friends = rng.randint(2, 6) if n_steps == 4 else 1
     if n_steps >= 3:
-        remaining = friends * rng.randint(1, (have - 1) // friends)   # divisible when shared at step 4
+        remaining = friends * rng.randint(1, (have - 1) // friends)  # divisible when shared at step 4
         given = have - remaining
         steps.append(step(f"{have}-{given}", remaining))
         have = remaining
@@ -112,8 +146,13 @@ def word_problem(rng: random.Random) -> Generated:
     else:
         question = f"How many {item} does {name} have now?"
     solution = "\n".join(f"<<{s}>>" for s in steps) + f"\n#### {have}"
-    return Generated(" ".join(sentences + [question]), str(have), solution, steps,
-                     {"n_steps": len(steps), "name": name, "item": item})
+    return Generated(
+        " ".join(sentences + [question]),
+        str(have),
+        solution,
+        steps,
+        {"n_steps": len(steps), "name": name, "item": item},
+    )
 
 
 def two_step_verify(rng: random.Random) -> Generated:

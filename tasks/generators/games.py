@@ -24,12 +24,12 @@ from tasks.verifiers.games import (
     ttt_winner,
 )
 
-TTT_EMPTY = {1: (2, 3), 2: (4, 5), 3: (6, 7), 4: (8, 8)}      # empty squares left, by level
+TTT_EMPTY = {1: (2, 3), 2: (4, 5), 3: (6, 7), 4: (8, 8)}  # empty squares left, by level
 C4_PLIES = {1: (4, 8), 2: (8, 14), 3: (14, 20), 4: (20, 28)}
 
 
 def _render(board: str, width: int) -> str:
-    return "\n".join(" ".join(board[i:i + width]) for i in range(0, len(board), width))
+    return "\n".join(" ".join(board[i : i + width]) for i in range(0, len(board), width))
 
 
 def tictactoe(rng: random.Random, level: int = 2) -> Generated:
@@ -39,21 +39,27 @@ def tictactoe(rng: random.Random, level: int = 2) -> Generated:
         target = rng.randint(low, high)
         while board.count(".") > target and ttt_winner(board) is None:
             cell = rng.choice([i for i, c in enumerate(board) if c == "."])
-            board = board[:cell] + ttt_to_move(board) + board[cell + 1:]
+            board = board[:cell] + ttt_to_move(board) + board[cell + 1 :]
         if ttt_winner(board) is not None or board.count(".") == 0:
             continue
         values = ttt_move_values(board)
-        if len(set(values.values())) > 1:                        # moves differ: the task discriminates
+        if len(set(values.values())) > 1:  # moves differ: the task discriminates
             break
     player, best = ttt_to_move(board), max(values.values())
     move = min(cell for cell, value in values.items() if value == best)
     outcome = {1: "wins", 0: "draws", -1: "loses"}[best]
-    prompt = (f"Tic-tac-toe, {player} to move (rows and columns numbered 1-3 from the top left, . is empty):\n"
-              f"{_render(board, 3)}\n\nGive a move that wins if a win can be forced, or else keeps the draw, against "
-              "perfect play. Answer as <answer>row col</answer>.")
-    return Generated(prompt=prompt, answer=f"tictactoe|{board}",
-                     solution=f"With best play {player} {outcome}. <answer>{move // 3 + 1} {move % 3 + 1}</answer>",
-                     steps=[], params={"game": "tictactoe", "board": board, "best": best})
+    prompt = (
+        f"Tic-tac-toe, {player} to move (rows and columns numbered 1-3 from the top left, . is empty):\n"
+        f"{_render(board, 3)}\n\nGive a move that wins if a win can be forced, or else keeps the draw, against "
+        "perfect play. Answer as <answer>row col</answer>."
+    )
+    return Generated(
+        prompt=prompt,
+        answer=f"tictactoe|{board}",
+        solution=f"With best play {player} {outcome}. <answer>{move // 3 + 1} {move % 3 + 1}</answer>",
+        steps=[],
+        params={"game": "tictactoe", "board": board, "best": best},
+    )
 
 
 def connect4(rng: random.Random, level: int = 2) -> Generated:
@@ -72,8 +78,15 @@ def connect4(rng: random.Random, level: int = 2) -> Generated:
             break
     player, best = c4_to_move(board), max(values.values())
     move = min(column for column, value in values.items() if value == best)
-    prompt = (f"Connect Four on a 6 × 7 board, {player} to move (columns numbered 1-7 from the left, . is empty, "
-              f"pieces fall to the lowest empty row):\n{_render(board, COLUMNS)}\n\nGive the column of a move that "
-              "wins if a win can be forced, or else does not lose. Answer as <answer>column</answer>.")
-    return Generated(prompt=prompt, answer=f"connect4|{board}", solution=f"<answer>{move + 1}</answer>", steps=[],
-                     params={"game": "connect4", "board": board, "best": best})
+    prompt = (
+        f"Connect Four on a 6 × 7 board, {player} to move (columns numbered 1-7 from the left, . is empty, "
+        f"pieces fall to the lowest empty row):\n{_render(board, COLUMNS)}\n\nGive the column of a move that "
+        "wins if a win can be forced, or else does not lose. Answer as <answer>column</answer>."
+    )
+    return Generated(
+        prompt=prompt,
+        answer=f"connect4|{board}",
+        solution=f"<answer>{move + 1}</answer>",
+        steps=[],
+        params={"game": "connect4", "board": board, "best": best},
+    )

@@ -24,7 +24,7 @@ def drill_document(rng: random.Random, heldout: bool = False) -> tuple[str, list
 
     drill = (arithmetic.two_step_eval if heldout else arithmetic.two_step)(rng)
     text = f"{drill.prompt}\n{drill.solution}"
-    candidates = [(drill.prompt, drill.answer, "\n".join(text.splitlines()[-2:]))]   # the last step and its result
+    candidates = [(drill.prompt, drill.answer, "\n".join(text.splitlines()[-2:]))]  # the last step and its result
     for step in drill.steps:
         expression, result = step.split("=")
         candidates.append((f"What is {expression}?", result, step.replace("=", " = ")))
@@ -42,8 +42,13 @@ def challenger_example(rng: random.Random, heldout: bool = False) -> Generated:
         if valid:
             break
     question, answer, span = rng.choice(valid)
-    return Generated(challenger_prompt(Document("drill", text)), text, challenge_text(question, answer, span), [],
-                     {"kind": "whole" if "####" in span else "step"})
+    return Generated(
+        challenger_prompt(Document("drill", text)),
+        text,
+        challenge_text(question, answer, span),
+        [],
+        {"kind": "whole" if "####" in span else "step"},
+    )
 
 
 def challenger_example_eval(rng: random.Random) -> Generated:
@@ -52,5 +57,11 @@ def challenger_example_eval(rng: random.Random) -> Generated:
 
 def drill_documents(count: int, seed: int = 0) -> list[dict]:
     """The drill corpus: `count` documents as JSONL rows with ids and the licence."""
-    return [{"id": f"drill:{index}", "text": drill_document(random.Random(derive_seed(seed, "drill-document", index)))[0],
-             "license": LICENCE} for index in range(count)]
+    return [
+        {
+            "id": f"drill:{index}",
+            "text": drill_document(random.Random(derive_seed(seed, "drill-document", index)))[0],
+            "license": LICENCE,
+        }
+        for index in range(count)
+    ]

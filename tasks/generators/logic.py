@@ -80,19 +80,27 @@ def sat(rng: random.Random, level: int = 1) -> Generated:
     clauses = sat_formula(rng, variables)
     status, found = _dpll(clauses, (), list(range(1, variables + 1)))
     lines = "\n".join(" ".join(str(lit) for lit in sorted(clause, key=abs)) + " 0" for clause in clauses)
-    prompt = (f"Is this CNF formula over variables 1..{variables} satisfiable? Clauses (one per line, literals as "
-              f"integers, -k for not k, each line ending in 0):\nClauses:\n{lines}\n\nAnswer inside <answer></answer> "
-              "with a proof: `SAT` and a satisfying assignment as literals (e.g. SAT 1 -2 3 -4), or `UNSAT` and a "
-              "resolution refutation, one line per derived clause `n: i j -> literals` (clause n is the resolvent "
-              "of clauses i and j; clauses are numbered from 1 in the order given; end with the empty clause, "
-              "`-> 0`).")
+    prompt = (
+        f"Is this CNF formula over variables 1..{variables} satisfiable? Clauses (one per line, literals as "
+        f"integers, -k for not k, each line ending in 0):\nClauses:\n{lines}\n\nAnswer inside <answer></answer> "
+        "with a proof: `SAT` and a satisfying assignment as literals (e.g. SAT 1 -2 3 -4), or `UNSAT` and a "
+        "resolution refutation, one line per derived clause `n: i j -> literals` (clause n is the resolvent "
+        "of clauses i and j; clauses are numbered from 1 in the order given; end with the empty clause, "
+        "`-> 0`)."
+    )
     if status == "sat":
         assignment = sorted(found, key=abs)
         answer, certificate = "SAT", "SAT " + " ".join(map(str, assignment))
     else:
         steps = _refutation(clauses, found)
         answer = "UNSAT"
-        certificate = "UNSAT\n" + "\n".join(f"{n}: {i} {j} -> {' '.join(map(str, sorted(c, key=abs))) or '0'}"
-                                            for n, i, j, c in steps)
-    return Generated(prompt=prompt, answer=answer, solution=f"<answer>\n{certificate}\n</answer>", steps=[],
-                     params={"variables": variables, "clauses": len(clauses), "cnf": lines})
+        certificate = "UNSAT\n" + "\n".join(
+            f"{n}: {i} {j} -> {' '.join(map(str, sorted(c, key=abs))) or '0'}" for n, i, j, c in steps
+        )
+    return Generated(
+        prompt=prompt,
+        answer=answer,
+        solution=f"<answer>\n{certificate}\n</answer>",
+        steps=[],
+        params={"variables": variables, "clauses": len(clauses), "cnf": lines},
+    )

@@ -26,9 +26,9 @@ from tasks.proposals.code_tasks import CodeTask, proposal_text, proposer_prompt,
 
 @dataclass(frozen=True)
 class Template:
-    text: str                                        # the program, with {c} (a constant) where it has one
-    function: Callable[..., Callable]                # c -> the same function
-    arguments: Callable[[random.Random], tuple]      # one call's arguments
+    text: str  # the program, with {c} (a constant) where it has one
+    function: Callable[..., Callable]  # c -> the same function
+    arguments: Callable[[random.Random], tuple]  # one call's arguments
 
 
 def _ints(low: int, high: int, count: int = 2) -> Callable[[random.Random], tuple]:
@@ -100,8 +100,13 @@ def proposer_example(rng: random.Random, heldout: bool = False, references: int 
     task_type = rng.choice(TASK_TYPES)
     shown = [draw_task(rng, heldout, task_type) for _ in range(references)]
     proposal = draw_task(rng, heldout, task_type)
-    return Generated(proposer_prompt(task_type, shown), task_type, proposal_text(proposal), [],
-                     {"task_type": task_type, "references": references})
+    return Generated(
+        proposer_prompt(task_type, shown),
+        task_type,
+        proposal_text(proposal),
+        [],
+        {"task_type": task_type, "references": references},
+    )
 
 
 def proposer_example_bare(rng: random.Random) -> Generated:

@@ -14,20 +14,34 @@ import random
 from tasks.generators.base import Generated
 
 NOUNS = {  # english: (french, gender)
-    "cat": ("chat", "m"), "dog": ("chien", "m"), "house": ("maison", "f"), "car": ("voiture", "f"),
-    "child": ("enfant", "m"), "book": ("livre", "m"), "table": ("table", "f"), "bird": ("oiseau", "m"),
-    "garden": ("jardin", "m"), "apple": ("pomme", "f"), "window": ("fenêtre", "f"), "friend": ("ami", "m"),
+    "cat": ("chat", "m"),
+    "dog": ("chien", "m"),
+    "house": ("maison", "f"),
+    "car": ("voiture", "f"),
+    "child": ("enfant", "m"),
+    "book": ("livre", "m"),
+    "table": ("table", "f"),
+    "bird": ("oiseau", "m"),
+    "garden": ("jardin", "m"),
+    "apple": ("pomme", "f"),
+    "window": ("fenêtre", "f"),
+    "friend": ("ami", "m"),
 }
 PLURAL = {"oiseau": "oiseaux"}
 ADJECTIVES = {  # english: (masculine, feminine, masculine plural, feminine plural)
-    "red": ("rouge", "rouge", "rouges", "rouges"), "small": ("petit", "petite", "petits", "petites"),
-    "green": ("vert", "verte", "verts", "vertes"), "black": ("noir", "noire", "noirs", "noires"),
-    "happy": ("heureux", "heureuse", "heureux", "heureuses"), "old": ("vieux", "vieille", "vieux", "vieilles"),
+    "red": ("rouge", "rouge", "rouges", "rouges"),
+    "small": ("petit", "petite", "petits", "petites"),
+    "green": ("vert", "verte", "verts", "vertes"),
+    "black": ("noir", "noire", "noirs", "noires"),
+    "happy": ("heureux", "heureuse", "heureux", "heureuses"),
+    "old": ("vieux", "vieille", "vieux", "vieilles"),
 }
 BEFORE_NOUN = {"small", "old"}
 VERBS = {  # english (3rd sg, 3rd pl): (french sg, french pl)
-    ("sleeps", "sleep"): ("dort", "dorment"), ("eats", "eat"): ("mange", "mangent"),
-    ("sees", "see"): ("voit", "voient"), ("likes", "like"): ("aime", "aiment"),
+    ("sleeps", "sleep"): ("dort", "dorment"),
+    ("eats", "eat"): ("mange", "mangent"),
+    ("sees", "see"): ("voit", "voient"),
+    ("likes", "like"): ("aime", "aiment"),
     ("finds", "find"): ("trouve", "trouvent"),
 }
 TRANSITIVE = {"eats", "sees", "likes", "finds"}
@@ -50,8 +64,11 @@ def _noun_phrase(rng: random.Random, with_adjective: bool) -> tuple[str, str, bo
     if adjective in BEFORE_NOUN:
         article = "les" if plural else ("le" if gender == "m" else "la")
         return f"the {adjective} {english_noun}", f"{article} {form} {french_noun}", plural
-    return (f"the {adjective} {english_noun}",
-            f"{article}{'' if article.endswith(chr(39)) else ' '}{french_noun} {form}", plural)
+    return (
+        f"the {adjective} {english_noun}",
+        f"{article}{'' if article.endswith(chr(39)) else ' '}{french_noun} {form}",
+        plural,
+    )
 
 
 def _clause(rng: random.Random, level: int) -> tuple[str, str]:
@@ -81,6 +98,11 @@ def translation(rng: random.Random, level: int = 2) -> Generated:
         second_en, second_fr = _clause(rng, 3)
         english, french = f"{english} {joiner[0]} {second_en}", f"{french} {joiner[1]} {second_fr}"
     english, french = english[0].upper() + english[1:] + ".", french[0].upper() + french[1:] + "."
-    prompt = (f"Translate into French:\n{english}\n\nGive only the translation, as <answer>…</answer>.")
-    return Generated(prompt=prompt, answer=french, solution=f"<answer>{french}</answer>", steps=[],
-                     params={"source_text": english, "target_language": "fr"})
+    prompt = f"Translate into French:\n{english}\n\nGive only the translation, as <answer>…</answer>."
+    return Generated(
+        prompt=prompt,
+        answer=french,
+        solution=f"<answer>{french}</answer>",
+        steps=[],
+        params={"source_text": english, "target_language": "fr"},
+    )

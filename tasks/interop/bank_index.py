@@ -17,8 +17,7 @@ from tasks.interop.formats import ground_truth
 from tasks.interop.recording import external_problem_id
 from tasks.interop.rewards import problem_from
 
-FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
-          "params"]
+FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata", "params"]
 
 
 class BankIndex:
@@ -52,8 +51,14 @@ class BankIndex:
         candidates = [row for row in self._by_truth.get(label.strip(), []) if row["prompt"] in prompt]
         return max(candidates, key=lambda row: len(row["prompt"])) if candidates else None
 
-    def resolve(self, prompt: str, label: str | None, problem_id: str | None = None, domain: str | None = None,
-                verifier: str | None = None) -> dict:
+    def resolve(
+        self,
+        prompt: str,
+        label: str | None,
+        problem_id: str | None = None,
+        domain: str | None = None,
+        verifier: str | None = None,
+    ) -> dict:
         """The problem a response answers: the bank's row by id, else by label and prompt, else the label as
         it stands under an `ext-…` id."""
         if problem_id and problem_id in self._by_id:

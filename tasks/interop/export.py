@@ -33,11 +33,15 @@ def bank_selection(lake: Lake, mix: MixConfig, n: int | None) -> pl.DataFrame:
 def batch_problems(lake: Lake, iteration: int) -> pl.DataFrame:
     """The problems of iteration `iteration`'s kept groups, with that iteration, the sampling model version and
     the group's solve rate."""
-    groups = lake.read("groups", filter=(pc.field("iteration") == iteration) & pc.field("kept"),
-                       columns=["problem_id", "iteration", "model_version", "solve_rate"])
+    groups = lake.read(
+        "groups",
+        filter=(pc.field("iteration") == iteration) & pc.field("kept"),
+        columns=["problem_id", "iteration", "model_version", "solve_rate"],
+    )
     if groups.is_empty():
-        raise ValueError(f"iteration {iteration} has no kept groups in {lake.uri} (see `rlvr sql \"select * from "
-                         "filter_stats\"`)")
+        raise ValueError(
+            f'iteration {iteration} has no kept groups in {lake.uri} (see `rlvr sql "select * from filter_stats"`)'
+        )
     problems = lake.read("problems", filter=pc.field("problem_id").isin(groups["problem_id"].unique().to_list()))
     return problems.unique("problem_id").join(groups.unique("problem_id"), on="problem_id").sort("problem_id")
 
@@ -63,8 +67,9 @@ def write_export(problems: pl.DataFrame, target: str, out: Path, chat: bool = Tr
             try:
                 from datasets import Dataset
             except ImportError:
-                raise ValueError("a TRL export is a `datasets` folder: install the trl extra "
-                                 "(pip install -e '.[trl]')") from None
+                raise ValueError(
+                    "a TRL export is a `datasets` folder: install the trl extra (pip install -e '.[trl]')"
+                ) from None
             Dataset.from_list(trl_rows(problems, chat)).save_to_disk(str(partial))
         partial.rename(out)
     finally:

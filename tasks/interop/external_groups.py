@@ -14,29 +14,47 @@ from dataclasses import dataclass
 import polars as pl
 
 # The scored responses' columns: one row per response, its reward summed over the verdicts recorded with it
-SCORED = {"rollout_id": pl.String, "group_id": pl.String, "problem_id": pl.String, "model_version": pl.Int64,
-          "reward": pl.Float64, "correct": pl.Boolean}
+SCORED = {
+    "rollout_id": pl.String,
+    "group_id": pl.String,
+    "problem_id": pl.String,
+    "model_version": pl.Int64,
+    "reward": pl.Float64,
+    "correct": pl.Boolean,
+}
 
 
 def scored(rollouts: pl.DataFrame, rewards: pl.DataFrame) -> pl.DataFrame:
     """One row per response that has a verdict: the reward its trainer was given (the verdicts recorded with it
     by the same run, summed over its reward functions; not a later re-score's) and whether a verdict says it is
     correct (null where none decides). `rollouts` and `rewards` carry `rollout_id` and `run_id`."""
-    rewards = rewards.select("rollout_id", "run_id", pl.col("reward").cast(pl.Float64),
-                             pl.col("correct").cast(pl.Boolean))
-    return rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner").group_by(
-        "rollout_id", "group_id", "problem_id", "model_version").agg(
-        pl.col("reward").sum(), pl.col("correct").max()).select(
-        [pl.col(name).cast(kind) for name, kind in SCORED.items()])
+    rewards = rewards.select(
+        "rollout_id", "run_id", pl.col("reward").cast(pl.Float64), pl.col("correct").cast(pl.Boolean)
+    )
+    return (
+        rollouts.join(rewards, on=["rollout_id", "run_id"], how="inner")
+        .group_by("rollout_id", "group_id", "problem_id", "model_version")
+        .agg(pl.col("reward").sum(), pl.col("correct").max())
+        .select([pl.col(name).cast(kind) for name, kind in SCORED.items()])
+    )
 
 
 def group_stats(responses: pl.DataFrame, iteration: int) -> pl.DataFrame:
     """One `groups` row per group of the scored responses, by group id."""
-    return responses.group_by("group_id", "problem_id").agg(
-        model_version=pl.col("model_version").min(), n_samples=pl.len(), mean_reward=pl.col("reward").mean(),
-        std_reward=pl.col("reward").std(ddof=1).fill_null(0.0), min_reward=pl.col("reward").min(),
-        max_reward=pl.col("reward").max(), solve_rate=pl.col("correct").cast(pl.Float64).mean(),
-    ).with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True)).sort("group_id")
+    return (
+        responses.group_by("group_id", "problem_id")
+        .agg(
+            model_version=pl.col("model_version").min(),
+            n_samples=pl.len(),
+            mean_reward=pl.col("reward").mean(),
+            std_reward=pl.col("reward").std(ddof=1).fill_null(0.0),
+            min_reward=pl.col("reward").min(),
+            max_reward=pl.col("reward").max(),
+            solve_rate=pl.col("correct").cast(pl.Float64).mean(),
+        )
+        .with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True))
+        .sort("group_id")
+    )
 
 
 @dataclass(frozen=True)
@@ -56,10 +74,16 @@ class IterationGroups:
     def add(self, responses: pl.DataFrame) -> IterationGroups:
         """With a commit's scored responses: their groups recomputed, the others' rows kept."""
         added = _by_group(responses)
-        merged = {**self.responses, **{group: pl.concat([self.responses[group], rows])
-                                       if group in self.responses else rows for group, rows in added.items()}}
-        fresh = group_stats(pl.concat([merged[group] for group in added]), self.iteration) if added \
-            else self.groups.clear()
+        merged = {
+            **self.responses,
+            **{
+                group: pl.concat([self.responses[group], rows]) if group in self.responses else rows
+                for group, rows in added.items()
+            },
+        }
+        fresh = (
+            group_stats(pl.concat([merged[group] for group in added]), self.iteration) if added else self.groups.clear()
+        )
         kept = self.groups.filter(~pl.col("group_id").is_in(list(added)))
         return IterationGroups(self.iteration, pl.concat([kept, fresh]).sort("group_id"), merged)
 

@@ -18,9 +18,20 @@ import json
 import polars as pl
 
 TARGETS = ("verl", "trl", "openrlhf")
-NEEDED = ["problem_id", "source", "split", "domain", "level", "prompt", "answer", "tests", "entry_point", "verifier",
-          "bank_version"]
-CARRIED = ["iteration", "model_version", "solve_rate"]      # a batch's problems: where and how the policy met them
+NEEDED = [
+    "problem_id",
+    "source",
+    "split",
+    "domain",
+    "level",
+    "prompt",
+    "answer",
+    "tests",
+    "entry_point",
+    "verifier",
+    "bank_version",
+]
+CARRIED = ["iteration", "model_version", "solve_rate"]  # a batch's problems: where and how the policy met them
 
 
 def ground_truth(problem: dict) -> str:
@@ -33,9 +44,15 @@ def ground_truth(problem: dict) -> str:
 def lineage(problem: dict, index: int) -> dict:
     """The platform's ids a row carries back: problem, bank version, level, verifier (and a batch's iteration,
     model version and solve rate)."""
-    return {"split": problem["split"], "index": index, "problem_id": problem["problem_id"],
-            "bank_version": problem["bank_version"], "level": problem["level"], "verifier": problem["verifier"] or "",
-            **{key: problem[key] for key in CARRIED if key in problem}}
+    return {
+        "split": problem["split"],
+        "index": index,
+        "problem_id": problem["problem_id"],
+        "bank_version": problem["bank_version"],
+        "level": problem["level"],
+        "verifier": problem["verifier"] or "",
+        **{key: problem[key] for key in CARRIED if key in problem},
+    }
 
 
 def _problems(problems: pl.DataFrame):
@@ -43,17 +60,39 @@ def _problems(problems: pl.DataFrame):
 
 
 def verl_rows(problems: pl.DataFrame) -> list[dict]:
-    return [{"data_source": p["source"], "prompt": [{"role": "user", "content": p["prompt"]}], "ability": p["domain"],
-             "reward_model": {"style": "rule", "ground_truth": ground_truth(p)}, "extra_info": lineage(p, i)}
-            for i, p in _problems(problems)]
+    return [
+        {
+            "data_source": p["source"],
+            "prompt": [{"role": "user", "content": p["prompt"]}],
+            "ability": p["domain"],
+            "reward_model": {"style": "rule", "ground_truth": ground_truth(p)},
+            "extra_info": lineage(p, i),
+        }
+        for i, p in _problems(problems)
+    ]
 
 
 def trl_rows(problems: pl.DataFrame, chat: bool = True) -> list[dict]:
-    return [{"prompt": [{"role": "user", "content": p["prompt"]}] if chat else p["prompt"],
-             "answer": ground_truth(p), "domain": p["domain"], "source": p["source"], **lineage(p, i)}
-            for i, p in _problems(problems)]
+    return [
+        {
+            "prompt": [{"role": "user", "content": p["prompt"]}] if chat else p["prompt"],
+            "answer": ground_truth(p),
+            "domain": p["domain"],
+            "source": p["source"],
+            **lineage(p, i),
+        }
+        for i, p in _problems(problems)
+    ]
 
 
 def openrlhf_rows(problems: pl.DataFrame) -> list[dict]:
-    return [{"input": p["prompt"], "label": ground_truth(p), "datasource": p["source"], "domain": p["domain"],
-             **lineage(p, i)} for i, p in _problems(problems)]
+    return [
+        {
+            "input": p["prompt"],
+            "label": ground_truth(p),
+            "datasource": p["source"],
+            "domain": p["domain"],
+            **lineage(p, i),
+        }
+        for i, p in _problems(problems)
+    ]

@@ -35,7 +35,7 @@ from tasks.interop.rewards import completion_text, prompt_text
 
 VERL_KEYS = {"input": str, "output": str, "score": (int, float), "step": int}
 TRL_COLUMNS = ("step", "prompt", "completion")
-IMPORTED_VERSION = "trainer"                       # a verdict as the trainer computed it, not re-scored here
+IMPORTED_VERSION = "trainer"  # a verdict as the trainer computed it, not re-scored here
 
 
 def verl_files(folder: Path) -> list[Path]:
@@ -46,11 +46,14 @@ def verl_files(folder: Path) -> list[Path]:
 
 
 def trl_files(output_dir: Path) -> list[Path]:
-    files = sorted((output_dir / "completions").glob("completions_*.parquet"),
-                   key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    files = sorted(
+        (output_dir / "completions").glob("completions_*.parquet"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0)
+    )
     if not files:
-        raise ValueError(f"{output_dir}: no TRL completions (completions/completions_<step>.parquet; "
-                         "train with GRPOConfig(log_completions=True))")
+        raise ValueError(
+            f"{output_dir}: no TRL completions (completions/completions_<step>.parquet; "
+            "train with GRPOConfig(log_completions=True))"
+        )
     return files
 
 
@@ -65,7 +68,9 @@ def read_verl(path: Path) -> list[dict]:
             raise ValueError(f"{path}:{number}: not JSON ({error})") from None
         for key, kind in VERL_KEYS.items():
             if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
-                raise ValueError(f"{path}:{number}: field `{key}` is missing or not a {getattr(kind, '__name__', 'number')}")
+                raise ValueError(
+                    f"{path}:{number}: field `{key}` is missing or not a {getattr(kind, '__name__', 'number')}"
+                )
         rows.append(row)
     return rows
 
@@ -86,29 +91,66 @@ def problem_id_of(bank: BankIndex, prompt: str, label: str | None, problem_id: s
 
 
 def verl_records(rows: list[dict], bank: BankIndex, model: str) -> tuple[list[Attempt], pl.DataFrame]:
-    attempts = [Attempt(row["step"], model, row["input"], row["output"],
-                        problem_id_of(bank, row["input"], None if row.get("gts") is None else str(row["gts"]),
-                                      row.get("problem_id") or None)) for row in rows]
-    rewards = pl.DataFrame([{
-        "rollout_id": str(i), "verifier": str(row.get("verifier") or "verl"), "verifier_version": IMPORTED_VERSION,
-        "reward": float(row["score"]), "correct": _verdict(row.get("correct", row.get("acc"))),
-        "details": json.dumps({key: row[key] for key in row if key not in ("input", "output")}, default=str)}
-        for i, row in enumerate(rows)], schema_overrides={"correct": pl.Boolean})
+    attempts = [
+        Attempt(
+            row["step"],
+            model,
+            row["input"],
+            row["output"],
+            problem_id_of(
+                bank, row["input"], None if row.get("gts") is None else str(row["gts"]), row.get("problem_id") or None
+            ),
+        )
+        for row in rows
+    ]
+    rewards = pl.DataFrame(
+        [
+            {
+                "rollout_id": str(i),
+                "verifier": str(row.get("verifier") or "verl"),
+                "verifier_version": IMPORTED_VERSION,
+                "reward": float(row["score"]),
+                "correct": _verdict(row.get("correct", row.get("acc"))),
+                "details": json.dumps({key: row[key] for key in row if key not in ("input", "output")}, default=str),
+            }
+            for i, row in enumerate(rows)
+        ],
+        schema_overrides={"correct": pl.Boolean},
+    )
     return attempts, rewards
 
 
 def trl_records(frame: pl.DataFrame, bank: BankIndex, model: str) -> tuple[list[Attempt], pl.DataFrame, list | None]:
-    reward_columns = [c for c in frame.columns if c not in (*TRL_COLUMNS, "advantage", "image")
-                      and frame.schema[c].is_numeric()]
+    reward_columns = [
+        c for c in frame.columns if c not in (*TRL_COLUMNS, "advantage", "image") and frame.schema[c].is_numeric()
+    ]
     rows = frame.to_dicts()
-    attempts = [Attempt(int(row["step"]), model, prompt_text(row["prompt"]), completion_text(row["completion"]),
-                        problem_id_of(bank, prompt_text(row["prompt"]), None, None)) for row in rows]
-    rewards = pl.DataFrame([{
-        "rollout_id": str(i), "verifier": column, "verifier_version": IMPORTED_VERSION, "reward": float(row[column]),
-        "correct": None, "details": json.dumps({"imported": "trl"})}
-        for i, row in enumerate(rows) for column in reward_columns
-        if row[column] is not None and not math.isnan(row[column])],     # NaN: the function did not apply
-        schema_overrides={"correct": pl.Boolean})
+    attempts = [
+        Attempt(
+            int(row["step"]),
+            model,
+            prompt_text(row["prompt"]),
+            completion_text(row["completion"]),
+            problem_id_of(bank, prompt_text(row["prompt"]), None, None),
+        )
+        for row in rows
+    ]
+    rewards = pl.DataFrame(
+        [
+            {
+                "rollout_id": str(i),
+                "verifier": column,
+                "verifier_version": IMPORTED_VERSION,
+                "reward": float(row[column]),
+                "correct": None,
+                "details": json.dumps({"imported": "trl"}),
+            }
+            for i, row in enumerate(rows)
+            for column in reward_columns
+            if row[column] is not None and not math.isnan(row[column])
+        ],  # NaN: the function did not apply
+        schema_overrides={"correct": pl.Boolean},
+    )
     advantages = [float(a) for a in frame["advantage"]] if "advantage" in frame.columns else None
     return attempts, rewards, advantages
 
@@ -124,8 +166,9 @@ def sha256(path: Path) -> str:
 def imported_hashes(lake: Lake, flow: str) -> set[str]:
     if not lake.exists("runs"):
         return set()
-    runs = lake.read("runs", filter=(pc.field("flow") == flow) & (pc.field("status") == "completed"),
-                     columns=["parameters"])
+    runs = lake.read(
+        "runs", filter=(pc.field("flow") == flow) & (pc.field("status") == "completed"), columns=["parameters"]
+    )
     return {json.loads(p).get("sha256") for p in runs["parameters"]} - {None}
 
 
@@ -139,8 +182,10 @@ def seen_responses(lake: Lake, run: ExternalRun) -> set[tuple]:
     stored = lake.read("rollouts", filter=pc.field("run_id").isin(mine), columns=["rollout_id", "prompt", "response"])
     advantages = lake.read("advantages", filter=pc.field("run_id").isin(mine), columns=["rollout_id", "advantage"])
     joined = stored.join(advantages, on="rollout_id")
-    return {(prompt, response, _rounded(advantage))
-            for prompt, response, advantage in joined.select("prompt", "response", "advantage").iter_rows()}
+    return {
+        (prompt, response, _rounded(advantage))
+        for prompt, response, advantage in joined.select("prompt", "response", "advantage").iter_rows()
+    }
 
 
 def _rounded(advantage: float | None) -> float | None:
@@ -150,7 +195,7 @@ def _rounded(advantage: float | None) -> float | None:
 def import_logs(lake: Lake, run: ExternalRun, kind: str, source: Path, model: str) -> list[dict]:
     """Import every file of `source` not imported before; returns one summary per file."""
     files = verl_files(source) if kind == "verl" else trl_files(source)
-    parsed = [(path, read_verl(path) if kind == "verl" else read_trl(path)) for path in files]    # all read first
+    parsed = [(path, read_verl(path) if kind == "verl" else read_trl(path)) for path in files]  # all read first
     done = imported_hashes(lake, run.flow)
     bank = BankIndex.of(lake)
     summaries = []
@@ -165,21 +210,35 @@ def import_logs(lake: Lake, run: ExternalRun, kind: str, source: Path, model: st
         else:
             attempts, rewards, advantages = trl_records(rows, bank, model)
             seen = seen_responses(lake, run)
-            scored = set(rewards["rollout_id"].cast(pl.Int64).to_list()) if rewards.height else set()  # else: unscorable
-            fresh = [i for i, a in enumerate(attempts) if i in scored and (a.prompt, a.response, _rounded(
-                advantages[i] if advantages is not None else None)) not in seen]
+            scored = (
+                set(rewards["rollout_id"].cast(pl.Int64).to_list()) if rewards.height else set()
+            )  # else: unscorable
+            fresh = [
+                i
+                for i, a in enumerate(attempts)
+                if i in scored
+                and (a.prompt, a.response, _rounded(advantages[i] if advantages is not None else None)) not in seen
+            ]
             skipped = len(attempts) - len(fresh)
             if skipped:
                 attempts, rewards, advantages = _subset(fresh, attempts, rewards, advantages)
-        run_id = run.record(attempts, rewards, {"source": str(path), "sha256": digest}, advantages) \
-            if attempts else None
-        summaries.append({"file": str(path), "rollouts": len(attempts), "run_id": run_id,
-                          "status": "imported" + (f" ({skipped} logged before or unscorable, skipped)" if skipped else "")})
+        run_id = (
+            run.record(attempts, rewards, {"source": str(path), "sha256": digest}, advantages) if attempts else None
+        )
+        summaries.append(
+            {
+                "file": str(path),
+                "rollouts": len(attempts),
+                "run_id": run_id,
+                "status": "imported" + (f" ({skipped} logged before or unscorable, skipped)" if skipped else ""),
+            }
+        )
     return summaries
 
 
 def _subset(keep: list[int], attempts: list[Attempt], rewards: pl.DataFrame, advantages: list | None):
     position = {old: new for new, old in enumerate(keep)}
     kept = rewards.filter(pl.col("rollout_id").cast(pl.Int64).is_in(keep)).with_columns(
-        rollout_id=pl.col("rollout_id").cast(pl.Int64).replace_strict(position).cast(pl.String))
+        rollout_id=pl.col("rollout_id").cast(pl.Int64).replace_strict(position).cast(pl.String)
+    )
     return [attempts[i] for i in keep], kept, None if advantages is None else [advantages[i] for i in keep]

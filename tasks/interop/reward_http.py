@@ -49,8 +49,13 @@ def read_token(path: Path) -> str:
 class RewardServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], service: RewardService,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_MB * MiB, token: str | None = None):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        service: RewardService,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_MB * MiB,
+        token: str | None = None,
+    ):
         if max_request_bytes < 1:
             raise ValueError(f"the request size limit must be at least 1 byte, got {max_request_bytes}")
         self.service, self.max_request_bytes = service, max_request_bytes
@@ -62,7 +67,7 @@ class RewardHandler(BaseHTTPRequestHandler):
     server: RewardServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format, *args) -> None:     # one line per request is noise at thousands a second
+    def log_message(self, format, *args) -> None:  # one line per request is noise at thousands a second
         pass
 
     def do_GET(self) -> None:
@@ -83,9 +88,13 @@ class RewardHandler(BaseHTTPRequestHandler):
             self._refuse(404, f"no route POST {path}: POST /get_reward (OpenRLHF) or /v1/rewards", length)
             return
         if length > self.server.max_request_bytes:
-            self._refuse(413, f"the request holds {length:,} bytes, over this server's limit of "
-                              f"{self.server.max_request_bytes:,} (--max-request-mb): send fewer responses a "
-                              "request", length)
+            self._refuse(
+                413,
+                f"the request holds {length:,} bytes, over this server's limit of "
+                f"{self.server.max_request_bytes:,} (--max-request-mb): send fewer responses a "
+                "request",
+                length,
+            )
             return
         try:
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -118,18 +127,26 @@ class RewardHandler(BaseHTTPRequestHandler):
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self.server.token):
             return True
         why = "no bearer token" if not given.strip() else "wrong bearer token"
-        self._refuse(401, f"{why}: send the header `Authorization: Bearer TOKEN`, the token of the server's "
-                          "--token-file (only GET /health is open)", unread,
-                     {"WWW-Authenticate": 'Bearer realm="rlvr reward serve"'}, UNAUTHORIZED_DRAIN)
+        self._refuse(
+            401,
+            f"{why}: send the header `Authorization: Bearer TOKEN`, the token of the server's "
+            "--token-file (only GET /health is open)",
+            unread,
+            {"WWW-Authenticate": 'Bearer realm="rlvr reward serve"'},
+            UNAUTHORIZED_DRAIN,
+        )
         return False
 
-    def _refuse(self, status: int, error: str, unread: int | None, headers: dict | None = None,
-                drain: int | None = None) -> None:
+    def _refuse(
+        self, status: int, error: str, unread: int | None, headers: dict | None = None, drain: int | None = None
+    ) -> None:
         """Answer before the body is read, then drain it (None: the length is unknown) if it is at most `drain`
         bytes (default `DRAIN_FACTOR` × the limit), and close."""
         self.close_connection = True
         self._answer(status, {"error": error}, {"Connection": "close", **(headers or {})})
-        if unread is not None and unread <= (drain if drain is not None else DRAIN_FACTOR * self.server.max_request_bytes):
+        if unread is not None and unread <= (
+            drain if drain is not None else DRAIN_FACTOR * self.server.max_request_bytes
+        ):
             while unread > 0 and (read := len(self.rfile.read(min(CHUNK, unread)))):
                 unread -= read
 

@@ -65,19 +65,21 @@ def response_of(query: str, prompt: str, index: int = 0) -> str:
         token = SPECIAL_TOKEN.match(query, start)
         if token is None:
             at = len(commonprefix([query, prompt]))
-            raise BadRequest(f"query[{index}] does not start with prompts[{index}] (only special tokens such as "
-                             f"padding may lead it): they part at character {at}, where the query has "
-                             f"{query[at:at + 40]!r} and the prompt {prompt[at:at + 40]!r}. A prompt OpenRLHF "
-                             "cut to fit its length limit reads so (it logs 'Prompt length … exceeds "
-                             "max_prompt_length'): raise that limit")
+            raise BadRequest(
+                f"query[{index}] does not start with prompts[{index}] (only special tokens such as "
+                f"padding may lead it): they part at character {at}, where the query has "
+                f"{query[at : at + 40]!r} and the prompt {prompt[at : at + 40]!r}. A prompt OpenRLHF "
+                "cut to fit its length limit reads so (it logs 'Prompt length … exceeds "
+                "max_prompt_length'): raise that limit"
+            )
         start = token.end()
-    return END_TOKENS.sub("", query[start + len(prompt):])
+    return END_TOKENS.sub("", query[start + len(prompt) :])
 
 
 @dataclass
 class Item:
     run: str
-    step: int | None                              # None: OpenRLHF's, numbered when committed
+    step: int | None  # None: OpenRLHF's, numbered when committed
     model: str
     prompt: str
     response: str
@@ -86,7 +88,7 @@ class Item:
     domain: str | None = None
     verifier: str | None = None
     response_token_ids: list[int] | None = None
-    problem: dict | None = None                   # the bank's row (or the label's), resolved before queueing
+    problem: dict | None = None  # the bank's row (or the label's), resolved before queueing
 
 
 @dataclass
@@ -101,9 +103,19 @@ class Job:
 class RewardService:
     """Scores and records the items of concurrent requests in group commits (see the module's docstring)."""
 
-    def __init__(self, lake: Lake, run: str, model: str = "openrlhf", trainer: str = "openrlhf",
-                 config: VerifyConfig | None = None, rollouts_per_step: int = 0, iteration_offset: int = 0,
-                 commit_interval: float = 0.2, max_batch: int = 4096, allowed_runs: Iterable[str] | None = None):
+    def __init__(
+        self,
+        lake: Lake,
+        run: str,
+        model: str = "openrlhf",
+        trainer: str = "openrlhf",
+        config: VerifyConfig | None = None,
+        rollouts_per_step: int = 0,
+        iteration_offset: int = 0,
+        commit_interval: float = 0.2,
+        max_batch: int = 4096,
+        allowed_runs: Iterable[str] | None = None,
+    ):
         self.lake, self.run, self.model, self.trainer = lake, run, model, trainer
         # the runs the native route may write (None: any); the server's own run is always one of them
         allowed = None if allowed_runs is None else frozenset(allowed_runs)
@@ -119,8 +131,8 @@ class RewardService:
         self._pending: list[Job] = []
         self._lock = threading.Condition()
         self._runs_lock = threading.Lock()
-        self._stored = 0                              # the server's run's rollouts in the lake: OpenRLHF's steps
-        self._queued = 0                              # and those waiting for a commit
+        self._stored = 0  # the server's run's rollouts in the lake: OpenRLHF's steps
+        self._queued = 0  # and those waiting for a commit
         self._stopping = False
         self._pool = None
         self._thread: threading.Thread | None = None
@@ -128,7 +140,7 @@ class RewardService:
 
     def start(self) -> RewardService:
         self._pool = verifier_pool(self.config).start()
-        self._stored = self._external(self.run).stored_rollouts()      # a restarted server numbers its steps on
+        self._stored = self._external(self.run).stored_rollouts()  # a restarted server numbers its steps on
         self._thread = threading.Thread(target=self._commit_loop, name="reward-commits", daemon=True)
         self._thread.start()
         return self
@@ -146,17 +158,24 @@ class RewardService:
     def openrlhf(self, body: dict) -> dict:
         queries, prompts, labels = (_strings(body, key) for key in ("query", "prompts", "labels"))
         if not len(queries) == len(prompts) == len(labels):
-            raise BadRequest(f"query, prompts and labels must have one entry each per sample: got {len(queries)}, "
-                             f"{len(prompts)} and {len(labels)}")
+            raise BadRequest(
+                f"query, prompts and labels must have one entry each per sample: got {len(queries)}, "
+                f"{len(prompts)} and {len(labels)}"
+            )
         if not queries:
             return {"rewards": [], "scores": [], "extra_logs": {}}
         responses = [response_of(query, prompt, i) for i, (query, prompt) in enumerate(zip(queries, prompts))]
-        items = [Item(self.run, None, self.model, prompt, response, label)
-                 for prompt, response, label in zip(prompts, responses, labels)]
+        items = [
+            Item(self.run, None, self.model, prompt, response, label)
+            for prompt, response, label in zip(prompts, responses, labels)
+        ]
         rows = self.submit(items).result
         rewards = [row["reward"] for row in rows]
-        return {"rewards": rewards, "scores": rewards,
-                "extra_logs": {"correct": [1.0 if row["correct"] else 0.0 for row in rows]}}
+        return {
+            "rewards": rewards,
+            "scores": rewards,
+            "extra_logs": {"correct": [1.0 if row["correct"] else 0.0 for row in rows]},
+        }
 
     def native(self, body: dict) -> dict:
         run = body.get("run", self.run)
@@ -164,8 +183,10 @@ class RewardService:
         if not isinstance(run, str) or not isinstance(model, str):
             raise BadRequest("`run` and `model` must be strings")
         if self.allowed_runs is not None and run not in self.allowed_runs:
-            raise Forbidden(f"run {run!r} is not one this server may write: {', '.join(sorted(self.allowed_runs))} "
-                            "(its --run and --allow-run)")
+            raise Forbidden(
+                f"run {run!r} is not one this server may write: {', '.join(sorted(self.allowed_runs))} "
+                "(its --run and --allow-run)"
+            )
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise BadRequest(f"`step` must be an integer ≥ 0, got {step!r}")
         entries = body.get("items")
@@ -173,16 +194,20 @@ class RewardService:
             raise BadRequest("`items` must be a list of {prompt, response, label and/or problem_id}")
         items = [_item(run, step, model, entry, i) for i, entry in enumerate(entries)]
         job = self.submit(items) if items else Job([], result=[])
-        return {"rewards": [row["reward"] for row in job.result], "correct": [row["correct"] for row in job.result],
-                "verifiers": [row["verifier"] for row in job.result], "iteration": self.offset + step,
-                "lake_run_id": job.run_ids.get(run)}
+        return {
+            "rewards": [row["reward"] for row in job.result],
+            "correct": [row["correct"] for row in job.result],
+            "verifiers": [row["verifier"] for row in job.result],
+            "iteration": self.offset + step,
+            "lake_run_id": job.run_ids.get(run),
+        }
 
     def submit(self, items: list[Item]) -> Job:
         """Check the items (a bad one is a 400 for its own request, never a failure of the whole group commit),
         queue them for the next group commit and wait until they are committed (or failed)."""
         job = Job(items)
         self._resolve(items)
-        with self._lock:                              # checked and queued as one: the steps it may land in stand
+        with self._lock:  # checked and queued as one: the steps it may land in stand
             self._check_owners(items)
             if self._stopping:
                 raise RuntimeError("the reward server is stopping")
@@ -236,8 +261,11 @@ class RewardService:
                 if not self._pending and self._stopping:
                     return
                 deadline = time.monotonic() + self.commit_interval
-                while (sum(len(job.items) for job in self._pending) < self.max_batch and not self._stopping
-                       and (left := deadline - time.monotonic()) > 0):
+                while (
+                    sum(len(job.items) for job in self._pending) < self.max_batch
+                    and not self._stopping
+                    and (left := deadline - time.monotonic()) > 0
+                ):
                     self._lock.wait(left)
                 jobs, self._pending = self._pending, []
             self._commit(jobs)
@@ -247,10 +275,10 @@ class RewardService:
         that fails answers 500 to its own requests only (its rows stay invisible); the others stand."""
         items = [item for job in jobs for item in job.items]
         try:
-            scored = score([item.problem for item in items], [item.response for item in items], self.config,
-                           self._pool).select("verifier", "verifier_version", "reward", "correct", "format_reward",
-                                              "process_reward", "details")
-        except Exception as error:                    # noqa: BLE001 - every request learns why
+            scored = score(
+                [item.problem for item in items], [item.response for item in items], self.config, self._pool
+            ).select("verifier", "verifier_version", "reward", "correct", "format_reward", "process_reward", "details")
+        except Exception as error:  # noqa: BLE001 - every request learns why
             with self._lock:
                 self._queued -= sum(item.run == self.run for item in items)
             self._answer(jobs, None, f"{type(error).__name__}: {error}")
@@ -264,12 +292,21 @@ class RewardService:
             rows = [start + k for job, start in mine for k in range(len(job.items))]
             if run == self.run:
                 self._number([items[i] for i in rows])
-            attempts = [Attempt(items[i].step, items[i].model, items[i].prompt, items[i].response,
-                                items[i].problem["problem_id"], items[i].response_token_ids) for i in rows]
+            attempts = [
+                Attempt(
+                    items[i].step,
+                    items[i].model,
+                    items[i].prompt,
+                    items[i].response,
+                    items[i].problem["problem_id"],
+                    items[i].response_token_ids,
+                )
+                for i in rows
+            ]
             rewards = scored[rows].with_columns(rollout_id=pl.Series([str(k) for k in range(len(rows))]))
             try:
                 run_id = self._external(run).record(attempts, rewards)
-            except Exception as error:                # noqa: BLE001 - this run's requests learn why
+            except Exception as error:  # noqa: BLE001 - this run's requests learn why
                 self._answer([job for job, _ in mine], None, f"{type(error).__name__}: {error}")
                 continue
             finally:
@@ -283,7 +320,7 @@ class RewardService:
             offset = 0
             for job, _ in mine:
                 job.run_ids = {run: run_id}
-                self._answer([job], verdicts[offset:offset + len(job.items)], None)
+                self._answer([job], verdicts[offset : offset + len(job.items)], None)
                 offset += len(job.items)
 
     @staticmethod
@@ -293,7 +330,7 @@ class RewardService:
             job.done.set()
 
     def _external(self, run: str) -> ExternalRun:
-        if run not in self.runs:                      # a bad name raises ValueError: a 400 from `_check_owners`
+        if run not in self.runs:  # a bad name raises ValueError: a 400 from `_check_owners`
             self.runs[run] = ExternalRun(self.lake, run, self.trainer if run == self.run else "native", self.offset)
         return self.runs[run]
 
@@ -306,15 +343,29 @@ def _strings(body: dict, key: str) -> list[str]:
 
 
 def _item(run: str, step: int, model: str, entry, index: int) -> Item:
-    if not isinstance(entry, dict) or not isinstance(entry.get("prompt"), str) \
-            or not isinstance(entry.get("response"), str):
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("prompt"), str)
+        or not isinstance(entry.get("response"), str)
+    ):
         raise BadRequest(f"items[{index}]: needs `prompt` and `response` strings")
     label, problem_id = entry.get("label"), entry.get("problem_id")
     if label is None and problem_id is None:
         raise BadRequest(f"items[{index}]: needs a `label` (ground truth) or the bank's `problem_id`")
     ids = entry.get("response_token_ids")
-    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                                 for i in ids)):
+    if ids is not None and (
+        not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
         raise BadRequest(f"items[{index}]: `response_token_ids` must be a list of integers")
-    return Item(run, step, model, entry["prompt"], entry["response"], None if label is None else str(label),
-                problem_id, entry.get("domain"), entry.get("verifier"), ids)
+    return Item(
+        run,
+        step,
+        model,
+        entry["prompt"],
+        entry["response"],
+        None if label is None else str(label),
+        problem_id,
+        entry.get("domain"),
+        entry.get("verifier"),
+        ids,
+    )

@@ -26,8 +26,9 @@ from tasks.interop.recording import Attempt, ExternalRun, external_problem_id
 from tasks.verification.stage import VerifyConfig, score_rollouts, verifier_pool
 
 
-def problem_from(ground_truth: str, domain: str | None = None, verifier: str | None = None,
-                 problem_id: str | None = None) -> dict:
+def problem_from(
+    ground_truth: str, domain: str | None = None, verifier: str | None = None, problem_id: str | None = None
+) -> dict:
     """A problem row the verifiers read, from a trainer's ground truth (an exported answer, or code's tests and
     entry point as JSON) and the domain and verifier its dataset carries."""
     tests = entry_point = None
@@ -37,9 +38,18 @@ def problem_from(ground_truth: str, domain: str | None = None, verifier: str | N
             tests, entry_point = code["tests"], code.get("entry_point")
         except (ValueError, KeyError, TypeError):
             pass
-    return {"problem_id": problem_id or "", "domain": domain or ("code" if tests else "math"),
-            "answer": None if tests else ground_truth, "tests": tests, "entry_point": entry_point,
-            "verifier": verifier or None, "prompt": "", "steps": None, "metadata": None, "params": None}
+    return {
+        "problem_id": problem_id or "",
+        "domain": domain or ("code" if tests else "math"),
+        "answer": None if tests else ground_truth,
+        "tests": tests,
+        "entry_point": entry_point,
+        "verifier": verifier or None,
+        "prompt": "",
+        "steps": None,
+        "metadata": None,
+        "params": None,
+    }
 
 
 def completion_text(completion) -> str:
@@ -51,9 +61,13 @@ def completion_text(completion) -> str:
 
 def score(problems: list[dict], responses: list[str], config: VerifyConfig, pool=None) -> pl.DataFrame:
     """Reward rows of each (problem, response) pair, scored by the problem's verifier (or `config.verifier`)."""
-    frame = pl.DataFrame([{**problem, "rollout_id": str(i), "iteration": 0, "response": response}
-                          for i, (problem, response) in enumerate(zip(problems, responses))],
-                         infer_schema_length=None)
+    frame = pl.DataFrame(
+        [
+            {**problem, "rollout_id": str(i), "iteration": 0, "response": response}
+            for i, (problem, response) in enumerate(zip(problems, responses))
+        ],
+        infer_schema_length=None,
+    )
     return score_rollouts(frame, config, pool)
 
 
@@ -68,8 +82,14 @@ class PlatformReward:
 
     __name__ = "rlvr_verifier"
 
-    def __init__(self, config: VerifyConfig | None = None, lake: str | Lake | None = None, run: str | None = None,
-                 model: str = "trl", iteration_offset: int = 0):
+    def __init__(
+        self,
+        config: VerifyConfig | None = None,
+        lake: str | Lake | None = None,
+        run: str | None = None,
+        model: str = "trl",
+        iteration_offset: int = 0,
+    ):
         self.config = config or VerifyConfig(workers=0)
         self._pool = None
         self.model = model
@@ -82,14 +102,29 @@ class PlatformReward:
             opened = lake if isinstance(lake, Lake) else Lake.open(lake)
             self.recorder = ExternalRun(opened, run, "trl", iteration_offset)
 
-    def __call__(self, prompts, completions, answer=None, domain=None, verifier=None, problem_id=None,
-                 completion_ids=None, trainer_state=None, **_) -> list[float]:
+    def __call__(
+        self,
+        prompts,
+        completions,
+        answer=None,
+        domain=None,
+        verifier=None,
+        problem_id=None,
+        completion_ids=None,
+        trainer_state=None,
+        **_,
+    ) -> list[float]:
         if answer is None:
-            raise ValueError("the platform's reward needs the dataset's `answer` column: export it with "
-                             "`rlvr export --to trl`")
+            raise ValueError(
+                "the platform's reward needs the dataset's `answer` column: export it with `rlvr export --to trl`"
+            )
         n = len(completions)
-        problems = [problem_from(answer[i], (domain or [None] * n)[i], (verifier or [None] * n)[i],
-                                 (problem_id or [None] * n)[i]) for i in range(n)]
+        problems = [
+            problem_from(
+                answer[i], (domain or [None] * n)[i], (verifier or [None] * n)[i], (problem_id or [None] * n)[i]
+            )
+            for i in range(n)
+        ]
         if self._pool is None:
             self._pool = verifier_pool(self.config).start()
         responses = [completion_text(c) for c in completions]
@@ -101,14 +136,21 @@ class PlatformReward:
         return rewards["reward"].fill_null(0.0).to_list()
 
     def _record(self, step: int, prompts, responses, problems, completion_ids, rewards: pl.DataFrame) -> None:
-        if self._lease is None:                        # one writer of iterations per lake, as the loop
+        if self._lease is None:  # one writer of iterations per lake, as the loop
             self._lease = self.recorder.lake.lease(LOOP)
             self._lease.__enter__()
         ids = completion_ids or [None] * len(responses)
-        attempts = [Attempt(step, self.model, prompt_text(prompt), response, problem["problem_id"] or
-                            external_problem_id(prompt_text(prompt), problem.get("answer") or ""),
-                            list(token_ids) if token_ids is not None else None)
-                    for prompt, response, problem, token_ids in zip(prompts, responses, problems, ids)]
+        attempts = [
+            Attempt(
+                step,
+                self.model,
+                prompt_text(prompt),
+                response,
+                problem["problem_id"] or external_problem_id(prompt_text(prompt), problem.get("answer") or ""),
+                list(token_ids) if token_ids is not None else None,
+            )
+            for prompt, response, problem, token_ids in zip(prompts, responses, problems, ids)
+        ]
         self.recorder.record(attempts, rewards)
 
     def close(self) -> None:
@@ -120,13 +162,16 @@ class PlatformReward:
             self._lease = None
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
-                  **_) -> dict:
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **_) -> dict:
     """verl's custom reward function: {score, correct, verifier, problem_id} for one response (`rlvr export --to
     verl` puts the domain, verifier and problem id in `extra_info`; verl dumps every key, so `rlvr import verl`
     finds each response's problem)."""
     extra = extra_info or {}
     problem = problem_from(str(ground_truth), extra.get("domain"), extra.get("verifier"), extra.get("problem_id"))
     row = score([problem], [solution_str], VerifyConfig(workers=0)).row(0, named=True)
-    return {"score": float(row["reward"] or 0.0), "correct": bool(row["correct"]), "verifier": row["verifier"],
-            "problem_id": str(extra.get("problem_id") or "")}
+    return {
+        "score": float(row["reward"] or 0.0),
+        "correct": bool(row["correct"]),
+        "verifier": row["verifier"],
+        "problem_id": str(extra.get("problem_id") or ""),
+    }

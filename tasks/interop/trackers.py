@@ -31,7 +31,7 @@ from tasks.interop.tracking import (
 )
 from tasks.report.stage import OVERVIEW_NAME, build_report
 
-BATCH = 1000                          # MLflow's limit of metrics in one runs/log-batch request
+BATCH = 1000  # MLflow's limit of metrics in one runs/log-batch request
 
 
 class MlflowTracker:
@@ -72,14 +72,21 @@ class MlflowTracker:
         self.experiment_id = found["experiment"]["experiment_id"]
         tags = lake_run.tags()
         query = " and ".join(f"tags.`{key}` = '{tags[key]}'" for key in ("rlvr.lake", "rlvr.run_id"))
-        runs = self.api("POST", "runs/search", json={"experiment_ids": [self.experiment_id], "filter": query,
-                                                     "max_results": 1}).get("runs", [])
+        runs = self.api(
+            "POST", "runs/search", json={"experiment_ids": [self.experiment_id], "filter": query, "max_results": 1}
+        ).get("runs", [])
         if runs:
             return runs[0]["info"]["run_id"]
-        created = self.api("POST", "runs/create", json={
-            "experiment_id": self.experiment_id, "run_name": f"rlvr {lake_run.run_id}",
-            "start_time": int(lake_run.started_at.timestamp() * 1000),
-            "tags": [{"key": key, "value": value} for key, value in tags.items()]})
+        created = self.api(
+            "POST",
+            "runs/create",
+            json={
+                "experiment_id": self.experiment_id,
+                "run_name": f"rlvr {lake_run.run_id}",
+                "start_time": int(lake_run.started_at.timestamp() * 1000),
+                "tags": [{"key": key, "value": value} for key, value in tags.items()],
+            },
+        )
         return created["run"]["info"]["run_id"]
 
     def logged_through(self, recorded: pl.DataFrame, run_id: str) -> int | None:
@@ -89,10 +96,13 @@ class MlflowTracker:
         return f"{self.uri}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
     def log(self, run_id: str, steps: list[Step], lake_run: LakeRun) -> None:
-        points = [{"key": key, "value": value, "timestamp": step.timestamp_ms, "step": step.iteration}
-                  for step in steps for key, value in sorted(step.values.items())]
+        points = [
+            {"key": key, "value": value, "timestamp": step.timestamp_ms, "step": step.iteration}
+            for step in steps
+            for key, value in sorted(step.values.items())
+        ]
         for start in range(0, len(points), BATCH):
-            self.api("POST", "runs/log-batch", json={"run_id": run_id, "metrics": points[start:start + BATCH]})
+            self.api("POST", "runs/log-batch", json={"run_id": run_id, "metrics": points[start : start + BATCH]})
 
     def log_plots(self, run_id: str, plots: dict[str, bytes], last: Step) -> int:
         """Upload each plot as `report/<name>.png` (an upload replaces the file); 0 when the server does not proxy
@@ -103,8 +113,9 @@ class MlflowTracker:
             return 0
         for name, png in plots.items():
             path = quote(f"{where.path.strip('/')}/report/{name}.png")
-            self.call("PUT", f"/api/2.0/mlflow-artifacts/artifacts/{path}", content=png,
-                      headers={"Content-Type": "image/png"})
+            self.call(
+                "PUT", f"/api/2.0/mlflow-artifacts/artifacts/{path}", content=png, headers={"Content-Type": "image/png"}
+            )
         return len(plots)
 
     def finish(self, run_id: str, last: Step) -> None:
@@ -139,12 +150,17 @@ class TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise TrackingError("TensorBoard event files need the tensorboard package: pip install -e "
-                                "'.[tracking]'") from None
+            raise TrackingError(
+                "TensorBoard event files need the tensorboard package: pip install -e '.[tracking]'"
+            ) from None
         # purge_step: TensorBoard hides what an interrupted pass wrote from this step on (it is written again here)
         with SummaryWriter(self.link(run_id), purge_step=steps[0].iteration) as writer:
-            writer.add_text("rlvr", " ".join(f"{key}={value}" for key, value in lake_run.tags().items()),
-                            steps[0].iteration, walltime=steps[0].timestamp_ms / 1000)   # the run it stands for
+            writer.add_text(
+                "rlvr",
+                " ".join(f"{key}={value}" for key, value in lake_run.tags().items()),
+                steps[0].iteration,
+                walltime=steps[0].timestamp_ms / 1000,
+            )  # the run it stands for
             for step in steps:
                 for key, value in sorted(step.values.items()):
                     writer.add_scalar(key, value, step.iteration, walltime=step.timestamp_ms / 1000)
@@ -157,13 +173,14 @@ class TensorBoardTracker:
 
         with SummaryWriter(self.link(run_id)) as writer:
             for name, png in plots.items():
-                pixels = np.asarray(Image.open(BytesIO(png)).convert("RGB"))   # [H, W, 3]
-                writer.add_image(f"report/{name}", pixels, last.iteration, walltime=last.timestamp_ms / 1000,
-                                 dataformats="HWC")
+                pixels = np.asarray(Image.open(BytesIO(png)).convert("RGB"))  # [H, W, 3]
+                writer.add_image(
+                    f"report/{name}", pixels, last.iteration, walltime=last.timestamp_ms / 1000, dataformats="HWC"
+                )
         return len(plots)
 
     def finish(self, run_id: str, last: Step) -> None:
-        pass                                           # an event file is complete when its writer closes
+        pass  # an event file is complete when its writer closes
 
     def close(self) -> None:
         pass
@@ -192,8 +209,9 @@ def track(lake: Lake, config: TrackingConfig) -> list[dict]:
     if not config.enabled:
         raise ValueError("tracking is off: enable tracking.mlflow or tracking.tensorboard in the config")
     metrics = lake.read("iteration_metrics")
-    runs = lake.read("runs", columns=["run_id", "stage", "iteration", "prefect_flow_run_id", "started_at", "ended_at",
-                                      "status"])
+    runs = lake.read(
+        "runs", columns=["run_id", "stage", "iteration", "prefect_flow_run_id", "started_at", "ended_at", "status"]
+    )
     lake_run = lake_run_of(lake.uri, runs)
     if metrics.is_empty() or lake_run is None:
         return []
@@ -204,25 +222,36 @@ def track(lake: Lake, config: TrackingConfig) -> list[dict]:
         try:
             tracker_run_id = tracker.open(lake_run)
             steps = steps_after(metrics, runs, tracker.logged_through(recorded, tracker_run_id))
-            row = {"tracker": tracker.kind, "tracker_uri": tracker.uri, "tracker_run_id": tracker_run_id,
-                   "experiment": tracker.experiment, "link": tracker.link(tracker_run_id), "lake_uri": lake.uri,
-                   "lake_run_id": lake_run.run_id, "first_iteration": steps[0].iteration if steps else None,
-                   "last_iteration": steps[-1].iteration if steps else None, "plots": None}
+            row = {
+                "tracker": tracker.kind,
+                "tracker_uri": tracker.uri,
+                "tracker_run_id": tracker_run_id,
+                "experiment": tracker.experiment,
+                "link": tracker.link(tracker_run_id),
+                "lake_uri": lake.uri,
+                "lake_run_id": lake_run.run_id,
+                "first_iteration": steps[0].iteration if steps else None,
+                "last_iteration": steps[-1].iteration if steps else None,
+                "plots": None,
+            }
             if steps:
                 tracker.log(tracker_run_id, steps, lake_run)
                 if config.plots:
-                    drawn = drawn or report_plots(lake)          # drawn once a pass, for every tracker
+                    drawn = drawn or report_plots(lake)  # drawn once a pass, for every tracker
                     row["plots"] = tracker.log_plots(tracker_run_id, drawn, steps[-1])
                 tracker.finish(tracker_run_id, steps[-1])
         finally:
             tracker.close()
         results.append(row)
     logged = [row for row in results if row["last_iteration"] is not None]
-    if logged:                                        # recorded only once every tracker has its steps
+    if logged:  # recorded only once every tracker has its steps
         with lake.run("track", "track", config.model_dump(mode="json")) as run:
             now = datetime.now(UTC)
-            lake.append("tracked_runs", pl.DataFrame([{**row, "created_at": now} for row in logged],
-                                                     schema_overrides={"plots": pl.Int64}), run)
+            lake.append(
+                "tracked_runs",
+                pl.DataFrame([{**row, "created_at": now} for row in logged], schema_overrides={"plots": pl.Int64}),
+                run,
+            )
         for row in logged:
             row["run_id"] = run.run_id
     return results

@@ -50,8 +50,11 @@ class MlflowConfig(Strict):
     """Where an MLflow tracking server runs, and the experiment the lake's run is logged under."""
 
     enabled: bool = Field(False, description="log to an MLflow tracking server")
-    tracking_uri: str = Field("http://127.0.0.1:5000", description="the server's address (`mlflow server`); plots "
-                              "are uploaded only where it proxies artifacts (--serve-artifacts, its default)")
+    tracking_uri: str = Field(
+        "http://127.0.0.1:5000",
+        description="the server's address (`mlflow server`); plots "
+        "are uploaded only where it proxies artifacts (--serve-artifacts, its default)",
+    )
     experiment: str = Field("rlvr", description="experiment name, created when the server has none of that name")
     timeout_s: float = Field(30.0, gt=0, description="seconds one request to the server may take")
 
@@ -60,8 +63,9 @@ class TensorBoardConfig(Strict):
     """Where TensorBoard event files are written (read with `tensorboard --logdir`)."""
 
     enabled: bool = Field(False, description="write TensorBoard event files (needs the tracking extra)")
-    log_dir: str = Field("runs/tensorboard", description="folder of the runs: each lake's run is a sub-folder "
-                         "named by its run id")
+    log_dir: str = Field(
+        "runs/tensorboard", description="folder of the runs: each lake's run is a sub-folder named by its run id"
+    )
 
 
 class TrackingConfig(Strict):
@@ -83,26 +87,37 @@ class TrackingError(RuntimeError):
 # ---- the lake's record -----------------------------------------------------------------------------------------
 
 
-TRACKED_RUNS = register(TableSpec(
-    name="tracked_runs",
-    partition_by=(),
-    description="Each pass of `rlvr track`: the tracker run (MLflow or TensorBoard) the lake's run is logged to, "
-                "and the iterations that pass logged there (step = iteration).",
-    schema=pa.schema([
-        column("tracker", pa.string(), False, "mlflow or tensorboard"),
-        column("tracker_uri", pa.string(), False, "the MLflow server's address or the TensorBoard log folder"),
-        column("tracker_run_id", pa.string(), False, "the MLflow run id, or the TensorBoard run's folder name"),
-        column("experiment", pa.string(), True, "the MLflow experiment's name"),
-        column("link", pa.string(), True, "where to look: the run's page in the MLflow UI, or its event folder"),
-        column("lake_uri", pa.string(), False, "the lake whose run it is"),
-        column("lake_run_id", pa.string(), False, "the lake's run: its first stage run that belongs to an iteration"),
-        column("first_iteration", pa.int64(), False, "first iteration (step) this pass logged"),
-        column("last_iteration", pa.int64(), False, "last iteration (step) this pass logged"),
-        column("plots", pa.int64(), True, "report plots logged with it (0 when none could be)"),
-        column("run_id", pa.string(), False, "the `rlvr track` run that wrote the row"),
-        column("created_at", pa.timestamp("us", tz="UTC"), False),
-    ]),
-))
+TRACKED_RUNS = register(
+    TableSpec(
+        name="tracked_runs",
+        partition_by=(),
+        description="Each pass of `rlvr track`: the tracker run (MLflow or TensorBoard) the lake's run is logged to, "
+        "and the iterations that pass logged there (step = iteration).",
+        schema=pa.schema(
+            [
+                column("tracker", pa.string(), False, "mlflow or tensorboard"),
+                column("tracker_uri", pa.string(), False, "the MLflow server's address or the TensorBoard log folder"),
+                column("tracker_run_id", pa.string(), False, "the MLflow run id, or the TensorBoard run's folder name"),
+                column("experiment", pa.string(), True, "the MLflow experiment's name"),
+                column(
+                    "link", pa.string(), True, "where to look: the run's page in the MLflow UI, or its event folder"
+                ),
+                column("lake_uri", pa.string(), False, "the lake whose run it is"),
+                column(
+                    "lake_run_id",
+                    pa.string(),
+                    False,
+                    "the lake's run: its first stage run that belongs to an iteration",
+                ),
+                column("first_iteration", pa.int64(), False, "first iteration (step) this pass logged"),
+                column("last_iteration", pa.int64(), False, "last iteration (step) this pass logged"),
+                column("plots", pa.int64(), True, "report plots logged with it (0 when none could be)"),
+                column("run_id", pa.string(), False, "the `rlvr track` run that wrote the row"),
+                column("created_at", pa.timestamp("us", tz="UTC"), False),
+            ]
+        ),
+    )
+)
 
 # ---- pure: what to log -----------------------------------------------------------------------------------------
 
@@ -132,8 +147,21 @@ class Step:
     values: dict[str, float]
 
 
-METRICS = ("model_version", "trained_version", "rounds", "groups", "groups_kept", "filtered_share",
-           "learning_zone_share", "mean_reward", "mean_staleness", "loss", "clip_fraction", "entropy", "eval_solve_rate")
+METRICS = (
+    "model_version",
+    "trained_version",
+    "rounds",
+    "groups",
+    "groups_kept",
+    "filtered_share",
+    "learning_zone_share",
+    "mean_reward",
+    "mean_staleness",
+    "loss",
+    "clip_fraction",
+    "entropy",
+    "eval_solve_rate",
+)
 
 
 def lake_run_of(lake_uri: str, runs: pl.DataFrame) -> LakeRun | None:
@@ -148,16 +176,18 @@ def lake_run_of(lake_uri: str, runs: pl.DataFrame) -> LakeRun | None:
 def stage_seconds(runs: pl.DataFrame) -> dict[int, dict[str, float]]:
     """Per iteration: seconds of each stage (its completed runs added up) and the iteration's wall time, from the
     first stage's start to the last one's end."""
-    done = runs.filter(pl.col("iteration").is_not_null() & (pl.col("status") == "completed")
-                       & pl.col("ended_at").is_not_null())
+    done = runs.filter(
+        pl.col("iteration").is_not_null() & (pl.col("status") == "completed") & pl.col("ended_at").is_not_null()
+    )
     if done.is_empty():
         return {}
     done = done.with_columns(seconds=(pl.col("ended_at") - pl.col("started_at")).dt.total_microseconds() / 1e6)
     times: dict[int, dict[str, float]] = {}
     for row in done.group_by("iteration", "stage").agg(pl.col("seconds").sum()).iter_rows(named=True):
         times.setdefault(row["iteration"], {})[f"stage_seconds/{row['stage']}"] = row["seconds"]
-    walls = done.group_by("iteration").agg(wall=(pl.col("ended_at").max() - pl.col("started_at").min())
-                                           .dt.total_microseconds() / 1e6)
+    walls = done.group_by("iteration").agg(
+        wall=(pl.col("ended_at").max() - pl.col("started_at").min()).dt.total_microseconds() / 1e6
+    )
     for row in walls.iter_rows(named=True):
         times[row["iteration"]]["iteration_seconds"] = row["wall"]
     return times
@@ -183,6 +213,9 @@ def steps_after(metrics: pl.DataFrame, runs: pl.DataFrame, after: int | None) ->
 
 def logged_through(recorded: pl.DataFrame, tracker: str, tracker_uri: str, tracker_run_id: str) -> int | None:
     """The last iteration the lake records as logged to that tracker run (None: none yet)."""
-    mine = recorded.filter((pl.col("tracker") == tracker) & (pl.col("tracker_uri") == tracker_uri)
-                           & (pl.col("tracker_run_id") == tracker_run_id))
+    mine = recorded.filter(
+        (pl.col("tracker") == tracker)
+        & (pl.col("tracker_uri") == tracker_uri)
+        & (pl.col("tracker_run_id") == tracker_run_id)
+    )
     return None if mine.is_empty() else mine["last_iteration"].max()

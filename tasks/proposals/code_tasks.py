@@ -34,13 +34,61 @@ from dataclasses import dataclass, field
 TASK_TYPES = ("deduction", "abduction", "induction")
 ENTRY_POINT = "f"
 # what a proposed program may import: pure computation only (no host, time, randomness, processes, reflection)
-ALLOWED_MODULES = frozenset({"math", "cmath", "itertools", "functools", "collections", "string", "re", "heapq",
-                             "bisect", "operator", "fractions", "decimal", "statistics", "copy", "typing",
-                             "dataclasses", "enum", "numbers", "array"})
-FORBIDDEN_CALLS = frozenset({"open", "exec", "eval", "compile", "input", "__import__", "globals", "locals", "vars",
-                             "breakpoint", "exit", "quit", "getattr", "setattr", "delattr", "print", "id", "hash"})
-REASONS = ("unparseable", "does_not_run", "not_deterministic", "forbidden_import", "too_slow", "output_too_large",
-           "not_a_literal", "duplicate")
+ALLOWED_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "itertools",
+        "functools",
+        "collections",
+        "string",
+        "re",
+        "heapq",
+        "bisect",
+        "operator",
+        "fractions",
+        "decimal",
+        "statistics",
+        "copy",
+        "typing",
+        "dataclasses",
+        "enum",
+        "numbers",
+        "array",
+    }
+)
+FORBIDDEN_CALLS = frozenset(
+    {
+        "open",
+        "exec",
+        "eval",
+        "compile",
+        "input",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "breakpoint",
+        "exit",
+        "quit",
+        "getattr",
+        "setattr",
+        "delattr",
+        "print",
+        "id",
+        "hash",
+    }
+)
+REASONS = (
+    "unparseable",
+    "does_not_run",
+    "not_deterministic",
+    "forbidden_import",
+    "too_slow",
+    "output_too_large",
+    "not_a_literal",
+    "duplicate",
+)
 BLOCK = re.compile(r"```[ \t]*(python|py|input|output)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -48,10 +96,10 @@ BLOCK = re.compile(r"```[ \t]*(python|py|input|output)?[ \t]*\n(.*?)```", re.DOT
 class ProposalRules:
     """Limits of a proposal, before and after it runs."""
 
-    max_program_chars: int = 2000            # a longer program is unparseable
-    max_input_chars: int = 500               # one input's text
-    max_output_chars: int = 500              # repr of one output: longer is output_too_large
-    induction_pairs: int = 4                 # inputs an induction proposal gives (half shown, half held out)
+    max_program_chars: int = 2000  # a longer program is unparseable
+    max_input_chars: int = 500  # one input's text
+    max_output_chars: int = 500  # repr of one output: longer is output_too_large
+    induction_pairs: int = 4  # inputs an induction proposal gives (half shown, half held out)
 
 
 @dataclass(frozen=True)
@@ -65,8 +113,8 @@ class Proposal:
 
 @dataclass(frozen=True)
 class Rejection:
-    reason: str                              # one of REASONS (a code task's), GROUNDED_REASONS (a grounded one's,
-    detail: str = ""                         # tasks/proposals/documents.py) or the bank gate's (tasks/curation/gate.py)
+    reason: str  # one of REASONS (a code task's), GROUNDED_REASONS (a grounded one's,
+    detail: str = ""  # tasks/proposals/documents.py) or the bank gate's (tasks/curation/gate.py)
 
 
 @dataclass(frozen=True)
@@ -77,11 +125,19 @@ class CodeTask:
     program: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    shown: int = field(default=1)            # induction: pairs shown; the rest are held out
+    shown: int = field(default=1)  # induction: pairs shown; the rest are held out
 
     def to_json(self) -> str:
-        return json.dumps({"task_type": self.task_type, "program": self.program, "inputs": list(self.inputs),
-                           "outputs": list(self.outputs), "shown": self.shown}, sort_keys=True)
+        return json.dumps(
+            {
+                "task_type": self.task_type,
+                "program": self.program,
+                "inputs": list(self.inputs),
+                "outputs": list(self.outputs),
+                "shown": self.shown,
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> CodeTask:
@@ -180,12 +236,14 @@ def execution_script(program: str, inputs: tuple[str, ...], marker: str) -> str:
     """The script the sandbox runs: the program, then each call, its output's repr printed after `marker`
     (a line the program cannot know in advance), one JSON list for all calls."""
     calls = ", ".join(inputs)
-    return (f"{program}\n\n"
-            f"import json as _rlvr_json\n"
-            f"_rlvr_outputs = [repr({ENTRY_POINT}(*_rlvr_args)) for _rlvr_args in [{calls}]]\n"
-            f"__rlvr_marker = {marker!r}\n"
-            f"_rlvr_print = __builtins__['print'] if isinstance(__builtins__, dict) else __builtins__.print\n"
-            f"_rlvr_print(__rlvr_marker + _rlvr_json.dumps(_rlvr_outputs), flush=True)\n")
+    return (
+        f"{program}\n\n"
+        f"import json as _rlvr_json\n"
+        f"_rlvr_outputs = [repr({ENTRY_POINT}(*_rlvr_args)) for _rlvr_args in [{calls}]]\n"
+        f"__rlvr_marker = {marker!r}\n"
+        f"_rlvr_print = __builtins__['print'] if isinstance(__builtins__, dict) else __builtins__.print\n"
+        f"_rlvr_print(__rlvr_marker + _rlvr_json.dumps(_rlvr_outputs), flush=True)\n"
+    )
 
 
 def outputs_of(output: str, marker: str, expected: int, max_chars: int) -> tuple[str, ...] | Rejection:
@@ -193,8 +251,8 @@ def outputs_of(output: str, marker: str, expected: int, max_chars: int) -> tuple
     lines = [line for line in output.splitlines() if line.startswith(marker)]
     if not lines:
         return Rejection("does_not_run", output.strip()[-300:] or "no output")
-    try:                                     # the first: anything printed later (at exit, say) could be forged
-        values = json.loads(lines[0][len(marker):])
+    try:  # the first: anything printed later (at exit, say) could be forged
+        values = json.loads(lines[0][len(marker) :])
     except json.JSONDecodeError:
         return Rejection("does_not_run", "unreadable outputs")
     if not isinstance(values, list) or len(values) != expected or not all(isinstance(v, str) for v in values):
@@ -227,13 +285,19 @@ def proposer_prompt(task_type: str, references: list[CodeTask]) -> str:
 def solver_prompt(task: CodeTask) -> str:
     """What the solver sees (never the held-out pairs of an induction task)."""
     if task.task_type == "deduction":
-        return (f"```python\n{task.program}\n```\nWhat does f({task.inputs[0][1:-1].rstrip(',')}) return? "
-                "Answer with the value in an ```output``` block.\n")
+        return (
+            f"```python\n{task.program}\n```\nWhat does f({task.inputs[0][1:-1].rstrip(',')}) return? "
+            "Answer with the value in an ```output``` block.\n"
+        )
     if task.task_type == "abduction":
-        return (f"```python\n{task.program}\n```\nGive arguments for which f returns {task.outputs[0]}. "
-                "Answer with them in an ```input``` block.\n")
-    pairs = "\n".join(f"f({arguments[1:-1].rstrip(',')}) == {output}"
-                      for arguments, output in zip(task.inputs[:task.shown], task.outputs[:task.shown]))
+        return (
+            f"```python\n{task.program}\n```\nGive arguments for which f returns {task.outputs[0]}. "
+            "Answer with them in an ```input``` block.\n"
+        )
+    pairs = "\n".join(
+        f"f({arguments[1:-1].rstrip(',')}) == {output}"
+        for arguments, output in zip(task.inputs[: task.shown], task.outputs[: task.shown])
+    )
     return f"{pairs}\nWrite the function f in a ```python``` block.\n"
 
 

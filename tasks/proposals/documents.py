@@ -36,37 +36,58 @@ from tasks.verifiers.qa import normalise_answer
 
 BLOCK = re.compile(r"```[ \t]*(question|answer|span)[ \t]*\n(.*?)```", re.DOTALL)
 MAX_CHARS = 400
-MAX_ANSWER_WORDS = 8                  # SPICE's answers are short: a number, a name, a phrase
+MAX_ANSWER_WORDS = 8  # SPICE's answers are short: a number, a name, a phrase
 TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W_]+")
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 ARTICLES = frozenset({"a", "an", "the"})
-STOP_WORDS = frozenset("""a an the and or but if of to in on at by for with from as into onto about than then so
+STOP_WORDS = frozenset(
+    """a an the and or but if of to in on at by for with from as into onto about than then so
     is are was were be been being am do does did has have had it its this that these those there here he she
     they we you i me him her them us my your his our their what which who whom whose when where why how not no yes
-    all any some each every can could will would shall should may might must also only very just""".split())
-NUMBER_WORDS = frozenset("""zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
+    all any some each every can could will would shall should may might must also only very just""".split()
+)
+NUMBER_WORDS = frozenset(
+    """zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen
     fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred
-    thousand million billion dozen half""".split())
-NUMBER_QUESTION = re.compile(r"\b(?:how (?:many|much|long|old|far|tall)|"
-                             r"(?:what|which) (?:year|number|percentage|percent|amount))\b")
+    thousand million billion dozen half""".split()
+)
+NUMBER_QUESTION = re.compile(
+    r"\b(?:how (?:many|much|long|old|far|tall)|"
+    r"(?:what|which) (?:year|number|percentage|percent|amount))\b"
+)
 # Why a grounded challenge is invalid: the `reason` of its Rejection and of its `proposals` row.
-GROUNDED_REASONS = ("unparseable", "span_not_in_document", "answer_not_in_span", "trivial_answer", "answer_is_span",
-                    "answer_too_long", "answer_not_a_number", "answer_in_question", "question_not_about_span",
-                    "duplicate")
+GROUNDED_REASONS = (
+    "unparseable",
+    "span_not_in_document",
+    "answer_not_in_span",
+    "trivial_answer",
+    "answer_is_span",
+    "answer_too_long",
+    "answer_not_a_number",
+    "answer_in_question",
+    "question_not_about_span",
+    "duplicate",
+)
 
 
-LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")       # any suffix, any case: LICENSE.txt, copying.md
+LICENCE_NAMES = ("LICENSE", "LICENCE", "COPYING")  # any suffix, any case: LICENSE.txt, copying.md
 TEXT_SUFFIXES = (".txt", ".md")
-DATASET_FIELDS = (("problem", "solution"), ("question", "solution"), ("question", "answer"),
-                  ("prompt", "canonical_solution"), ("prompt", "solution"), ("prompt", "answer"))
+DATASET_FIELDS = (
+    ("problem", "solution"),
+    ("question", "solution"),
+    ("question", "answer"),
+    ("prompt", "canonical_solution"),
+    ("prompt", "solution"),
+    ("prompt", "answer"),
+)
 
 
 @dataclass(frozen=True)
 class Document:
     document_id: str
     text: str
-    source: str | None = None     # the file it came from
-    licence: str | None = None    # its licence: a row's own, or an SPDX id read from a licence file (None: none found)
+    source: str | None = None  # the file it came from
+    licence: str | None = None  # its licence: a row's own, or an SPDX id read from a licence file (None: none found)
 
     @property
     def licence_unread(self) -> bool:
@@ -79,7 +100,7 @@ class Challenge:
     question: str
     answer: str
     span: str
-    key: str                      # what a repeat of the question on the same document shares
+    key: str  # what a repeat of the question on the same document shares
 
 
 def read_documents(path: str | Path) -> list[Document]:
@@ -90,8 +111,14 @@ def read_documents(path: str | Path) -> list[Document]:
     if not path.exists():
         raise ValueError(f"{path}: no such documents file or folder")
     if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix.lower() in (".jsonl", *TEXT_SUFFIXES)
-                       and not is_licence(f) and not any(part.startswith(".") for part in f.relative_to(path).parts))
+        files = sorted(
+            f
+            for f in path.rglob("*")
+            if f.is_file()
+            and f.suffix.lower() in (".jsonl", *TEXT_SUFFIXES)
+            and not is_licence(f)
+            and not any(part.startswith(".") for part in f.relative_to(path).parts)
+        )
         documents = [document for file in files for document in _read_file(file, path, in_folder=True)]
     else:
         documents = _read_file(path, path.parent, in_folder=False)
@@ -100,8 +127,10 @@ def read_documents(path: str | Path) -> list[Document]:
     seen: dict[str, str] = {}
     for document in documents:
         if document.document_id in seen:
-            raise ValueError(f"{document.source}: document id {document.document_id!r} is also a document of "
-                             f"{seen[document.document_id]} (ids must be unique)")
+            raise ValueError(
+                f"{document.source}: document id {document.document_id!r} is also a document of "
+                f"{seen[document.document_id]} (ids must be unique)"
+            )
         seen[document.document_id] = document.source
     return documents
 
@@ -131,13 +160,14 @@ def _read_file(path: Path, root: Path, in_folder: bool) -> list[Document]:
             raise ValueError(f"{path}:{number}: not JSON: {error.msg}") from None
         text = _row_text(row)
         if text is None:
-            raise ValueError(f"{path}:{number}: field text: a non-empty string is needed (or a dataset row's "
-                             "statement and solution: question/answer, problem/solution, prompt/answer …)")
+            raise ValueError(
+                f"{path}:{number}: field text: a non-empty string is needed (or a dataset row's "
+                "statement and solution: question/answer, problem/solution, prompt/answer …)"
+            )
         row_licence = row.get("license", row.get("licence"))
         given = row.get("id")
         row_id = f"{name}:{number}" if given is None else f"{name}:{given}" if in_folder else str(given)
-        documents.append(Document(row_id, text, str(path),
-                                  str(row_licence) if row_licence else licence))
+        documents.append(Document(row_id, text, str(path), str(row_licence) if row_licence else licence))
     return documents
 
 
@@ -149,8 +179,13 @@ def _row_text(row) -> str | None:
         return row["text"].strip()
     for statement, solution in DATASET_FIELDS:
         answer = row.get(solution)
-        answer = "\n".join(map(str, answer)) if isinstance(answer, list) else \
-            str(answer) if isinstance(answer, (int, float)) and not isinstance(answer, bool) else answer
+        answer = (
+            "\n".join(map(str, answer))
+            if isinstance(answer, list)
+            else str(answer)
+            if isinstance(answer, (int, float)) and not isinstance(answer, bool)
+            else answer
+        )
         if isinstance(row.get(statement), str) and isinstance(answer, str) and row[statement].strip():
             return f"{row[statement].strip()}\n{answer.strip()}"
     return None
@@ -181,15 +216,19 @@ def generate_documents(count: int, seed: int = 0) -> list[Document]:
         rng = random.Random(f"{seed}:{index}")
         town, (first, second) = rng.choice(TOWNS), rng.sample(THINGS, 2)
         a, b, people = rng.randint(2, 40), rng.randint(2, 40), rng.randint(100, 9000)
-        text = (f"{town} is a town of {people} people. It has {a} {first} and {b} {second}. "
-                f"The river through {town} is {rng.randint(3, 90)} km long.")
+        text = (
+            f"{town} is a town of {people} people. It has {a} {first} and {b} {second}. "
+            f"The river through {town} is {rng.randint(3, 90)} km long."
+        )
         documents.append(Document(f"generated:{seed}:{index}", text))
     return documents
 
 
 def challenger_prompt(document: Document) -> str:
-    return (f"Document:\n{document.text}\nWrite a question this document answers in a ```question``` block, "
-            "its answer in an ```answer``` block and the sentence it rests on in a ```span``` block.\n")
+    return (
+        f"Document:\n{document.text}\nWrite a question this document answers in a ```question``` block, "
+        "its answer in an ```answer``` block and the sentence it rests on in a ```span``` block.\n"
+    )
 
 
 def _squash(text: str) -> str:
@@ -204,7 +243,7 @@ def words(text: str) -> list[str]:
 
 def holds(tokens: list[str], part: list[str]) -> bool:
     """`part` is a contiguous run of whole `tokens`."""
-    return bool(part) and any(tokens[start:start + len(part)] == part for start in range(len(tokens) - len(part) + 1))
+    return bool(part) and any(tokens[start : start + len(part)] == part for start in range(len(tokens) - len(part) + 1))
 
 
 def answer_issue(question: str, answer: str, span: str) -> Rejection | None:

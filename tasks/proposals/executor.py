@@ -27,34 +27,50 @@ from tasks.sandbox.client import Sandbox, SandboxResult
 from tasks.sandbox.limits import SandboxLimits
 
 # a proposal's run: small, quick and quiet; a task that needs more is not one the solver should learn from
-PROPOSAL_LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256, scratch_mb=16, processes=1,
-                                output_bytes=20_000)
-SANDBOX_STATUS_REASONS = {"timeout": "too_slow", "cpu_limit": "too_slow", "output_limit": "output_too_large",
-                          "memory_limit": "too_slow", "crashed": "does_not_run", "incomplete": "does_not_run"}
+PROPOSAL_LIMITS = SandboxLimits(
+    cpu_seconds=2, wall_seconds=4.0, memory_mb=256, scratch_mb=16, processes=1, output_bytes=20_000
+)
+SANDBOX_STATUS_REASONS = {
+    "timeout": "too_slow",
+    "cpu_limit": "too_slow",
+    "output_limit": "output_too_large",
+    "memory_limit": "too_slow",
+    "crashed": "does_not_run",
+    "incomplete": "does_not_run",
+}
 
 
 @dataclass(frozen=True)
 class Validated:
-    key: str                                 # task_key: what a later duplicate shares
-    task: object | None                      # a CodeTask (a documents.Challenge for SPICE); None when rejected
+    key: str  # task_key: what a later duplicate shares
+    task: object | None  # a CodeTask (a documents.Challenge for SPICE); None when rejected
     rejection: Rejection | None
 
 
-def run_calls(sandbox: Sandbox, program: str, inputs: tuple[str, ...], rules: ProposalRules,
-              limits: SandboxLimits = PROPOSAL_LIMITS) -> tuple[str, ...] | Rejection:
+def run_calls(
+    sandbox: Sandbox,
+    program: str,
+    inputs: tuple[str, ...],
+    rules: ProposalRules,
+    limits: SandboxLimits = PROPOSAL_LIMITS,
+) -> tuple[str, ...] | Rejection:
     """The canonical outputs of `program`'s f on each input, from one sandboxed run, or why there are none."""
     marker = f"@@rlvr-outputs-{secrets.token_hex(8)}@@"
     result: SandboxResult = sandbox.run_script(execution_script(program, inputs, marker), limits)
     if result.status != "ok":
         return Rejection(SANDBOX_STATUS_REASONS.get(result.status, "does_not_run"), f"sandbox: {result.status}")
-    if result.exit_code not in (0, None):         # the error's own line, not the harness's frames above it
+    if result.exit_code not in (0, None):  # the error's own line, not the harness's frames above it
         last = result.output.strip().splitlines()[-1:] or [f"exit code {result.exit_code}"]
         return Rejection("does_not_run", last[0][-300:])
     return outputs_of(result.output, marker, len(inputs), rules.max_output_chars)
 
 
-def validate(sandboxes: tuple[Sandbox, Sandbox], proposal: Proposal | Rejection, seen: set[str],
-             rules: ProposalRules = ProposalRules()) -> Validated:
+def validate(
+    sandboxes: tuple[Sandbox, Sandbox],
+    proposal: Proposal | Rejection,
+    seen: set[str],
+    rules: ProposalRules = ProposalRules(),
+) -> Validated:
     """Run a parsed proposal twice, once on each of two sandbox servers; valid tasks' keys join `seen` (a later
     copy is a duplicate). Two servers, because runs on one server fork from one process and share its hash
     seed: a program whose output hangs on set or dict order would look deterministic there, and give another
@@ -75,8 +91,12 @@ def validate(sandboxes: tuple[Sandbox, Sandbox], proposal: Proposal | Rejection,
     return Validated(key, CodeTask(proposal.task_type, proposal.program, proposal.inputs, first, shown), None)
 
 
-def validate_all(proposals: Iterable[Proposal | Rejection], seen: set[str], rules: ProposalRules = ProposalRules(),
-                 sandboxes: tuple[Sandbox, Sandbox] | None = None) -> list[Validated]:
+def validate_all(
+    proposals: Iterable[Proposal | Rejection],
+    seen: set[str],
+    rules: ProposalRules = ProposalRules(),
+    sandboxes: tuple[Sandbox, Sandbox] | None = None,
+) -> list[Validated]:
     """Each proposal validated in order (a repeat within the batch is a duplicate too)."""
     own = sandboxes is None
     sandboxes = sandboxes or (Sandbox(0, PROPOSAL_LIMITS), Sandbox(1, PROPOSAL_LIMITS))
@@ -88,8 +108,9 @@ def validate_all(proposals: Iterable[Proposal | Rejection], seen: set[str], rule
                 sandbox.close()
 
 
-def judge_answer(sandbox: Sandbox, task: CodeTask, answer: str | None, rules: ProposalRules = ProposalRules()
-                 ) -> tuple[bool, str | None]:
+def judge_answer(
+    sandbox: Sandbox, task: CodeTask, answer: str | None, rules: ProposalRules = ProposalRules()
+) -> tuple[bool, str | None]:
     """Whether a solver's answer (the text of its last block) solves the task, and why not.
 
     deduction: the answer is a literal equal to the output (compared here, nothing run); abduction: the
@@ -109,11 +130,12 @@ def judge_answer(sandbox: Sandbox, task: CodeTask, answer: str | None, rules: Pr
             return False, "the answer is not an argument list of literals"
         outputs = run_calls(sandbox, task.program, (repr(arguments),), rules)
     else:
-        held_out = task.inputs[task.shown:]
+        held_out = task.inputs[task.shown :]
         outputs = run_calls(sandbox, answer, held_out, rules)
         if not isinstance(outputs, Rejection):
-            return outputs == task.outputs[task.shown:], None if outputs == task.outputs[task.shown:] else \
-                "wrong on held-out pairs"
+            return outputs == task.outputs[task.shown :], None if outputs == task.outputs[
+                task.shown :
+            ] else "wrong on held-out pairs"
     if isinstance(outputs, Rejection):
         return False, f"{outputs.reason}: {outputs.detail}"[:300]
     return outputs[0] == task.outputs[0], None if outputs[0] == task.outputs[0] else "wrong output"

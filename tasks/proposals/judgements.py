@@ -24,8 +24,10 @@ def first_wrong_step(response: str, steps: list[str] | None) -> int | None:
 
 
 def verification_prompt(problem: str, response: str) -> str:
-    return (f"Problem: {problem}\nSolution:\n{response.strip()}\nIs the solution correct? Answer `correct`, or "
-            "`wrong at step N` for its first wrong step.\n")
+    return (
+        f"Problem: {problem}\nSolution:\n{response.strip()}\nIs the solution correct? Answer `correct`, or "
+        "`wrong at step N` for its first wrong step.\n"
+    )
 
 
 def verification_answer(correct: bool, response: str, steps: list[str] | None) -> str:

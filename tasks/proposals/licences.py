@@ -40,14 +40,24 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("PDDL-1.0", ("public domain dedication and licen",)),
     ("ODbL-1.0", ("open database license",)),
     ("Unlicense", ("free and unencumbered software released into the public domain",)),
-    ("ISC", ("distribute this software for any purpose with or without fee is hereby granted",
-             "provided that the above copyright notice and this permission notice appear in all copies")),
+    (
+        "ISC",
+        (
+            "distribute this software for any purpose with or without fee is hereby granted",
+            "provided that the above copyright notice and this permission notice appear in all copies",
+        ),
+    ),
     ("0BSD", ("distribute this software for any purpose with or without fee is hereby granted",)),
     ("BSD-4-Clause", ("redistribution and use in source and binary forms", "advertising materials mentioning")),
     ("BSD-3-Clause", ("redistribution and use in source and binary forms", "endorse or promote products")),
     ("BSD-2-Clause", ("redistribution and use in source and binary forms",)),
-    ("MIT", ("permission is hereby granted, free of charge, to any person obtaining a copy",
-             "the above copyright notice and this permission notice shall be included")),
+    (
+        "MIT",
+        (
+            "permission is hereby granted, free of charge, to any person obtaining a copy",
+            "the above copyright notice and this permission notice shall be included",
+        ),
+    ),
     ("MIT-0", ("permission is hereby granted, free of charge, to any person obtaining a copy",)),
 )
 KNOWN_IDS = {spdx.lower(): spdx for spdx, _ in RULES}

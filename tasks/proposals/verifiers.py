@@ -31,7 +31,7 @@ ANSWER_BLOCKS = {"deduction": ("output",), "abduction": ("input",), "induction":
 class SelfPlayVerifier:
     name: str = "selfplay"
     version: str = "1.0"
-    runs_code = True                          # proposed programs and solver programs: only in the sandbox
+    runs_code = True  # proposed programs and solver programs: only in the sandbox
     _sandbox: Sandbox | None = field(default=None, repr=False)
 
     @property
@@ -46,8 +46,11 @@ class SelfPlayVerifier:
         except (ValueError, KeyError, TypeError):
             return Verdict(0.0, None, {"reason": "the problem holds no self-play task"})
         solved, reason = judge_answer(self.sandbox, task, last_block(response, ANSWER_BLOCKS[task.task_type]))
-        return Verdict(1.0 if solved else 0.0, solved, {"task_type": task.task_type, "reason": reason,
-                                                        "isolation": self.sandbox.description})
+        return Verdict(
+            1.0 if solved else 0.0,
+            solved,
+            {"task_type": task.task_type, "reason": reason, "isolation": self.sandbox.description},
+        )
 
     def close(self) -> None:
         if self._sandbox is not None:
@@ -88,7 +91,7 @@ class ChallengeVerifier:
     1 when the challenge is valid, else 0 with the rule it broke (held-out evaluation of the challenger)."""
 
     name: str = "challenge"
-    version: str = "1.1"                  # 1.1: the answer must be a span of whole words the question asks for
+    version: str = "1.1"  # 1.1: the answer must be a span of whole words the question asks for
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
 
@@ -112,8 +115,10 @@ class LearnabilityVerifier:
     version: str = "1.0"
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
-        raise VerifierUnavailable("proposer rollouts are scored by the self-play stage (the learnability of each "
-                                  "task from the solver's solve rate): re-run the iteration, not its verification")
+        raise VerifierUnavailable(
+            "proposer rollouts are scored by the self-play stage (the learnability of each "
+            "task from the solver's solve rate): re-run the iteration, not its verification"
+        )
 
 
 @register("self_verify")

@@ -60,9 +60,11 @@ def rewards(con: duckdb.DuckDBPyConnection, iterations: list[int]) -> pl.DataFra
     """iteration, verifier, reward: the first verifier's rewards of the given iterations."""
     if "rewards" not in relations(con) or not iterations:
         return pl.DataFrame()
-    return con.sql(f"with {FIRST_VERIFIER} select iteration, verifier, reward from scored "
-                   "where iteration in (select unnest($1)) order by iteration, rollout_id",
-                   params=[iterations]).pl()
+    return con.sql(
+        f"with {FIRST_VERIFIER} select iteration, verifier, reward from scored "
+        "where iteration in (select unnest($1)) order by iteration, rollout_id",
+        params=[iterations],
+    ).pl()
 
 
 def response_lengths(con: duckdb.DuckDBPyConnection, iterations: list[int]) -> pl.DataFrame:
@@ -71,13 +73,18 @@ def response_lengths(con: duckdb.DuckDBPyConnection, iterations: list[int]) -> p
     if "rollouts" not in present or not iterations:
         return pl.DataFrame()
     if "rewards" in present:
-        query = (f"with {FIRST_VERIFIER} select r.iteration, r.n_tokens, "
-                 "coalesce(s.correct, s.reward >= 0.5) as solved, r.finish_reason "
-                 "from rollouts r left join scored s using (rollout_id)")
+        query = (
+            f"with {FIRST_VERIFIER} select r.iteration, r.n_tokens, "
+            "coalesce(s.correct, s.reward >= 0.5) as solved, r.finish_reason "
+            "from rollouts r left join scored s using (rollout_id)"
+        )
     else:
         query = "select r.iteration, r.n_tokens, null::boolean as solved, r.finish_reason from rollouts r"
-    return con.sql(f"{query} where r.iteration in (select unnest($1)) and r.n_tokens is not null "
-                   "order by r.iteration, r.rollout_id", params=[iterations]).pl()
+    return con.sql(
+        f"{query} where r.iteration in (select unnest($1)) and r.n_tokens is not null "
+        "order by r.iteration, r.rollout_id",
+        params=[iterations],
+    ).pl()
 
 
 def gather(con: duckdb.DuckDBPyConnection, distribution_iterations: int = 3) -> dict[str, pl.DataFrame]:
@@ -105,23 +112,33 @@ def summary(con: duckdb.DuckDBPyConnection) -> dict:
 
     result: dict = {}
     if "problems" in present:
-        result |= one("select max(bank_version) as bank_version, count(distinct problem_id) as problems, "
-                      "count(distinct problem_id) filter (where split = 'eval') as eval_problems from problems")
+        result |= one(
+            "select max(bank_version) as bank_version, count(distinct problem_id) as problems, "
+            "count(distinct problem_id) filter (where split = 'eval') as eval_problems from problems"
+        )
     if "rollouts" in present:
-        result |= one("select count(distinct iteration) as iterations, max(iteration) as last_iteration, "
-                      "count(*) as rollouts from rollouts")
+        result |= one(
+            "select count(distinct iteration) as iterations, max(iteration) as last_iteration, "
+            "count(*) as rollouts from rollouts"
+        )
     if "model_versions" in present:
-        result |= one("select model_version as latest_model_version, kind as latest_model_kind from model_versions "
-                      "where kind is distinct from 'rl-branch' order by model_version desc limit 1")
+        result |= one(
+            "select model_version as latest_model_version, kind as latest_model_kind from model_versions "
+            "where kind is distinct from 'rl-branch' order by model_version desc limit 1"
+        )
     if "evaluations" in present:
-        evaluated = con.sql("select model_version, sum(solved) / sum(samples) as solve_rate, sum(problems) as problems "
-                            f"from evaluations where {MAIN_LINE} group by 1 order by 1").pl()
+        evaluated = con.sql(
+            "select model_version, sum(solved) / sum(samples) as solve_rate, sum(problems) as problems "
+            f"from evaluations where {MAIN_LINE} group by 1 order by 1"
+        ).pl()
         if evaluated.height:
             result["first_eval"] = evaluated.row(0, named=True)
             result["last_eval"] = evaluated.row(-1, named=True)
     if "rewards" in present and result.get("last_iteration") is not None:
-        result |= one(f"with {FIRST_VERIFIER} select avg(reward) as last_mean_reward from scored "
-                      f"where iteration = {int(result['last_iteration'])}")
+        result |= one(
+            f"with {FIRST_VERIFIER} select avg(reward) as last_mean_reward from scored "
+            f"where iteration = {int(result['last_iteration'])}"
+        )
     if "learning_zone_share" in present:
         result |= one("select zone_share as last_zone_share from learning_zone_share order by iteration desc limit 1")
     return result

@@ -44,18 +44,32 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """Labelled, formatted facts of `data.summary`; facts the lake cannot give yet are left out."""
     rows = []
     if "problems" in summary:
-        rows.append(("problem bank", f"version {summary['bank_version']}: {summary['problems']:,} problems "
-                                     f"({summary['eval_problems']:,} held out)"))
+        rows.append(
+            (
+                "problem bank",
+                f"version {summary['bank_version']}: {summary['problems']:,} problems "
+                f"({summary['eval_problems']:,} held out)",
+            )
+        )
     if summary.get("iterations"):
-        rows.append(("iterations", f"{summary['iterations']} (last: {summary['last_iteration']}), "
-                                   f"{summary['rollouts']:,} rollouts"))
+        rows.append(
+            (
+                "iterations",
+                f"{summary['iterations']} (last: {summary['last_iteration']}), {summary['rollouts']:,} rollouts",
+            )
+        )
     if summary.get("latest_model_version") is not None:
         rows.append(("latest model version", f"{summary['latest_model_version']} ({summary['latest_model_kind']})"))
     for key, label in (("first_eval", "first held-out solve rate"), ("last_eval", "latest held-out solve rate")):
         if key in summary:
             evaluation = summary[key]
-            rows.append((label, f"{_percent(evaluation['solve_rate'])} (model version {evaluation['model_version']}, "
-                                f"{int(evaluation['problems']):,} problems)"))
+            rows.append(
+                (
+                    label,
+                    f"{_percent(evaluation['solve_rate'])} (model version {evaluation['model_version']}, "
+                    f"{int(evaluation['problems']):,} problems)",
+                )
+            )
     if summary.get("last_mean_reward") is not None:
         rows.append(("mean reward, last iteration", f"{summary['last_mean_reward']:.3f}"))
     if summary.get("last_zone_share") is not None:
@@ -79,7 +93,7 @@ def frame_table(frame: pl.DataFrame) -> str:
                 cells.append(f"<td>{escape('' if value is None else str(value))}</td>")
             elif isinstance(value, float) and ("rate" in name or "share" in name):
                 cells.append(f'<td class="number">{_percent(value)}</td>')
-            elif isinstance(value, (int, Decimal)) and value == int(value):     # DuckDB sums are decimals
+            elif isinstance(value, (int, Decimal)) and value == int(value):  # DuckDB sums are decimals
                 cells.append(f'<td class="number">{int(value):,}</td>')
             elif isinstance(value, (float, Decimal)):
                 cells.append(f'<td class="number">{float(value):.4g}</td>')
@@ -90,8 +104,11 @@ def frame_table(frame: pl.DataFrame) -> str:
 
 
 def _section(section: Section) -> str:
-    parts = [f'<section id="{escape(section.name)}">', f"<h2>{escape(section.title)}</h2>",
-             f'<p class="caption">{escape(section.caption)}</p>']
+    parts = [
+        f'<section id="{escape(section.name)}">',
+        f"<h2>{escape(section.title)}</h2>",
+        f'<p class="caption">{escape(section.caption)}</p>',
+    ]
     if section.png is None:
         parts.append(f'<p class="skipped">Skipped: {escape(section.note or "no data")}.</p>')
     else:
@@ -101,13 +118,32 @@ def _section(section: Section) -> str:
     return "\n".join(parts)
 
 
-def render(heading: str, facts: list[tuple[str, str]], sections: list[Section],
-           tables: list[tuple[str, pl.DataFrame]] = ()) -> str:
+def render(
+    heading: str, facts: list[tuple[str, str]], sections: list[Section], tables: list[tuple[str, pl.DataFrame]] = ()
+) -> str:
     """The whole HTML document."""
-    contents = "".join(f'<li><a href="#{escape(s.name)}">{escape(s.title)}</a>'
-                       f'{" (skipped)" if s.png is None else ""}</li>' for s in sections)
+    contents = "".join(
+        f'<li><a href="#{escape(s.name)}">{escape(s.title)}</a>{" (skipped)" if s.png is None else ""}</li>'
+        for s in sections
+    )
     extra = "".join(f"<h3>{escape(title)}</h3>{frame_table(frame)}" for title, frame in tables if not frame.is_empty())
-    return "\n".join([
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">', f"<title>{escape(heading)}</title>",
-        f"<style>{STYLE}</style>", "</head>", "<body>", f"<h1>{escape(heading)}</h1>",
-        _facts_table(facts), extra, f"<ul>{contents}</ul>", *(_section(s) for s in sections), "</body>", "</html>", ""])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            f"<title>{escape(heading)}</title>",
+            f"<style>{STYLE}</style>",
+            "</head>",
+            "<body>",
+            f"<h1>{escape(heading)}</h1>",
+            _facts_table(facts),
+            extra,
+            f"<ul>{contents}</ul>",
+            *(_section(s) for s in sections),
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )

@@ -50,9 +50,16 @@ def build_report(lake: Lake, as_of: int | None = None) -> Report:
     where = lake.uri if as_of is None else f"{lake.uri} at lake version {as_of}"
     facts = [("lake", where), *summary_rows(data.summary(con))]
     evaluations = frames["eval_solve_rate_by_level"]
-    tables = [] if evaluations.is_empty() else [
-        (f"Held-out solve rate per level, model version {evaluations['model_version'].max()}",
-         evaluations.filter(pl.col("model_version") == pl.col("model_version").max()))]
+    tables = (
+        []
+        if evaluations.is_empty()
+        else [
+            (
+                f"Held-out solve rate per level, model version {evaluations['model_version'].max()}",
+                evaluations.filter(pl.col("model_version") == pl.col("model_version").max()),
+            )
+        ]
+    )
     html = render("RLVR report", facts, sections, tables)
     return Report(html=html, sections=sections, overview=png(overview(frames, f"RLVR report: {where}")))
 
@@ -72,5 +79,9 @@ def write_report(report: Report, out_dir: str | Path) -> dict:
             plots[section.name] = str(path)
     (out / f"{OVERVIEW_NAME}.png").write_bytes(report.overview)
     (out / HTML_NAME).write_text(report.html, encoding="utf-8")
-    return {"html": str(out / HTML_NAME), "overview": str(out / f"{OVERVIEW_NAME}.png"), "plots": plots,
-            "skipped": skipped}
+    return {
+        "html": str(out / HTML_NAME),
+        "overview": str(out / f"{OVERVIEW_NAME}.png"),
+        "plots": plots,
+        "skipped": skipped,
+    }

@@ -23,22 +23,24 @@ class SelfRewardTripwire(Strict):
     """When a self-rewarded run is judged to be collapsing, and the loop stops (null: that check is off)."""
 
     after: int = Field(2, ge=1, description="iterations before the first check (a cold start may be poor)")
-    min_entropy: float | None = Field(0.05, ge=0, description="stop below this mean token entropy (nats) of the "
-                                      "training step")
-    min_length_ratio: float | None = Field(0.25, ge=0, description="stop when the mean response length falls below "
-                                           "this share of the first iteration's")
-    min_answer_diversity: float | None = Field(0.05, ge=0, le=1, description="stop below this share of distinct "
-                                               "final lines among an iteration's rollouts")
+    min_entropy: float | None = Field(
+        0.05, ge=0, description="stop below this mean token entropy (nats) of the training step"
+    )
+    min_length_ratio: float | None = Field(
+        0.25, ge=0, description="stop when the mean response length falls below this share of the first iteration's"
+    )
+    min_answer_diversity: float | None = Field(
+        0.05, ge=0, le=1, description="stop below this share of distinct final lines among an iteration's rollouts"
+    )
 
 
 def self_reward_health(rollouts: pl.DataFrame, metrics: pl.DataFrame) -> pl.DataFrame:
     """Per iteration: mean response tokens, answer diversity (distinct last non-empty lines / rollouts) and the
     training step's entropy. `rollouts`: iteration, response, n_tokens; `metrics`: iteration, entropy."""
-    last_line = (pl.col("response").str.strip_chars().str.split("\n").list.last().str.strip_chars()
-                 .fill_null(""))
+    last_line = pl.col("response").str.strip_chars().str.split("\n").list.last().str.strip_chars().fill_null("")
     per_iteration = rollouts.group_by("iteration").agg(
-        mean_tokens=pl.col("n_tokens").cast(pl.Float64).mean(),
-        answer_diversity=last_line.n_unique() / pl.len())
+        mean_tokens=pl.col("n_tokens").cast(pl.Float64).mean(), answer_diversity=last_line.n_unique() / pl.len()
+    )
     return per_iteration.join(metrics.select("iteration", "entropy"), on="iteration", how="left").sort("iteration")
 
 
@@ -49,8 +51,17 @@ def collapsed(health: pl.DataFrame, iteration: int, config: SelfRewardTripwire) 
     now = health.filter(pl.col("iteration") == iteration).row(0, named=True)
     first = health.row(0, named=True)
     ratio = now["mean_tokens"] / first["mean_tokens"] if first["mean_tokens"] else None
-    return fired([Check("training entropy", now["entropy"], config.min_entropy, "min_entropy", "{:.3f} nats"),
-                  Check("mean response length", ratio, config.min_length_ratio, "min_length_ratio",
-                        "{:.0%} of iteration " + str(first["iteration"]) + "'s"),
-                  Check("answer diversity", now["answer_diversity"], config.min_answer_diversity,
-                        "min_answer_diversity")], "reward.tripwire")
+    return fired(
+        [
+            Check("training entropy", now["entropy"], config.min_entropy, "min_entropy", "{:.3f} nats"),
+            Check(
+                "mean response length",
+                ratio,
+                config.min_length_ratio,
+                "min_length_ratio",
+                "{:.0%} of iteration " + str(first["iteration"]) + "'s",
+            ),
+            Check("answer diversity", now["answer_diversity"], config.min_answer_diversity, "min_answer_diversity"),
+        ],
+        "reward.tripwire",
+    )

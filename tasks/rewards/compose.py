@@ -30,9 +30,15 @@ from pydantic import Field, field_validator, model_validator
 from storage.config import Strict
 from tasks.rewards.collapse import SelfRewardTripwire
 
-BUILT_IN = {"verifier": "reward", "corrected": "corrected_reward", "format": "format_reward",
-            "process": "process_reward", "self_certainty": "self_certainty", "length": "n_tokens"}
-LOW_PROCESS_SHARE = 0.1        # the seed measured λ = 0.1 worse than outcome-only rewards
+BUILT_IN = {
+    "verifier": "reward",
+    "corrected": "corrected_reward",
+    "format": "format_reward",
+    "process": "process_reward",
+    "self_certainty": "self_certainty",
+    "length": "n_tokens",
+}
+LOW_PROCESS_SHARE = 0.1  # the seed measured λ = 0.1 worse than outcome-only rewards
 
 
 class ValueMapping(Strict):
@@ -46,29 +52,39 @@ class RewardComponent(Strict):
     """One term of the composed reward."""
 
     weight: float = Field(1.0, description="its weight in the sum (negative to penalise, e.g. length)")
-    mapping: dict[str, ValueMapping] = Field(default_factory=dict, description="per domain (math, code, logic, "
-                                             "qa) or `default`: the values its 0 and 1 map to")
+    mapping: dict[str, ValueMapping] = Field(
+        default_factory=dict,
+        description="per domain (math, code, logic, qa) or `default`: the values its 0 and 1 map to",
+    )
 
 
-KINDS = {"verifiable": "verifier", "self_certainty": "self_certainty"}   # kind -> its single component
+KINDS = {"verifiable": "verifier", "self_certainty": "self_certainty"}  # kind -> its single component
 
 
 class RewardConfig(Strict):
     """How the reward training sees is composed from the stored reward signals."""
 
     kind: Literal["composed", "verifiable", "self_certainty"] = Field(
-        "composed", description="verifiable: the verifier's reward alone; self_certainty: INTUITOR's self-certainty "
-        "alone, in place of the verifier's; composed: the weighted sum of `components`")
+        "composed",
+        description="verifiable: the verifier's reward alone; self_certainty: INTUITOR's self-certainty "
+        "alone, in place of the verifier's; composed: the weighted sum of `components`",
+    )
     components: dict[str, RewardComponent] = Field(
         default_factory=lambda: {"verifier": RewardComponent()},
         description="named components and their weights: verifier, corrected, format, process, self_certainty, "
-                    "length, or verifier:NAME for another verifier's reward")
+        "length, or verifier:NAME for another verifier's reward",
+    )
     self_certainty_missing: Literal["error", "zero"] = Field(
-        "error", description="a rollout without a self-certainty (its backend gave no full distribution): error "
-        "stops the stage naming how many; zero scores the component 0 there")
-    tripwire: SelfRewardTripwire = Field(default_factory=SelfRewardTripwire, description="collapse checks run "
-                                         "after each iteration when no component is a verifier's "
-                                         "(tasks/rewards/collapse.py)")
+        "error",
+        description="a rollout without a self-certainty (its backend gave no full distribution): error "
+        "stops the stage naming how many; zero scores the component 0 there",
+    )
+    tripwire: SelfRewardTripwire = Field(
+        default_factory=SelfRewardTripwire,
+        description="collapse checks run "
+        "after each iteration when no component is a verifier's "
+        "(tasks/rewards/collapse.py)",
+    )
     free_tokens: int = Field(0, ge=0, description="length: tokens that cost nothing")
     scale_tokens: int = Field(1000, gt=0, description="length: tokens past free_tokens per unit of the component")
 
@@ -81,8 +97,10 @@ class RewardConfig(Strict):
             alone = {KINDS[data["kind"]]: RewardComponent()}
             given = data.get("components")
             if given is not None and {k: RewardComponent.model_validate(v) for k, v in given.items()} != alone:
-                raise ValueError(f"reward.kind {data['kind']} is the {KINDS[data['kind']]} component alone: give "
-                                 "reward.components with kind composed (the default), not both")
+                raise ValueError(
+                    f"reward.kind {data['kind']} is the {KINDS[data['kind']]} component alone: give "
+                    "reward.components with kind composed (the default), not both"
+                )
             data = {**data, "components": alone}
         return data
 
@@ -107,8 +125,12 @@ class RewardConfig(Strict):
         if process is not None and process.weight > 0 and outcome > 0:
             share = process.weight / (process.weight + outcome)
             if share <= LOW_PROCESS_SHARE:
-                warnings.warn(f"the process component is {share:.0%} of the outcome-plus-process weight; the seed "
-                              "experiments found λ = 0.1 worse than outcome-only rewards", UserWarning, stacklevel=2)
+                warnings.warn(
+                    f"the process component is {share:.0%} of the outcome-plus-process weight; the seed "
+                    "experiments found λ = 0.1 worse than outcome-only rewards",
+                    UserWarning,
+                    stacklevel=2,
+                )
         return self
 
     def is_default(self) -> bool:
@@ -138,10 +160,12 @@ def compose(scored: pl.DataFrame, config: RewardConfig) -> pl.DataFrame:
         if name == "self_certainty" and config.self_certainty_missing == "error":
             missing = scored[column].null_count()
             if missing:
-                raise ValueError(f"{missing} of {scored.height} rollouts have no self-certainty (their backend gave no "
-                                 "full next-token distribution): compute it (rollout.self_certainty: true with the "
-                                 "openai backend) or set reward.self_certainty_missing: zero")
-        if name == "corrected":                      # no audit of this verifier version: its reward as it is
+                raise ValueError(
+                    f"{missing} of {scored.height} rollouts have no self-certainty (their backend gave no "
+                    "full next-token distribution): compute it (rollout.self_certainty: true with the "
+                    "openai backend) or set reward.self_certainty_missing: zero"
+                )
+        if name == "corrected":  # no audit of this verifier version: its reward as it is
             value = pl.coalesce(value, pl.col("reward").cast(pl.Float64))
         if name == "length":
             value = (value - config.free_tokens).clip(lower_bound=0) / config.scale_tokens

@@ -19,8 +19,10 @@ from tasks.generators import generate
 class BasePolicyConfig(Strict):
     """Which model is version 0."""
 
-    checkpoint: str | None = Field(None, description="a local HF checkpoint folder to register as version 0; "
-                                   "default: build the embedded tiny model")
+    checkpoint: str | None = Field(
+        None,
+        description="a local HF checkpoint folder to register as version 0; default: build the embedded tiny model",
+    )
     served_name: str | None = Field(None, description="name an OpenAI-compatible server serves version 0 under")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="shape of the embedded tiny model")
     tokenizer_corpus: int = Field(2000, ge=10, description="generated problems the tiny tokenizer is trained on")
@@ -38,9 +40,13 @@ def ensure_base_policy(lake: Lake, config: BasePolicyConfig) -> int:
             tokenizer = train_tokenizer(tokenizer_corpus(count=config.tokenizer_corpus), config.tiny.merges)
             model = build_model(config.tiny, tokenizer)
             uri = save_checkpoint(lake, 0, model, tokenizer)
-        architecture = {"model_type": model.config.model_type, "vocab_size": model.config.vocab_size,
-                        "parameters": sum(p.numel() for p in model.parameters()),
-                        "hidden_size": model.config.hidden_size, "layers": model.config.num_hidden_layers}
+        architecture = {
+            "model_type": model.config.model_type,
+            "vocab_size": model.config.vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "hidden_size": model.config.hidden_size,
+            "layers": model.config.num_hidden_layers,
+        }
         register(lake, run, 0, uri=uri, kind="base", architecture=architecture, served_name=config.served_name)
     return 0
 

@@ -51,8 +51,14 @@ class PythonTool:
 
     def __init__(self, seconds: float = 3.0):
 
-        self.limits = SandboxLimits(cpu_seconds=max(1, int(seconds)), wall_seconds=seconds, memory_mb=256,
-                                    scratch_mb=16, processes=4, output_bytes=64_000)
+        self.limits = SandboxLimits(
+            cpu_seconds=max(1, int(seconds)),
+            wall_seconds=seconds,
+            memory_mb=256,
+            scratch_mb=16,
+            processes=4,
+            output_bytes=64_000,
+        )
         self.sandbox = Sandbox(limits=self.limits)
 
     def run(self, code: str) -> ToolResult:
@@ -77,8 +83,8 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     finish_reason: str = "stop"
-    pending_call: str | None = None        # the code of a tool call the last model turn ended with
-    self_certainty: float | None = None     # over every model turn's tokens; None when a turn had none
+    pending_call: str | None = None  # the code of a tool call the last model turn ended with
+    self_certainty: float | None = None  # over every model turn's tokens; None when a turn had none
     backend: str = ""
     _certainty_sum: float = 0.0
     _certainty_tokens: int = 0
@@ -97,8 +103,11 @@ class Episode:
         else:
             self._certainty_sum += sample.self_certainty * len(sample.token_ids)
             self._certainty_tokens += len(sample.token_ids)
-        self.self_certainty = (None if self._certainty_missing or not self._certainty_tokens
-                               else self._certainty_sum / self._certainty_tokens)
+        self.self_certainty = (
+            None
+            if self._certainty_missing or not self._certainty_tokens
+            else self._certainty_sum / self._certainty_tokens
+        )
         self.pending_call = tool_call(text, tools) if sample.finish_reason == "stop" else None
 
     def add_tool(self, result: ToolResult, tokenizer, tools: ToolConfig) -> None:
@@ -114,10 +123,19 @@ class Episode:
         self.pending_call = None
 
     def sample(self, tokenizer) -> Sample:
-        return Sample(text=tokenizer.decode(self.token_ids, skip_special_tokens=True), token_ids=self.token_ids,
-                      logprobs=self.logprobs, finish_reason=self.finish_reason, prompt_token_ids=self.prompt_ids,
-                      self_certainty=self.self_certainty, backend=self.backend, loss_mask=self.loss_mask,
-                      turns=self.turns, tool_calls=self.tool_calls, tool_errors=self.tool_errors)
+        return Sample(
+            text=tokenizer.decode(self.token_ids, skip_special_tokens=True),
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            prompt_token_ids=self.prompt_ids,
+            self_certainty=self.self_certainty,
+            backend=self.backend,
+            loss_mask=self.loss_mask,
+            turns=self.turns,
+            tool_calls=self.tool_calls,
+            tool_errors=self.tool_errors,
+        )
 
 
 def shortened(output: str, limit: int, keep_end: bool) -> str:
@@ -125,7 +143,7 @@ def shortened(output: str, limit: int, keep_end: bool) -> str:
     a traceback shows the program's own frames, not the sandbox's."""
     if keep_end and "Traceback (most recent call last):" in output:
         head, _, frames = output.rpartition("Traceback (most recent call last):")
-        own = frames[frames.find('  File "<program>"'):] if '  File "<program>"' in frames else frames
+        own = frames[frames.find('  File "<program>"') :] if '  File "<program>"' in frames else frames
         output = head + "Traceback (most recent call last):\n" + own.lstrip("\n")
     if len(output) <= limit:
         return output
@@ -138,11 +156,24 @@ def tool_call(text: str, tools: ToolConfig) -> str | None:
     return match.group(1).strip("\n") if match else None
 
 
-def run_episodes(policy: Policy, tokenizer, tool, prompts: list[str], n: int, sampler: SamplerConfig, seed: int,
-                 model_version: int, tools: ToolConfig) -> list[list[Sample]]:
+def run_episodes(
+    policy: Policy,
+    tokenizer,
+    tool,
+    prompts: list[str],
+    n: int,
+    sampler: SamplerConfig,
+    seed: int,
+    model_version: int,
+    tools: ToolConfig,
+) -> list[list[Sample]]:
     """`n` episodes per prompt, grouped like `Policy.generate`'s samples."""
-    turn_sampler = sampler.model_copy(update={"stop": [*sampler.stop, tools.call_close],
-                                              "max_new_tokens": min(sampler.max_new_tokens, tools.max_episode_tokens)})
+    turn_sampler = sampler.model_copy(
+        update={
+            "stop": [*sampler.stop, tools.call_close],
+            "max_new_tokens": min(sampler.max_new_tokens, tools.max_episode_tokens),
+        }
+    )
     groups = policy.generate(prompts, n, turn_sampler, seed, model_version)
     episodes = []
     for group in groups:
@@ -157,18 +188,19 @@ def run_episodes(policy: Policy, tokenizer, tool, prompts: list[str], n: int, sa
         going = [e for e in calling if len(e.token_ids) < tools.max_episode_tokens]
         going_ids = {id(e) for e in going}
         for episode in calling:
-            if id(episode) not in going_ids:              # the tool's output used up the budget
+            if id(episode) not in going_ids:  # the tool's output used up the budget
                 episode.finish_reason = "length"
         if not going:
             break
         budget = min(sampler.max_new_tokens, tools.max_episode_tokens - max(len(e.token_ids) for e in going))
         next_sampler = turn_sampler.model_copy(update={"max_new_tokens": max(1, budget)})
-        continued = policy.generate([e.prompt_ids + e.token_ids for e in going], 1, next_sampler,
-                                    derive_seed(seed, "turn", turn), model_version)
+        continued = policy.generate(
+            [e.prompt_ids + e.token_ids for e in going], 1, next_sampler, derive_seed(seed, "turn", turn), model_version
+        )
         for episode, (sample,) in zip(going, continued):
             episode.add_model(sample, tokenizer, tools)
     samples = [episode.sample(tokenizer) for episode in episodes]
-    return [samples[i * n:(i + 1) * n] for i in range(len(groups))]
+    return [samples[i * n : (i + 1) * n] for i in range(len(groups))]
 
 
 @dataclass
@@ -185,8 +217,9 @@ class EpisodePolicy:
             self.tool = PythonTool(self.tools.seconds)
 
     def generate(self, prompts, n: int, sampler: SamplerConfig, seed: int, model_version: int) -> list[list[Sample]]:
-        return run_episodes(self.policy, self.tokenizer, self.tool, prompts, n, sampler, seed, model_version,
-                            self.tools)
+        return run_episodes(
+            self.policy, self.tokenizer, self.tool, prompts, n, sampler, seed, model_version, self.tools
+        )
 
     def close(self) -> None:
         getattr(self.tool, "close", lambda: None)()

@@ -47,33 +47,53 @@ from tasks.verification.stage import PROBLEM_FIELDS, own_rewards
 class RolloutConfig(Strict):
     """Which policy samples, how prompts are drawn and formatted, and how responses are sampled."""
 
-    backend: Literal["hf", "openai"] = Field("hf", description="hf: transformers in this process; openai: "
-                                             "OpenAI-compatible servers (vLLM)")
+    backend: Literal["hf", "openai"] = Field(
+        "hf", description="hf: transformers in this process; openai: OpenAI-compatible servers (vLLM)"
+    )
     group_size: int = Field(16, ge=2, description="G: responses sampled per prompt")
     seed: int = Field(0, description="root seed; each round's draw and sampling seeds derive from it and the iteration")
     mix: MixConfig = Field(default_factory=MixConfig, description="level and domain mix of the drawn prompts")
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="prompt template")
     sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="sampling parameters")
     device: str = Field("cpu", description="hf backend: torch device")
-    devices: list[str] = Field(default_factory=list, description="the devices the sampling role holds (the hf "
-                               "backend samples on the first; self-certainty and the agreement gate load the local "
-                               "copy there); empty: [device]. A run refuses to train on one of them unless "
-                               "train.share_devices")
-    batch_size: int = Field(512, ge=1, description="hf backend: sequences generated together (rows that end "
-                            "leave the batch, so larger is faster while memory lasts: on CPU the tiny model samples a "
-                            "round fastest in one batch)")
+    devices: list[str] = Field(
+        default_factory=list,
+        description="the devices the sampling role holds (the hf "
+        "backend samples on the first; self-certainty and the agreement gate load the local "
+        "copy there); empty: [device]. A run refuses to train on one of them unless "
+        "train.share_devices",
+    )
+    batch_size: int = Field(
+        512,
+        ge=1,
+        description="hf backend: sequences generated together (rows that end "
+        "leave the batch, so larger is faster while memory lasts: on CPU the tiny model samples a "
+        "round fastest in one batch)",
+    )
     openai: OpenAIBackendConfig = Field(default_factory=OpenAIBackendConfig, description="openai backend: servers")
-    self_certainty: bool | None = Field(None, description="openai backend: compute each rollout's self-certainty "
-                                        "from a forward pass of the local copy of the version (null: only when "
-                                        "the reward composes it); the hf backend always records it")
+    self_certainty: bool | None = Field(
+        None,
+        description="openai backend: compute each rollout's self-certainty "
+        "from a forward pass of the local copy of the version (null: only when "
+        "the reward composes it); the hf backend always records it",
+    )
     base_policy: BasePolicyConfig = Field(default_factory=BasePolicyConfig, description="what model version 0 is")
-    logprob_check_prompts: int = Field(4, ge=0, description="openai backend: prompts of the log-prob agreement "
-                                       "gate run on each endpoint for each version published (2 short samples "
-                                       "each); 0 = no gate")
-    logprob_tolerance: float = Field(0.05, gt=0, description="openai backend: the most the mean |server log p - "
-                                     "trainer log p| per token may be before the gate fails (bf16 servers: ~0.01)")
-    tools: ToolConfig = Field(default_factory=ToolConfig, description="multi-turn episodes with tool calls "
-                              "(tasks/rollout/episodes.py)")
+    logprob_check_prompts: int = Field(
+        4,
+        ge=0,
+        description="openai backend: prompts of the log-prob agreement "
+        "gate run on each endpoint for each version published (2 short samples "
+        "each); 0 = no gate",
+    )
+    logprob_tolerance: float = Field(
+        0.05,
+        gt=0,
+        description="openai backend: the most the mean |server log p - "
+        "trainer log p| per token may be before the gate fails (bf16 servers: ~0.01)",
+    )
+    tools: ToolConfig = Field(
+        default_factory=ToolConfig, description="multi-turn episodes with tool calls (tasks/rollout/episodes.py)"
+    )
 
     def sampling_device(self) -> str:
         """Where this process samples and loads the local copy: the first of `devices`, else `device`."""
@@ -86,21 +106,21 @@ class GroupSampler:
 
     rollout: RolloutConfig
     sampling: DynamicSamplingConfig
-    selfverify: SelfVerifyConfig          # lagged RISE: a share of each round's draw is banked verification tasks
-    verifier: str | None                  # the verifier whose verdict says a rollout is correct (verify.verifier)
+    selfverify: SelfVerifyConfig  # lagged RISE: a share of each round's draw is banked verification tasks
+    verifier: str | None  # the verifier whose verdict says a rollout is correct (verify.verifier)
     policy: Policy
     tokenizer: object | None
-    score: Callable[[pl.DataFrame], pl.DataFrame]    # rollouts with their problems -> reward rows
+    score: Callable[[pl.DataFrame], pl.DataFrame]  # rollouts with their problems -> reward rows
     bank: pl.DataFrame
     iteration: int
     model_version: int
     rollouts: list[pl.DataFrame] = field(default_factory=list)
     rewards: list[pl.DataFrame] = field(default_factory=list)
-    scored: list[pl.DataFrame] = field(default_factory=list)        # what was scored: rollouts with their problems
+    scored: list[pl.DataFrame] = field(default_factory=list)  # what was scored: rollouts with their problems
     drawn: set[str] = field(default_factory=set)
-    history: pl.DataFrame | None = None     # guided sampling: the lake's past groups (problem_id, iteration, ...)
-    ranked: pl.DataFrame | None = None      # guided sampling: this round's candidates, likeliest kept first
-    planned: list[dict] = field(default_factory=list)   # guided sampling: per round, groups drawn and expected kept
+    history: pl.DataFrame | None = None  # guided sampling: the lake's past groups (problem_id, iteration, ...)
+    ranked: pl.DataFrame | None = None  # guided sampling: this round's candidates, likeliest kept first
+    planned: list[dict] = field(default_factory=list)  # guided sampling: per round, groups drawn and expected kept
 
     def plan(self, missing: int, round_: int) -> int:
         """Guided sampling: rank a pool of candidates drawn by the mix by their predicted keep probability, and
@@ -115,12 +135,18 @@ class GroupSampler:
         available = self._available().filter(pl.col("source") != SELF_VERIFY_SOURCE)
         pool = min(available.height, math.ceil(missing * guidance.pool))
         try:
-            candidates = sample_mix(available, pool, derive_seed(rollout.seed, self.iteration, round_, "draw"),
-                                    rollout.mix.level_weights, rollout.mix.domain_weights)
-        except ValueError:                   # the mix's levels hold fewer: draw as an unguided round does
+            candidates = sample_mix(
+                available,
+                pool,
+                derive_seed(rollout.seed, self.iteration, round_, "draw"),
+                rollout.mix.level_weights,
+                rollout.mix.domain_weights,
+            )
+        except ValueError:  # the mix's levels hold fewer: draw as an unguided round does
             return math.ceil(missing * sampling.oversample)
-        self.ranked = ranked_candidates(candidates, self.history, self.iteration, rollout.group_size,
-                                        sampling.band, guidance, self.bank)
+        self.ranked = ranked_candidates(
+            candidates, self.history, self.iteration, rollout.group_size, sampling.band, guidance, self.bank
+        )
         keep = self.ranked["keep_probability"].to_list()
         n = groups_to_draw(keep, missing, guidance.confidence, cap=len(keep))
         self.planned.append({"round": round_, "groups": n, "expected_kept": float(sum(keep[:n]))})
@@ -135,28 +161,42 @@ class GroupSampler:
         available = self._available()
         n = min(n_groups, available.height)
         if n == 0:
-            return pl.DataFrame(schema={"group_id": pl.String, "problem_id": pl.String, "reward": pl.Float64,
-                                        "correct": pl.Boolean})
+            return pl.DataFrame(
+                schema={"group_id": pl.String, "problem_id": pl.String, "reward": pl.Float64, "correct": pl.Boolean}
+            )
         problems = self._drawn(available, n, derive_seed(rollout.seed, self.iteration, round_, "draw"))
         self.drawn.update(problems["problem_id"].to_list())
         prompts = [format_prompt(text, rollout.prompt, self.tokenizer) for text in problems["prompt"]]
         seed = derive_seed(rollout.seed, self.iteration, round_, "sample")
         groups = self.policy.generate(prompts, rollout.group_size, rollout.sampler, seed, self.model_version)
-        sampler = {"backend": rollout.backend, "group_size": rollout.group_size, **rollout.sampler.model_dump(),
-                   "prompt": rollout.prompt.model_dump(),
-                   **({"tools": rollout.tools.model_dump()} if rollout.tools.enabled else {})}
-        rows = rollout_rows(problems, prompts, groups, iteration=self.iteration, round_=round_,
-                            model_version=self.model_version, sampler=sampler, seed=seed)
+        sampler = {
+            "backend": rollout.backend,
+            "group_size": rollout.group_size,
+            **rollout.sampler.model_dump(),
+            "prompt": rollout.prompt.model_dump(),
+            **({"tools": rollout.tools.model_dump()} if rollout.tools.enabled else {}),
+        }
+        rows = rollout_rows(
+            problems,
+            prompts,
+            groups,
+            iteration=self.iteration,
+            round_=round_,
+            model_version=self.model_version,
+            sampler=sampler,
+            seed=seed,
+        )
         to_score = rows.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
-            problems.select(PROBLEM_FIELDS), on="problem_id", how="left")
+            problems.select(PROBLEM_FIELDS), on="problem_id", how="left"
+        )
         rewards = self.score(to_score)
         self.rollouts.append(rows)
         self.rewards.append(rewards)
         self.scored.append(to_score)
         own = own_rewards(rewards, to_score, self.verifier)
         return rows.select("rollout_id", "group_id", "problem_id").join(
-            own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left")
-
+            own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left"
+        )
 
     def _drawn(self, available: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
         """`n` problems by the training mix; with self-verification, `selfverify.ratio` of them are verification
@@ -168,7 +208,7 @@ class GroupSampler:
         others = available.filter(~is_task)
         n_tasks = min(tasks.height, round(n * verify.ratio)) if lagged else 0
         n_others = min(others.height, n - n_tasks)
-        if self.ranked is not None:          # guided: the likeliest-kept candidates of `plan`
+        if self.ranked is not None:  # guided: the likeliest-kept candidates of `plan`
             parts = [self.ranked.head(n_others).select(others.columns)] if n_others else []
         else:
             parts = [sample_mix(others, n_others, seed, mix.level_weights, mix.domain_weights)] if n_others else []
@@ -202,7 +242,7 @@ def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[
         policy = HFPolicy(model, tokenizer, model_version, config.batch_size)
     else:
         tokenizer = None
-        if config.prompt.template == "chat" or config.tools.enabled:   # episodes tokenize the tool's output
+        if config.prompt.template == "chat" or config.tools.enabled:  # episodes tokenize the tool's output
             tokenizer = load_tokenizer(checkpoint)
         served = {model_version: row["served_name"]} if row["served_name"] else {}
         policy = OpenAIPolicy(config.openai, os.environ.get(config.openai.api_key_env), served)

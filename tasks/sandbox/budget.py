@@ -71,7 +71,7 @@ def _create_v1(name: str) -> dict | None:
         os.makedirs(group, exist_ok=True)
         groups[controller] = group
     probe = os.path.join(groups["memory"], "memory.limit_in_bytes")
-    with open(probe, "w") as handle:                  # a hierarchy that refuses limits is no use
+    with open(probe, "w") as handle:  # a hierarchy that refuses limits is no use
         handle.write(str(1 << 40))
     return groups
 
@@ -86,7 +86,7 @@ def remove_cgroups(groups: dict | None) -> None:
                 break
             except FileNotFoundError:
                 break
-            except OSError:                            # its last processes are still exiting
+            except OSError:  # its last processes are still exiting
                 time.sleep(0.02)
 
 
@@ -97,7 +97,7 @@ def _reap_stale(groups: dict) -> None:
         for entry in os.listdir(parent):
             if not entry.startswith(PREFIX):
                 continue
-            owner = entry[len(PREFIX):].split("-", 1)[0]
+            owner = entry[len(PREFIX) :].split("-", 1)[0]
             if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
                 try:
                     os.rmdir(os.path.join(parent, entry))
@@ -123,10 +123,10 @@ def set_limits(groups: dict, memory_bytes: int, processes: int) -> None:
     memory = groups["memory"]
     memsw = os.path.join(memory, "memory.memsw.limit_in_bytes")
     if os.path.exists(memsw):
-        _write(memsw, "-1")                           # memsw ≥ limit at every step
+        _write(memsw, "-1")  # memsw ≥ limit at every step
     _write(os.path.join(memory, "memory.limit_in_bytes"), str(memory_bytes))
     if os.path.exists(memsw):
-        _write(memsw, str(memory_bytes))              # no swap beyond the limit either
+        _write(memsw, str(memory_bytes))  # no swap beyond the limit either
     _write(os.path.join(memory, "memory.max_usage_in_bytes"), "0")
     _write(os.path.join(groups["pids"], "pids.max"), str(processes))
 

@@ -49,17 +49,17 @@ class SandboxUnavailable(VerifierUnavailable):
 
 @dataclass
 class SandboxResult:
-    status: str                       # ok, timeout, output_limit, memory_limit, cpu_limit, incomplete, crashed
+    status: str  # ok, timeout, output_limit, memory_limit, cpu_limit, incomplete, crashed
     passed: int = 0
     total: int = 0
     exit_code: int | None = None
     output: str = ""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    health: dict = field(default_factory=dict)      # the server's own state after the run
-    peak_mb: float | None = None      # the run's peak memory by the kernel's own count, where a cgroup bounds it
-    tests: list[dict] = field(default_factory=list)   # workspace runs: each test's name, passed, message
-    leftover_processes: int = 0       # workspace runs: processes the candidate left running when the tests ended
+    health: dict = field(default_factory=dict)  # the server's own state after the run
+    peak_mb: float | None = None  # the run's peak memory by the kernel's own count, where a cgroup bounds it
+    tests: list[dict] = field(default_factory=list)  # workspace runs: each test's name, passed, message
+    leftover_processes: int = 0  # workspace runs: processes the candidate left running when the tests ended
 
     @property
     def all_passed(self) -> bool:
@@ -73,7 +73,7 @@ def isolation_mode() -> str:
     network guard only: not isolation)."""
     if shutil.which("unshare") is None:
         return "rlimits"
-    for mode in (("namespaces", "userns") if os.geteuid() == 0 else ("userns",)):
+    for mode in ("namespaces", "userns") if os.geteuid() == 0 else ("userns",):
         probe = subprocess.run([*PREFIXES[mode], "true"], capture_output=True, timeout=30)
         if probe.returncode == 0:
             return mode
@@ -94,11 +94,12 @@ def require_isolation(isolation: str | None = None, allow_insecure: bool | None 
         raise SandboxUnavailable(
             "code verification needs isolation this host does not offer (root, or unprivileged user namespaces "
             "with util-linux `unshare`); to run model-generated code with resource limits only, which does not "
-            f"isolate it from this user's files and processes, pass --insecure-sandbox (or set {INSECURE_ENV}=1)")
+            f"isolate it from this user's files and processes, pass --insecure-sandbox (or set {INSECURE_ENV}=1)"
+        )
     return isolation
 
 
-UID_LOCKS = "/tmp/rlvr-sandbox-uids"        # a lock file per user-id slot, shared by every process on the host
+UID_LOCKS = "/tmp/rlvr-sandbox-uids"  # a lock file per user-id slot, shared by every process on the host
 
 
 def claim_uid_slot(start: int) -> tuple[int, int | None]:
@@ -106,7 +107,7 @@ def claim_uid_slot(start: int) -> tuple[int, int | None]:
     (released by closing it, or by the process's death). Where no lock can be taken: `start`, unheld."""
     try:
         os.makedirs(UID_LOCKS, exist_ok=True)
-        os.chmod(UID_LOCKS, 0o1777)                    # sandboxes of other users claim here too
+        os.chmod(UID_LOCKS, 0o1777)  # sandboxes of other users claim here too
     except OSError:
         pass
     for offset in range(UID_SLOTS):
@@ -124,19 +125,25 @@ def claim_uid_slot(start: int) -> tuple[int, int | None]:
 
 
 class Sandbox:
-    def __init__(self, worker: int = 0, limits: SandboxLimits | None = None, isolation: str | None = None,
-                 allow_insecure: bool | None = None, health_limits: dict | None = None):
+    def __init__(
+        self,
+        worker: int = 0,
+        limits: SandboxLimits | None = None,
+        isolation: str | None = None,
+        allow_insecure: bool | None = None,
+        health_limits: dict | None = None,
+    ):
         if isolation not in (None, *PREFIXES):
             raise ValueError(f"isolation must be one of {sorted(PREFIXES)}, not {isolation!r}")
         self.worker = worker
         self.limits = limits or SandboxLimits()
-        self.health_limits = dict(health_limits or {})     # overrides of the server's own (zygote.HEALTH_LIMITS)
+        self.health_limits = dict(health_limits or {})  # overrides of the server's own (zygote.HEALTH_LIMITS)
         self.isolation = require_isolation(isolation, allow_insecure)
         self._process: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self.server_pid: int | None = None
-        self.recycled = 0                 # servers replaced because they reported a limit (no run failed)
-        self.crashes = 0                  # servers that hung or died during a run
+        self.recycled = 0  # servers replaced because they reported a limit (no run failed)
+        self.crashes = 0  # servers that hung or died during a run
         name = f"{os.getpid()}-{self.worker}-{next(_servers)}"
         self._cgroups = budget.create_cgroups(name) if self.isolation == "namespaces" else None
         # Its runs' user ids, one pair per live sandbox on the host (not per worker index, which every suite
@@ -156,15 +163,30 @@ class Sandbox:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        if self._uid_lock is None:                          # closed before: claim a slot again
+        if self._uid_lock is None:  # closed before: claim a slot again
             self._uid_slot, self._uid_lock = claim_uid_slot(self._uid_slot)
-        command = [*PREFIXES[self.isolation], sys.executable, "-s", "-m", "tasks.sandbox.zygote",
-                   self.isolation, str(self._uid_slot), json.dumps(self._cgroups)]
+        command = [
+            *PREFIXES[self.isolation],
+            sys.executable,
+            "-s",
+            "-m",
+            "tasks.sandbox.zygote",
+            self.isolation,
+            str(self._uid_slot),
+            json.dumps(self._cgroups),
+        ]
         # the environment carries nothing of the orchestrator's; the working directory is /
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": _package_root()}
-        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/",
-                                         stderr=subprocess.DEVNULL, env=env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd="/",
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         ready = self._receive(time.monotonic() + 60)
         if not ready or not ready.get("ready"):
             self.close()
@@ -176,7 +198,7 @@ class Sandbox:
         budget.remove_cgroups(self._cgroups)
         lock, self._uid_lock = self._uid_lock, None
         if lock is not None:
-            os.close(lock)                                  # the slot is free again
+            os.close(lock)  # the slot is free again
 
     def _stop_server(self) -> None:
         process, self._process = self._process, None
@@ -205,19 +227,43 @@ class Sandbox:
         self.close()
 
     # ---- jobs ------------------------------------------------------------------------------
-    def run_tests(self, program: str, tests: str, entry_point: str, prompt: str = "",
-                  limits: SandboxLimits | None = None, stop_after_failure: bool = False) -> SandboxResult:
+    def run_tests(
+        self,
+        program: str,
+        tests: str,
+        entry_point: str,
+        prompt: str = "",
+        limits: SandboxLimits | None = None,
+        stop_after_failure: bool = False,
+    ) -> SandboxResult:
         """Run `tests` against `entry_point` of `program` (program and tests in separate jailed processes);
         `stop_after_failure`: the first failing test ends the run (an all-or-nothing reward needs no more)."""
-        return self._run({"kind": "tests", "program": program, "tests": tests, "entry_point": entry_point,
-                          "prompt": prompt, "stop_after_failure": stop_after_failure}, limits)
+        return self._run(
+            {
+                "kind": "tests",
+                "program": program,
+                "tests": tests,
+                "entry_point": entry_point,
+                "prompt": prompt,
+                "stop_after_failure": stop_after_failure,
+            },
+            limits,
+        )
 
-    def run_suite(self, files: dict[str, str], tests: dict[str, str], only: list[str] | None = None,
-                  limits: SandboxLimits | None = None, stop_after_failure: bool = False) -> SandboxResult:
+    def run_suite(
+        self,
+        files: dict[str, str],
+        tests: dict[str, str],
+        only: list[str] | None = None,
+        limits: SandboxLimits | None = None,
+        stop_after_failure: bool = False,
+    ) -> SandboxResult:
         """Lay `files` out as the candidate's workspace and run the unittest modules `tests` (or those in
         `only`) against it: the tests in one jailed process, the workspace in another (`remote.py`)."""
-        return self._run({"kind": "suite", "files": files, "tests": tests, "only": only,
-                          "stop_after_failure": stop_after_failure}, limits)
+        return self._run(
+            {"kind": "suite", "files": files, "tests": tests, "only": only, "stop_after_failure": stop_after_failure},
+            limits,
+        )
 
     def run_script(self, program: str, limits: SandboxLimits | None = None) -> SandboxResult:
         """Run a program as `__main__`; its exit code and output come back."""
@@ -236,11 +282,11 @@ class Sandbox:
                 reply = self._receive(time.monotonic() + limits.wall_seconds + 10)
             except OSError:
                 reply = None
-            if reply is None:                   # the server hung or died: nothing of it is kept
+            if reply is None:  # the server hung or died: nothing of it is kept
                 self.crashes += 1
                 self._kill_server()
                 return SandboxResult(status="crashed")
-            if reply.get("health", {}).get("recycle"):    # it exits after this reply; the next job gets a new one
+            if reply.get("health", {}).get("recycle"):  # it exits after this reply; the next job gets a new one
                 self.recycled += 1
                 self._stop_server()
         known = SandboxResult.__dataclass_fields__

@@ -86,6 +86,7 @@ def make_proxy(entry_point: str, request_fd: int, response_fd: int, test_seconds
         if reply[0] == "ok" and len(reply) == 2:
             return reply[1]
         raise CandidateFailure(": ".join(map(str, reply[1:])))
+
     candidate.__name__ = entry_point
     candidate.busy = False
     return candidate
@@ -99,7 +100,9 @@ def test_units(tests: str, entry_point: str) -> tuple[list[ast.stmt], list[ast.s
     """
     module = ast.parse(tests)
     check = next((node for node in module.body if isinstance(node, ast.FunctionDef) and node.name == "check"), None)
-    calls_check = any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check" for node in ast.walk(module))
+    calls_check = any(
+        isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check" for node in ast.walk(module)
+    )
     names = {"candidate", entry_point}
     if check is not None and not calls_check:
         return module.body, check.body
@@ -107,16 +110,26 @@ def test_units(tests: str, entry_point: str) -> tuple[list[ast.stmt], list[ast.s
 
 
 def _is_test(statement: ast.stmt, names: set[str]) -> bool:
-    return any(isinstance(node, (ast.Assert, ast.Raise)) or (isinstance(node, ast.Name) and node.id in names)
-               for node in ast.walk(statement))
+    return any(
+        isinstance(node, (ast.Assert, ast.Raise)) or (isinstance(node, ast.Name) and node.id in names)
+        for node in ast.walk(statement)
+    )
 
 
-def run_tests(prompt: str, tests: str, entry_point: str, request_fd: int, response_fd: int, result_fd: int,
-              test_seconds: float | None = None, stop_after_failure: bool = False) -> None:
+def run_tests(
+    prompt: str,
+    tests: str,
+    entry_point: str,
+    request_fd: int,
+    response_fd: int,
+    result_fd: int,
+    test_seconds: float | None = None,
+    stop_after_failure: bool = False,
+) -> None:
     """Process B: report ("total", n), then ("result", i, passed, message) per test, then ("done",)."""
     namespace: dict = {"__name__": "__tests__"}
     try:
-        exec(compile(prompt, "<prompt>", "exec"), namespace)       # helper functions the tests use
+        exec(compile(prompt, "<prompt>", "exec"), namespace)  # helper functions the tests use
     except BaseException:  # noqa: BLE001 - a stub that does not run is not the tests' concern
         pass
     proxy = make_proxy(entry_point, request_fd, response_fd, test_seconds)
@@ -131,7 +144,7 @@ def run_tests(prompt: str, tests: str, entry_point: str, request_fd: int, respon
         return
     send_value(result_fd, ("total", max(1, len(units))))
     setup_error = _run(setup, namespace)
-    namespace[entry_point] = namespace["candidate"] = proxy      # the tests' module may have rebound them
+    namespace[entry_point] = namespace["candidate"] = proxy  # the tests' module may have rebound them
     stopped = None
     for index, unit in enumerate(units):
         error = stopped or setup_error or _run([unit], namespace)

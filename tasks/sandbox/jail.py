@@ -11,7 +11,7 @@ import sys
 
 from tasks.sandbox import linux
 
-JAIL = "/tmp/rlvr-jail"          # on a tmpfs mounted over /tmp in the server's own mount namespace
+JAIL = "/tmp/rlvr-jail"  # on a tmpfs mounted over /tmp in the server's own mount namespace
 
 # What a jailed program sees of the machine: the system's libraries and Python's own, read-only.
 # Not the orchestrator's files, the lake, the repository, /etc or anyone's home.
@@ -52,7 +52,7 @@ def mount(*arguments: str) -> None:
 
 def build_jail() -> None:
     """A root for the children: a private tmpfs holding read-only, nosuid binds of the system and of Python."""
-    mount("-t", "tmpfs", "-o", "mode=1777,size=16m", "tmpfs", "/tmp")      # nothing below is seen by the host
+    mount("-t", "tmpfs", "-o", "mode=1777,size=16m", "tmpfs", "/tmp")  # nothing below is seen by the host
     os.makedirs(JAIL)
     mount("-t", "tmpfs", "-o", "mode=755,size=64m", "tmpfs", JAIL)
     python_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}

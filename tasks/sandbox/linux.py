@@ -28,7 +28,7 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 # root gets no capabilities back by exec or setuid, and that cannot be undone
-SECURE_NO_ROOT = 0b101111   # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
+SECURE_NO_ROOT = 0b101111  # NOROOT, NOROOT_LOCKED, NO_SETUID_FIXUP, NO_SETUID_FIXUP_LOCKED, KEEP_CAPS_LOCKED
 
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -54,13 +54,19 @@ def unshare(flags: int) -> None:
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
     encode = lambda text: None if text is None else text.encode()  # noqa: E731
-    _check(_libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)),
-           f"mount {target}")
+    _check(
+        _libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data)),
+        f"mount {target}",
+    )
 
 
 def prctl(option: int, argument: int = 0) -> None:
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(argument), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                       ctypes.c_ulong(0)), f"prctl {option}")
+    _check(
+        _libc.prctl(
+            ctypes.c_int(option), ctypes.c_ulong(argument), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+        ),
+        f"prctl {option}",
+    )
 
 
 def drop_privileges(uid: int | None) -> None:

@@ -24,7 +24,7 @@ class Connection:
         self.pending: dict[int, list] = {}
         self.next_id = 0
         self.deadline: float | None = None
-        self.busy = False              # a call timed out: A may still be busy with it
+        self.busy = False  # a call timed out: A may still be busy with it
         self.gone = False
         self.exception_classes: dict[int, type] = {}
         threading.Thread(target=self._read, daemon=True).start()
@@ -110,7 +110,8 @@ class Connection:
             known = self.exception_classes.get(handle)
             if known is None:
                 bases = tuple(filter(None, map(_builtin_exception, tree[5] if len(tree) > 5 else [])))[:1] or (
-                    Exception,)
+                    Exception,
+                )
                 known = type(name if name.isidentifier() else "CandidateError", bases, {"__module__": "candidate"})
                 self.exception_classes[handle] = known
             return known
@@ -145,14 +146,20 @@ class Remote:
     __slots__ = ("_rlvr_connection", "_rlvr_handle", "_rlvr_name", "_rlvr_methods", "_rlvr_kind", "__weakref__")
 
     def __init__(self, connection: Connection, handle: int, name: str, methods: frozenset, kind: str):
-        for slot, value in (("_rlvr_connection", connection), ("_rlvr_handle", handle), ("_rlvr_name", name), ("_rlvr_methods", methods),
-                            ("_rlvr_kind", kind)):
+        for slot, value in (
+            ("_rlvr_connection", connection),
+            ("_rlvr_handle", handle),
+            ("_rlvr_name", name),
+            ("_rlvr_methods", methods),
+            ("_rlvr_kind", kind),
+        ):
             object.__setattr__(self, slot, value)
 
     def _rlvr_request(self, op: str, *arguments):
         connection = object.__getattribute__(self, "_rlvr_connection")
-        return connection.request(op, object.__getattribute__(self, "_rlvr_handle"),
-                                  *(connection.encode(a) for a in arguments))
+        return connection.request(
+            op, object.__getattribute__(self, "_rlvr_handle"), *(connection.encode(a) for a in arguments)
+        )
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -206,7 +213,7 @@ class Remote:
 
     def __exit__(self, *exc) -> bool:
         self._rlvr_request("exit")
-        return False               # never the candidate's choice: it would swallow the tests' assertions
+        return False  # never the candidate's choice: it would swallow the tests' assertions
 
     __eq__ = object.__eq__
     __hash__ = object.__hash__

@@ -36,7 +36,7 @@ from tasks.sandbox.protocol import recv_bytes, send_bytes
 
 SCALARS = (type(None), bool, int, float, complex, str, bytes)
 CONTAINERS = (list, tuple, dict, set, frozenset)
-TAGS = {list: "l", tuple: "t", set: "s", frozenset: "f"}      # sequences and sets in a tagged tree (dicts: "d")
+TAGS = {list: "l", tuple: "t", set: "s", frozenset: "f"}  # sequences and sets in a tagged tree (dicts: "d")
 KINDS = {tag: kind for kind, tag in TAGS.items()}
 MAX_THREADS = 64
 
@@ -68,9 +68,9 @@ class Workspace:
     def __init__(self, request_fd: int, response_fd: int):
         self.request_fd, self.response_fd = request_fd, response_fd
         self.objects: dict[int, object] = {}
-        self.handles: dict[int, int] = {}          # id(object) -> handle
+        self.handles: dict[int, int] = {}  # id(object) -> handle
         self.methods: dict[type, list[str]] = {}
-        self.lock = threading.Lock()               # the handle table and the response pipe
+        self.lock = threading.Lock()  # the handle table and the response pipe
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.idle = 0
         self.threads = 0
@@ -81,7 +81,7 @@ class Workspace:
             if payload is None:
                 return
             if not self._dispatch(payload):
-                self._answer(payload)                  # no thread at all could start: answer it here
+                self._answer(payload)  # no thread at all could start: answer it here
 
     def _dispatch(self, payload: bytes) -> bool:
         """Hand a call to an idle thread or a new one; False when there is none and none can start (the user
@@ -91,10 +91,10 @@ class Workspace:
                 try:
                     threading.Thread(target=self._work, daemon=True).start()
                     self.threads += 1
-                except RuntimeError:                   # "can't start new thread"
+                except RuntimeError:  # "can't start new thread"
                     if self.threads == 0:
                         return False
-                    self.idle -= 1                     # it waits for one of the threads there are
+                    self.idle -= 1  # it waits for one of the threads there are
             else:
                 self.idle -= 1
         self.jobs.put(payload)
@@ -193,9 +193,17 @@ class Workspace:
             names = []
             for name in dir(kind):
                 attribute = getattr(kind, name, None)
-                if not name.startswith("__") and isinstance(attribute, (types.FunctionType, staticmethod, classmethod,
-                                                                        types.BuiltinFunctionType, types.MethodType,
-                                                                        types.MethodDescriptorType)):
+                if not name.startswith("__") and isinstance(
+                    attribute,
+                    (
+                        types.FunctionType,
+                        staticmethod,
+                        classmethod,
+                        types.BuiltinFunctionType,
+                        types.MethodType,
+                        types.MethodDescriptorType,
+                    ),
+                ):
                     names.append(name)
             self.methods[kind] = names
         return names
@@ -221,9 +229,18 @@ class Workspace:
 
 
 _NOT_PLAIN = object()
-_EXACT = {int: int.__index__, str: str.__str__, float: float.__float__, bytes: bytes.__bytes__,
-          complex: complex.__complex__, list: list.copy, dict: dict.copy, set: set.copy,
-          tuple: lambda value: tuple.__getitem__(value, slice(None)), frozenset: frozenset.copy}
+_EXACT = {
+    int: int.__index__,
+    str: str.__str__,
+    float: float.__float__,
+    bytes: bytes.__bytes__,
+    complex: complex.__complex__,
+    list: list.copy,
+    dict: dict.copy,
+    set: set.copy,
+    tuple: lambda value: tuple.__getitem__(value, slice(None)),
+    frozenset: frozenset.copy,
+}
 
 
 def _exact(value):
@@ -231,7 +248,7 @@ def _exact(value):
     kind = type(value)
     if kind in SCALARS or kind in CONTAINERS:
         return value
-    for base, convert in _EXACT.items():           # a subclass (bool, which has none, is in SCALARS)
+    for base, convert in _EXACT.items():  # a subclass (bool, which has none, is in SCALARS)
         if isinstance(value, base):
             try:
                 return convert(value)

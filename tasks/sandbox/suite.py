@@ -28,8 +28,11 @@ def declared_tests(name: str, source: str) -> list[str]:
     found = []
     for node in module.body:
         if isinstance(node, ast.ClassDef):
-            found += [f"{stem}::{node.name}.{item.name}" for item in node.body
-                      if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")]
+            found += [
+                f"{stem}::{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")
+            ]
     return found
 
 
@@ -37,9 +40,16 @@ def module_name(path: str) -> str:
     return path[:-3].replace("/", ".") if path.endswith(".py") else path
 
 
-def run_suite(tests: dict[str, str], workspace_files: list[str], request_fd: int, response_fd: int, result_fd: int,
-              test_seconds: float | None = None, stop_after_failure: bool = False,
-              only: list[str] | None = None) -> None:
+def run_suite(
+    tests: dict[str, str],
+    workspace_files: list[str],
+    request_fd: int,
+    response_fd: int,
+    result_fd: int,
+    test_seconds: float | None = None,
+    stop_after_failure: bool = False,
+    only: list[str] | None = None,
+) -> None:
     """Report ("total", n), then ("result", i, passed, message, test name, seconds) per test, then ("done",).
     `only`: the test files to run (default every one)."""
     files = [name for name in sorted(tests) if name.endswith(".py") and (only is None or name in only)]
@@ -50,7 +60,7 @@ def run_suite(tests: dict[str, str], workspace_files: list[str], request_fd: int
     roots = candidate_roots(workspace_files)
     forget_modules(roots)
     sys.meta_path.insert(0, RemoteImporter(connection, roots))
-    for name, source in tests.items():            # helpers the tests import from each other
+    for name, source in tests.items():  # helpers the tests import from each other
         if name.endswith(".py") and name not in files:
             _load(name, source, connection, test_seconds)
     index, stopped = 0, None
@@ -69,12 +79,13 @@ def run_suite(tests: dict[str, str], workspace_files: list[str], request_fd: int
     if not names:
         send_value(result_fd, ("result", 0, False, "the tests define no test methods", "-"))
     send_value(result_fd, ("done",))
-    while True:        # hold the candidate's pipe open until the server has counted what it left running:
+    while True:  # hold the candidate's pipe open until the server has counted what it left running:
         time.sleep(60)  # once this process exits, the candidate's ends, and with it its PID namespace
 
 
-def _load(name: str, source: str, connection: Connection, test_seconds: float | None
-          ) -> tuple[types.ModuleType | None, str | None]:
+def _load(
+    name: str, source: str, connection: Connection, test_seconds: float | None
+) -> tuple[types.ModuleType | None, str | None]:
     """A test module, executed (its imports of the candidate's modules within one test's deadline)."""
     module = types.ModuleType(module_name(name))
     module.__file__ = f"<tests>/{name}"
@@ -89,7 +100,9 @@ def _load(name: str, source: str, connection: Connection, test_seconds: float | 
     return module, None
 
 
-def _run_one(module: types.ModuleType, test_name: str, connection: Connection, test_seconds: float | None) -> str | None:
+def _run_one(
+    module: types.ModuleType, test_name: str, connection: Connection, test_seconds: float | None
+) -> str | None:
     """None if the test passed, else why not (the first failure or error, shortened)."""
     class_name, method = test_name.split("::")[1].split(".")
     case_class = getattr(module, class_name, None)
@@ -114,4 +127,3 @@ def _run_one(module: types.ModuleType, test_name: str, connection: Connection, t
 def _last_line(trace: str) -> str:
     lines = [line for line in trace.strip().splitlines() if line.strip()]
     return (lines[-1] if lines else "failed")[:300]
-

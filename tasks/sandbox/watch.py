@@ -7,8 +7,8 @@ import os
 import select
 import time
 
-POLL_SECONDS = 0.01              # how often a run's processes are measured where no cgroup bounds them,
-NEAR_POLL_SECONDS = 0.001        # and how often once they hold half their memory budget (less slips through)
+POLL_SECONDS = 0.01  # how often a run's processes are measured where no cgroup bounds them,
+NEAR_POLL_SECONDS = 0.001  # and how often once they hold half their memory budget (less slips through)
 MB = 1024 * 1024
 
 

@@ -32,17 +32,35 @@ import traceback
 
 from tasks.sandbox import budget, harness, linux, remote, suite
 from tasks.sandbox.jail import JAIL, build_jail, empty_folder, private_view, refuse_network
+from tasks.sandbox.processes import alive, close_all, exit_with, kill_group, reap, recv_exactly
 from tasks.sandbox.protocol import recv_json, recv_value, send_json
 from tasks.sandbox.watch import MB, Watch, readable
 
-PRELOADED = ("math", "re", "collections", "itertools", "functools", "typing", "string", "hashlib", "heapq",
-             "bisect", "random", "statistics", "fractions", "decimal", "copy", "json", "operator")
+PRELOADED = (
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "typing",
+    "string",
+    "hashlib",
+    "heapq",
+    "bisect",
+    "random",
+    "statistics",
+    "fractions",
+    "decimal",
+    "copy",
+    "json",
+    "operator",
+)
 # Runs' user ids: far above any a distribution allocates (Debian hands out 60000-64999 to packages, rootless
 # containers' subordinate ids usually start at 100000), below 2^31 for tools that read uids as signed.
 UID_BASE = 2_000_000_000
-UID_SLOTS = 2000                 # pairs of ids; each live sandbox on the host holds one (client.claim_uid_slot)
+UID_SLOTS = 2000  # pairs of ids; each live sandbox on the host holds one (client.claim_uid_slot)
 JAILED_MODES = ("namespaces", "userns")
-OWN_PROCESSES = 6                # the server's own processes a run's user id shares in userns mode
+OWN_PROCESSES = 6  # the server's own processes a run's user id shares in userns mode
 # The server recycles itself (the client starts a fresh one, no run fails) past any of these.
 HEALTH_LIMITS = {"open_fds": 128, "rss_mb": 300, "leftover_processes": 0}
 
@@ -53,7 +71,7 @@ class Zygote:
         self.jailed = mode in JAILED_MODES
         self.own_uids = mode == "namespaces" or (mode == "rlimits" and os.geteuid() == 0)
         self.cgroups = cgroups
-        self.candidate_uid = UID_BASE + 2 * uid_slot          # the client draws the slot (see Sandbox.__init__)
+        self.candidate_uid = UID_BASE + 2 * uid_slot  # the client draws the slot (see Sandbox.__init__)
         self.tests_uid = self.candidate_uid + 1
         for module in PRELOADED:
             __import__(module)
@@ -82,12 +100,12 @@ class Zygote:
         child_socket.close()
 
     def _template_loop(self, connection: socket.socket) -> None:
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)        # its children are reaped by the kernel
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its children are reaped by the kernel
         while True:
             message, fds, _, _ = socket.recv_fds(connection, 8, 3)
             if not message:
                 return
-            payload = _recv_exactly(connection, int.from_bytes(message, "big"))
+            payload = recv_exactly(connection, int.from_bytes(message, "big"))
             job = json.loads(payload)
             if job["kind"] in ("tests", "suite"):
                 request_fd, response_fd, out_fd = fds
@@ -109,7 +127,7 @@ class Zygote:
         payload = json.dumps({"kind": kind, "program": program, "limits": limits}).encode()
         socket.send_fds(self.template_socket, [len(payload).to_bytes(8, "big")], fds)
         self.template_socket.sendall(payload)
-        return int.from_bytes(_recv_exactly(self.template_socket, 8), "big")
+        return int.from_bytes(recv_exactly(self.template_socket, 8), "big")
 
     # ---- one job ---------------------------------------------------------------------------
     def run(self, job: dict) -> dict:
@@ -136,7 +154,7 @@ class Zygote:
 
     def _run_script(self, job: dict, limits: dict) -> dict:
         out_read, out_write = os.pipe()
-        status_read, status_write = os.pipe()        # the child writes its exit code here; EOF if killed
+        status_read, status_write = os.pipe()  # the child writes its exit code here; EOF if killed
         pid = self._spawn_candidate("script", job["program"], limits, [out_write, status_write])
         os.close(out_write)
         os.close(status_write)
@@ -145,7 +163,7 @@ class Zygote:
         status = watch.until(lambda: readable(status_read), extra=(status_read,))
         code = os.read(status_read, 16) if status == "ok" else b""
         os.close(status_read)
-        _kill_group(pid)
+        kill_group(pid)
         return {"status": status, "exit_code": int(code) if code.strip() else None, "output": watch.text(out_read)}
 
     def _run_tests(self, job: dict, limits: dict) -> dict:
@@ -157,12 +175,26 @@ class Zygote:
         candidate = self._spawn_candidate(job["kind"], program, limits, [request_read, response_write, out_write])
         if job["kind"] == "tests":
             body = lambda: harness.run_tests(  # noqa: E731
-                job.get("prompt", ""), job["tests"], job["entry_point"], request_write, response_read, result_write,
-                limits.get("test_seconds"), job.get("stop_after_failure", False))
+                job.get("prompt", ""),
+                job["tests"],
+                job["entry_point"],
+                request_write,
+                response_read,
+                result_write,
+                limits.get("test_seconds"),
+                job.get("stop_after_failure", False),
+            )
         else:
             body = lambda: suite.run_suite(  # noqa: E731
-                job["tests"], list(job["files"]), request_write, response_read, result_write,
-                limits.get("test_seconds"), job.get("stop_after_failure", False), job.get("only"))
+                job["tests"],
+                list(job["files"]),
+                request_write,
+                response_read,
+                result_write,
+                limits.get("test_seconds"),
+                job.get("stop_after_failure", False),
+                job.get("only"),
+            )
         tester = self._fork_tester(limits, (request_write, response_read, result_write), body)
         for fd in (request_read, request_write, response_read, response_write, result_write, out_write):
             os.close(fd)
@@ -180,13 +212,15 @@ class Zygote:
         if status == "ok" and len(results) < total:
             status = "incomplete"
         outcome = {"status": status, "passed": passed, "total": total, "failures": failures}
-        if job["kind"] == "suite":             # counted before the kill: processes the candidate left running
-            own = 2 if self.jailed else 1      # its own process (and, jailed, the waiter outside its namespace)
+        if job["kind"] == "suite":  # counted before the kill: processes the candidate left running
+            own = 2 if self.jailed else 1  # its own process (and, jailed, the waiter outside its namespace)
             outcome["leftover_processes"] = max(0, len(budget.descendants(candidate)) - own)
-            outcome["tests"] = [{"name": name, "passed": ok, "message": message, "seconds": seconds}
-                                for _, (ok, message, name, seconds) in sorted(results.items())]
+            outcome["tests"] = [
+                {"name": name, "passed": ok, "message": message, "seconds": seconds}
+                for _, (ok, message, name, seconds) in sorted(results.items())
+            ]
         for pid in (candidate, tester):
-            _kill_group(pid)
+            kill_group(pid)
         outcome["output"] = watch.text(out_read)
         return outcome
 
@@ -217,6 +251,7 @@ class Zygote:
             pids = [int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in own]
             resident, cpu = budget.usage(pids)
             return (resident if polled_memory else 0), cpu
+
         return measure
 
     # ---- health ----------------------------------------------------------------------------
@@ -224,10 +259,12 @@ class Zygote:
         """The server's own state after a run: open descriptors, resident memory, processes left over, and
         whether any passed its limit (then it is recycled)."""
         leftovers = [e for e in os.listdir("/proc") if e.isdigit() and int(e) not in (os.getpid(), self.template_pid)]
-        health = {"open_fds": len(os.listdir("/proc/self/fd")),
-                  "rss_mb": round(budget.usage([os.getpid()])[0] / MB, 1),
-                  "leftover_processes": len(leftovers) if self.jailed else 0,
-                  "template_alive": _alive(self.template_pid)}
+        health = {
+            "open_fds": len(os.listdir("/proc/self/fd")),
+            "rss_mb": round(budget.usage([os.getpid()])[0] / MB, 1),
+            "leftover_processes": len(leftovers) if self.jailed else 0,
+            "template_alive": alive(self.template_pid),
+        }
         health["recycle"] = (not health["template_alive"]) or any(health[k] > v for k, v in limits.items())
         return health
 
@@ -241,14 +278,14 @@ class Zygote:
         code = 1
         try:
             os.setsid()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)       # the template ignores it; programs must not
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the template ignores it; programs must not
             if self.cgroups:
                 budget.join(self.cgroups)
             if self.jailed:
                 linux.unshare(linux.CLONE_NEWNS | linux.CLONE_NEWPID)
                 inner = os.fork()
-                if inner:                              # the waiter outside: nothing of the program's runs here
-                    _close_all(keep=())
+                if inner:  # the waiter outside: nothing of the program's runs here
+                    close_all(keep=())
                     _, status = os.waitpid(inner, 0)
                     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
                 linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -260,11 +297,11 @@ class Zygote:
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-        except BaseException:                  # noqa: BLE001 - the program's own failure, shown in its output
+        except BaseException:  # noqa: BLE001 - the program's own failure, shown in its output
             traceback.print_exc(limit=5)
             code = 1
         finally:
-            _exit_with(code, status_fd)
+            exit_with(code, status_fd)
 
     def _fork_tester(self, limits: dict, keep: tuple[int, ...], body) -> int:
         pid = os.fork()
@@ -276,10 +313,10 @@ class Zygote:
             self._enter_jail(self.tests_uid, self._workdir(self.tests_uid), limits, None, keep, candidate=False)
             body()
             code = 0
-        except BaseException:                  # noqa: BLE001
+        except BaseException:  # noqa: BLE001
             traceback.print_exc(limit=5)
         finally:
-            _exit_with(code, None)
+            exit_with(code, None)
 
     def _workdir(self, uid: int) -> str:
         workdir = tempfile.mkdtemp(dir=self.scratch)
@@ -287,16 +324,17 @@ class Zygote:
             os.chown(workdir, uid, uid)
         return workdir
 
-    def _enter_jail(self, uid: int, workdir: str, limits: dict, stdout: int | None, keep: tuple[int, ...],
-                    candidate: bool) -> None:
+    def _enter_jail(
+        self, uid: int, workdir: str, limits: dict, stdout: int | None, keep: tuple[int, ...], candidate: bool
+    ) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(stdout if stdout is not None else devnull, 1)
         os.dup2(stdout if stdout is not None else devnull, 2)
-        _close_all(keep)                       # nothing of the server's survives but the job's own pipes
+        close_all(keep)  # nothing of the server's survives but the job's own pipes
         if self.jailed:
             os.chroot(JAIL)
-            workdir = workdir[len(JAIL):] if workdir.startswith(JAIL) else workdir
+            workdir = workdir[len(JAIL) :] if workdir.startswith(JAIL) else workdir
         os.chdir(workdir)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
@@ -305,7 +343,7 @@ class Zygote:
         file_size = limits["file_size_mb"] * MB
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
-        if candidate:                          # its first process counts; in userns mode so do the server's own
+        if candidate:  # its first process counts; in userns mode so do the server's own
             allowance = limits["processes"] + (2 if self.own_uids else OWN_PROCESSES)
             resource.setrlimit(resource.RLIMIT_NPROC, (allowance, allowance))
         if self.jailed:
@@ -331,78 +369,12 @@ class Zygote:
                         os.kill(int(entry), signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-        _reap((os.getpid(), self.template_pid), self.jailed)
-        if self.jailed:                        # everything else a run can write lives under the jail's /tmp
+        reap((os.getpid(), self.template_pid), self.jailed)
+        if self.jailed:  # everything else a run can write lives under the jail's /tmp
             empty_folder(os.path.join(JAIL, "tmp"))
         else:
             shutil.rmtree(self.scratch, ignore_errors=True)
         os.makedirs(self.scratch, exist_ok=True)
-
-
-def _close_all(keep: tuple[int, ...]) -> None:
-    for fd in range(3, 1024):
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    try:                                       # a descriptor above 1023 (a leak) must not survive either
-        for fd in [int(entry) for entry in os.listdir("/proc/self/fd")]:
-            if fd >= 1024 and fd not in keep:
-                os.close(fd)
-    except OSError:
-        pass
-
-
-def _exit_with(code: int, status_fd: int | None) -> None:
-    try:
-        sys.stdout.flush()
-        if status_fd is not None:
-            os.write(status_fd, str(code).encode())
-    finally:
-        os._exit(code)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return False
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap(spare: tuple[int, ...], namespaces: bool, seconds: float = 2.0) -> None:
-    """Collect exited children (and, as PID 1, orphans). In a PID namespace, wait until no process
-    but the spared ones is left; otherwise take the zombies there are."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            while True:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-        except ChildProcessError:
-            pass
-        if not namespaces or not [e for e in os.listdir("/proc") if e.isdigit() and int(e) not in spare]:
-            return
-        time.sleep(0.0005)
-
-
-def _recv_exactly(connection: socket.socket, size: int) -> bytes:
-    chunks, remaining = [], size
-    while remaining:
-        chunk = connection.recv(min(remaining, 1 << 20))
-        if not chunk:
-            raise EOFError("the other end closed the socket")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
 
 
 def main() -> None:
@@ -411,7 +383,7 @@ def main() -> None:
     zygote = Zygote(mode, uid_slot, cgroups)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     requests, replies = sys.stdin.fileno(), os.dup(sys.stdout.fileno())
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)      # stray prints must not corrupt the protocol
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints must not corrupt the protocol
     send_json(replies, {"ready": True, "isolation": mode, "pid": os.getpid(), "health": zygote.health()})
     try:
         while True:
@@ -420,7 +392,7 @@ def main() -> None:
                 return
             result = zygote.run(job)
             send_json(replies, result)
-            if result["health"]["recycle"]:           # the client starts a fresh server for the next job
+            if result["health"]["recycle"]:  # the client starts a fresh server for the next job
                 return
     finally:
         if not zygote.jailed:

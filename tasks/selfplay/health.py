@@ -24,8 +24,9 @@ class TripwireConfig(Strict):
     min_valid_rate: float | None = Field(None, ge=0, le=1, description="stop below this valid-proposal rate")
     min_distinct_rate: float | None = Field(None, ge=0, le=1, description="stop below this share of distinct tasks")
     max_near_duplicate_rate: float | None = Field(None, ge=0, le=1, description="stop above this near-duplicate rate")
-    min_eval_solve_rate: float | None = Field(None, ge=0, le=1, description="stop below this held-out solve rate "
-                                              "(at iterations that evaluate)")
+    min_eval_solve_rate: float | None = Field(
+        None, ge=0, le=1, description="stop below this held-out solve rate (at iterations that evaluate)"
+    )
 
 
 class CollapseDetected(RuntimeError):
@@ -39,25 +40,30 @@ def proposal_health(proposals: pl.DataFrame) -> pl.DataFrame:
     parsed = pl.col("task_key").is_not_null()
     ordered = proposals.sort("iteration", "proposal_id").with_columns(
         new_task=parsed & (pl.col("task_key").cum_count().over("task_key") == 1),
-        repeated_shape=valid & pl.col("shape_key").is_not_null()
-        & (pl.col("shape_key").cum_count().over("shape_key") > 1))
+        repeated_shape=valid
+        & pl.col("shape_key").is_not_null()
+        & (pl.col("shape_key").cum_count().over("shape_key") > 1),
+    )
 
     def share(part: pl.Expr, whole: pl.Expr) -> pl.Expr:
         return pl.when(whole.sum() > 0).then(part.sum() / whole.sum())
 
-    return ordered.group_by("iteration").agg(
-        proposals=pl.len(),
-        valid=valid.sum(),
-        valid_rate=valid.mean(),
-        distinct_rate=share(pl.col("new_task"), parsed),
-        near_duplicate_rate=share(pl.col("repeated_shape"), valid & pl.col("shape_key").is_not_null()),
-        mean_solve_rate=pl.col("solve_rate").filter(valid).mean(),
-        solve_rate_std=pl.col("solve_rate").filter(valid).std(),
-    ).sort("iteration")
+    return (
+        ordered.group_by("iteration")
+        .agg(
+            proposals=pl.len(),
+            valid=valid.sum(),
+            valid_rate=valid.mean(),
+            distinct_rate=share(pl.col("new_task"), parsed),
+            near_duplicate_rate=share(pl.col("repeated_shape"), valid & pl.col("shape_key").is_not_null()),
+            mean_solve_rate=pl.col("solve_rate").filter(valid).mean(),
+            solve_rate_std=pl.col("solve_rate").filter(valid).std(),
+        )
+        .sort("iteration")
+    )
 
 
-def tripped(health: pl.DataFrame, eval_solve_rate: float | None, iteration: int,
-            config: TripwireConfig) -> list[str]:
+def tripped(health: pl.DataFrame, eval_solve_rate: float | None, iteration: int, config: TripwireConfig) -> list[str]:
     """What fired at `iteration` (empty: nothing), each a sentence naming the metric, its value and the bound."""
     if iteration < config.after:
         return []
@@ -65,11 +71,37 @@ def tripped(health: pl.DataFrame, eval_solve_rate: float | None, iteration: int,
     if row.is_empty():
         return []
     values = row.row(0, named=True)
-    return fired([Check("valid-proposal rate", values["valid_rate"], config.min_valid_rate, "min_valid_rate",
-                        bound_shown="{:.0%}"),
-                  Check("distinct-task rate", values["distinct_rate"], config.min_distinct_rate, "min_distinct_rate",
-                        bound_shown="{:.0%}"),
-                  Check("near-duplicate rate", values["near_duplicate_rate"], config.max_near_duplicate_rate,
-                        "max_near_duplicate_rate", bound_shown="{:.0%}", is_max=True),
-                  Check("held-out solve rate", eval_solve_rate, config.min_eval_solve_rate, "min_eval_solve_rate",
-                        bound_shown="{:.0%}")], "selfplay.tripwire")
+    return fired(
+        [
+            Check(
+                "valid-proposal rate",
+                values["valid_rate"],
+                config.min_valid_rate,
+                "min_valid_rate",
+                bound_shown="{:.0%}",
+            ),
+            Check(
+                "distinct-task rate",
+                values["distinct_rate"],
+                config.min_distinct_rate,
+                "min_distinct_rate",
+                bound_shown="{:.0%}",
+            ),
+            Check(
+                "near-duplicate rate",
+                values["near_duplicate_rate"],
+                config.max_near_duplicate_rate,
+                "max_near_duplicate_rate",
+                bound_shown="{:.0%}",
+                is_max=True,
+            ),
+            Check(
+                "held-out solve rate",
+                eval_solve_rate,
+                config.min_eval_solve_rate,
+                "min_eval_solve_rate",
+                bound_shown="{:.0%}",
+            ),
+        ],
+        "selfplay.tripwire",
+    )

@@ -37,38 +37,37 @@ from policy.prompts import format_prompt
 from storage.config import Strict
 from storage.lake import Lake
 from storage.seeds import derive_seed
-from tasks.curation.config import PROPOSAL_URI
 from tasks.curation.gate import refusals
-from tasks.curation.load import CANDIDATE_SCHEMA
-from tasks.curation.records import problem_id
 from tasks.generators.programs import draw_task
 from tasks.proposals.code_tasks import (
     TASK_TYPES,
     CodeTask,
     ProposalRules,
-    Rejection,
     learnability,
     parse_proposal,
     proposer_prompt,
-    shape_key,
-    solver_prompt,
 )
 from tasks.proposals.documents import (
-    Challenge,
     Document,
     challenger_prompt,
-    parse_challenge,
     read_documents,
     variance_reward,
 )
-from tasks.proposals.executor import Validated, validate_all
+from tasks.proposals.executor import validate_all
 from tasks.rollout.rows import rollout_rows
 from tasks.selfplay.health import TripwireConfig
+from tasks.selfplay.rows import (
+    GROUNDED,
+    LEVELS,
+    PROPOSER_SOURCE,
+    gated,
+    grounded,
+    problem_rows,
+    proposal_row,
+    selfplay_problem,
+    task_problem,
+)
 from tasks.verification.stage import PROBLEM_FIELDS, own_rewards
-
-SOURCE, PROPOSER_SOURCE = "self-play", "self-play:proposer"
-GROUNDED = "grounded"                                          # SPICE's document-grounded questions
-LEVELS = {"deduction": 1, "abduction": 2, "induction": 3, GROUNDED: 2}   # how hard each kind is, roughly
 
 
 class SelfPlayConfig(Strict):
@@ -76,23 +75,33 @@ class SelfPlayConfig(Strict):
 
     enabled: bool = Field(False, description="sample each iteration by self-play instead of from the bank's mix")
     task_types: list[Literal["deduction", "abduction", "induction"]] = Field(
-        default_factory=lambda: list(TASK_TYPES), description="the kinds of task proposed")
+        default_factory=lambda: list(TASK_TYPES), description="the kinds of task proposed"
+    )
     proposer_groups: int = Field(2, ge=1, description="proposer prompts per task type an iteration")
     proposer_group_size: int = Field(8, ge=2, description="proposals sampled per proposer prompt (the proposer's G)")
     references: int = Field(1, ge=0, description="earlier valid tasks shown in each proposer prompt")
-    solver_tasks: int = Field(16, ge=1, description="tasks solved an iteration at least: this iteration's valid "
-                              "proposals, then earlier ones")
+    solver_tasks: int = Field(
+        16, ge=1, description="tasks solved an iteration at least: this iteration's valid proposals, then earlier ones"
+    )
     proposal_tokens: int = Field(160, ge=16, description="response cap of a proposal, in tokens")
     format_error_reward: float = Field(-1.0, description="a proposal that does not parse")
     invalid_reward: float = Field(-0.5, description="a proposal that parses but breaks another rule")
-    documents: str | None = Field(None, description="SPICE: a corpus (JSONL, text, or a folder of them) a challenger "
-                                  "reads to write document-grounded questions (`rlvr run --documents PATH`)")
+    documents: str | None = Field(
+        None,
+        description="SPICE: a corpus (JSONL, text, or a folder of them) a challenger "
+        "reads to write document-grounded questions (`rlvr run --documents PATH`)",
+    )
     challenger_groups: int = Field(2, ge=1, description="documents a challenger reads an iteration (one group each)")
-    challenger_width: float = Field(0.01, gt=0, description="SPICE: the variance of the Gaussian over the reasoner's "
-                                    "correctness variance that rewards the challenger (smaller: sharper at ½)")
+    challenger_width: float = Field(
+        0.01,
+        gt=0,
+        description="SPICE: the variance of the Gaussian over the reasoner's "
+        "correctness variance that rewards the challenger (smaller: sharper at ½)",
+    )
     seed: int = Field(0, description="seed of the reference and document draws")
-    tripwire: TripwireConfig = Field(default_factory=TripwireConfig, description="collapse checks that stop the "
-                                     "loop (tasks/selfplay/health.py)")
+    tripwire: TripwireConfig = Field(
+        default_factory=TripwireConfig, description="collapse checks that stop the loop (tasks/selfplay/health.py)"
+    )
 
 
 @dataclass
@@ -100,7 +109,7 @@ class SelfPlaySample:
     rollouts: pl.DataFrame
     rewards: pl.DataFrame
     proposals: pl.DataFrame
-    new_problems: pl.DataFrame        # proposer prompts and valid tasks, as bank rows (without bank_version)
+    new_problems: pl.DataFrame  # proposer prompts and valid tasks, as bank rows (without bank_version)
 
 
 def earlier_tasks(lake: Lake, before: int) -> pl.DataFrame:
@@ -113,50 +122,62 @@ def earlier_tasks(lake: Lake, before: int) -> pl.DataFrame:
     return valid.join(problems, on="problem_id", how="inner").sort("iteration", "problem_id")
 
 
-def problem_rows(rows: list[dict]) -> pl.DataFrame:
-    """Problems in the curation's candidate schema (the bank's gate takes them as a source's rows); only rows
-    that say so take part in near-duplicate and contamination checks."""
-    filled = [{name: row.get(name) for name in CANDIDATE_SCHEMA} for row in rows]
-    return pl.DataFrame(filled, schema=CANDIDATE_SCHEMA).with_columns(pl.col("similarity_checks").fill_null(False))
-
-
-def selfplay_problem(prompt: str, answer: str, verifier: str, source: str, uri: str, level: int,
-                     params: dict, metadata: dict, domain: str = "code") -> dict:
-    """A bank row of self-play's; a task (`proposal:<id>`, text the model wrote) is checked for near-duplicates and
-    contamination as a file's rows are, a proposer's prompt (a template around earlier tasks) for exact repeats."""
-    return {"problem_id": problem_id("train", domain, prompt, answer, None), "source": source,
-            "source_kind": "selfplay", "source_uri": uri, "split": "train", "domain": domain, "level": level,
-            "prompt": prompt, "answer": answer, "verifier": verifier, "params": json.dumps(params, sort_keys=True),
-            "metadata": json.dumps(metadata, sort_keys=True), "similarity_checks": uri.startswith(PROPOSAL_URI)}
-
-
-def proposer_problems(selfplay: SelfPlayConfig, history: pl.DataFrame,
-                      rng: random.Random) -> tuple[pl.DataFrame, dict[str, Document]]:
+def proposer_problems(
+    selfplay: SelfPlayConfig, history: pl.DataFrame, rng: random.Random
+) -> tuple[pl.DataFrame, dict[str, Document]]:
     """The proposer's prompts, `proposer_groups` per task type, each showing earlier valid tasks of that type (a
     generated one before there are any), and a challenger's per document drawn (SPICE); the documents drawn."""
     rows = []
     for task_type in selfplay.task_types:
         buffer = [CodeTask.from_json(text) for text in history.filter(pl.col("task_type") == task_type)["answer"]]
         for _ in range(selfplay.proposer_groups):
-            references = (rng.sample(buffer, min(selfplay.references, len(buffer))) if buffer else
-                          [draw_task(rng, False, task_type) for _ in range(selfplay.references)])
-            rows.append(selfplay_problem(proposer_prompt(task_type, references), task_type, "learnability",
-                                         PROPOSER_SOURCE, f"proposer:{task_type}", LEVELS[task_type],
-                                         {"task_type": task_type}, {}))
+            references = (
+                rng.sample(buffer, min(selfplay.references, len(buffer)))
+                if buffer
+                else [draw_task(rng, False, task_type) for _ in range(selfplay.references)]
+            )
+            rows.append(
+                selfplay_problem(
+                    proposer_prompt(task_type, references),
+                    task_type,
+                    "learnability",
+                    PROPOSER_SOURCE,
+                    f"proposer:{task_type}",
+                    LEVELS[task_type],
+                    {"task_type": task_type},
+                    {},
+                )
+            )
     documents = {}
-    if selfplay.documents:                            # SPICE: a challenger reads a document per group
+    if selfplay.documents:  # SPICE: a challenger reads a document per group
         corpus = read_documents(selfplay.documents)
         for document in rng.sample(corpus, min(selfplay.challenger_groups, len(corpus))):
             documents[document.document_id] = document
-            rows.append(selfplay_problem(
-                challenger_prompt(document), GROUNDED, "learnability", PROPOSER_SOURCE,
-                f"challenger:{document.document_id}", LEVELS[GROUNDED],
-                {"task_type": GROUNDED, "document_id": document.document_id}, {}, domain="qa"))
+            rows.append(
+                selfplay_problem(
+                    challenger_prompt(document),
+                    GROUNDED,
+                    "learnability",
+                    PROPOSER_SOURCE,
+                    f"challenger:{document.document_id}",
+                    LEVELS[GROUNDED],
+                    {"task_type": GROUNDED, "document_id": document.document_id},
+                    {},
+                    domain="qa",
+                )
+            )
     return problem_rows(rows).unique("problem_id", keep="first", maintain_order=True), documents
 
 
-def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, policy, tokenizer,
-                    score: Callable[[pl.DataFrame], pl.DataFrame]) -> SelfPlaySample:
+def sample_selfplay(
+    lake: Lake,
+    config,
+    iteration: int,
+    model_version: int,
+    policy,
+    tokenizer,
+    score: Callable[[pl.DataFrame], pl.DataFrame],
+) -> SelfPlaySample:
     """Propose, validate, solve and reward one iteration (`config`: the iteration's IterationConfig)."""
     selfplay, rollout = config.selfplay, config.rollout
     rules = ProposalRules()
@@ -171,139 +192,158 @@ def sample_selfplay(lake: Lake, config, iteration: int, model_version: int, poli
     prompts = [format_prompt(text, rollout.prompt, tokenizer) for text in proposers["prompt"]]
     seed = derive_seed(rollout.seed, iteration, "propose")
     groups = policy.generate(prompts, selfplay.proposer_group_size, proposer_sampler, seed, model_version)
-    proposed = rollout_rows(proposers, prompts, groups, iteration=iteration, round_=1, model_version=model_version,
-                            sampler={"role": "proposer", **proposer_sampler.model_dump()}, seed=seed)
+    proposed = rollout_rows(
+        proposers,
+        prompts,
+        groups,
+        iteration=iteration,
+        round_=1,
+        model_version=model_version,
+        sampler={"role": "proposer", **proposer_sampler.model_dump()},
+        seed=seed,
+    )
 
     # 2. validation in the sandbox
     types = dict(zip(proposers["problem_id"], proposers["answer"]))
-    read_from = {pid: json.loads(params).get("document_id") for pid, params in zip(proposers["problem_id"],
-                                                                                    proposers["params"])}
+    read_from = {
+        pid: json.loads(params).get("document_id") for pid, params in zip(proposers["problem_id"], proposers["params"])
+    }
     is_code = [types[pid] != GROUNDED for pid in proposed["problem_id"]]
-    parsed = [parse_proposal(text, types[pid], rules) for text, pid, code in
-              zip(proposed["response"], proposed["problem_id"], is_code) if code]
+    parsed = [
+        parse_proposal(text, types[pid], rules)
+        for text, pid, code in zip(proposed["response"], proposed["problem_id"], is_code)
+        if code
+    ]
     checked = iter(validate_all(parsed, seen, rules))
-    validated = [next(checked) if code else grounded(text, documents[read_from[pid]], seen)
-                 for text, pid, code in zip(proposed["response"], proposed["problem_id"], is_code)]
+    validated = [
+        next(checked) if code else grounded(text, documents[read_from[pid]], seen)
+        for text, pid, code in zip(proposed["response"], proposed["problem_id"], is_code)
+    ]
 
     # 3. valid tasks become problems, through the bank's gate: one it would refuse is an invalid proposal, never solved
-    made = [task_problem(row, result.task, model_version, documents.get(read_from[row["problem_id"]]))
-            for row, result in zip(proposed.iter_rows(named=True), validated)]
+    made = [
+        task_problem(row, result.task, model_version, documents.get(read_from[row["problem_id"]]))
+        for row, result in zip(proposed.iter_rows(named=True), validated)
+    ]
     refused = refusals(lake, problem_rows([problem for problem in made if problem])) if any(made) else {}
     validated = [gated(result, problem, refused) for result, problem in zip(validated, made)]
     now = datetime.now(UTC)
-    proposal_rows = [proposal_row(row, result, problem, iteration, model_version, types[row["problem_id"]],
-                                  documents.get(read_from[row["problem_id"]]), now)
-                     for row, result, problem in zip(proposed.iter_rows(named=True), validated, made)]
+    proposal_rows = [
+        proposal_row(
+            row,
+            result,
+            problem,
+            iteration,
+            model_version,
+            types[row["problem_id"]],
+            documents.get(read_from[row["problem_id"]]),
+            now,
+        )
+        for row, result, problem in zip(proposed.iter_rows(named=True), validated, made)
+    ]
     task_problems = [problem for problem, result in zip(made, validated) if problem and result.rejection is None]
     new_tasks = problem_rows(task_problems) if task_problems else problem_rows([])
     fill = max(0, selfplay.solver_tasks - new_tasks.height)
-    older = history.sample(min(fill, history.height), seed=derive_seed(selfplay.seed, iteration, "older") % 2**32) \
-        if fill and history.height else history.head(0)
+    older = (
+        history.sample(min(fill, history.height), seed=derive_seed(selfplay.seed, iteration, "older") % 2**32)
+        if fill and history.height
+        else history.head(0)
+    )
     solve = new_tasks.select(*PROBLEM_FIELDS, "level")
     if older.height:
-        earlier = lake.read("problems", filter=pc.field("problem_id").isin(older["problem_id"].to_list()),
-                            columns=[*PROBLEM_FIELDS, "level"]).unique("problem_id")
+        earlier = lake.read(
+            "problems",
+            filter=pc.field("problem_id").isin(older["problem_id"].to_list()),
+            columns=[*PROBLEM_FIELDS, "level"],
+        ).unique("problem_id")
         solve = pl.concat([solve, earlier.select(solve.columns)], how="vertical_relaxed")
-    solver_rollouts, solver_rewards = solve_problems(solve, config, iteration, model_version, policy, tokenizer,
-                                                     score)
+    solver_rollouts, solver_rewards = solve_problems(solve, config, iteration, model_version, policy, tokenizer, score)
 
     # 4. the proposer's rewards from the solver's solve rates
-    rate_of = {} if solver_rollouts.is_empty() else dict(
-        own_rewards(solver_rewards, solve_frame(solver_rollouts, solve)).group_by("problem_id")
-        .agg(pl.col("correct").fill_null(False).cast(pl.Float64).mean()).iter_rows())
+    rate_of = (
+        {}
+        if solver_rollouts.is_empty()
+        else dict(
+            own_rewards(solver_rewards, solve_frame(solver_rollouts, solve))
+            .group_by("problem_id")
+            .agg(pl.col("correct").fill_null(False).cast(pl.Float64).mean())
+            .iter_rows()
+        )
+    )
     for row in proposal_rows:
         row["solve_rate"] = rate_of.get(row["problem_id"]) if row["problem_id"] else None
-        valid_reward = (variance_reward(row["solve_rate"], selfplay.challenger_width) if row["role"] == "challenger"
-                        else learnability(row["solve_rate"]))
-        row["reward"] = (valid_reward if row["verdict"] == "valid" else
-                         selfplay.format_error_reward if row["reason"] == "unparseable" else selfplay.invalid_reward)
-    proposals = pl.DataFrame(proposal_rows, schema_overrides={name: pl.String for name in (
-        "document_id", "document_source", "document_licence", "span", "reason", "detail", "task_key", "shape_key", "program", "inputs", "outputs", "problem_id")} |
-        {"solve_rate": pl.Float64, "reward": pl.Float64})
+        valid_reward = (
+            variance_reward(row["solve_rate"], selfplay.challenger_width)
+            if row["role"] == "challenger"
+            else learnability(row["solve_rate"])
+        )
+        row["reward"] = (
+            valid_reward
+            if row["verdict"] == "valid"
+            else selfplay.format_error_reward
+            if row["reason"] == "unparseable"
+            else selfplay.invalid_reward
+        )
+    proposals = pl.DataFrame(
+        proposal_rows,
+        schema_overrides={
+            name: pl.String
+            for name in (
+                "document_id",
+                "document_source",
+                "document_licence",
+                "span",
+                "reason",
+                "detail",
+                "task_key",
+                "shape_key",
+                "program",
+                "inputs",
+                "outputs",
+                "problem_id",
+            )
+        }
+        | {"solve_rate": pl.Float64, "reward": pl.Float64},
+    )
     proposer_rewards = proposals.select(
-        "iteration", "rollout_id", problem_id=pl.col("rollout_id").replace_strict(
-            dict(zip(proposed["rollout_id"], proposed["problem_id"]))),
-        verifier=pl.lit("learnability"), verifier_version=pl.lit("1.0"), reward="reward",
-        correct=pl.col("reward") > 0, details=pl.struct(
-            "verdict", "reason", "solve_rate", "task_type").struct.json_encode())
+        "iteration",
+        "rollout_id",
+        problem_id=pl.col("rollout_id").replace_strict(dict(zip(proposed["rollout_id"], proposed["problem_id"]))),
+        verifier=pl.lit("learnability"),
+        verifier_version=pl.lit("1.0"),
+        reward="reward",
+        correct=pl.col("reward") > 0,
+        details=pl.struct("verdict", "reason", "solve_rate", "task_type").struct.json_encode(),
+    )
     solved = [solver_rollouts] if not solver_rollouts.is_empty() else []
     to_bank = pl.concat([proposers, problem_rows([problem for problem in made if problem])], how="vertical_relaxed")
-    return SelfPlaySample(pl.concat([proposed, *solved], how="vertical_relaxed"),
-                          pl.concat([proposer_rewards, *(solver_rewards for _ in solved)], how="diagonal_relaxed"),
-                          proposals, to_bank.unique("problem_id", keep="first", maintain_order=True))
-
-
-def task_problem(rollout_row: dict, task, model_version: int, document: Document | None) -> dict | None:
-    """The bank row a valid proposal's task becomes (None for an invalid proposal)."""
-    if task is None:
-        return None
-    proposal_id = f"p-{rollout_row['rollout_id']}"
-    lineage = {"proposal_id": proposal_id, "proposer_rollout_id": rollout_row["rollout_id"],
-               "proposer_model_version": model_version}
-    if isinstance(task, Challenge):
-        return selfplay_problem(task.question, task.answer, "qa", SOURCE, f"{PROPOSAL_URI}{proposal_id}",
-                                LEVELS[GROUNDED], {"task_type": GROUNDED}, {**lineage, **document_lineage(document)},
-                                domain="qa")
-    return selfplay_problem(solver_prompt(task), task.to_json(), "selfplay", SOURCE, f"{PROPOSAL_URI}{proposal_id}",
-                            LEVELS[task.task_type], {"task_type": task.task_type}, lineage)
-
-
-def gated(result: Validated, problem: dict | None, refused: dict[str, tuple[str, str]]) -> Validated:
-    """A valid proposal whose task the bank's gate refuses (a near-duplicate of a bank problem, an evaluation set's
-    overlap, a validation rule) is invalid, for the gate's reason; its task stays on the proposal as data."""
-    if problem is None or problem["problem_id"] not in refused:
-        return result
-    return Validated(result.key, result.task, Rejection(*refused[problem["problem_id"]]))
-
-
-def proposal_row(rollout_row: dict, result: Validated, problem: dict | None, iteration: int, model_version: int,
-                 task_type: str, document: Document | None, now: datetime) -> dict:
-    """One `proposals` row per proposer rollout, valid or not (its reward is filled once the solver has tried)."""
-    task = result.task
-    code = task_type != GROUNDED and task is not None
-    return {
-        "proposal_id": f"p-{rollout_row['rollout_id']}", "iteration": iteration,
-        "role": "challenger" if task_type == GROUNDED else "proposer", "task_type": task_type,
-        "model_version": model_version, "rollout_id": rollout_row["rollout_id"], **document_lineage(document),
-        "span": task.span if isinstance(task, Challenge) else None,
-        "verdict": "valid" if result.rejection is None else "invalid",
-        "reason": result.rejection.reason if result.rejection else None,
-        "detail": result.rejection.detail if result.rejection else None, "task_key": result.key or None,
-        "shape_key": shape_key(task.program) if code else None, "program": task.program if code else None,
-        "inputs": json.dumps(list(task.inputs)) if code else None,
-        "outputs": json.dumps(list(task.outputs)) if code else None,
-        "problem_id": problem["problem_id"] if problem else None, "created_at": now}
-
-
-def document_lineage(document: Document | None) -> dict:
-    """Where a grounded task's document came from: its id, file and licence (the proposal row's columns)."""
-    return {"document_id": document.document_id if document else None,
-            "document_source": document.source if document else None,
-            "document_licence": document.licence if document else None}
-
-
-def grounded(text: str, document: Document, seen: set[str]) -> Validated:
-    """A challenger's response checked against its document (tasks/proposals/documents.py); a question asked
-    of the same document before is a duplicate."""
-    challenge = parse_challenge(text, document)
-    if isinstance(challenge, Rejection):
-        return Validated("", None, challenge)
-    if challenge.key in seen:
-        return Validated(challenge.key, None, Rejection("duplicate", "the same question of this document was asked "
-                                                                     "before"))
-    seen.add(challenge.key)
-    return Validated(challenge.key, challenge, None)
+    return SelfPlaySample(
+        pl.concat([proposed, *solved], how="vertical_relaxed"),
+        pl.concat([proposer_rewards, *(solver_rewards for _ in solved)], how="diagonal_relaxed"),
+        proposals,
+        to_bank.unique("problem_id", keep="first", maintain_order=True),
+    )
 
 
 def solve_frame(rollouts: pl.DataFrame, problems: pl.DataFrame) -> pl.DataFrame:
     """Solver rollouts with their problems: what the verifiers score."""
     return rollouts.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
-        problems.select(PROBLEM_FIELDS).unique("problem_id"), on="problem_id", how="left")
+        problems.select(PROBLEM_FIELDS).unique("problem_id"), on="problem_id", how="left"
+    )
 
 
-def solve_problems(problems: pl.DataFrame, config, iteration: int, model_version: int, policy, tokenizer,
-                   score: Callable[[pl.DataFrame], pl.DataFrame], *, round_: int = 2,
-                   role: str = "solver") -> tuple[pl.DataFrame, pl.DataFrame]:
+def solve_problems(
+    problems: pl.DataFrame,
+    config,
+    iteration: int,
+    model_version: int,
+    policy,
+    tokenizer,
+    score: Callable[[pl.DataFrame], pl.DataFrame],
+    *,
+    round_: int = 2,
+    role: str = "solver",
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """One group per problem from the policy, as `role` in `round_`, and their rewards (the self-play solver's
     round; RISE's in-batch verification round)."""
     rollout = config.rollout
@@ -312,6 +352,14 @@ def solve_problems(problems: pl.DataFrame, config, iteration: int, model_version
     if not prompts:
         return pl.DataFrame(), pl.DataFrame()
     groups = policy.generate(prompts, rollout.group_size, rollout.sampler, seed, model_version)
-    rows = rollout_rows(problems, prompts, groups, iteration=iteration, round_=round_, model_version=model_version,
-                        sampler={"role": role, **rollout.sampler.model_dump()}, seed=seed)
+    rows = rollout_rows(
+        problems,
+        prompts,
+        groups,
+        iteration=iteration,
+        round_=round_,
+        model_version=model_version,
+        sampler={"role": role, **rollout.sampler.model_dump()},
+        seed=seed,
+    )
     return rows, score(solve_frame(rows, problems))

@@ -27,11 +27,11 @@ from tasks.verifiers.deadline import ItemTimeout, Watchdog
 from tasks.verifiers.formats import format_reward
 from tasks.verifiers.math import warm_up
 
-MAX_RESPONSE_CHARS = 200_000   # longer responses score 0 ("too long") before any verifier reads them
-MAX_DETAIL_CHARS = 1_000       # each string in a verdict's details, and each list's items beyond MAX_DETAIL_ITEMS
+MAX_RESPONSE_CHARS = 200_000  # longer responses score 0 ("too long") before any verifier reads them
+MAX_DETAIL_CHARS = 1_000  # each string in a verdict's details, and each list's items beyond MAX_DETAIL_ITEMS
 MAX_DETAIL_ITEMS = 20
-READY = "ready"                # a worker's first message, once warm: its items' deadlines start from here
-STARTUP_TIMEOUT = 180.0        # seconds a new worker may take to import and warm up on a loaded machine
+READY = "ready"  # a worker's first message, once warm: its items' deadlines start from here
+STARTUP_TIMEOUT = 180.0  # seconds a new worker may take to import and warm up on a loaded machine
 
 
 def own_verifier(problem: Mapping[str, Any]) -> str:
@@ -48,7 +48,6 @@ def _isolation_checked(items: Iterable[tuple[Mapping[str, Any], str, str | None]
         if not checked:
             name = item[2] or own_verifier(item[0])
             if getattr(VERIFIERS.get(name), "runs_code", False):
-
                 require_isolation()
                 checked = True
         yield item
@@ -88,8 +87,13 @@ class VerifierSet:
     """Verifier instances by name, built on first use with the configured options. `item_timeout` bounds each
     item in this process (a watchdog; see deadline.py); None leaves the bound to whoever runs this process."""
 
-    def __init__(self, options: Mapping[str, Mapping[str, Any]] | None = None, worker: int = 0,
-                 max_response_chars: int = MAX_RESPONSE_CHARS, item_timeout: float | None = None):
+    def __init__(
+        self,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        worker: int = 0,
+        max_response_chars: int = MAX_RESPONSE_CHARS,
+        item_timeout: float | None = None,
+    ):
         self.options = {name: dict(value) for name, value in (options or {}).items()}
         self.worker = worker
         self.max_response_chars = max_response_chars
@@ -100,7 +104,6 @@ class VerifierSet:
         if name not in self._built:
             verifier = build_verifier(name, **self.options.get(name, {}))
             if hasattr(verifier, "_sandbox") and verifier._sandbox is None:
-
                 verifier._sandbox = Sandbox(worker=self.worker, limits=verifier.limits)
             self._built[name] = verifier
         return self._built[name]
@@ -108,11 +111,25 @@ class VerifierSet:
     def score(self, index: int, problem: Mapping[str, Any], response: str, verifier_name: str | None) -> Scored:
         name = verifier_name or own_verifier(problem)
         if not isinstance(response, str):
-            return Scored(index, 0.0, None, name, version_of(name), 0.0,
-                          {"reason": f"skipped: the response is {type(response).__name__}, not text"})
+            return Scored(
+                index,
+                0.0,
+                None,
+                name,
+                version_of(name),
+                0.0,
+                {"reason": f"skipped: the response is {type(response).__name__}, not text"},
+            )
         if len(response) > self.max_response_chars:
-            return Scored(index, 0.0, False, name, version_of(name), 0.0, {
-                "reason": f"too long: {len(response):,} characters (limit {self.max_response_chars:,})"})
+            return Scored(
+                index,
+                0.0,
+                False,
+                name,
+                version_of(name),
+                0.0,
+                {"reason": f"too long: {len(response):,} characters (limit {self.max_response_chars:,})"},
+            )
         try:
             verifier = self.get(name)
             if self._watchdog is not None:
@@ -121,16 +138,28 @@ class VerifierSet:
             else:
                 verdict = verifier.verify(problem, response)
             identity = (verifier.name, verifier.version)
-        except VerifierUnavailable:                    # the host or a server, not the item: nothing could be scored
+        except VerifierUnavailable:  # the host or a server, not the item: nothing could be scored
             raise
         except ItemTimeout as error:
             verdict, identity = Verdict(0.0, False, {"reason": f"verification {error}"}), (name, version_of(name))
         except Exception as error:  # noqa: BLE001 - a verifier bug or a bad name must not lose the other items
-            verdict = Verdict(0.0, None, {"reason": f"verifier error: {type(error).__name__}: {error}",
-                                          "traceback": traceback.format_exc(limit=3)})
+            verdict = Verdict(
+                0.0,
+                None,
+                {
+                    "reason": f"verifier error: {type(error).__name__}: {error}",
+                    "traceback": traceback.format_exc(limit=3),
+                },
+            )
             identity = (name, "unknown")
-        return Scored(index, float(verdict.reward), verdict.correct, *identity,
-                      format_reward(problem.get("domain", "math"), response), bounded(verdict.details))
+        return Scored(
+            index,
+            float(verdict.reward),
+            verdict.correct,
+            *identity,
+            format_reward(problem.get("domain", "math"), response),
+            bounded(verdict.details),
+        )
 
     def close(self) -> None:
         for verifier in self._built.values():
@@ -144,7 +173,7 @@ def _worker_main(connection: Connection, options: dict, worker: int, max_respons
     """Score each chunk of items it receives, sending every result as soon as it is ready."""
     verifiers = VerifierSet(options, worker, max_response_chars)
 
-    warm_up(verifiers.get("math"))                  # sympy and the LaTeX parser, before the first item
+    warm_up(verifiers.get("math"))  # sympy and the LaTeX parser, before the first item
     connection.send(READY)
     try:
         while True:
@@ -157,7 +186,7 @@ def _worker_main(connection: Connection, options: dict, worker: int, max_respons
             for item in chunk:
                 try:
                     connection.send(verifiers.score(*item))
-                except VerifierUnavailable as error:           # the parent stops the stage with the reason
+                except VerifierUnavailable as error:  # the parent stops the stage with the reason
                     connection.send(("unavailable", str(error)))
                     return
     finally:
@@ -183,9 +212,14 @@ class VerifierPool:
     is sent again.
     """
 
-    def __init__(self, workers: int = 2, item_timeout: float = 30.0,
-                 options: Mapping[str, Mapping[str, Any]] | None = None, chunk_size: int = 16,
-                 max_response_chars: int = MAX_RESPONSE_CHARS):
+    def __init__(
+        self,
+        workers: int = 2,
+        item_timeout: float = 30.0,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        chunk_size: int = 16,
+        max_response_chars: int = MAX_RESPONSE_CHARS,
+    ):
         self.workers = workers
         self.item_timeout = item_timeout
         self.max_response_chars = max_response_chars
@@ -213,25 +247,36 @@ class VerifierPool:
 
     def _start(self, worker: int) -> dict[str, Any]:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_worker_main, args=(child, self.options, worker, self.max_response_chars), daemon=True)
+        process = self._context.Process(
+            target=_worker_main, args=(child, self.options, worker, self.max_response_chars), daemon=True
+        )
         process.start()
         child.close()
-        return {"worker": worker, "process": process, "connection": parent, "in_flight": deque(), "ready": False,
-                "deadline": time.monotonic() + STARTUP_TIMEOUT}
+        return {
+            "worker": worker,
+            "process": process,
+            "connection": parent,
+            "in_flight": deque(),
+            "ready": False,
+            "deadline": time.monotonic() + STARTUP_TIMEOUT,
+        }
 
     def score(self, items: Iterable[tuple[Mapping[str, Any], str, str | None]]) -> Iterator[Scored]:
         """Yield a `Scored` per (problem, response, verifier name or None), in completion order."""
         items = _isolation_checked(items)
         if self.workers == 0:
-            verifiers = VerifierSet(self.options, max_response_chars=self.max_response_chars,
-                                    item_timeout=self.item_timeout)
+            verifiers = VerifierSet(
+                self.options, max_response_chars=self.max_response_chars, item_timeout=self.item_timeout
+            )
             try:
                 for index, (problem, response, name) in enumerate(items):
                     yield verifiers.score(index, problem, response, name)
             finally:
                 verifiers.close()
             return
-        queue = _Queue(((index, dict(problem), response, name) for index, (problem, response, name) in enumerate(items)))
+        queue = _Queue(
+            ((index, dict(problem), response, name) for index, (problem, response, name) in enumerate(items))
+        )
         owned = not self._slots
         self.start()
         try:
@@ -239,7 +284,9 @@ class VerifierPool:
                 self._feed(slot, queue)
             while any(slot["in_flight"] for slot in self._slots):
                 busy = [slot for slot in self._slots if slot["in_flight"]]
-                wait([slot["connection"] for slot in busy], max(0.0, min(s["deadline"] for s in busy) - time.monotonic()))
+                wait(
+                    [slot["connection"] for slot in busy], max(0.0, min(s["deadline"] for s in busy) - time.monotonic())
+                )
                 for slot in busy:
                     yield from self._collect(slot, queue)
         finally:
@@ -271,8 +318,11 @@ class VerifierPool:
             yield self._replace(slot, queue, "the verification worker died")
         else:
             if slot["in_flight"] and time.monotonic() >= slot["deadline"]:
-                reason = (f"verification timed out after {self.item_timeout:g} s" if slot["ready"] else
-                          f"the verification worker did not start within {STARTUP_TIMEOUT:g} s")
+                reason = (
+                    f"verification timed out after {self.item_timeout:g} s"
+                    if slot["ready"]
+                    else f"the verification worker did not start within {STARTUP_TIMEOUT:g} s"
+                )
                 yield self._replace(slot, queue, reason)
         if not slot["in_flight"]:
             self._feed(slot, queue)

@@ -28,34 +28,61 @@ from tasks.verification.files import BadLine, read_lines
 from tasks.verifiers.noise import NoiseEstimate, corrected_reward, estimate_noise
 from tasks.verifiers.process import warn_low_process_weight
 
-PROBLEM_FIELDS = ["problem_id", "domain", "prompt", "answer", "tests", "entry_point", "verifier", "steps", "metadata",
-                  "params"]
+PROBLEM_FIELDS = [
+    "problem_id",
+    "domain",
+    "prompt",
+    "answer",
+    "tests",
+    "entry_point",
+    "verifier",
+    "steps",
+    "metadata",
+    "params",
+]
 ROLLOUT_FIELDS = ["rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty"]
 
 
 class VerifyConfig(Strict):
     """How the verification stage scores rollouts."""
 
-    verifier: str | None = Field(None, description="score every rollout with this verifier instead of each problem's own")
-    options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="options per verifier name, "
-                                               "e.g. {code: {partial_credit: seed}, process: {process_weight: 0.5}}")
-    workers: int = Field(2, ge=0, description="worker processes; 0 scores in the orchestrator (bounded by a watchdog "
-                         "thread instead of a kill)")
-    item_timeout: float = Field(30.0, gt=0, description="seconds one rollout may take before its worker is killed "
-                                "(or, with workers 0, its scoring interrupted); it scores 0")
-    max_response_chars: int = Field(MAX_RESPONSE_CHARS, gt=0, description="longer responses score 0 ('too long') "
-                                    "before any verifier reads them")
+    verifier: str | None = Field(
+        None, description="score every rollout with this verifier instead of each problem's own"
+    )
+    options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="options per verifier name, e.g. {code: {partial_credit: seed}, process: {process_weight: 0.5}}",
+    )
+    workers: int = Field(
+        2,
+        ge=0,
+        description="worker processes; 0 scores in the orchestrator (bounded by a watchdog thread instead of a kill)",
+    )
+    item_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds one rollout may take before its worker is killed "
+        "(or, with workers 0, its scoring interrupted); it scores 0",
+    )
+    max_response_chars: int = Field(
+        MAX_RESPONSE_CHARS, gt=0, description="longer responses score 0 ('too long') before any verifier reads them"
+    )
     noise_correction: bool = Field(False, description="add corrected_reward from the verifier's latest audit")
     chunk_size: int = Field(0, ge=0, description="rollouts per scoring task; 0: the iteration is one task")
-    task_runner: Literal["local", "dask"] = Field("local", description="where chunks are scored: local (one "
-                                                  "after another here) or dask (in parallel on a Dask cluster)")
-    dask_address: str | None = Field(None, description="dask: the scheduler, e.g. tcp://scheduler:8786; "
-                                     "none: a local cluster of dask_workers processes")
+    task_runner: Literal["local", "dask"] = Field(
+        "local",
+        description="where chunks are scored: local (one after another here) or dask (in parallel on a Dask cluster)",
+    )
+    dask_address: str | None = Field(
+        None,
+        description="dask: the scheduler, e.g. tcp://scheduler:8786; none: a local cluster of dask_workers processes",
+    )
     dask_workers: int = Field(2, ge=1, description="dask without an address: worker processes of the local cluster")
 
     # How the scoring is spread out, not what it yields: left out of the stage's fingerprint.
-    EXECUTION_ONLY: ClassVar[frozenset[str]] = frozenset({"workers", "chunk_size", "task_runner", "dask_address",
-                                                          "dask_workers"})
+    EXECUTION_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"workers", "chunk_size", "task_runner", "dask_address", "dask_workers"}
+    )
 
     @model_validator(mode="after")
     def _danger_zone(self) -> VerifyConfig:
@@ -78,14 +105,19 @@ def rollouts_with_problems(lake: Lake, iteration: int) -> pl.DataFrame:
         raise ValueError(f"iteration {iteration} has no rollouts in {lake.uri}")
     ids = rollouts["problem_id"].unique().to_list()
     problems = lake.read("problems", filter=pc.field("problem_id").isin(ids), columns=PROBLEM_FIELDS)
-    joined = rollouts.join(problems.unique("problem_id").with_columns(missing_problem=pl.lit(False)),
-                           on="problem_id", how="left")
+    joined = rollouts.join(
+        problems.unique("problem_id").with_columns(missing_problem=pl.lit(False)), on="problem_id", how="left"
+    )
     return joined.with_columns(pl.col("missing_problem").fill_null(True))
 
 
 def verifier_pool(config: VerifyConfig) -> VerifierPool:
-    return VerifierPool(workers=config.workers, item_timeout=config.item_timeout, options=config.options,
-                        max_response_chars=config.max_response_chars)
+    return VerifierPool(
+        workers=config.workers,
+        item_timeout=config.item_timeout,
+        options=config.options,
+        max_response_chars=config.max_response_chars,
+    )
 
 
 def score_rollouts(frame: pl.DataFrame, config: VerifyConfig, pool: VerifierPool | None = None) -> pl.DataFrame:
@@ -98,39 +130,66 @@ def score_rollouts(frame: pl.DataFrame, config: VerifyConfig, pool: VerifierPool
     for i, row in enumerate(rows):
         if row.get("missing_problem"):
             name = config.verifier or "unknown"
-            scored[i] = Scored(i, 0.0, None, name, "unknown" if name == "unknown" else version_of(name), 0.0,
-                               {"reason": "skipped: its problem is not in the bank"})
-    skipped = Counter(str(s.details["reason"]) for s in scored.values() if str(s.details.get("reason")).startswith("skipped"))
-    if skipped:                                        # reported, and in each row's details; the rest is scored
-        print(f"warning: {sum(skipped.values()):,} of {len(rows):,} rollouts could not be scored: "
-              + "; ".join(f"{count:,} {reason}" for reason, count in skipped.items()))
-    return pl.DataFrame([{
-        "iteration": row["iteration"], "rollout_id": row["rollout_id"], "problem_id": row["problem_id"],
-        "verifier": scored[i].verifier, "verifier_version": scored[i].verifier_version,
-        "reward": scored[i].reward, "correct": scored[i].correct, "format_reward": scored[i].format_reward,
-        "process_reward": scored[i].details.get("process_reward"),
-        "details": json.dumps(scored[i].details, default=str),
-    } for i, row in enumerate(rows)], schema_overrides={"correct": pl.Boolean, "process_reward": pl.Float64})
+            scored[i] = Scored(
+                i,
+                0.0,
+                None,
+                name,
+                "unknown" if name == "unknown" else version_of(name),
+                0.0,
+                {"reason": "skipped: its problem is not in the bank"},
+            )
+    skipped = Counter(
+        str(s.details["reason"]) for s in scored.values() if str(s.details.get("reason")).startswith("skipped")
+    )
+    if skipped:  # reported, and in each row's details; the rest is scored
+        print(
+            f"warning: {sum(skipped.values()):,} of {len(rows):,} rollouts could not be scored: "
+            + "; ".join(f"{count:,} {reason}" for reason, count in skipped.items())
+        )
+    return pl.DataFrame(
+        [
+            {
+                "iteration": row["iteration"],
+                "rollout_id": row["rollout_id"],
+                "problem_id": row["problem_id"],
+                "verifier": scored[i].verifier,
+                "verifier_version": scored[i].verifier_version,
+                "reward": scored[i].reward,
+                "correct": scored[i].correct,
+                "format_reward": scored[i].format_reward,
+                "process_reward": scored[i].details.get("process_reward"),
+                "details": json.dumps(scored[i].details, default=str),
+            }
+            for i, row in enumerate(rows)
+        ],
+        schema_overrides={"correct": pl.Boolean, "process_reward": pl.Float64},
+    )
 
 
-def score_with_components(frame: pl.DataFrame, config: VerifyConfig, reward: RewardConfig,
-                          pool: VerifierPool | None = None) -> pl.DataFrame:
+def score_with_components(
+    frame: pl.DataFrame, config: VerifyConfig, reward: RewardConfig, pool: VerifierPool | None = None
+) -> pl.DataFrame:
     """Reward rows by the configured verifier (each problem's own by default) and by every other verifier the
     reward config reads (`verifier:NAME` components), each as its own rows."""
     pool = pool or verifier_pool(config)
     own = score_rollouts(frame, config, pool)
-    others = [score_rollouts(frame, config.model_copy(update={"verifier": name}), pool) for name in reward.other_verifiers()]
+    others = [
+        score_rollouts(frame, config.model_copy(update={"verifier": name}), pool) for name in reward.other_verifiers()
+    ]
     return pl.concat([own, *others], how="diagonal_relaxed") if others else own
 
 
-def with_composition(rewards: pl.DataFrame, frame: pl.DataFrame, reward: RewardConfig,
-                     verifier: str | None = None) -> pl.DataFrame:
+def with_composition(
+    rewards: pl.DataFrame, frame: pl.DataFrame, reward: RewardConfig, verifier: str | None = None
+) -> pl.DataFrame:
     """`composed_reward` and `reward_components` on the rows of each rollout's scoring verifier (`verifier`,
     else its problem's own): the reward config applied to the stored signals (tasks/rewards/compose.py)."""
     flagged = _flag_own(rewards.drop("composed_reward", "reward_components", strict=False), frame, verifier)
     own, others = flagged.filter("own"), flagged.filter(~pl.col("own"))
     composed = compose(composition_inputs(own, others, frame), reward).select(
-        "rollout_id", "composed_reward", "reward_components")
+        "rollout_id", "composed_reward", "reward_components"
+    )
     return pl.concat([own.join(composed, on="rollout_id", how="left"), others], how="diagonal_relaxed").drop("own")
 
 
@@ -141,8 +200,11 @@ def own_rewards(rewards: pl.DataFrame, frame: pl.DataFrame, verifier: str | None
 
 def _flag_own(rewards: pl.DataFrame, frame: pl.DataFrame, verifier: str | None) -> pl.DataFrame:
     owners = frame.select("rollout_id", owner=scoring_verifier(verifier))
-    return (rewards.join(owners, on="rollout_id", how="left")
-            .with_columns(own=pl.col("verifier") == pl.col("owner")).drop("owner"))
+    return (
+        rewards.join(owners, on="rollout_id", how="left")
+        .with_columns(own=pl.col("verifier") == pl.col("owner"))
+        .drop("owner")
+    )
 
 
 def scoring_verifier(verifier: str | None = None) -> pl.Expr:
@@ -157,28 +219,47 @@ def composition_inputs(own: pl.DataFrame, others: pl.DataFrame, frame: pl.DataFr
     """One row per rollout with every signal a component reads: its own verifier's reward, correct, format,
     process and corrected rewards, other verifiers' rewards as `verifier:NAME`, and the rollout's tokens,
     self-certainty and domain."""
-    signals = own.select("rollout_id", "reward", "correct", *[c for c in ("format_reward", "process_reward",
-                                                                           "corrected_reward") if c in own.columns])
-    for name, part in (others.partition_by("verifier", as_dict=True).items() if others.height else []):
-        signals = signals.join(part.select("rollout_id", pl.col("reward").alias(f"verifier:{name[0]}")),
-                               on="rollout_id", how="left")
+    signals = own.select(
+        "rollout_id",
+        "reward",
+        "correct",
+        *[c for c in ("format_reward", "process_reward", "corrected_reward") if c in own.columns],
+    )
+    for name, part in others.partition_by("verifier", as_dict=True).items() if others.height else []:
+        signals = signals.join(
+            part.select("rollout_id", pl.col("reward").alias(f"verifier:{name[0]}")), on="rollout_id", how="left"
+        )
     context = frame.select("rollout_id", *[c for c in ("n_tokens", "self_certainty", "domain") if c in frame.columns])
     joined = signals.join(context, on="rollout_id", how="left")
-    for column, dtype in (("corrected_reward", pl.Float64), ("process_reward", pl.Float64),
-                          ("self_certainty", pl.Float64), ("n_tokens", pl.Int64), ("domain", pl.String)):
+    for column, dtype in (
+        ("corrected_reward", pl.Float64),
+        ("process_reward", pl.Float64),
+        ("self_certainty", pl.Float64),
+        ("n_tokens", pl.Int64),
+        ("domain", pl.String),
+    ):
         if column not in joined.columns:
             joined = joined.with_columns(pl.lit(None, dtype).alias(column))
     return joined
 
 
 def latest_noise(lake: Lake, verifier: str, version: str) -> NoiseEstimate | None:
-    audits = lake.read("verifier_noise", filter=(pc.field("verifier") == verifier)
-                       & (pc.field("verifier_version") == version)).sort("created_at")
+    audits = lake.read(
+        "verifier_noise", filter=(pc.field("verifier") == verifier) & (pc.field("verifier_version") == version)
+    ).sort("created_at")
     if audits.is_empty():
         return None
     row = audits.row(-1, named=True)
-    return NoiseEstimate(row["rho0"], row["rho1"], row["n_wrong"], row["n_correct"], row["rho0_low"], row["rho0_high"],
-                         row["rho1_low"], row["rho1_high"])
+    return NoiseEstimate(
+        row["rho0"],
+        row["rho1"],
+        row["n_wrong"],
+        row["n_correct"],
+        row["rho0_low"],
+        row["rho0_high"],
+        row["rho1_low"],
+        row["rho1_high"],
+    )
 
 
 def with_noise_correction(lake: Lake, rewards: pl.DataFrame) -> pl.DataFrame:
@@ -200,15 +281,33 @@ def write_rewards(lake: Lake, run: Run, iteration: int, rewards: pl.DataFrame) -
 
 
 def record_noise(lake: Lake, run: Run, verifier: str, version: str, noise: NoiseEstimate, audit: str) -> None:
-    lake.append("verifier_noise", pl.DataFrame([{
-        "verifier": verifier, "verifier_version": version, "rho0": noise.rho0, "rho1": noise.rho1,
-        "n_correct": noise.n_correct, "n_wrong": noise.n_wrong, "audit": audit,
-        "created_at": datetime.now(UTC), "rho0_low": noise.rho0_low, "rho0_high": noise.rho0_high,
-        "rho1_low": noise.rho1_low, "rho1_high": noise.rho1_high}]), run)
+    lake.append(
+        "verifier_noise",
+        pl.DataFrame(
+            [
+                {
+                    "verifier": verifier,
+                    "verifier_version": version,
+                    "rho0": noise.rho0,
+                    "rho1": noise.rho1,
+                    "n_correct": noise.n_correct,
+                    "n_wrong": noise.n_wrong,
+                    "audit": audit,
+                    "created_at": datetime.now(UTC),
+                    "rho0_low": noise.rho0_low,
+                    "rho0_high": noise.rho0_high,
+                    "rho1_low": noise.rho1_low,
+                    "rho1_high": noise.rho1_high,
+                }
+            ]
+        ),
+        run,
+    )
 
 
-def audit_file(path: str, verifier: str | None = None, reference: str | None = None,
-               workers: int = 2) -> tuple[str, str, NoiseEstimate, str]:
+def audit_file(
+    path: str, verifier: str | None = None, reference: str | None = None, workers: int = 2
+) -> tuple[str, str, NoiseEstimate, str]:
     """(verifier, version, noise with its intervals, what the truth was) of a verifier on a labelled sample:
     verify-file lines with a boolean `label`, or — with `reference` — the verdicts of a stricter verifier."""
 
@@ -217,12 +316,16 @@ def audit_file(path: str, verifier: str | None = None, reference: str | None = N
         raise ValueError(f"{path}: no usable lines")
 
     def verdicts(name: str | None) -> list:
-        return sorted(VerifierPool(workers=workers).score([(p, r, name or v) for p, r, v in items]), key=lambda s: s.index)
+        return sorted(
+            VerifierPool(workers=workers).score([(p, r, name or v) for p, r, v in items]), key=lambda s: s.index
+        )
 
     judged = verdicts(verifier)
     identities = {(s.verifier, s.verifier_version) for s in judged}
     if len(identities) != 1:
-        raise ValueError(f"{path}: the lines are scored by {sorted(identities)}; audit one verifier at a time (--verifier)")
+        raise ValueError(
+            f"{path}: the lines are scored by {sorted(identities)}; audit one verifier at a time (--verifier)"
+        )
     if reference:
         truth, audit = [s.correct for s in verdicts(reference)], f"reference verifier {reference} on {path}"
     else:

@@ -32,13 +32,14 @@ class Verifier(Protocol):
 
 
 VERIFIERS: dict[str, Callable[..., Verifier]] = {}
-DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}   # a domain's, when none is named
+DEFAULT_VERIFIER = {"math": "math", "code": "code", "logic": "gym", "qa": "qa"}  # a domain's, when none is named
 
 
 def register(name: str) -> Callable:
     def add(factory: Callable[..., Verifier]) -> Callable[..., Verifier]:
         VERIFIERS[name] = factory
         return factory
+
     return add
 
 

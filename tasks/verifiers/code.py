@@ -35,10 +35,10 @@ def extract_program(response: str, prompt: str, entry_point: str) -> str:
 class SandboxedVerifier:
     """What the test-running verifiers share: a partial-credit rule, limits, and a sandbox started on first use."""
 
-    partial_credit: str = "fraction"          # fraction | half | all_pass (credit.py)
+    partial_credit: str = "fraction"  # fraction | half | all_pass (credit.py)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     _sandbox: Sandbox | None = field(default=None, repr=False)
-    runs_code = True                          # model-generated code: only in the sandbox (see engine._isolation_checked)
+    runs_code = True  # model-generated code: only in the sandbox (see engine._isolation_checked)
 
     def __post_init__(self) -> None:
         self.partial_credit = credit_rule(self.partial_credit)
@@ -60,7 +60,7 @@ class SandboxedVerifier:
 @dataclass
 class CodeVerifier(SandboxedVerifier):
     name: str = "code"
-    version: str = "1.1"                      # 1.1: per-test deadlines, whole-run budgets, the candidate's own namespaces
+    version: str = "1.1"  # 1.1: per-test deadlines, whole-run budgets, the candidate's own namespaces
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         tests, entry_point = problem.get("tests"), problem.get("entry_point")
@@ -68,15 +68,25 @@ class CodeVerifier(SandboxedVerifier):
             return Verdict(0.0, None, {"reason": "problem has no tests or entry point"})
         prompt = problem.get("prompt") or ""
         program = extract_program(response, prompt, entry_point)
-        result = self.sandbox.run_tests(program, tests, entry_point, prompt,
-                                        stop_after_failure=self.partial_credit == "all_pass")
-        details = {"tests_passed": result.passed, "tests_total": result.total, "status": result.status,
-                   "failures": result.failures, "seconds": result.seconds, "isolation": self.sandbox.description}
+        result = self.sandbox.run_tests(
+            program, tests, entry_point, prompt, stop_after_failure=self.partial_credit == "all_pass"
+        )
+        details = {
+            "tests_passed": result.passed,
+            "tests_total": result.total,
+            "status": result.status,
+            "failures": result.failures,
+            "seconds": result.seconds,
+            "isolation": self.sandbox.description,
+        }
         if result.status not in ("ok", "incomplete"):
             return failed(f"sandbox: {result.status}", **details)
         all_passed = result.all_passed
-        return Verdict(self.reward(result.passed, result.total), all_passed,
-                       {**details, "reason": None if all_passed else "tests failed"})
+        return Verdict(
+            self.reward(result.passed, result.total),
+            all_passed,
+            {**details, "reason": None if all_passed else "tests failed"},
+        )
 
     def reward(self, passed: int, total: int) -> float:
         return credit(passed, total, self.partial_credit)

@@ -37,8 +37,11 @@ class FlippedReward:
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         verdict = build_registered(self.base).verify(problem, response)
-        return Verdict(0.0 if verdict.correct else 1.0, verdict.correct,
-                       {"control": "flipped", "base": self.base, "base_reward": verdict.reward})
+        return Verdict(
+            0.0 if verdict.correct else 1.0,
+            verdict.correct,
+            {"control": "flipped", "base": self.base, "base_reward": verdict.reward},
+        )
 
 
 @register("constant")

@@ -22,9 +22,11 @@ class ItemTimeout(Exception):
 
 
 _raise_in = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
-_withdraw_from = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(     # NULL: clear a pending one
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+_withdraw_from = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(  # NULL: clear a pending one
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
 
 
 class Watchdog:
@@ -34,7 +36,7 @@ class Watchdog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._armed: tuple[int, float] | None = None      # (thread id, deadline)
+        self._armed: tuple[int, float] | None = None  # (thread id, deadline)
         self._fired: int | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._watch, name="rlvr-verify-watchdog", daemon=True)
@@ -53,7 +55,7 @@ class Watchdog:
         finally:
             with self._lock:
                 self._armed = None
-                if self._fired == me:                  # raised but not yet delivered: withdraw it
+                if self._fired == me:  # raised but not yet delivered: withdraw it
                     _withdraw_from(me, None)
                     self._fired = None
 

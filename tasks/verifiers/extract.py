@@ -20,22 +20,25 @@ import re
 from dataclasses import dataclass
 
 EXTRACTORS = ("boxed", "hash", "answer_is", "math", "number")
-STATEMENTS = ("boxed", "hash", "answer_is")          # explicit final-answer statements
+STATEMENTS = ("boxed", "hash", "answer_is")  # explicit final-answer statements
 FALLBACKS = ("math", "number")
-FALLBACK_WINDOW = 4000                                  # characters at the end of a response the fallbacks read
+FALLBACK_WINDOW = 4000  # characters at the end of a response the fallbacks read
 
-HASH_LINE = re.compile(r"^[ \t]*#{4,}[ \t]*(.+?)[ \t]*$", re.MULTILINE)      # `#####` too: more hashes, same line
+HASH_LINE = re.compile(r"^[ \t]*#{4,}[ \t]*(.+?)[ \t]*$", re.MULTILINE)  # `#####` too: more hashes, same line
 _ANSWER_LEAD = re.compile(
-    r"\*\*\s*(?:final\s+)?answer\s*:?\s*\*\*\s*:?"                         # **Answer:** / **Final Answer**:
-    r"|(?:the\s+)?final\s+answer\s*(?:is\s*:?|:|=)"                        # the final answer is / Final Answer:
-    r"|\bthe\s+(?:correct\s+)?answer\s*(?:is\s*:?|:|=)"                     # the answer is
-    r"|^[ \t]*answer\s*(?::|(?=\s*(?:\$|\\\[|\\\()))",                     # Answer: X / Answer \[X\] at a line start
-    re.IGNORECASE | re.MULTILINE)
+    r"\*\*\s*(?:final\s+)?answer\s*:?\s*\*\*\s*:?"  # **Answer:** / **Final Answer**:
+    r"|(?:the\s+)?final\s+answer\s*(?:is\s*:?|:|=)"  # the final answer is / Final Answer:
+    r"|\bthe\s+(?:correct\s+)?answer\s*(?:is\s*:?|:|=)"  # the answer is
+    r"|^[ \t]*answer\s*(?::|(?=\s*(?:\$|\\\[|\\\()))",  # Answer: X / Answer \[X\] at a line start
+    re.IGNORECASE | re.MULTILINE,
+)
 CHAT_TOKENS = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|end|assistant|user)\|>|</s>|<\|.*?\|>")
 _HOPE = re.compile(r"\s*I hope (?:it|this) is correct\.?", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.DOTALL)
-NUMBER = re.compile(r"(?<![\w.])[-−]?(?:\d{1,3}(?:[,\u2009\u202f ]\d{3})+|\d+)(?:[.,]\d+)?(?:\s*/\s*\d+)?(?![\d])"
-                    r"|(?<![\w.])[-−]?\.\d+")
+NUMBER = re.compile(
+    r"(?<![\w.])[-−]?(?:\d{1,3}(?:[,\u2009\u202f ]\d{3})+|\d+)(?:[.,]\d+)?(?:\s*/\s*\d+)?(?![\d])"
+    r"|(?<![\w.])[-−]?\.\d+"
+)
 _WORD = re.compile(r"[A-Za-z]{2,}")
 # what may stand between a gold's boxes that together are its answer: a conjunction, a comma, spacing, a unit
 _JOINED = re.compile(r"^(?:\s|\$|\\[()\[\],;!]|,|&|\\q?quad|\\text\{[^{}]*\}|\band\b|[A-Za-z]+(?=\s+and\b))*$")
@@ -44,9 +47,9 @@ _VERB = re.compile(r"\s(?:is|are|was|equals|=)\s+(?!not\b)", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class Statement:
-    kind: str                # the extractor that found it
-    text: str                # the answer it states
-    start: int               # where in the response it begins and ends
+    kind: str  # the extractor that found it
+    text: str  # the answer it states
+    start: int  # where in the response it begins and ends
     end: int
 
 
@@ -62,7 +65,7 @@ def last_boxed(text: str) -> str | None:
     for position in range(open_brace, len(text)):
         depth += {"{": 1, "}": -1}.get(text[position], 0)
         if depth == 0:
-            return text[open_brace + 1:position].strip()
+            return text[open_brace + 1 : position].strip()
     return None
 
 
@@ -80,7 +83,7 @@ def boxed_spans(text: str) -> list[tuple[int, int, str]]:
     for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
         start = match.end() - 1
         if start in closing and match.start() > covered_until:
-            found.append((match.start(), closing[start] + 1, text[start + 1:closing[start]].strip()))
+            found.append((match.start(), closing[start] + 1, text[start + 1 : closing[start]].strip()))
             covered_until = closing[start]
     return found
 
@@ -93,13 +96,14 @@ def all_boxed(text: str) -> list[str]:
 def without_chat_tail(text: str) -> str:
     """The response up to the first chat-template token (what follows is the template, not the answer)."""
     match = CHAT_TOKENS.search(text)
-    return text[:match.start()] if match else text
+    return text[: match.start()] if match else text
 
 
 def math_spans(text: str) -> list[tuple[int, int, str]]:
     """(start, end, content) of every math span, in order; escaped dollars (`\\$5`) are currency, not math."""
-    return [(m.start(), m.end(), next(g for g in m.groups() if g is not None).strip())
-            for m in _MATH_SPAN.finditer(text)]
+    return [
+        (m.start(), m.end(), next(g for g in m.groups() if g is not None).strip()) for m in _MATH_SPAN.finditer(text)
+    ]
 
 
 def answer_span(text: str) -> str:
@@ -128,13 +132,13 @@ def _sentence_end(text: str) -> int:
             position += 2
             continue
         if char == "$":
-            if text.startswith("$$", position):         # display math: one delimiter, not two
+            if text.startswith("$$", position):  # display math: one delimiter, not two
                 position += 1
             in_dollars = not in_dollars
         elif char == "\n" and started and not in_dollars and depth == 0:
             return position
         elif char in ".!?" and not in_dollars and depth == 0 and started:
-            following = text[position + 1:position + 2]
+            following = text[position + 1 : position + 2]
             if following == "" or following.isspace():
                 return position
         if not char.isspace():
@@ -146,19 +150,19 @@ def _sentence_end(text: str) -> int:
 def reduce_sentence(span: str) -> str:
     """A sentence reduced to the value it states; a span that is already a value is returned as it is."""
     outside = _MATH_SPAN.sub(" ", span)
-    if len(_WORD.findall(outside)) < 2:                          # a value, perhaps with a unit or a "$…$"
+    if len(_WORD.findall(outside)) < 2:  # a value, perhaps with a unit or a "$…$"
         spans = math_spans(span)
         if len(spans) == 1 and not _WORD.findall(outside):
             return spans[0][2]
         return span
     verbs = list(_VERB.finditer(span))
-    if verbs:                                                    # "... is 120", "... are $(1,2)$ and $(2,1)$"
-        return reduce_sentence(span[verbs[-1].end():].strip())
+    if verbs:  # "... is 120", "... are $(1,2)$ and $(2,1)$"
+        return reduce_sentence(span[verbs[-1].end() :].strip())
     spans = math_spans(span)
     if len(spans) == 1:
         return spans[0][2]
     numbers = NUMBER.findall(outside)
-    if len(numbers) == 1:                                        # "Jane started growing it 3 hours ago"
+    if len(numbers) == 1:  # "Jane started growing it 3 hours ago"
         return numbers[0].strip()
     return span
 
@@ -174,13 +178,16 @@ def statements(text: str, extractors: tuple[str, ...] = EXTRACTORS) -> list[Stat
     if "answer_is" in extractors:
         leads = list(_ANSWER_LEAD.finditer(text))
         for index, lead in enumerate(leads):
-            nested = index + 1 < len(leads) and leads[index + 1].start() - lead.end() < 40 \
-                and _sentence_end(text[lead.end():]) >= leads[index + 1].start() - lead.end()
-            if nested:                                           # "Final Answer: The final answer is 7." → the inner
+            nested = (
+                index + 1 < len(leads)
+                and leads[index + 1].start() - lead.end() < 40
+                and _sentence_end(text[lead.end() :]) >= leads[index + 1].start() - lead.end()
+            )
+            if nested:  # "Final Answer: The final answer is 7." → the inner
                 continue
-            rest = text[lead.end():lead.end() + 2000]
+            rest = text[lead.end() : lead.end() + 2000]
             if any(start <= lead.end() + 40 and start >= lead.start() for start, _, _ in boxes):
-                continue                                         # "the answer is \boxed{7}": the boxed statement
+                continue  # "the answer is \boxed{7}": the boxed statement
             answer = answer_span(rest)
             if answer:
                 found.append(Statement("answer_is", answer, lead.start(), lead.end() + len(answer)))
@@ -190,7 +197,7 @@ def statements(text: str, extractors: tuple[str, ...] = EXTRACTORS) -> list[Stat
 def fallback(text: str, extractors: tuple[str, ...] = EXTRACTORS) -> Statement | None:
     """The answer of a response that states none: whichever comes last of its last math span and its last
     number; a response that is a bare expression (no words) is its own answer."""
-    text = _HOPE.sub("", without_chat_tail(text))[-FALLBACK_WINDOW:]    # the answer is at the end; bounded
+    text = _HOPE.sub("", without_chat_tail(text))[-FALLBACK_WINDOW:]  # the answer is at the end; bounded
     candidates = []
     if "math" in extractors:
         spans = [s for s in math_spans(text) if s[2]]
@@ -234,18 +241,31 @@ def gold_answer(gold: str) -> str:
     text = gold.strip()
     boxes = boxed_spans(text)
     if boxes:
-        if len(boxes) > 1 and all(_JOINED.match(text[left[1]:right[0]]) for left, right in zip(boxes, boxes[1:])):
-            return ", ".join(content for _, _, content in boxes)        # `\boxed{1} and \boxed{2}`: both parts
+        if len(boxes) > 1 and all(_JOINED.match(text[left[1] : right[0]]) for left, right in zip(boxes, boxes[1:])):
+            return ", ".join(content for _, _, content in boxes)  # `\boxed{1} and \boxed{2}`: both parts
         return boxes[-1][2]
     spans = math_spans(text)
     if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(text):
         return spans[0][2]
-    if len(_WORD.findall(_MATH_SPAN.sub(" ", text))) > 12:      # a worked solution, not an answer
+    if len(_WORD.findall(_MATH_SPAN.sub(" ", text))) > 12:  # a worked solution, not an answer
         answer, _ = extract_answer(text, EXTRACTORS)
         if answer is not None:
             return answer
     return text
 
 
-__all__ = ["EXTRACTORS", "FALLBACKS", "STATEMENTS", "Statement", "all_boxed", "boxed_spans", "extract_answer",
-           "fallback", "final_answers", "gold_answer", "last_boxed", "math_spans", "statements"]
+__all__ = [
+    "EXTRACTORS",
+    "FALLBACKS",
+    "STATEMENTS",
+    "Statement",
+    "all_boxed",
+    "boxed_spans",
+    "extract_answer",
+    "fallback",
+    "final_answers",
+    "gold_answer",
+    "last_boxed",
+    "math_spans",
+    "statements",
+]

@@ -34,7 +34,7 @@ def format_reward(domain: str, response: str, form: str | None = None) -> float:
 @register("format")
 @dataclass
 class FormatVerifier:
-    form: str | None = None           # boxed, hash, answer_tag, code_block, any; default per domain
+    form: str | None = None  # boxed, hash, answer_tag, code_block, any; default per domain
     name: str = "format"
     version: str = "1.0"
 

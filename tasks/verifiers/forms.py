@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|operatorname)"
-                           r"\s*\{([^{}]*)\}")
+_TEXT_COMMAND = re.compile(
+    r"\\(?:text|textbf|textit|textrm|texttt|mathrm|mathbf|mathit|mathsf|mbox|operatorname)"
+    r"\s*\{([^{}]*)\}"
+)
 _CHOICE = re.compile(r"^\(?\s*([A-Ea-e])\s*\)?[.:]?$")
 _PARENS_CHOICE = re.compile(r"^\(\s*[A-Ea-e]\s*\)|^[A-Ea-e]\)")
 _WORDS = re.compile(r"^[A-Za-z][A-Za-z' \-]*[A-Za-z.]?$")
@@ -20,9 +22,11 @@ _SEPARATORS = re.compile(r"\\text\{\s*(?:and|or|,)\s*\}|\\q?quad|\band\b|\bor\b|
 _GROUPED_NUMBER = re.compile(r"^[-+]?\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?$")
 _MATRIX = re.compile(r"^\\begin\{([pbvBV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
 _ASSIGNED = re.compile(r"^\s*(.+?)\s*(?:(?<![<>!\\])=(?!=)|\\in\b|∈)\s*(.+?)\s*$", re.DOTALL)
-_LABEL = re.compile(r"^(?:[A-Za-z](?:_\{?[\w,]+\}?)?'*|[A-Za-z]+\([a-z](?:,\s*[a-z])*\)|\|[A-Za-z]+\||"
-                    r"\([A-Za-z](?:\s*,\s*[A-Za-z])+\)|\\[a-zA-Z]+(?:_\{?\w+\}?)?|[A-Za-z](?:_\{?\w+\}?)?\s*:\s*"
-                    r"[A-Za-z](?:_\{?\w+\}?)?|\\[dt]?frac\{[A-Za-z]+\}\{[A-Za-z]+\})$")
+_LABEL = re.compile(
+    r"^(?:[A-Za-z](?:_\{?[\w,]+\}?)?'*|[A-Za-z]+\([a-z](?:,\s*[a-z])*\)|\|[A-Za-z]+\||"
+    r"\([A-Za-z](?:\s*,\s*[A-Za-z])+\)|\\[a-zA-Z]+(?:_\{?\w+\}?)?|[A-Za-z](?:_\{?\w+\}?)?\s*:\s*"
+    r"[A-Za-z](?:_\{?\w+\}?)?|\\[dt]?frac\{[A-Za-z]+\}\{[A-Za-z]+\})$"
+)
 
 
 def unwrap_text(text: str) -> str:
@@ -54,7 +58,7 @@ def word_answer(text: str) -> str | None:
 
 def clean(text: str) -> str:
     """Spacing commands, `\\left.` / `\\right.`, display style and surrounding `$` removed."""
-    text = re.sub(r"(?<=\d),\\!\s*(?=\d)", ",", text.strip().strip("$"))        # 12,\!000: a thousands comma
+    text = re.sub(r"(?<=\d),\\!\s*(?=\d)", ",", text.strip().strip("$"))  # 12,\!000: a thousands comma
     return _SPACING.sub(" ", text).strip()
 
 
@@ -70,7 +74,7 @@ def assignment(text: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True)
 class Structure:
-    kind: str                 # tuple, interval, set, list, matrix
+    kind: str  # tuple, interval, set, list, matrix
     opening: str
     closing: str
     parts: tuple[str, ...]
@@ -115,16 +119,16 @@ def structure(text: str) -> Structure | None:
     text = clean(text)
     matrix = _MATRIX.match(text)
     if matrix and "\\begin" in matrix.group(2):
-        return None                                                     # several matrices: an expression
+        return None  # several matrices: an expression
     if matrix:
         rows = [split_top_level(row, "&") for row in re.split(r"\\\\", matrix.group(2)) if row.strip()]
-        if rows and (len(rows) == 1 or all(len(row) == 1 for row in rows)):      # a vector is a tuple
+        if rows and (len(rows) == 1 or all(len(row) == 1 for row in rows)):  # a vector is a tuple
             return Structure("tuple", "(", ")", tuple(cell for row in rows for cell in row))
         return Structure("matrix", "[", "]", tuple(" & ".join(row) for row in rows))
     if _GROUPED_NUMBER.match(text):
-        return None                                                     # 1,234 is one number
+        return None  # 1,234 is one number
     groups, separated = split_top_level(text, _SEPARATORS), []
-    for group in groups:                      # "p=5,q=2; p=7,q=2": each group of assignments is one tuple
+    for group in groups:  # "p=5,q=2; p=7,q=2": each group of assignments is one tuple
         items = split_top_level(group)
         named = [assignment(item) for item in items]
         if len(groups) > 1 and len(items) > 1 and all(named):
@@ -136,17 +140,17 @@ def structure(text: str) -> Structure | None:
     if len(text) >= 2 and text[0] in "([" and text[-1] in ")]" and _balanced(text):
         inner = split_top_level(text[1:-1])
         if len(inner) == 1 and ";" in inner[0]:
-            inner = split_top_level(inner[0], ";")                      # (0;-2;6): coordinates by semicolons
+            inner = split_top_level(inner[0], ";")  # (0;-2;6): coordinates by semicolons
         if text[0] + text[-1] == "()" and len(inner) == 1 and inner[0].startswith("\\begin"):
-            return structure(inner[0])                                  # (\begin{pmatrix}…\end{pmatrix})
+            return structure(inner[0])  # (\begin{pmatrix}…\end{pmatrix})
         if text[0] + text[-1] == "()" and len(inner) >= 2:
-            return Structure("tuple", "(", ")", tuple(inner))          # also an open interval: compared alike
+            return Structure("tuple", "(", ")", tuple(inner))  # also an open interval: compared alike
         if len(inner) == 2:
             return Structure("interval", text[0], text[-1], tuple(inner))
         return None
     for opening, closing in (("\\{", "\\}"), ("{", "}")):
-        if text.startswith(opening) and text.endswith(closing) and _balanced(text[len(opening) - 1:]):
-            inner = split_top_level(text[len(opening):len(text) - len(closing)])
+        if text.startswith(opening) and text.endswith(closing) and _balanced(text[len(opening) - 1 :]):
+            inner = split_top_level(text[len(opening) : len(text) - len(closing)])
             if inner:
                 return Structure("set", "{", "}", tuple(inner))
     return None

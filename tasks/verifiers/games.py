@@ -41,24 +41,24 @@ def ttt_to_move(board: str) -> str:
 def ttt_value(board: str) -> int:
     """+1 if the player to move can force a win, 0 a draw, −1 if the opponent can."""
     if ttt_winner(board) is not None:
-        return -1                                  # the player who just moved won
+        return -1  # the player who just moved won
     if "." not in board:
         return 0
     player = ttt_to_move(board)
-    return max(-ttt_value(board[:i] + player + board[i + 1:]) for i, cell in enumerate(board) if cell == ".")
+    return max(-ttt_value(board[:i] + player + board[i + 1 :]) for i, cell in enumerate(board) if cell == ".")
 
 
 def ttt_move_values(board: str) -> dict[int, int]:
     """Each legal move (cell 0-8) with its value for the player making it."""
     player = ttt_to_move(board)
-    return {i: -ttt_value(board[:i] + player + board[i + 1:]) for i, cell in enumerate(board) if cell == "."}
+    return {i: -ttt_value(board[:i] + player + board[i + 1 :]) for i, cell in enumerate(board) if cell == "."}
 
 
 # ---- Connect Four ------------------------------------------------------------------------------------------
 def c4_drop(board: str, column: int, player: str) -> str | None:
     """The board (row-major from the top, 6 × 7) after `player` drops in `column` (0-6); None when it is full."""
     index = _landing(board, column)
-    return None if index is None else board[:index] + player + board[index + 1:]
+    return None if index is None else board[:index] + player + board[index + 1 :]
 
 
 def _landing(board: str, column: int) -> int | None:
@@ -104,7 +104,7 @@ def c4_value(board: str, depth: int) -> int:
         index = _landing(board, column)
         if index is None:
             continue
-        child = board[:index] + player + board[index + 1:]
+        child = board[:index] + player + board[index + 1 :]
         value = 1 if _wins_at(child, index) else -c4_value(child, depth - 1)
         if value > best:
             best = value
@@ -118,7 +118,7 @@ def c4_move_values(board: str, depth: int = 4) -> dict[int, int]:
     for column in range(COLUMNS):
         index = _landing(board, column)
         if index is not None:
-            child = board[:index] + player + board[index + 1:]
+            child = board[:index] + player + board[index + 1 :]
             values[column] = 1 if _wins_at(child, index) else -c4_value(child, depth - 1)
     return values
 
@@ -135,7 +135,7 @@ def _numbers(response: str) -> list[int]:
 class GameVerifier:
     """Reward 1 for a legal move that keeps the position's best result (see the module docstring)."""
 
-    depth: int = 4                     # Connect Four: plies the negamax looks ahead
+    depth: int = 4  # Connect Four: plies the negamax looks ahead
     name: str = "game"
     version: str = "1.0"
 
@@ -163,8 +163,16 @@ class GameVerifier:
         best = max(values.values())
         right = values[move] == best
         outcome = {1: "win", 0: "draw or undecided", -1: "loss"}
-        return Verdict(float(right), right, {"move": move, "value": outcome[values[move]], "best": outcome[best],
-                                              "reason": None if right else "a move that gives away the best result"})
+        return Verdict(
+            float(right),
+            right,
+            {
+                "move": move,
+                "value": outcome[values[move]],
+                "best": outcome[best],
+                "reason": None if right else "a move that gives away the best result",
+            },
+        )
 
 
 def _board_of(problem: Mapping[str, Any]) -> str | None:

@@ -32,20 +32,20 @@ def canonical(answer: str) -> str:
 def lists_candidates(answer: str, gold: str) -> bool:
     """True when a single-valued gold is answered with several values."""
     if parse_number(gold) is None:
-        return False                                    # tuples, sets, expressions: no such rule
+        return False  # tuples, sets, expressions: no such rule
     if _CANDIDATE_SEPARATORS.search(answer.replace("{,}", ",")):
         return True
     cleaned = strip_noise(answer).strip("{}()[] \\")
     parts = [p for p in re.split(r",", cleaned) if p.strip()]
     if len(parts) < 2:
         return False
-    return parse_number(answer) is None                  # "1,234" is one number, "1, 2, 3" is three
+    return parse_number(answer) is None  # "1,234" is one number, "1, 2, 3" is three
 
 
 def qualifies(answer: str, gold: str) -> str | None:
     """Why the answer says something other than a value: a relation (≠ 2, > 2, 3 = 2) or words that
     change the number (not 2, at least 2, 2 million) that the gold does not have."""
-    named = assignment(answer)                                   # "x = 5", "(x, y) = (5, 8)" name a value
+    named = assignment(answer)  # "x = 5", "(x, y) = (5, 8)" name a value
     bare_answer = named[1] if named else answer
     if _RELATION.search(bare_answer) and not _RELATION.search(gold):
         return "a relation where a value is asked"
@@ -69,8 +69,11 @@ def costly(answer: str) -> str | None:
         return f"nesting deeper than {MAX_NESTING}"
     if any(len(run) > MAX_DIGITS for run in re.findall(r"\d+", answer)):
         return f"a number with more than {MAX_DIGITS} digits"
-    if answer.count("^") + answer.count("**") > MAX_POWERS or re.search(r"\^\s*\{[^{}]*\^", answer) \
-            or re.search(r"\^\s*\d+\s*\^", answer):
+    if (
+        answer.count("^") + answer.count("**") > MAX_POWERS
+        or re.search(r"\^\s*\{[^{}]*\^", answer)
+        or re.search(r"\^\s*\d+\s*\^", answer)
+    ):
         return "a tower of powers"
     if re.search(r"\d[eE][-+]?\d{4,}", answer):
         return "an exponent of more than 3 digits"

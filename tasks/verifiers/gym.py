@@ -41,8 +41,11 @@ class GymVerifier:
             return Verdict(0.0, False, {"reason": "no final answer", "extracted": None})
         entry = {"question": problem.get("prompt", ""), "answer": problem.get("answer"), "metadata": metadata}
         score = float(self._dataset(dataset_name, params.get("config") or {}).score_answer(answer, entry))
-        return Verdict(score, score >= self.correct_threshold,
-                       {"extracted": answer, "extractor": extractor, "dataset": dataset_name, "score": score})
+        return Verdict(
+            score,
+            score >= self.correct_threshold,
+            {"extracted": answer, "extractor": extractor, "dataset": dataset_name, "score": score},
+        )
 
     def _dataset(self, name: str, config: dict):
         key = (name, json.dumps(config, sort_keys=True))

@@ -45,9 +45,12 @@ from tasks.verifiers.forms import (
 from tasks.verifiers.guards import canonical, costly, lists_candidates, qualifies
 from tasks.verifiers.numbers import PRECISION, numbers_equal, parse_number, strip_noise
 
-CORRECTION = re.compile(r"\b(?:wait|actually|correction|mistake|oops|re-?check(?:ing)?|re-?evaluat\w*|re-?examin\w*|"
-                        r"recount\w*|let me re\w*|on second thought|made an error|that'?s wrong|this is wrong|"
-                        r"not correct|incorrect)\b", re.IGNORECASE)
+CORRECTION = re.compile(
+    r"\b(?:wait|actually|correction|mistake|oops|re-?check(?:ing)?|re-?evaluat\w*|re-?examin\w*|"
+    r"recount\w*|let me re\w*|on second thought|made an error|that'?s wrong|this is wrong|"
+    r"not correct|incorrect)\b",
+    re.IGNORECASE,
+)
 FINAL = re.compile(r"\W*(?:the\s+)?final\s+answer", re.IGNORECASE)
 _EQUALS = re.compile(r"(?<![<>!\\])=(?!=)")
 # Characters no mathematical answer is written with: a stray answer marker (`#`), `@`, or the replacement
@@ -62,12 +65,12 @@ ALTERNATIVE = re.compile(r"\bor\b|\balternatively\b|\beither\b", re.IGNORECASE)
 class MathVerifier:
     """Reward 1 when the single final answer equals the gold answer, else 0."""
 
-    extractors: tuple[str, ...] = EXTRACTORS        # where answers are looked for, in order (see extract.py)
-    timeout_seconds: int = 3                        # math-verify's own parse and verify timeouts
-    precision: int = PRECISION                      # decimals a decimal answer must agree to
-    decimal_comma: bool = True                      # `1,22` is 1.22 where the comma cannot group thousands
+    extractors: tuple[str, ...] = EXTRACTORS  # where answers are looked for, in order (see extract.py)
+    timeout_seconds: int = 3  # math-verify's own parse and verify timeouts
+    precision: int = PRECISION  # decimals a decimal answer must agree to
+    decimal_comma: bool = True  # `1,22` is 1.22 where the comma cannot group thousands
     name: str = "math"
-    version: str = "2.2"                            # 2.2: `##### N` is a hash line too
+    version: str = "2.2"  # 2.2: `##### N` is a hash line too
 
     def verify(self, problem: Mapping[str, Any], response: str) -> Verdict:
         raw_gold = str(problem.get("answer") or "").strip()
@@ -91,9 +94,10 @@ class MathVerifier:
             if multi_part(gold):
                 return self._parts(gold, chosen, details, percent_question)
             if not _corrected(found, response):
-                return failed("hedged: several different final answers", **details,
-                              final_answers=[s.text for s in found])
-            answer = found[-1].text                  # a self-correction: its last statement counts
+                return failed(
+                    "hedged: several different final answers", **details, final_answers=[s.text for s in found]
+                )
+            answer = found[-1].text  # a self-correction: its last statement counts
             details.update(extracted=answer, extractor=found[-1].kind, self_corrected=True)
         return self._judge(gold, answer, details, percent_question)
 
@@ -106,21 +110,25 @@ class MathVerifier:
         if reason is not None:
             return failed(reason, **details)
         chain = _equality_chain(answer)
-        if chain:                                    # "x = 5 + 5 + 1 = 11": every side must be equal
+        if chain:  # "x = 5 + 5 + 1 = 11": every side must be equal
             if not all(self.equivalent(left, right, percent_question)[0] for left, right in zip(chain, chain[1:])):
                 return failed("an equality chain whose sides differ", **details)
             answer = chain[-1]
         equal, method = self.equivalent(gold, answer, percent_question)
         return Verdict(float(equal), equal, {**details, "method": method, "reason": None if equal else "wrong answer"})
 
-    def _parts(self, gold: str, chosen: list[Statement], details: dict[str, Any],
-               percent_question: bool | None) -> Verdict:
+    def _parts(
+        self, gold: str, chosen: list[Statement], details: dict[str, Any], percent_question: bool | None
+    ) -> Verdict:
         """Several statements answering a multi-part gold: their parts together must be the gold's parts."""
         stated = [part for s in chosen for part in _parts_of(s.text)]
         gold_parts = list(structure(gold).parts)
         equal = self._same_parts(gold_parts, stated, percent_question)
-        return Verdict(float(equal), equal, {**details, "extracted": ", ".join(stated), "method": "parts",
-                                              "reason": None if equal else "wrong answer"})
+        return Verdict(
+            float(equal),
+            equal,
+            {**details, "extracted": ", ".join(stated), "method": "parts", "reason": None if equal else "wrong answer"},
+        )
 
     def _agree(self, answers: list[str], percent_question: bool | None) -> bool:
         keys = {canonical(a) for a in answers}
@@ -145,7 +153,7 @@ class MathVerifier:
         if words is not None or word_answer(answer) is not None:
             return words is not None and word_answer(answer) == words, "text"
         named_gold, named_answer = assignment(gold), assignment(answer)
-        if named_gold or (named_answer and "=" not in gold):     # an equation gold is compared as an equation
+        if named_gold or (named_answer and "=" not in gold):  # an equation gold is compared as an equation
             gold = named_gold[1] if named_gold else gold
             answer = named_answer[1] if named_answer else answer
         gold_number = parse_number(gold, self.decimal_comma)
@@ -155,7 +163,7 @@ class MathVerifier:
         gold_shape, answer_shape = structure(gold), structure(answer)
         if gold_shape is not None and answer_shape is not None:
             return self._same_structure(gold_shape, answer_shape, percent_question), "structure"
-        if _same_text(gold, answer):                 # identical up to spacing and noise: no need to parse
+        if _same_text(gold, answer):  # identical up to spacing and noise: no need to parse
             return True, "text"
         decided = symbolic.compare(gold, answer, self.precision)
         if decided is not None:
@@ -191,7 +199,7 @@ class MathVerifier:
             if not answer_parsed or not gold_parsed:
                 return False
             return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
-        except Exception:        # math-verify's own timeout, or a sympy failure: not provably equal
+        except Exception:  # math-verify's own timeout, or a sympy failure: not provably equal
             return False
 
 
@@ -228,7 +236,7 @@ def _corrected(found: list[Statement], response: str) -> bool:
     previous = next((s for s in reversed(found[:-1]) if canonical(s.text) != key), None)
     if previous is None:
         return True
-    between = response[previous.end:last.start]
+    between = response[previous.end : last.start]
     closing = last.kind == "answer_is" and FINAL.match(response, last.start) is not None
     return (closing or bool(CORRECTION.search(between))) and not ALTERNATIVE.search(between)
 
@@ -259,9 +267,26 @@ def gsm8k_reward(completions: list[str], answer: list[str]) -> list[float]:
     return [verifier.verify({"answer": gold}, completion).reward for completion, gold in zip(completions, answer)]
 
 
-WARM_UP = [r"\frac{1}{2}", r"\sqrt{2}", r"3\sqrt{13}", r"\left( 3, \frac{\pi}{2} \right)", r"[0, 1)", r"(1, 2]",
-           r"\{1, 2\}", r"x^2 + 2x + 1", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"2\pi", r"\dfrac{\sqrt{3}}{4}",
-           r"10^{\circ}", r"\text{(C)}", r"a^2+b^2", r"\infty", r"-\frac{7}{3}", r"\log_2 8", r"e^{i\pi}"]
+WARM_UP = [
+    r"\frac{1}{2}",
+    r"\sqrt{2}",
+    r"3\sqrt{13}",
+    r"\left( 3, \frac{\pi}{2} \right)",
+    r"[0, 1)",
+    r"(1, 2]",
+    r"\{1, 2\}",
+    r"x^2 + 2x + 1",
+    r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+    r"2\pi",
+    r"\dfrac{\sqrt{3}}{4}",
+    r"10^{\circ}",
+    r"\text{(C)}",
+    r"a^2+b^2",
+    r"\infty",
+    r"-\frac{7}{3}",
+    r"\log_2 8",
+    r"e^{i\pi}",
+]
 
 
 def warm_up(verifier: MathVerifier | None = None) -> None:

@@ -16,11 +16,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class NoiseEstimate:
-    rho0: float          # false-positive rate
-    rho1: float          # false-negative rate
-    n_wrong: int         # audit items truly wrong
-    n_correct: int       # audit items truly correct
-    rho0_low: float | None = None    # its confidence interval
+    rho0: float  # false-positive rate
+    rho1: float  # false-negative rate
+    n_wrong: int  # audit items truly wrong
+    n_correct: int  # audit items truly correct
+    rho0_low: float | None = None  # its confidence interval
     rho0_high: float | None = None
     rho1_low: float | None = None
     rho1_high: float | None = None
@@ -47,8 +47,14 @@ def estimate_noise(verifier_correct: np.ndarray, truly_correct: np.ndarray, z: f
     rho0, rho1 = false_positives / n_wrong, false_negatives / n_correct
     if rho0 + rho1 >= 1:
         raise ValueError(f"ρ0 + ρ1 = {rho0 + rho1:.3f} ≥ 1: this verifier is no better than chance on the audit set")
-    return NoiseEstimate(rho0, rho1, n_wrong, n_correct, *wilson_interval(false_positives, n_wrong, z),
-                         *wilson_interval(false_negatives, n_correct, z))
+    return NoiseEstimate(
+        rho0,
+        rho1,
+        n_wrong,
+        n_correct,
+        *wilson_interval(false_positives, n_wrong, z),
+        *wilson_interval(false_negatives, n_correct, z),
+    )
 
 
 def corrected_reward(reward: np.ndarray | float, rho0: float, rho1: float) -> np.ndarray | float:

@@ -24,14 +24,64 @@ _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _DECIMAL = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,3})?$")
 _DECIMAL_COMMA = re.compile(r"^[-+]?\d+,\d+$")
 _REPEATING = re.compile(r"^([-+]?)(\d*)\.(\d*)\\overline\s*\{?(\d+)\}?$")
-PRECISION = 6                 # decimals to which a decimal answer and the gold must agree (as Math-Verify's default)
+PRECISION = 6  # decimals to which a decimal answer and the gold must agree (as Math-Verify's default)
 _PERCENT_WORD = re.compile(r"\s*(?:\\text\{\s*)?(?:per\s?cent|percentage points?)(?:\s*\})?", re.IGNORECASE)
 # words that change a number's meaning rather than name its unit: "not 2", "2 million", "at least 2"
-MODIFIERS = {"not", "no", "least", "most", "million", "millions", "billion", "billions", "thousand", "thousands",
-             "hundred", "hundreds", "dozen", "dozens", "squared", "cubed", "wrong", "incorrect", "approximately",
-             "about", "around", "roughly", "nearly", "almost", "over", "under", "more", "less", "than", "maybe",
-             "possibly", "perhaps", "or", "between", "except", "none", "times", "half", "twice", "double", "minus",
-             "plus", "negative", "positive", "greater", "smaller", "fewer", "above", "below", "up", "to", "is", "isn"}
+MODIFIERS = {
+    "not",
+    "no",
+    "least",
+    "most",
+    "million",
+    "millions",
+    "billion",
+    "billions",
+    "thousand",
+    "thousands",
+    "hundred",
+    "hundreds",
+    "dozen",
+    "dozens",
+    "squared",
+    "cubed",
+    "wrong",
+    "incorrect",
+    "approximately",
+    "about",
+    "around",
+    "roughly",
+    "nearly",
+    "almost",
+    "over",
+    "under",
+    "more",
+    "less",
+    "than",
+    "maybe",
+    "possibly",
+    "perhaps",
+    "or",
+    "between",
+    "except",
+    "none",
+    "times",
+    "half",
+    "twice",
+    "double",
+    "minus",
+    "plus",
+    "negative",
+    "positive",
+    "greater",
+    "smaller",
+    "fewer",
+    "above",
+    "below",
+    "up",
+    "to",
+    "is",
+    "isn",
+}
 _SLASH_FRACTION = re.compile(r"^([-+]?\d+)\s*/\s*([-+]?\d+)$")
 _LATEX_FRACTION = re.compile(r"^([-+]?)\\[dt]?frac\s*\{\s*([-+]?\d+)\s*\}\s*\{\s*([-+]?\d+)\s*\}$")
 _LATEX_FRACTION_SHORT = re.compile(r"^([-+]?)\\[dt]?frac\s*(\d)(\d)$")
@@ -41,13 +91,13 @@ _LATEX_FRACTION_SHORT = re.compile(r"^([-+]?)\\[dt]?frac\s*(\d)(\d)$")
 class Number:
     value: Fraction
     percent: bool = False
-    decimal: bool = False     # written as a decimal with a fractional part: compared to PRECISION decimals
+    decimal: bool = False  # written as a decimal with a fractional part: compared to PRECISION decimals
 
 
 def strip_noise(text: str) -> str:
     """The answer without dollars, text blocks that are units, spacing commands and degrees."""
     text = re.sub(r"(?<=\d),\\!\s*(?=\d)", ",", text.strip().strip("$").strip().replace("{,}", ","))  # 12,\!000
-    text = re.sub(r"(?<=\d)\s*\{\s*,\s*\}\s*(?=\d)", ",", text)                  # 14 {, }916
+    text = re.sub(r"(?<=\d)\s*\{\s*,\s*\}\s*(?=\d)", ",", text)  # 14 {, }916
     text = _PERCENT_WORD.sub("%", text)
     kept = _TEXT_BLOCK.sub(lambda m: m.group(1) if re.search(r"\d", m.group(1)) or _modifies(m.group(1)) else "", text)
     # text blocks go when they are units beside a value; an answer that is only text keeps its words
@@ -62,7 +112,7 @@ def parse_number(text: str, decimal_comma: bool = True) -> Number | None:
     """An exact number if the answer is one (after noise removal), else None. Thousands may be grouped by
     commas or (thin) spaces; with `decimal_comma`, a comma that cannot be a thousands separator (`1,22`,
     `0,111`, `1000,99`) is a decimal comma; `0.\\overline{3}` is 1/3."""
-    if len(text) > 400:          # huge literals are the costly-expression guard's business
+    if len(text) > 400:  # huge literals are the costly-expression guard's business
         return None
     text = strip_noise(text).replace("−", "-")
     percent = text.endswith("%")
@@ -70,8 +120,8 @@ def parse_number(text: str, decimal_comma: bool = True) -> Number | None:
     text = _strip_unit_words(text)
     if _THOUSANDS.match(text) and not text.startswith(("0,", "-0,")):
         text = text.replace(",", "")
-    text = re.sub(r"(?<=\d)[ \u2009\u202f](?=\d{3}\b)", "", text)            # 1 000 000
-    text = re.sub(r"\s*([-+/])\s*", r"\1", text).strip()           # "- 5", "1 / 2"; "1 8" stays two numbers
+    text = re.sub(r"(?<=\d)[ \u2009\u202f](?=\d{3}\b)", "", text)  # 1 000 000
+    text = re.sub(r"\s*([-+/])\s*", r"\1", text).strip()  # "- 5", "1 / 2"; "1 8" stays two numbers
     if decimal_comma and _DECIMAL_COMMA.match(text):
         text = text.replace(",", ".")
     value: Fraction | None = None
@@ -81,8 +131,11 @@ def parse_number(text: str, decimal_comma: bool = True) -> Number | None:
             return Number(value, percent, decimal=True)
     elif match := _REPEATING.match(text):
         sign, whole, fixed, repeating = match.groups()
-        value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed)) + \
-            Fraction(int(repeating), 10 ** len(fixed) * (10 ** len(repeating) - 1))
+        value = (
+            Fraction(int(whole or 0))
+            + Fraction(int(fixed or 0), 10 ** len(fixed))
+            + Fraction(int(repeating), 10 ** len(fixed) * (10 ** len(repeating) - 1))
+        )
         value = -value if sign == "-" else value
     elif match := _SLASH_FRACTION.match(text):
         value = _fraction(match.group(1), match.group(2))
@@ -107,24 +160,27 @@ def _strip_unit_words(text: str) -> str:
     words = match.group(1).lower().replace(".", " ").split()
     if any(len(word) < 2 or word in _MATH_WORDS or word in MODIFIERS for word in words):
         return text
-    return text[:match.start()].strip()
+    return text[: match.start()].strip()
 
 
 def _fraction(numerator: str, denominator: str) -> Fraction | None:
     return None if int(denominator) == 0 else Fraction(int(numerator), int(denominator))
 
 
-def numbers_equal(gold: Number, answer: Number, percent_question: bool | None = None,
-                  precision: int = PRECISION) -> bool:
+def numbers_equal(
+    gold: Number, answer: Number, percent_question: bool | None = None, precision: int = PRECISION
+) -> bool:
     """Equality: exact, or — where either side is written as a decimal — to `precision` decimals (so 1/12 is
     0.0833333, not 0.08). "50 %" is 0.5; it is also 50 where the question asks for a percentage (its
     prompt says "percent" or "%"), or where the prompt is unknown."""
+
     def readings(number: Number) -> set[Fraction]:
         if not number.percent:
             return {number.value}
         if percent_question is None:
             return {number.value, number.value / 100}
         return {number.value} if percent_question else {number.value / 100}
+
     if gold.decimal or answer.decimal:
         return bool({round(v, precision) for v in readings(gold)} & {round(v, precision) for v in readings(answer)})
     return bool(readings(gold) & readings(answer))

@@ -18,7 +18,9 @@ from typing import Any
 
 from tasks.verifiers.base import Verdict, Verifier, build_registered, register
 
-EQUALITY = re.compile(r"<<([^<>=]{1,120})=([^<>]{1,40})>>|([\d(][\d\s.,+\-*/×÷()]{0,80}[\d)])\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?)")
+EQUALITY = re.compile(
+    r"<<([^<>=]{1,120})=([^<>]{1,40})>>|([\d(][\d\s.,+\-*/×÷()]{0,80}[\d)])\s*=\s*\$?(-?\d[\d,]*(?:\.\d+)?)"
+)
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 MAX_CHARS = 20_000
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -83,7 +85,9 @@ def _numbers(text: str) -> set[float]:
     return {n for n in (parse_number(m) for m in NUMBER.findall(text[-MAX_CHARS:])) if n is not None}
 
 
-def process_score(response: str, gold_steps: list[str] | None, prompt: str | None = None) -> tuple[float | None, dict[str, Any]]:
+def process_score(
+    response: str, gold_steps: list[str] | None, prompt: str | None = None
+) -> tuple[float | None, dict[str, Any]]:
     """Share of the response's relevant arithmetic that is true, averaged with the share of the
     gold steps it reaches.
 
@@ -91,8 +95,9 @@ def process_score(response: str, gold_steps: list[str] | None, prompt: str | Non
     gold steps or an earlier true step ("1 + 1 = 2" padding adds nothing). A gold step is reached
     when a true stated equality produces its result, not when the number merely appears.
     """
-    gold_results = [r for r in (parse_number(step.rsplit("=", 1)[1]) for step in gold_steps or [] if "=" in step)
-                    if r is not None]
+    gold_results = [
+        r for r in (parse_number(step.rsplit("=", 1)[1]) for step in gold_steps or [] if "=" in step) if r is not None
+    ]
     relevant = _numbers(prompt or "") | {n for step in gold_steps or [] for n in _numbers(step)}
     counted, produced = [], set()
     for expression, stated, true in stated_equalities(response):
@@ -118,8 +123,12 @@ def warn_low_process_weight(weight: float) -> None:
     """The seed's danger zone, raised where a config is read (once, in the main process; not in every worker
     that builds the verifier)."""
     if 0 < weight <= LOW_PROCESS_WEIGHT:
-        warnings.warn(f"process_weight λ={weight} puts little weight on the process reward; the seed experiments "
-                      "found λ=0.1 worse than outcome-only rewards", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"process_weight λ={weight} puts little weight on the process reward; the seed experiments "
+            "found λ=0.1 worse than outcome-only rewards",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 @register("process")
@@ -142,6 +151,13 @@ class ProcessVerifier:
         outcome = self._outcome.verify(problem, response)
         steps = problem.get("steps")
         process, details = process_score(response, list(steps) if steps is not None else None, problem.get("prompt"))
-        reward = outcome.reward if process is None else (1 - self.process_weight) * outcome.reward + self.process_weight * process
-        return Verdict(reward, outcome.correct, {**outcome.details, "outcome_reward": outcome.reward,
-                                                 "process_reward": process, **details})
+        reward = (
+            outcome.reward
+            if process is None
+            else (1 - self.process_weight) * outcome.reward + self.process_weight * process
+        )
+        return Verdict(
+            reward,
+            outcome.correct,
+            {**outcome.details, "outcome_reward": outcome.reward, "process_reward": process, **details},
+        )

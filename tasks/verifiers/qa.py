@@ -49,8 +49,8 @@ def gold_answers(gold: Any) -> list[str]:
 @register("qa")
 @dataclass
 class QAVerifier:
-    reward_kind: str = "exact"          # exact | f1
-    f1_threshold: float = 0.8           # `correct` for reward_kind f1
+    reward_kind: str = "exact"  # exact | f1
+    f1_threshold: float = 0.8  # `correct` for reward_kind f1
     name: str = "qa"
     version: str = "1.0"
 
@@ -63,5 +63,7 @@ class QAVerifier:
         exact = any(normalise_answer(answer) == normalise_answer(g) for g in golds)
         f1 = max(token_f1(answer, g) for g in golds)
         if self.reward_kind == "f1":
-            return Verdict(f1, f1 >= self.f1_threshold, {"extracted": answer, "extractor": extractor, "exact": exact, "f1": f1})
+            return Verdict(
+                f1, f1 >= self.f1_threshold, {"extracted": answer, "extractor": extractor, "exact": exact, "f1": f1}
+            )
         return Verdict(float(exact), exact, {"extracted": answer, "extractor": extractor, "exact": exact, "f1": f1})

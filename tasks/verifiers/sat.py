@@ -74,7 +74,7 @@ def check_refutation(clauses: list[Clause], steps: list[tuple[int, int, int, Cla
 
 @dataclass(frozen=True)
 class Certificate:
-    claim: str                                   # SAT or UNSAT
+    claim: str  # SAT or UNSAT
     assignment: set[int] | None = None
     steps: list[tuple[int, int, int, Clause]] | None = None
 
@@ -87,7 +87,7 @@ def read_certificate(response: str) -> Certificate | str:
     if not found:
         return "no SAT or UNSAT claim"
     claim = found[-1].group(1)
-    body = text[found[-1].end():].strip()
+    body = text[found[-1].end() :].strip()
     if claim == "SAT":
         first_line = body.splitlines()[0] if body else ""
         try:
@@ -96,7 +96,7 @@ def read_certificate(response: str) -> Certificate | str:
             return "the assignment is not a list of literals"
         return Certificate("SAT", assignment={lit for lit in literals if lit != 0})
     steps = []
-    for line in body.splitlines()[:MAX_STEPS + 1]:
+    for line in body.splitlines()[: MAX_STEPS + 1]:
         if not line.strip():
             continue
         match = STEP.match(line)

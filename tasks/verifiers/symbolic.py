@@ -18,12 +18,58 @@ from functools import lru_cache
 import sympy
 
 TOKEN = re.compile(r"\s*(\\[a-zA-Z]+|\d+\.\d*|\.\d+|\d|[A-Za-z]|\^|_|[-+*/()\[\]{}!|,'])")
-GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta", "iota",
-         "kappa", "lambda", "mu", "nu", "xi", "rho", "sigma", "tau", "upsilon", "phi", "varphi", "chi", "psi", "omega",
-         "Gamma", "Delta", "Theta", "Lambda", "Xi", "Sigma", "Phi", "Psi", "Omega"}
-FUNCTIONS = {"sin": sympy.sin, "cos": sympy.cos, "tan": sympy.tan, "cot": sympy.cot, "sec": sympy.sec,
-             "csc": sympy.csc, "arcsin": sympy.asin, "arccos": sympy.acos, "arctan": sympy.atan, "ln": sympy.log,
-             "exp": sympy.exp, "sinh": sympy.sinh, "cosh": sympy.cosh, "tanh": sympy.tanh}
+GREEK = {
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "varepsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "vartheta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "varphi",
+    "chi",
+    "psi",
+    "omega",
+    "Gamma",
+    "Delta",
+    "Theta",
+    "Lambda",
+    "Xi",
+    "Sigma",
+    "Phi",
+    "Psi",
+    "Omega",
+}
+FUNCTIONS = {
+    "sin": sympy.sin,
+    "cos": sympy.cos,
+    "tan": sympy.tan,
+    "cot": sympy.cot,
+    "sec": sympy.sec,
+    "csc": sympy.csc,
+    "arcsin": sympy.asin,
+    "arccos": sympy.acos,
+    "arctan": sympy.atan,
+    "ln": sympy.log,
+    "exp": sympy.exp,
+    "sinh": sympy.sinh,
+    "cosh": sympy.cosh,
+    "tanh": sympy.tanh,
+}
 IGNORED = {"left", "right", "displaystyle", "limits", "big", "Big", "bigg", "Bigg"}
 MAX_TOKENS = 200
 POINTS = (sympy.Rational(7, 10), sympy.Rational(13, 7), sympy.Rational(-11, 5))
@@ -34,9 +80,9 @@ class Unsupported(Exception):
 
 
 def _prepare(text: str) -> str:
-    text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", "", text)                    # degrees
+    text = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|°", "", text)  # degrees
     text = re.sub(r"\\(?:mathrm|text|operatorname)\s*\{\s*e\s*\}", "e", text)
-    text = re.sub(r"\\(?:mathrm|operatorname)\s*\{\s*([a-z]+)\s*\}", r"\\\1", text)   # \mathrm{sin} → \sin
+    text = re.sub(r"\\(?:mathrm|operatorname)\s*\{\s*([a-z]+)\s*\}", r"\\\1", text)  # \mathrm{sin} → \sin
     text = text.replace("\\cdot", "*").replace("\\times", "*").replace("\\div", "/")
     return re.sub(r"\\[dtc]frac", r"\\frac", text)
 
@@ -49,7 +95,7 @@ class _Parser:
         while position < len(text):
             match = TOKEN.match(text, position)
             if not match:
-                raise Unsupported(f"cannot read {text[position:position + 10]!r}")
+                raise Unsupported(f"cannot read {text[position : position + 10]!r}")
             token = match.group(1)
             if not (token.startswith("\\") and token[1:] in IGNORED):
                 self.tokens.append(token)
@@ -95,23 +141,30 @@ class _Parser:
                 self.take()
                 value = value / self.unary()
             elif token == "\\frac" and self._mixed_number(start):
-                value = value + self.power()                 # 1\frac{4}{5} is 9/5, as a mixed number reads
+                value = value + self.power()  # 1\frac{4}{5} is 9/5, as a mixed number reads
             elif token is not None and self._starts_factor(token):
-                value = value * self.power()                 # implicit multiplication: 3\sqrt{2}, 2\pi, xy
+                value = value * self.power()  # implicit multiplication: 3\sqrt{2}, 2\pi, xy
             else:
                 return value
 
     def _mixed_number(self, start: int) -> bool:
         """Whether the term so far is a bare whole number and a fraction of whole numbers follows."""
-        whole = self.tokens[start:self.position]
-        fraction = self.tokens[self.position:self.position + 8]
-        return bool(whole) and all(t.isdigit() for t in whole) and bool(
-            re.match(r"\\frac\{(\d+)\}\{(\d+)\}|\\frac(\d)(\d)", "".join(fraction)))
+        whole = self.tokens[start : self.position]
+        fraction = self.tokens[self.position : self.position + 8]
+        return (
+            bool(whole)
+            and all(t.isdigit() for t in whole)
+            and bool(re.match(r"\\frac\{(\d+)\}\{(\d+)\}|\\frac(\d)(\d)", "".join(fraction)))
+        )
 
     def _starts_factor(self, token: str) -> bool:
-        return token in ("(", "{", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\binom", "\\log") or \
-            token.isalpha() or token[0].isdigit() or token[0] == "." or \
-            (token.startswith("\\") and (token[1:] in GREEK or token[1:] in FUNCTIONS))
+        return (
+            token in ("(", "{", "\\frac", "\\sqrt", "\\pi", "\\infty", "\\binom", "\\log")
+            or token.isalpha()
+            or token[0].isdigit()
+            or token[0] == "."
+            or (token.startswith("\\") and (token[1:] in GREEK or token[1:] in FUNCTIONS))
+        )
 
     def unary(self) -> sympy.Expr:
         if self.peek() == "-":
@@ -191,7 +244,7 @@ class _Parser:
         if name == "e" and self.peek() != "_":
             return sympy.E
         if name == "i" and self.peek() != "_":
-            return sympy.I                                  # in a final answer, i is the imaginary unit
+            return sympy.I  # in a final answer, i is the imaginary unit
         if self.peek() == "_":
             self.take()
             subscript = self.take()
@@ -244,7 +297,7 @@ class _Parser:
                 self.take()
                 exponent = self.group()
             value = FUNCTIONS[name](self._argument())
-            return value ** exponent if exponent is not None else value
+            return value**exponent if exponent is not None else value
         raise Unsupported(f"\\{name}")
 
     def _argument(self) -> sympy.Expr:
@@ -288,7 +341,7 @@ def compare(gold: str, answer: str, precision: int = 6) -> bool | None:
 def _close(a: sympy.Expr, b: sympy.Expr, precision: int) -> bool | None:
     """Decimals involved: equal when both round to the same value at `precision` decimals (as math-verify)."""
     if a.free_symbols or b.free_symbols:
-        return _numerically_zero(a - b, tolerance=sympy.Rational(1, 10 ** precision))
+        return _numerically_zero(a - b, tolerance=sympy.Rational(1, 10**precision))
     left, right = sympy.N(a, 30), sympy.N(b, 30)
     if not (left.is_real and right.is_real):
         return None

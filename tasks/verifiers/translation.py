@@ -65,10 +65,10 @@ def source_of(problem: Mapping[str, Any]) -> str | None:
 class TranslationVerifier:
     """Reward = chrF (or BLEU) / 100 against the reference; `correct` at `correct_threshold`."""
 
-    metric: str = "chrf"                 # chrf | bleu
+    metric: str = "chrf"  # chrf | bleu
     correct_threshold: float = 0.7
-    copy_threshold: float = 0.8          # an answer this close to the source, and no closer to the reference, copies it
-    max_length_ratio: float = 3.0        # answers longer than this many times the longest reference score 0
+    copy_threshold: float = 0.8  # an answer this close to the source, and no closer to the reference, copies it
+    max_length_ratio: float = 3.0  # answers longer than this many times the longest reference score 0
     name: str = "translation"
     version: str = "1.0"
 
@@ -97,5 +97,6 @@ class TranslationVerifier:
             copied = self.score(hypothesis, [source])
             if copied >= self.copy_threshold and copied >= reward:
                 return failed("copies the source instead of translating it", source_similarity=round(copied, 4))
-        return Verdict(reward, reward >= self.correct_threshold, {"metric": self.metric, "extracted": hypothesis,
-                                                                  "reason": None})
+        return Verdict(
+            reward, reward >= self.correct_threshold, {"metric": self.metric, "extracted": hypothesis, "reason": None}
+        )

@@ -21,8 +21,9 @@ def run_local(problem: WorkspaceProblem, files: dict[str, str]) -> tuple[bool, s
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
         modules = [name[:-3].replace("/", ".") for name in problem.tests if name.endswith(".py")]
-        done = subprocess.run([sys.executable, "-m", "unittest", "-q", *modules], cwd=folder, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "unittest", "-q", *modules], cwd=folder, capture_output=True, text=True, timeout=120
+        )
         return done.returncode == 0, (done.stdout + done.stderr)[-2000:]
 
 
@@ -49,7 +50,7 @@ def check(problem: WorkspaceProblem, local: bool) -> list[str]:
         issues.append(f"reference fails:\n{output}")
     for index, wrong in enumerate(problem.wrong):
         passed, _ = run(problem, {**problem.reference, **wrong.files})
-        if passed and not (local and wrong.why.startswith("slow:")):   # slow ones fail only the timed budget
+        if passed and not (local and wrong.why.startswith("slow:")):  # slow ones fail only the timed budget
             issues.append(f"wrong[{index}] ({wrong.why}) passes every test")
     if not problem.wrong:
         issues.append("no wrong solution")

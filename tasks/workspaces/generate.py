@@ -25,7 +25,7 @@ NAMES = ("BoundedBuffer", "Tray", "Holder", "Spool", "Bin", "Rack")
 
 def simulate(order: str, capacity: int, policy: str, operations: list[tuple]) -> list:
     """The result of each operation under the spec: a value, or the name of the exception it raises."""
-    items: list = []                       # oldest first
+    items: list = []  # oldest first
     results = []
     for name, *argument in operations:
         if name == "push":
@@ -48,19 +48,22 @@ def simulate(order: str, capacity: int, policy: str, operations: list[tuple]) ->
                 results.append(items.pop(index) if name == "pop" else items[index])
         elif name == "len":
             results.append(len(items))
-        else:                              # items, in the order pop returns them
+        else:  # items, in the order pop returns them
             results.append(list(reversed(items)) if order == "stack" else list(items))
     return results
 
 
-def reference_code(name: str, order: str, capacity_check: str = ">=", policy: str = "raise",
-                   pop_index: int | None = None) -> str:
+def reference_code(
+    name: str, order: str, capacity_check: str = ">=", policy: str = "raise", pop_index: int | None = None
+) -> str:
     index = (-1 if order == "stack" else 0) if pop_index is None else pop_index
-    full = {"raise": "            raise OverflowError('full')",
-            "reject": "            return False",
-            "drop_oldest": "            self._items.pop(0)"}[policy]
+    full = {
+        "raise": "            raise OverflowError('full')",
+        "reject": "            return False",
+        "drop_oldest": "            self._items.pop(0)",
+    }[policy]
     listing = "list(reversed(self._items))" if index == -1 else "list(self._items)"
-    return f'''class {name}:
+    return f"""class {name}:
     def __init__(self, capacity):
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError("capacity must be a positive int")
@@ -88,7 +91,7 @@ def reference_code(name: str, order: str, capacity_check: str = ">=", policy: st
 
     def items(self):
         return {listing}
-'''
+"""
 
 
 def _operations(rng: random.Random, length: int) -> list[tuple]:
@@ -111,7 +114,7 @@ def _operations(rng: random.Random, length: int) -> list[tuple]:
 def _test_method(index: int, module: str, name: str, capacity: int, operations: list[tuple], results: list) -> str:
     lines = [f"    def test_sequence_{index}(self):", f"        buffer = {module}.{name}({capacity})"]
     for (operation, *argument), result in zip(operations, results):
-        call = ("len(buffer)" if operation == "len" else f"buffer.{operation}({', '.join(map(repr, argument))})")
+        call = "len(buffer)" if operation == "len" else f"buffer.{operation}({', '.join(map(repr, argument))})"
         if result in ("OverflowError", "IndexError"):
             lines.append(f"        with self.assertRaises({result}):\n            {call}")
         else:
@@ -126,30 +129,50 @@ def bounded_buffer(rng: random.Random) -> WorkspaceProblem:
     sequences = [_operations(rng, rng.randint(8, 16)) for _ in range(8)]
     # the policy and the order must show: fill to the brim, then one more, then drain
     sequences.append([("push", v) for v in range(capacity + 1)] + [("items",)] + [("pop",)] * (capacity + 1))
-    methods = [_test_method(i, module, name, capacity, ops, simulate(order, capacity, policy, ops))
-               for i, ops in enumerate(sequences)]
-    tests = (f"import unittest\n\nimport {module}\n\n\nclass Test{name}(unittest.TestCase):\n"
-             f"    def test_rejects_bad_capacity(self):\n        with self.assertRaises(ValueError):\n"
-             f"            {module}.{name}(0)\n\n" + "\n\n".join(methods) + "\n")
-    statement = (f"Write `{module}.py` defining a class `{name}`: a buffer of at most `capacity` items, served "
-                 f"{ORDERS[order]} ({order} order).\n\n"
-                 f"- `{name}(capacity)`: `capacity` is an int >= 1, otherwise raise `ValueError`.\n"
-                 f"- `push(item)`: store `item` and return `True`. When the buffer is full, {POLICIES[policy]}.\n"
-                 f"- `pop()`: remove and return the next item in {order} order; raise `IndexError` when empty.\n"
-                 f"- `peek()`: return the next item without removing it; raise `IndexError` when empty.\n"
-                 f"- `len(buffer)`: the number of stored items.\n"
-                 f"- `items()`: a list of the stored items in the order `pop` would return them.\n")
+    methods = [
+        _test_method(i, module, name, capacity, ops, simulate(order, capacity, policy, ops))
+        for i, ops in enumerate(sequences)
+    ]
+    tests = (
+        f"import unittest\n\nimport {module}\n\n\nclass Test{name}(unittest.TestCase):\n"
+        f"    def test_rejects_bad_capacity(self):\n        with self.assertRaises(ValueError):\n"
+        f"            {module}.{name}(0)\n\n" + "\n\n".join(methods) + "\n"
+    )
+    statement = (
+        f"Write `{module}.py` defining a class `{name}`: a buffer of at most `capacity` items, served "
+        f"{ORDERS[order]} ({order} order).\n\n"
+        f"- `{name}(capacity)`: `capacity` is an int >= 1, otherwise raise `ValueError`.\n"
+        f"- `push(item)`: store `item` and return `True`. When the buffer is full, {POLICIES[policy]}.\n"
+        f"- `pop()`: remove and return the next item in {order} order; raise `IndexError` when empty.\n"
+        f"- `peek()`: return the next item without removing it; raise `IndexError` when empty.\n"
+        f"- `len(buffer)`: the number of stored items.\n"
+        f"- `items()`: a list of the stored items in the order `pop` would return them.\n"
+    )
     other = "queue" if order == "stack" else "stack"
-    wrong = [Wrong("capacity off by one", {f"{module}.py": reference_code(name, order, ">", policy)}),
-             Wrong(f"{other} order instead of {order}", {f"{module}.py": reference_code(name, other, ">=", policy)}),
-             Wrong("the overflow policy ignored (grows past capacity)",
-                   {f"{module}.py": reference_code(name, order, ">=", policy).replace(
-                       "if len(self._items) >= self._capacity:", "if False:")})]
+    wrong = [
+        Wrong("capacity off by one", {f"{module}.py": reference_code(name, order, ">", policy)}),
+        Wrong(f"{other} order instead of {order}", {f"{module}.py": reference_code(name, other, ">=", policy)}),
+        Wrong(
+            "the overflow policy ignored (grows past capacity)",
+            {
+                f"{module}.py": reference_code(name, order, ">=", policy).replace(
+                    "if len(self._items) >= self._capacity:", "if False:"
+                )
+            },
+        ),
+    ]
     return WorkspaceProblem(
-        id=f"gen-bounded-buffer-{order}-{policy.replace('_', '-')}-{capacity}-{module}", level="file",
-        difficulty=1 if policy == "raise" else 2, topic="data-structures", statement=statement,
-        files=[f"{module}.py"], reference={f"{module}.py": reference_code(name, order, ">=", policy)},
-        tests={f"test_{module}.py": tests}, wrong=wrong, path="generator:bounded_buffer")
+        id=f"gen-bounded-buffer-{order}-{policy.replace('_', '-')}-{capacity}-{module}",
+        level="file",
+        difficulty=1 if policy == "raise" else 2,
+        topic="data-structures",
+        statement=statement,
+        files=[f"{module}.py"],
+        reference={f"{module}.py": reference_code(name, order, ">=", policy)},
+        tests={f"test_{module}.py": tests},
+        wrong=wrong,
+        path="generator:bounded_buffer",
+    )
 
 
 WORKSPACE_GENERATORS: dict[str, Callable[[random.Random], WorkspaceProblem]] = {"bounded_buffer": bounded_buffer}

@@ -77,16 +77,25 @@ class WorkspaceProblem:
     def prompt(self) -> str:
         """The statement and the answer format (fenced blocks, each headed by its path)."""
         listing = "\n".join(f"```python {name}\n...\n```" for name in self.files)
-        given = "".join(f"\n\nThe workspace already holds `{name}`:\n```python {name}\n{text.rstrip()}\n```"
-                        for name, text in self.given.items())
-        return (f"{self.statement.rstrip()}{given}\n\nAnswer with the complete file"
-                f"{'s' if len(self.files) > 1 else ''}, each in a fenced block headed by its path:\n{listing}")
+        given = "".join(
+            f"\n\nThe workspace already holds `{name}`:\n```python {name}\n{text.rstrip()}\n```"
+            for name, text in self.given.items()
+        )
+        return (
+            f"{self.statement.rstrip()}{given}\n\nAnswer with the complete file"
+            f"{'s' if len(self.files) > 1 else ''}, each in a fenced block headed by its path:\n{listing}"
+        )
 
     def spec(self) -> dict[str, Any]:
         """What the verifier needs, as stored in the bank's `tests` column (JSON)."""
-        return {"level": self.level, "files": self.files, "given": self.given, "tests": self.tests,
-                "perf": None if self.perf is None else {"tests": self.perf.tests, "budget": self.perf.budget},
-                "reference": self.reference if self.perf else None}
+        return {
+            "level": self.level,
+            "files": self.files,
+            "given": self.given,
+            "tests": self.tests,
+            "perf": None if self.perf is None else {"tests": self.perf.tests, "budget": self.perf.budget},
+            "reference": self.reference if self.perf else None,
+        }
 
 
 def load_problem(path: str | Path) -> WorkspaceProblem:
@@ -132,7 +141,9 @@ def load_problem(path: str | Path) -> WorkspaceProblem:
             raise ProblemError(path, f"wrong[{index}]", "needs `why` and `files`")
         wrong_files = _file_map(path, f"wrong[{index}].files", entry["files"])
         if set(wrong_files) - set(files):
-            raise ProblemError(path, f"wrong[{index}].files", f"writes files not in `files`: {sorted(set(wrong_files) - set(files))}")
+            raise ProblemError(
+                path, f"wrong[{index}].files", f"writes files not in `files`: {sorted(set(wrong_files) - set(files))}"
+            )
         wrong.append(Wrong(str(entry["why"]), wrong_files))
     perf = None
     if data.get("perf"):
@@ -143,9 +154,20 @@ def load_problem(path: str | Path) -> WorkspaceProblem:
         if missing:
             raise ProblemError(path, "perf.tests", f"not among the tests: {missing}")
         perf = Perf(list(raw["tests"]), float(raw["budget"]))
-    return WorkspaceProblem(id=data["id"], level=data["level"], difficulty=data["difficulty"], topic=str(data["topic"]),
-                            statement=str(data["statement"]), files=list(files), reference=reference, tests=tests,
-                            wrong=wrong, given=given, perf=perf, path=str(path))
+    return WorkspaceProblem(
+        id=data["id"],
+        level=data["level"],
+        difficulty=data["difficulty"],
+        topic=str(data["topic"]),
+        statement=str(data["statement"]),
+        files=list(files),
+        reference=reference,
+        tests=tests,
+        wrong=wrong,
+        given=given,
+        perf=perf,
+        path=str(path),
+    )
 
 
 def load_problems(level: str | None = None, folder: Path = PROBLEMS_DIR) -> list[WorkspaceProblem]:
@@ -186,6 +208,8 @@ def _file_map(path: Path, field_: str, value: Any) -> dict[str, str]:
             try:
                 ast.parse(text)
             except SyntaxError as error:
-                raise ProblemError(path, f"{field_}.{name}", f"does not parse: {error.msg} (line {error.lineno})") from None
+                raise ProblemError(
+                    path, f"{field_}.{name}", f"does not parse: {error.msg} (line {error.lineno})"
+                ) from None
         files[name] = text
     return files

@@ -48,37 +48,50 @@ class WorkspaceVerifier(SandboxedVerifier):
         workspace = {**spec.get("given", {}), **files}
         perf = spec.get("perf")
         functional = [name for name in spec["tests"] if not perf or name not in perf["tests"]]
-        result = self.sandbox.run_suite(workspace, spec["tests"], only=functional,
-                                        stop_after_failure=self.partial_credit == "all_pass")
+        result = self.sandbox.run_suite(
+            workspace, spec["tests"], only=functional, stop_after_failure=self.partial_credit == "all_pass"
+        )
         tests = list(result.tests)
-        details: dict[str, Any] = {"status": result.status, "isolation": self.sandbox.description,
-                                   "seconds": result.seconds, "leftover_processes": result.leftover_processes}
+        details: dict[str, Any] = {
+            "status": result.status,
+            "isolation": self.sandbox.description,
+            "seconds": result.seconds,
+            "leftover_processes": result.leftover_processes,
+        }
         if perf and result.status in ("ok", "incomplete"):
             tests.append(self._budget(spec, workspace, perf, details))
         passed = sum(1 for test in tests if test["passed"])
         total = max(len(tests), result.total + (1 if perf else 0))
-        details.update(tests_passed=passed, tests_total=total, tests=tests,
-                       failures=[f"{t['name']}: {t['message']}" for t in tests if not t["passed"]][:3])
+        details.update(
+            tests_passed=passed,
+            tests_total=total,
+            tests=tests,
+            failures=[f"{t['name']}: {t['message']}" for t in tests if not t["passed"]][:3],
+        )
         if result.status not in ("ok", "incomplete"):
             return failed(f"sandbox: {result.status}", **details)
         if result.leftover_processes:
             return failed(f"left {result.leftover_processes} process(es) running after the tests", **details)
         all_passed = passed == total
-        return Verdict(credit(passed, total, self.partial_credit), all_passed,
-                       {**details, "reason": None if all_passed else "tests failed"})
+        return Verdict(
+            credit(passed, total, self.partial_credit),
+            all_passed,
+            {**details, "reason": None if all_passed else "tests failed"},
+        )
 
-    def _budget(self, spec: Mapping[str, Any], workspace: dict[str, str], perf: Mapping[str, Any],
-                details: dict[str, Any]) -> dict:
+    def _budget(
+        self, spec: Mapping[str, Any], workspace: dict[str, str], perf: Mapping[str, Any], details: dict[str, Any]
+    ) -> dict:
         """The performance tests on the reference (the quicker of two runs), then on the candidate (again once if
         it is over budget, the quicker counting), on the same sandbox server: the candidate's time within
         `budget` times the reference's, and its performance tests passed."""
         reference = {**spec.get("given", {}), **(spec.get("reference") or {})}
         runs = [self.sandbox.run_suite(reference, spec["tests"], only=perf["tests"]) for _ in range(2)]
-        baseline = min(runs, key=_seconds)                  # the quicker of two: load on the host only slows
+        baseline = min(runs, key=_seconds)  # the quicker of two: load on the host only slows
         timed = self.sandbox.run_suite(workspace, spec["tests"], only=perf["tests"])
         reference_seconds, seconds = _seconds(baseline), _seconds(timed)
         if timed.all_passed and seconds > perf["budget"] * max(reference_seconds, 0.005):
-            again = self.sandbox.run_suite(workspace, spec["tests"], only=perf["tests"])   # the benefit of the doubt
+            again = self.sandbox.run_suite(workspace, spec["tests"], only=perf["tests"])  # the benefit of the doubt
             if again.all_passed and _seconds(again) < seconds:
                 timed, seconds = again, _seconds(again)
         details["perf"] = {"reference_seconds": reference_seconds, "seconds": seconds, "budget": perf["budget"]}
@@ -87,10 +100,13 @@ class WorkspaceVerifier(SandboxedVerifier):
         if not timed.all_passed:
             return {"name": PERF_TEST, "passed": False, "message": "performance tests failed"}
         within = seconds <= perf["budget"] * max(reference_seconds, 0.005)
-        return {"name": PERF_TEST, "passed": within,
-                "message": "" if within else f"{seconds:.3f} s, over {perf['budget']:g} x the reference's "
-                                             f"{reference_seconds:.3f} s"}
-
+        return {
+            "name": PERF_TEST,
+            "passed": within,
+            "message": ""
+            if within
+            else f"{seconds:.3f} s, over {perf['budget']:g} x the reference's {reference_seconds:.3f} s",
+        }
 
 
 def _seconds(result: SandboxResult) -> float:
