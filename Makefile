@@ -27,7 +27,7 @@ $(BIN)/rlvr: pyproject.toml
 install: $(BIN)/rlvr
 
 # Its own environment: MLflow's pins (FastAPI, SQLAlchemy, ...) never meet the platform's, which only speaks to the
-# server over HTTP. tests/test_tracking.py starts it (and skips its server tests, saying so, without it).
+# server over HTTP. tests/tasks/interop/test_tracking.py starts it (and skips its server tests, saying so, without it).
 $(MLFLOW_VENV)/bin/mlflow: requirements/mlflow-server.txt
 	$(PYTHON) -m venv $(MLFLOW_VENV)
 	$(MLFLOW_VENV)/bin/pip install --quiet -r requirements/mlflow-server.txt
@@ -38,7 +38,7 @@ mlflow-server: $(MLFLOW_VENV)/bin/mlflow
 # vLLM's CPU build, never in .venv (its FastAPI pin clashes with Prefect's): the platform speaks to it over HTTP only.
 # torch first, the local CPU build; then every pinned package without dependency resolution, which would pull the
 # torchvision/torchaudio/torchcodec builds that break transformers beside that torch (requirements/vllm-server.txt).
-# The `vllm` tests (tests/vllm_servers.py) and infra/vllm/serve.sh start servers from it.
+# The `vllm` tests (policy/vllm_servers.py starts them) and infra/vllm/serve.sh run servers from it.
 $(VLLM_VENV)/bin/python: requirements/vllm-server.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip

@@ -13,7 +13,7 @@ when, on which commit and host it was measured. A region whose results are not a
 command that makes them; a placeholder whose result lacks the field is a FigureError, naming both. Outside
 placeholders a template holds no measured number: digits only in inline code (commands, files), in targets
 (`target ≥ 3`), in names (GSM8K, MATH-500) and in the comments themselves (see `literal_figures`). The rule holds
-for the whole of docs/benchmarks.md and for every region's template in the README (tests/test_bench_results.py).
+for the whole of docs/benchmarks.md and for every region's template in the README (tests/bench/test_bench_results.py).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ TORCH_LEVELS = ("default", "avx2", "avx512")
 def instruction_set() -> str:
     """The vector instructions torch's CPU kernels use here (AVX2 or AVX-512, as torch decides from the CPU's
     flags, lowered by ATEN_CPU_CAPABILITY): they sum floats in different orders, so a run is bit-reproducible
-    only on the same instruction set (tests/test_reproducibility.py). Read from torch when it is imported."""
+    only on the same instruction set (tests/trainers/test_reproducibility.py). Read from torch when it is imported."""
     torch = sys.modules.get("torch")
     if torch is not None:
         return torch.backends.cpu.get_cpu_capability().lower()

@@ -28,7 +28,7 @@ worker extension (`infra/vllm/rlvr_weights.py`: `rlvr_load_checkpoint(path, vers
 `/sleep`, `/wake_up` and `/is_sleeping` (a sleeping server holds requests until it wakes). `GET /openapi.json`
 lists the routes, as vLLM's FastAPI does, so that clients detect what a server offers.
 
-Its answers are vLLM 0.32's wherever the platform reads them, and tests/test_server_contract.py checks that on
+Its answers are vLLM 0.32's wherever the platform reads them, and tests/policy/test_server_contract.py checks that on
 both servers: worker results as strings (`{"results": ["5"]}`, vLLM's `str(result)`), the dev routes' JSON,
 404 for an unknown model or adapter folder, 500 for a failed RPC, no adapter routes on a one-name server.
 """

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -359,3 +361,25 @@ def stand_in(tmp_path_factory):
 def engine(request) -> Servers:
     """Each server-contract test runs against both engines: `make test` the stand-in, `make test-vllm` vLLM."""
     return request.getfixturevalue("vllm" if request.param == "vllm" else "stand_in")
+
+
+# What starts a process: the fixtures that hold a server or run the command line, and calls in a test's own body.
+PROCESS_FIXTURES = {"prefect_api", "cli", "s3_endpoint", "vllm", "stand_in", "engine"}
+PROCESS_CALLS = re.compile(r"\b(run_cli|serve_policy|subprocess\.|Popen\(|multiprocessing\.|mp\.spawn)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test `prefect` (it uses the session's Prefect server) and `subprocess` (it starts a process of its
+    own, or asks for a fixture that does), so either group can be run or left out with `-m`."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "prefect_api" in fixtures:
+            item.add_marker(pytest.mark.prefect)
+        function = getattr(item, "function", None)
+        try:
+            body = inspect.getsource(function) if function is not None else ""
+        except (OSError, TypeError):
+            body = ""
+        s3 = getattr(item, "callspec", None) is not None and item.callspec.params.get("lake_uri") == "s3"
+        if fixtures & PROCESS_FIXTURES or s3 or PROCESS_CALLS.search(body):
+            item.add_marker(pytest.mark.subprocess)

@@ -2,7 +2,7 @@
 
 It starts `infra/vllm/serve.sh WEIGHTS=full` from the virtual environment `$VLLM_ENV` on the check's model
 (saved with its random weights; `--skip-tokenizer-init`, the prompts are token ids), then checks what
-`tests/test_server_contract.py` checks on the CPU build, so that a GPU host tests the same contract:
+`tests/policy/test_server_contract.py` checks on the CPU build, so that a GPU host tests the same contract:
 
 - completions with token ids and processed log-probs: their gap to the trainer's recomputation
   (`policy/logprobs.py`) on the sampled tokens;

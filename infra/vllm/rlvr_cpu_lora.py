@@ -6,7 +6,7 @@ vLLM marks a token that uses no adapter with slot index -1. Its GPU kernels skip
 `lora_b_weights[lora_indices_tensor]`, and -1 picks the last slot. So whenever a base-model request shares a
 step with adapter requests and the last of `--max-loras` slots holds an adapter, the base request is computed
 with that adapter, and its samples and log-probs are not the base version's (in the overlapped loop, the base
-version's samples drawn while the next version was gated; tests/test_server_contract.py checks it).
+version's samples drawn while the next version was gated; tests/policy/test_server_contract.py checks it).
 
 Importing this module (vLLM imports a `--worker-extension-cls` in every worker process before it builds the
 model) wraps those ops so that a row whose index is -1 gets no adapter term, which is what the GPU kernels

@@ -2,7 +2,7 @@
 so the tiny model's first proposals parse and its first answers have the right form.
 
 Each template is a program's text and the same function in Python: outputs come from the latter, so
-nothing is executed from text here (`tests/test_selfplay.py` checks that the sandbox, running the text,
+nothing is executed from text here (`tests/tasks/proposals/test_selfplay.py` checks that the sandbox, running the text,
 agrees). Three families, one problem per (template, arguments, task type) draw:
 
 - `selfplay_solver` / `selfplay_solver_eval`: a solver's task (verifier `selfplay`), the answer block as
