@@ -211,6 +211,7 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
+    from flows.warmup import warmup_version
     from policy.checkpoints import load_policy, save_checkpoint
     from policy.prompts import format_prompt
     from policy.threads import use_given_cores
@@ -219,7 +220,6 @@ def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, 
     from tasks.iteration import IterationConfig
     from tasks.rollout.stage import training_bank
     from tasks.verification.stage import PROBLEM_FIELDS, score_rollouts, verifier_pool
-    from trainers.stage import warmup_version
 
     lake = Lake.open(copy_of(base, f"rlvr-peer-trl-{seed}-"))
     warm = warmup_version(lake)

@@ -29,6 +29,7 @@ from flows.loop_steps import evaluate_and_record, finish_iteration, sampling_con
 from flows.policies import stage_task, writes_iterations
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
+from flows.warmup import run_warmup, warmup_version
 from policy import vllm_servers
 from policy.checkpoints import adapter_base
 from policy.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
@@ -41,7 +42,6 @@ from tasks.evaluation import overall_solve_rate
 from tasks.iteration import IterationConfig
 from tasks.rollout.stage import current_model_version
 from trainers.grpo import rank_devices, strategy_of
-from trainers.stage import run_warmup, warmup_version
 
 warmup_task = stage_task(run_warmup, "supervised-warm-up", gpu=True)
 
