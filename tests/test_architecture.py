@@ -4,6 +4,7 @@ two modules, no module imports another module's private names, and the read-only
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -198,3 +199,43 @@ def test_no_source_file_is_longer_than_one_sitting():
     lengths = source_lengths()
     assert {name: n for name, n in lengths.items() if n > 450} == {}
     assert {name: n for name, n in lengths.items() if name.startswith("storage/") and n > 400} == {}
+
+
+def declared_imports(docstring: str) -> set[str]:
+    """The project packages a `May import:` line names (the ones after `never` are refused, not allowed)."""
+    allowed = docstring.split("May import:", 1)[1].split("never", 1)[0]
+    allowed = re.sub(r"\bno\s+`?[a-z_.]+", "", allowed)  # "no storage: a verifier is pure"
+    pattern = r"\b(?:" + "|".join(PACKAGES) + r")(?:\.[a-z_]+)*"
+    return set(re.findall(pattern, allowed))
+
+
+def undeclared_imports(graph, package: str, declared: set[str]) -> list[str]:
+    """The modules outside `package` that it imports (tasks' packages by their second level, the other floors
+    by their first) which its `May import:` line does not name."""
+    found = set()
+    for module in graph.find_children(package) | {package} | graph.find_descendants(package):
+        for imported in graph.find_modules_directly_imported_by(module):
+            top = imported.split(".")[0]
+            if top not in PACKAGES or imported == package or imported.startswith(package + "."):
+                continue
+            found.add(".".join(imported.split(".")[:2]) if top == "tasks" else top)
+    return sorted(
+        name
+        for name in found
+        if not any(name == d or name.startswith(d + ".") or d.startswith(name + ".") for d in declared)
+    )
+
+
+def test_every_package_imports_only_what_its_docstring_says():
+    """A `May import:` line is kept true: each package imports no project package its line leaves out."""
+    graph = module_graph()
+    wrong = {}
+    for package in PACKAGES:
+        for init in sorted((ROOT / package).rglob("__init__.py")):
+            if "problems" in init.parts:
+                continue
+            name = ".".join(init.parent.relative_to(ROOT).parts)
+            missing = undeclared_imports(graph, name, declared_imports(ast.get_docstring(ast.parse(init.read_text()))))
+            if missing:
+                wrong[name] = missing
+    assert wrong == {}

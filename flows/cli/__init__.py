@@ -3,7 +3,7 @@ what every group shares, and one module per command group. A group imports `comm
 (flows, trainers, tasks, storage), never the root; the benchmarks' group lives in `bench/cli.py` and plugs in
 through an entry point.
 
-May import: the rest of `flows`, `trainers`, `tasks`, `storage`; only `flows.cli`, `flows.reference` (the
+May import: the rest of `flows`, `trainers`, `tasks`, `policy`, `storage`; only `flows.cli`, `flows.reference` (the
 generated reference pages) and `bench.cli` import it (the `cli-on-top` and `cli-tree` contracts)."""
 
 

@@ -9,7 +9,8 @@ self-play's warm-up examples (`selfplay_solver`, `selfplay_proposer`, `tasks/gen
 `spice_challenger`, `tasks/generators/grounded.py`). Every
 problem is reproducible from (generator, seed) alone, and records both.
 
-May import: tasks.selfplay, tasks.verifiers (a generator checks its own answers with them); no storage.
+May import: storage (seeds derived from names), tasks.proposals (self-play's and SPICE's task text), tasks.verifiers
+(a generator checks its own answers with them); nothing of the lake.
 """
 
 from __future__ import annotations

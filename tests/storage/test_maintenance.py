@@ -226,7 +226,7 @@ def test_a_replace_planned_before_a_compaction_commits_after_it_losing_and_doubl
     from deltalake import DeltaTable
     from helpers import OtherProcess
 
-    import storage.lake as lake_module
+    import storage.writes as writes_module
 
     lake_uri = str(tmp_path / "lake")
     lake = Lake.open(lake_uri)
@@ -237,7 +237,7 @@ def test_a_replace_planned_before_a_compaction_commits_after_it_losing_and_doubl
     new = groups_rows(iteration, 3).with_columns(pl.col("group_id") + "-new")
     other = OtherProcess()
     other(do="open", lake=lake_uri)
-    raced, original = [], lake_module.write_deltalake
+    raced, original = [], writes_module.write_deltalake
 
     def compaction_first(target, *args, **kwargs):
         if not raced and isinstance(target, DeltaTable) and target.table_uri.rstrip("/").endswith("groups"):
@@ -249,7 +249,7 @@ def test_a_replace_planned_before_a_compaction_commits_after_it_losing_and_doubl
 
     try:
         lake.read("groups")  # the writer's snapshot, up to date
-        monkeypatch.setattr(lake_module, "write_deltalake", compaction_first)
+        monkeypatch.setattr(writes_module, "write_deltalake", compaction_first)
         with lake.run("test", "replace", {}) as run:
             lake.replace("groups", new, {"iteration": iteration}, run)
     finally:

@@ -374,7 +374,7 @@ def test_every_reason_a_grounded_challenge_is_refused_for_is_listed():
     import re
     from pathlib import Path
 
-    from tasks.selfplay import documents
+    from tasks.proposals import documents
 
     given = set(re.findall(r'Rejection\("(\w+)"', Path(documents.__file__).read_text()))
     assert given and given <= set(documents.GROUNDED_REASONS)
