@@ -20,7 +20,7 @@ from storage.runs import Run
 from tasks.evaluation import evaluation_problems
 from tasks.rollout.episodes import EpisodePolicy, PythonTool
 from tasks.rollout.stage import training_bank
-from tasks.verification.stage import score_rollouts, verifier_pool
+from tasks.verification.stage import PROBLEM_FIELDS, score_rollouts, verifier_pool
 from trainers.warmup import warm_up
 
 
@@ -63,18 +63,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
         if tool is not None:
             policy = EpisodePolicy(policy, tokenizer, tools, tool)
         samples = policy.generate(eval_prompts, 1, sampler, config.seed, parent)
-        frame = held_out.select(
-            "problem_id",
-            "domain",
-            "prompt",
-            "answer",
-            "tests",
-            "entry_point",
-            "verifier",
-            "steps",
-            "metadata",
-            "params",
-        ).with_columns(
+        frame = held_out.select(PROBLEM_FIELDS).with_columns(
             rollout_id=pl.Series([str(i) for i in range(held_out.height)]),
             iteration=pl.lit(0),
             response=pl.Series([group[0].text for group in samples]),
