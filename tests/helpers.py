@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import polars as pl
@@ -24,8 +22,6 @@ from policy.publish import PublishConfig, publish
 from storage.registry import version_row
 from tasks.curation.config import SourceConfig, ValidationConfig
 from tasks.curation.load import CANDIDATE_SCHEMA, load_source
-from tasks.sandbox import client as sandbox_client
-from tasks.sandbox.limits import SandboxLimits
 
 SMALL_POLICY = {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}, "tokenizer_corpus": 50}
 
@@ -290,38 +286,3 @@ def batch_rows(iteration: int, count: int, tag: str = "") -> pl.DataFrame:
 # vLLM (uvicorn) closes a connection after an answer its app raised for (a failed RPC's 500): a client reusing it
 # may send the next request into the closed socket. The publish stage asks so too (policy/publish.py).
 ONE_REQUEST_A_CONNECTION = {"Connection": "close"}
-
-
-def isolation_works(prefix: list[str]) -> bool:
-    """Whether this host can start a sandbox behind `prefix` (unshare's namespaces)."""
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
-
-
-# The sandbox tests' budgets, and the isolation modes this host gives them
-SANDBOX_LIMITS = SandboxLimits(
-    cpu_seconds=2, wall_seconds=4, test_seconds=1.5, memory_mb=512, processes=16, output_bytes=200_000
-)
-AS_ROOT = os.geteuid() == 0
-SANDBOX_MODES = [
-    m
-    for m in ("namespaces", "userns")
-    if (m != "namespaces" or AS_ROOT) and isolation_works(sandbox_client.PREFIXES[m])
-]
-
-
-def still_alive(pids: list[int], wait: float = 10.0) -> list[int]:
-    """Those of `pids` still running (not zombies) after up to `wait` seconds: the last exits take a moment."""
-    deadline = time.monotonic() + wait
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.append(pid)
-            except OSError:
-                continue
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)

@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from helpers import SANDBOX_LIMITS as LIMITS
-from helpers import SANDBOX_MODES as MODES
+from sandbox_modes import SANDBOX_LIMITS as LIMITS
+from sandbox_modes import SANDBOX_MODES as MODES
 
 from tasks.sandbox.client import Sandbox
 from tasks.sandbox.limits import SandboxLimits

@@ -21,9 +21,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import AS_ROOT, still_alive
-from helpers import SANDBOX_LIMITS as LIMITS
-from helpers import SANDBOX_MODES as MODES
+from sandbox_modes import AS_ROOT, still_alive
+from sandbox_modes import SANDBOX_LIMITS as LIMITS
+from sandbox_modes import SANDBOX_MODES as MODES
 
 from bench.hostile_programs import HOSTILE, REPO, planted_files, score_all
 from tasks.sandbox import client
