@@ -39,8 +39,8 @@ def synthetic_rollouts(groups: int, group_size: int, seed: int = 0) -> pl.DataFr
 
 
 def ours(frame: pl.DataFrame) -> int:
-    from tasks.advantages.estimators import advantages, with_group_columns
-    from tasks.advantages.shaping import keep_informative_groups
+    from tasks.advantages.estimators import advantages
+    from tasks.sampling.groups import keep_informative_groups, with_group_columns
 
     return advantages(keep_informative_groups(with_group_columns(frame)), "grpo").height
 

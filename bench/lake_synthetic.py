@@ -26,10 +26,10 @@ from flows.loop_steps import iteration_row
 from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, verify_key
 from storage.lake import Lake
 from storage.registry import latest_version, register
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
 from tasks.curation.stage import bank_problems
 from tasks.iteration import IterationConfig
+from tasks.sampling.rounds import DynamicSamplingConfig
 from trainers.grpo import TrainConfig
 
 GROUP_SIZE = 16

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import polars as pl
+import pyarrow.compute as pc
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -20,14 +21,17 @@ from prefect.runtime import flow_run
 from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, trained_version, verify_key
-from flows.verification import dask_runner, score_on_cluster
+from flows.verification import dask_runner, reward_steps_task, score_on_cluster
 from storage.lake import Lake
 from storage.registry import latest_version
-from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
 from tasks.curation.gate import admit_made, refused_but_drawn
-from tasks.iteration import IterationConfig, sample_iteration
+from tasks.iteration import IterationConfig, SampledIteration, sample_iteration
+from tasks.rise import verification_problems
 from tasks.rollout.stage import current_model_version, next_iteration
+from tasks.sampling.rounds import sampling_metrics
+from tasks.selfplay.rows import problem_rows
+from tasks.verification.stage import own_rewards
 from trainers.grpo import TrainConfig
 from trainers.stage import train_iteration
 
@@ -92,9 +96,12 @@ def rl_iteration(
         True,
     )
     with lake.run("rl-iteration", "verify", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
-        lake.replace("rewards", sampled.rewards, key, run)  # new rollouts: every old reward goes
+        rewards = sampled.rewards
+        if sampled.scored is not None:  # the rounds' verdicts made the reward training sees
+            rewards = reward_steps_task(lake, rewards, sampled.scored, settings.verify, settings.reward)
+        lake.replace("rewards", rewards, key, run)  # new rollouts: every old reward goes
     if settings.selfverify.enabled and settings.selfverify.mode == "lagged":  # later rounds draw these tasks
-        bank_added(lake, self_verification_tasks(lake, settings, sampled), iteration, "verification tasks")
+        bank_added(lake, self_verification_tasks(lake, settings, sampled, rewards), iteration, "verification tasks")
     print(
         f"iteration {iteration}: model version {version}, {sampled.rounds} generation round(s), "
         f"{sampled.rollouts['group_id'].n_unique()} groups drawn"
@@ -111,7 +118,7 @@ def rl_iteration(
         "rounds": sampled.rounds,
         "short_by": sampled.short_by,
         "rollouts": sampled.rollouts.height,
-        "mean_reward": float(sampled.rewards["reward"].mean()),
+        "mean_reward": float(rewards["reward"].mean()),
     }
 
 
@@ -137,14 +144,10 @@ def bank_added(lake: Lake, problems, iteration: int, what: str, drawn: Iterable[
     return admitted.bank_version
 
 
-def self_verification_tasks(lake: Lake, settings: IterationConfig, sampled) -> pl.DataFrame:
+def self_verification_tasks(
+    lake: Lake, settings: IterationConfig, sampled: SampledIteration, rewards: pl.DataFrame
+) -> pl.DataFrame:
     """Verification tasks (tasks/rise.py) from an iteration's rollouts and their own verdicts."""
-    import pyarrow.compute as pc
-
-    from tasks.rise import verification_problems
-    from tasks.selfplay.rows import problem_rows
-    from tasks.verification.stage import own_rewards
-
     rollouts = sampled.rollouts.select("rollout_id", "iteration", "problem_id", "response")
     problems = lake.read(
         "problems",
@@ -152,7 +155,7 @@ def self_verification_tasks(lake: Lake, settings: IterationConfig, sampled) -> p
         columns=["problem_id", "domain", "prompt", "steps", "source", "verifier"],
     ).unique("problem_id")
     frame = rollouts.join(problems, on="problem_id", how="inner")
-    verdicts = own_rewards(sampled.rewards, frame, settings.verify.verifier).select("rollout_id", "correct")
+    verdicts = own_rewards(rewards, frame, settings.verify.verifier).select("rollout_id", "correct")
     iteration = int(rollouts["iteration"][0])
     return problem_rows(
         verification_problems(frame.join(verdicts, on="rollout_id"), settings.selfverify, iteration)

@@ -19,9 +19,9 @@ from flows.run_config import EvaluationRunConfig, RunConfig
 from storage.lake import Lake
 from storage.registry import BRANCH
 from storage.schemas import VERIFICATION_ROUND
-from tasks.advantages.dynamic_sampling import sampling_metrics
 from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
 from tasks.evaluation import overall_solve_rate
+from tasks.sampling.rounds import sampling_metrics
 
 # What a run computes once and compares each iteration with, by (lake uri, iteration): the first iteration's
 # self-reward health. A run holds the loop lease, so no other writer re-runs that iteration while it lives.

@@ -18,16 +18,15 @@ from tasks.rewards.compose import RewardConfig
 from tasks.verification.stage import (
     VerifyConfig,
     record_noise,
+    reward_steps,
     rollouts_with_problems,
     score_with_components,
-    with_composition,
-    with_noise_correction,
     write_rewards,
 )
 
 read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=STORAGE_RETRY_DELAYS)
 score_task = stage_task(score_with_components, "score-rollouts")
-correct_task = task(with_noise_correction, name="noise-correction", cache_policy=NO_CACHE)
+reward_steps_task = task(reward_steps, name="reward-steps", cache_policy=NO_CACHE)
 write_task = stage_task(write_rewards, "write-rewards", retry_delays=STORAGE_RETRY_DELAYS)
 
 
@@ -109,9 +108,7 @@ def verify_iteration(
     ) as run:
         frame = read_task(lake, iteration)
         rewards = score_in_chunks(frame, verify, composition)
-        if verify.noise_correction:
-            rewards = correct_task(lake, rewards)
-        rewards = with_composition(rewards, frame, composition, verify.verifier)
+        rewards = reward_steps_task(lake, rewards, frame, verify, composition)
         write_task(lake, run, iteration, rewards)
     summary = (
         rewards.group_by("verifier", "verifier_version")

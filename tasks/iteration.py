@@ -1,7 +1,8 @@
-"""One RL iteration's sampling, composed: the rollout stage's rounds of draw, sample and score until the batch
-is full (`tasks/rollout/stage.py`), or a self-play iteration's proposer and solver rounds (`tasks/selfplay/`);
-then RISE's in-batch verification tasks (`tasks/rise.py`), the noise correction and the reward composition.
-`IterationConfig` is the part of a run config one iteration reads."""
+"""One RL iteration's sampling, composed: rounds of draw, sample and score until the batch is full
+(`tasks/sampling/`, over the rollout stage's `sample` and the verification stage's `score`), or a self-play
+iteration's proposer and solver rounds (`tasks/selfplay/`); then RISE's in-batch verification tasks
+(`tasks/rise.py`). What the verifiers said becomes the reward training sees in the verification stage's own run
+(`tasks/verification/stage.py:reward_steps`). `IterationConfig` is the part of a run config one iteration reads."""
 
 from __future__ import annotations
 
@@ -16,18 +17,13 @@ from policy.sampling import Policy
 from storage.config import Strict
 from storage.lake import Lake
 from storage.schemas import VERIFICATION_ROUND
-from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch
 from tasks.advantages.stage import AdvantageConfig
 from tasks.rewards.compose import RewardConfig
+from tasks.rise import SOURCE as SELF_VERIFY_SOURCE
 from tasks.rise import SelfVerifyConfig, verification_problems
-from tasks.rollout.stage import (
-    GroupSampler,
-    RolloutConfig,
-    open_policy,
-    sampling_history,
-    training_bank,
-    with_self_certainty,
-)
+from tasks.rollout.stage import RolloutConfig, open_policy, rollout_sampler, training_bank, with_self_certainty
+from tasks.sampling.rounds import BatchShortfall, DynamicSamplingConfig, fill_batch
+from tasks.sampling.sampler import GroupSampler, sampling_history
 from tasks.selfplay.rows import problem_rows
 from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay, solve_frame, solve_problems
 from tasks.verification.stage import (
@@ -36,8 +32,6 @@ from tasks.verification.stage import (
     own_rewards,
     score_with_components,
     verifier_pool,
-    with_composition,
-    with_noise_correction,
 )
 
 
@@ -83,10 +77,13 @@ def needs_self_certainty(config: IterationConfig) -> bool:
 @dataclass
 class SampledIteration:
     rollouts: pl.DataFrame
-    rewards: pl.DataFrame
+    rewards: pl.DataFrame  # the verifiers' reward rows, before the reward steps (`reward_steps`)
     rounds: int
     short_by: int
     failure: Exception | None  # a shortfall the config says must fail, or a backend error mid-way
+    scored: pl.DataFrame | None = (
+        None  # what was scored: rollouts with their problems (None: self-play composes its own)
+    )
     proposals: pl.DataFrame | None = None  # self-play: every proposal, with its verdict and reward
     new_problems: pl.DataFrame | None = None  # self-play's prompts and valid tasks, RISE's in-batch tasks, for the bank
 
@@ -113,20 +110,22 @@ def sample_iteration(
         return _selfplay_iteration(lake, config, iteration, model_version, policy, tokenizer, score)
     bank = training_bank(lake, config.rollout.mix)
     rounds, short_by, failure = 0, 0, None
+    lagged = config.selfverify.enabled and config.selfverify.mode == "lagged"
     try:
         with verifier_pool(config.verify) if score is None else contextlib.nullcontext() as pool:
             score = score or (lambda frame: score_with_components(frame, config.verify, config.reward, pool))
             sampler = GroupSampler(
-                config.rollout,
-                config.dynamic_sampling,
-                config.selfverify,
-                config.verify.verifier,
-                policy,
-                tokenizer,
+                rollout_sampler(policy, tokenizer, config.rollout, iteration, model_version),
                 score,
                 bank,
+                config.dynamic_sampling,
+                config.rollout.mix,
+                config.rollout.group_size,
+                config.rollout.seed,
                 iteration,
-                model_version,
+                config.verify.verifier,
+                reserved_source=SELF_VERIFY_SOURCE,
+                reserved_share=config.selfverify.ratio if lagged else 0.0,
                 history=sampling_history(lake, config.dynamic_sampling, iteration),
             )
             guided = config.dynamic_sampling.guidance.enabled
@@ -134,7 +133,7 @@ def sample_iteration(
                 filled = fill_batch(sampler.draw, config.dynamic_sampling, sampler.plan if guided else None)
                 rounds, short_by = filled.rounds, filled.short_by
                 if config.selfverify.enabled and config.selfverify.mode == "in_batch":
-                    verification_tasks = verify_own(sampler, filled.groups, config)
+                    verification_tasks = verify_own(sampler, filled.groups, config, policy, tokenizer, model_version)
             except BatchShortfall as error:
                 rounds, short_by, failure = error.rounds, error.short_by, error
             except Exception as error:
@@ -145,21 +144,25 @@ def sample_iteration(
         getattr(policy, "close", lambda: None)()
     if not sampler.rollouts:
         raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
-    rewards = pl.concat(sampler.rewards, how="diagonal_relaxed")
-    if config.verify.noise_correction:  # the correction reaches training through the reward config
-        rewards = with_noise_correction(lake, rewards)
-    rewards = with_composition(rewards, pl.concat(sampler.scored), config.reward, config.verify.verifier)
     return SampledIteration(
         pl.concat(sampler.rollouts, how="vertical_relaxed"),
-        rewards,
+        pl.concat(sampler.rewards, how="diagonal_relaxed"),
         rounds,
         short_by,
         failure,
+        scored=pl.concat(sampler.scored),
         new_problems=verification_tasks,
     )
 
 
-def verify_own(sampler: GroupSampler, groups: pl.DataFrame, config: IterationConfig) -> pl.DataFrame:
+def verify_own(
+    sampler: GroupSampler,
+    groups: pl.DataFrame,
+    config: IterationConfig,
+    policy: Policy,
+    tokenizer: object | None,
+    model_version: int,
+) -> pl.DataFrame:
     """RISE in the batch: verification tasks from the kept groups' own solutions (tasks/rise.py),
     answered now by the same policy in round `VERIFICATION_ROUND`; their rollouts and rewards join the
     iteration's. Returns the tasks, for the bank."""
@@ -180,9 +183,9 @@ def verify_own(sampler: GroupSampler, groups: pl.DataFrame, config: IterationCon
         problems,
         config,
         sampler.iteration,
-        sampler.model_version,
-        sampler.policy,
-        sampler.tokenizer,
+        model_version,
+        policy,
+        tokenizer,
         sampler.score,
         round_=VERIFICATION_ROUND,
         role="verifier",

@@ -8,7 +8,6 @@ from conftest import ROOT
 from flows.run_config import LoopConfig
 from policy.publish import PublishConfig
 from storage.config import load_yaml_config
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig
 from tasks.curation.config import CurationConfig, parse_source_spec
 from tasks.curriculum.stage import CurriculumConfig
@@ -17,6 +16,7 @@ from tasks.interop.tracking import TrackingConfig
 from tasks.rewards.compose import RewardConfig
 from tasks.rise import SelfVerifyConfig
 from tasks.rollout.stage import RolloutConfig
+from tasks.sampling.rounds import DynamicSamplingConfig
 from tasks.selfplay.stage import SelfPlayConfig
 from tasks.verification.stage import VerifyConfig
 from trainers.grpo import TrainConfig

@@ -120,7 +120,7 @@ def iterate(
         prefect_defaults()
         from flows.iteration import rl_iteration
         from policy.openai_backend import BackendUnavailable
-        from tasks.advantages.dynamic_sampling import BatchShortfall
+        from tasks.sampling.rounds import BatchShortfall
 
         try:
             result = rl_iteration(settings.model_dump(mode="json"), iteration, lake, model_version)
@@ -234,7 +234,7 @@ def run_loop(settings, iterations: int, lake: str | None) -> None:
     prefect_defaults()
     from flows.loop import rl_loop
     from policy.openai_backend import BackendUnavailable
-    from tasks.advantages.dynamic_sampling import BatchShortfall
+    from tasks.sampling.rounds import BatchShortfall
     from tasks.selfplay.health import CollapseDetected
     from trainers.workers import RankFailed
 

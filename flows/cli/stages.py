@@ -95,7 +95,7 @@ def stage(
             prefect_defaults()
             from flows.stages import rerun_stage
             from policy.openai_backend import BackendUnavailable
-            from tasks.advantages.dynamic_sampling import BatchShortfall
+            from tasks.sampling.rounds import BatchShortfall
 
         for number in pending:
             try:

@@ -20,23 +20,12 @@ from collections.abc import Callable
 
 import polars as pl
 
+from tasks.sampling.groups import with_group_columns
+
 EPSILON = 1e-4
-GROUP_COLUMNS = ("group_mean", "group_std", "solve_rate")
 
 reward = pl.col("reward")
 group_mean = pl.col("group_mean")
-
-
-def with_group_columns(rollouts: pl.DataFrame) -> pl.DataFrame:
-    """Each rollout with its group's mean and sample std of reward, and solve rate (one pass)."""
-    if set(GROUP_COLUMNS) <= set(rollouts.columns):
-        return rollouts
-    group = pl.col("group_id")
-    return rollouts.with_columns(
-        group_mean=reward.mean().over(group),
-        group_std=reward.std(ddof=1).over(group).fill_null(0.0),
-        solve_rate=pl.col("correct").cast(pl.Float64).mean().over(group),
-    )
 
 
 def grpo(epsilon: float = EPSILON) -> pl.Expr:

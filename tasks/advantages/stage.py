@@ -20,10 +20,11 @@ from storage.lake import Lake
 from storage.registry import version_row
 from storage.runs import Run
 from storage.schemas import VERIFICATION_ROUND
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
-from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state, with_group_columns
-from tasks.advantages.shaping import group_statistics, shape_overlong, staleness, success, truncated_importance_weight
+from tasks.advantages.estimators import ESTIMATORS, advantages, dbb_update, with_dbb_state
+from tasks.advantages.shaping import shape_overlong, staleness, truncated_importance_weight
 from tasks.rewards.compose import RewardConfig, compose
+from tasks.sampling.groups import group_statistics, success, with_group_columns
+from tasks.sampling.rounds import DynamicSamplingConfig
 from tasks.verification.engine import own_verifier
 from tasks.verification.stage import composition_inputs
 

@@ -1,3 +1,3 @@
 """Analyses over the lake's tables that are pure functions of frames.
 
-May import: tasks.advantages."""
+May import: tasks.sampling (the learning zone, what counts as solved)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from tasks.advantages.dynamic_sampling import LEARNING_ZONE
-from tasks.advantages.shaping import success
+from tasks.sampling.groups import success
+from tasks.sampling.rounds import LEARNING_ZONE
 
 ANSWER_FORMS = [
     ("boxed", r"\\boxed\{"),

@@ -4,5 +4,5 @@ platform's verifiers as their reward functions (`rewards.py`); and experiment tr
 report's plots logged to MLflow and TensorBoard by a follower of the lake (`tracking.py`, pure; `trackers.py`).
 Only the command line imports this package: the loop never runs it.
 
-May import: storage, storage.config, tasks.curation, tasks.report, tasks.verification.
+May import: storage, storage.config, tasks.curation, tasks.report, tasks.sampling (group statistics), tasks.verification.
 """

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from tasks.sampling.groups import reward_statistics
+
 # The scored responses' columns: one row per response, its reward summed over the verdicts recorded with it
 SCORED = {
     "rollout_id": pl.String,
@@ -43,15 +45,7 @@ def group_stats(responses: pl.DataFrame, iteration: int) -> pl.DataFrame:
     """One `groups` row per group of the scored responses, by group id."""
     return (
         responses.group_by("group_id", "problem_id")
-        .agg(
-            model_version=pl.col("model_version").min(),
-            n_samples=pl.len(),
-            mean_reward=pl.col("reward").mean(),
-            std_reward=pl.col("reward").std(ddof=1).fill_null(0.0),
-            min_reward=pl.col("reward").min(),
-            max_reward=pl.col("reward").max(),
-            solve_rate=pl.col("correct").cast(pl.Float64).mean(),
-        )
+        .agg(pl.col("model_version").min(), *reward_statistics())
         .with_columns(iteration=pl.lit(iteration, pl.Int64), kept=pl.lit(True))
         .sort("group_id")
     )

@@ -1,22 +1,16 @@
-"""The rollout stage: draw prompts from the bank by the training mix, sample G responses each from
-the policy, and score them, one generation round at a time for dynamic sampling.
-
-`GroupSampler.draw` is the `draw_groups` callback of `dynamic_sampling.fill_batch`: each round
-draws problems not yet drawn this iteration, and keeps every rollout and reward it made, kept
-or not, so that the stage writes all of them and the groups table can say why each was dropped.
+"""The rollout stage: it only samples. The drawn problems' prompts are formatted and G responses each sampled
+from the policy, one generation round at a time (`rollout_sampler`, the `sample` side of
+`tasks/sampling/sampler.py`, which draws, has the verification stage score, and refills). Here too: the policy
+a run samples from (`open_policy`), the bank it draws from, the iteration and version it samples at.
 Ids sort in draw order: group `i00003-r02-g000007` is the 8th group of round 2 of iteration 3.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Literal
 
 import polars as pl
-import pyarrow.compute as pc
 from pydantic import Field
 
 from policy.certainty import WithSelfCertainty
@@ -28,20 +22,14 @@ from policy.sampling import Policy, SamplerConfig
 from storage.config import Strict
 from storage.lake import Lake
 from storage.registry import latest_version, version_row
-from storage.seeds import derive_seed
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
-from tasks.advantages.guided_sampling import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
-from tasks.advantages.shaping import success
 from tasks.curation.config import MixConfig
-from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
-from tasks.rise import SOURCE as SELF_VERIFY_SOURCE
-from tasks.rise import SelfVerifyConfig
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
 from tasks.rollout.episodes import EpisodePolicy, ToolConfig
 from tasks.rollout.rows import rollout_rows
-from tasks.verification.stage import PROBLEM_FIELDS, own_rewards
+from tasks.sampling.sampler import Sample
+from tasks.verification.stage import PROBLEM_FIELDS
 
 
 class RolloutConfig(Strict):
@@ -100,129 +88,34 @@ class RolloutConfig(Strict):
         return self.devices[0] if self.devices else self.device
 
 
-@dataclass
-class GroupSampler:
-    """Draws, samples and scores groups round by round; keeps everything it made."""
+def rollout_sampler(
+    policy: Policy, tokenizer: object | None, config: RolloutConfig, iteration: int, model_version: int
+) -> Sample:
+    """The rollout stage's side of a round (`tasks/sampling/sampler.py`): each drawn problem's prompt formatted,
+    G responses sampled with the round's seed, one row per rollout."""
+    sampler = {
+        "backend": config.backend,
+        "group_size": config.group_size,
+        **config.sampler.model_dump(),
+        "prompt": config.prompt.model_dump(),
+        **({"tools": config.tools.model_dump()} if config.tools.enabled else {}),
+    }
 
-    rollout: RolloutConfig
-    sampling: DynamicSamplingConfig
-    selfverify: SelfVerifyConfig  # lagged RISE: a share of each round's draw is banked verification tasks
-    verifier: str | None  # the verifier whose verdict says a rollout is correct (verify.verifier)
-    policy: Policy
-    tokenizer: object | None
-    score: Callable[[pl.DataFrame], pl.DataFrame]  # rollouts with their problems -> reward rows
-    bank: pl.DataFrame
-    iteration: int
-    model_version: int
-    rollouts: list[pl.DataFrame] = field(default_factory=list)
-    rewards: list[pl.DataFrame] = field(default_factory=list)
-    scored: list[pl.DataFrame] = field(default_factory=list)  # what was scored: rollouts with their problems
-    drawn: set[str] = field(default_factory=set)
-    history: pl.DataFrame | None = None  # guided sampling: the lake's past groups (problem_id, iteration, ...)
-    ranked: pl.DataFrame | None = None  # guided sampling: this round's candidates, likeliest kept first
-    planned: list[dict] = field(default_factory=list)  # guided sampling: per round, groups drawn and expected kept
-
-    def plan(self, missing: int, round_: int) -> int:
-        """Guided sampling: rank a pool of candidates drawn by the mix by their predicted keep probability, and
-        draw as many as those predictions need to fill the batch (tasks/advantages/guided_sampling.py). Without
-        history (a first iteration) the round is `oversample` × missing, drawn by the mix. `round_` is the
-        generation round it plans (its pool's seed), as `fill_batch` counts them."""
-        sampling, rollout = self.sampling, self.rollout
-        guidance = sampling.guidance
-        self.ranked = None
-        if self.history is None or self.history.is_empty():
-            return math.ceil(missing * sampling.oversample)
-        available = self._available().filter(pl.col("source") != SELF_VERIFY_SOURCE)
-        pool = min(available.height, math.ceil(missing * guidance.pool))
-        try:
-            candidates = sample_mix(
-                available,
-                pool,
-                derive_seed(rollout.seed, self.iteration, round_, "draw"),
-                rollout.mix.level_weights,
-                rollout.mix.domain_weights,
-            )
-        except ValueError:  # the mix's levels hold fewer: draw as an unguided round does
-            return math.ceil(missing * sampling.oversample)
-        self.ranked = ranked_candidates(
-            candidates, self.history, self.iteration, rollout.group_size, sampling.band, guidance, self.bank
-        )
-        keep = self.ranked["keep_probability"].to_list()
-        n = groups_to_draw(keep, missing, guidance.confidence, cap=len(keep))
-        self.planned.append({"round": round_, "groups": n, "expected_kept": float(sum(keep[:n]))})
-        return n
-
-    def _available(self) -> pl.DataFrame:
-        return self.bank.filter(~pl.col("problem_id").is_in(list(self.drawn)))
-
-    def draw(self, n_groups: int, round_: int) -> pl.DataFrame:
-        """`n_groups` new groups, scored: one row per rollout with group_id, problem_id, reward, correct."""
-        rollout = self.rollout
-        available = self._available()
-        n = min(n_groups, available.height)
-        if n == 0:
-            return pl.DataFrame(
-                schema={"group_id": pl.String, "problem_id": pl.String, "reward": pl.Float64, "correct": pl.Boolean}
-            )
-        problems = self._drawn(available, n, derive_seed(rollout.seed, self.iteration, round_, "draw"))
-        self.drawn.update(problems["problem_id"].to_list())
-        prompts = [format_prompt(text, rollout.prompt, self.tokenizer) for text in problems["prompt"]]
-        seed = derive_seed(rollout.seed, self.iteration, round_, "sample")
-        groups = self.policy.generate(prompts, rollout.group_size, rollout.sampler, seed, self.model_version)
-        sampler = {
-            "backend": rollout.backend,
-            "group_size": rollout.group_size,
-            **rollout.sampler.model_dump(),
-            "prompt": rollout.prompt.model_dump(),
-            **({"tools": rollout.tools.model_dump()} if rollout.tools.enabled else {}),
-        }
-        rows = rollout_rows(
+    def sample(problems: pl.DataFrame, round_: int, seed: int) -> pl.DataFrame:
+        prompts = [format_prompt(text, config.prompt, tokenizer) for text in problems["prompt"]]
+        groups = policy.generate(prompts, config.group_size, config.sampler, seed, model_version)
+        return rollout_rows(
             problems,
             prompts,
             groups,
-            iteration=self.iteration,
+            iteration=iteration,
             round_=round_,
-            model_version=self.model_version,
+            model_version=model_version,
             sampler=sampler,
             seed=seed,
         )
-        to_score = rows.select("rollout_id", "iteration", "problem_id", "response", "n_tokens", "self_certainty").join(
-            problems.select(PROBLEM_FIELDS), on="problem_id", how="left"
-        )
-        rewards = self.score(to_score)
-        self.rollouts.append(rows)
-        self.rewards.append(rewards)
-        self.scored.append(to_score)
-        own = own_rewards(rewards, to_score, self.verifier)
-        return rows.select("rollout_id", "group_id", "problem_id").join(
-            own.select("rollout_id", "reward", correct=success()), on="rollout_id", how="left", maintain_order="left"
-        )
 
-    def _drawn(self, available: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
-        """`n` problems by the training mix; with self-verification, `selfverify.ratio` of them are verification
-        tasks (as many as the bank holds), the rest the mix's."""
-        mix, verify = self.rollout.mix, self.selfverify
-        lagged = verify.enabled and verify.mode == "lagged"
-        is_task = pl.col("source") == SELF_VERIFY_SOURCE
-        tasks = available.filter(is_task) if lagged else available.clear()
-        others = available.filter(~is_task)
-        n_tasks = min(tasks.height, round(n * verify.ratio)) if lagged else 0
-        n_others = min(others.height, n - n_tasks)
-        if self.ranked is not None:  # guided: the likeliest-kept candidates of `plan`
-            parts = [self.ranked.head(n_others).select(others.columns)] if n_others else []
-        else:
-            parts = [sample_mix(others, n_others, seed, mix.level_weights, mix.domain_weights)] if n_others else []
-        if n_tasks:
-            parts.append(tasks.sort("problem_id").sample(n_tasks, seed=derive_seed(seed, "self-verify") % 2**32))
-        return pl.concat(parts) if parts else available.clear()
-
-
-def sampling_history(lake: Lake, config: DynamicSamplingConfig, iteration: int) -> pl.DataFrame | None:
-    """Guided sampling's evidence: the groups of the last `guidance.history` iterations (None when off)."""
-    if not config.guidance.enabled or not lake.exists("groups"):
-        return None
-    window = (pc.field("iteration") >= iteration - config.guidance.history) & (pc.field("iteration") < iteration)
-    return lake.read("groups", filter=window, columns=HISTORY_COLUMNS)
+    return sample
 
 
 def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:

@@ -274,6 +274,16 @@ def with_noise_correction(lake: Lake, rewards: pl.DataFrame) -> pl.DataFrame:
     return rewards.with_columns(corrected_reward=pl.Series(corrected).fill_nan(None))
 
 
+def reward_steps(
+    lake: Lake, rewards: pl.DataFrame, frame: pl.DataFrame, verify: VerifyConfig, reward: RewardConfig
+) -> pl.DataFrame:
+    """The verifiers' reward rows made the reward training sees: the noise correction of audited verifiers
+    (`verify.noise_correction`, which reaches training through the reward config), then the composition."""
+    if verify.noise_correction:
+        rewards = with_noise_correction(lake, rewards)
+    return with_composition(rewards, frame, reward, verify.verifier)
+
+
 def write_rewards(lake: Lake, run: Run, iteration: int, rewards: pl.DataFrame) -> None:
     """One replace per (iteration, verifier, version) present in the rows."""
     for (verifier, version), part in rewards.group_by("verifier", "verifier_version"):

@@ -11,7 +11,7 @@ from conftest import register_random_version
 from helpers import CONFIG, SMALL_POLICY, curated
 
 from storage.catalog import open_catalog
-from tasks.advantages.dynamic_sampling import BatchShortfall
+from tasks.sampling.rounds import BatchShortfall
 
 TABLES = ("rollouts", "rewards", "groups", "advantages", "batches", "dbb_state", "model_versions")
 
@@ -53,6 +53,24 @@ def test_one_iteration_writes_every_table_with_lineage(rl_iteration, lake, lake_
     assert lineage.select("batch_stage", "rollout_stage", "reward_stage", "problem_stage").unique().rows() == [
         ("advantages", "rollout", "verify", "curate")
     ]
+
+
+def test_the_verify_run_makes_the_rounds_verdicts_the_reward(rl_iteration, lake, lake_uri, monkeypatch):
+    """Rollout hands over the verifiers' rows as the rounds scored them; the verification stage's own run makes
+    them the reward training sees (noise correction, composition) and writes them."""
+    import flows.iteration as module
+
+    handed_over = []
+    steps = module.reward_steps_task
+    monkeypatch.setattr(module, "reward_steps_task", lambda *args: handed_over.append(args[1]) or steps(*args))
+    curated(lake_uri)
+    rl_iteration(CONFIG, lake_uri=lake_uri)
+    [verdicts] = handed_over
+    assert "composed_reward" not in verdicts.columns
+    rewards = lake.read("rewards")
+    assert rewards.height == verdicts.height and rewards["composed_reward"].null_count() == 0
+    stages = lake.read("runs").filter(pl.col("run_id").is_in(rewards["run_id"].unique().implode()))["stage"]
+    assert stages.to_list() == ["verify"]
 
 
 def test_rerunning_an_iteration_replaces_its_output(rl_iteration, tmp_path):

@@ -7,8 +7,8 @@ import pytest
 from helpers import seed_iteration
 
 from storage.catalog import open_catalog
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
 from tasks.advantages.stage import AdvantageConfig, compute, latest_dbb_state, scored_rollouts, write
+from tasks.sampling.rounds import DynamicSamplingConfig
 from tasks.verification.stage import VerifyConfig, rollouts_with_problems, score_rollouts, write_rewards
 
 

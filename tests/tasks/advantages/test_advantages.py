@@ -6,7 +6,8 @@ import polars as pl
 import pytest
 
 from tasks.advantages.estimators import EPSILON, advantages, dbb_update, with_dbb_state
-from tasks.advantages.shaping import group_statistics, shape_overlong, staleness, truncated_importance_weight
+from tasks.advantages.shaping import shape_overlong, staleness, truncated_importance_weight
+from tasks.sampling.groups import group_statistics
 
 # group g1: rewards 1, 0, 0, 1 (mean 0.5, sample std √(1/3)); group g2: all 1 (std 0)
 ROLLOUTS = pl.DataFrame(
@@ -142,8 +143,7 @@ def test_truncated_importance_weight():
 
 
 def test_keeping_informative_groups_then_advantages_matches_the_group_table():
-    from tasks.advantages.estimators import with_group_columns
-    from tasks.advantages.shaping import keep_informative_groups
+    from tasks.sampling.groups import keep_informative_groups, with_group_columns
 
     kept = advantages(keep_informative_groups(with_group_columns(ROLLOUTS)), "grpo")
     assert kept["group_id"].unique().to_list() == ["g1"]
@@ -172,8 +172,8 @@ def _dbb_frame(rewards_by_group):
 
 
 def test_dbb_keeps_an_all_correct_group_on_a_hard_problem():
-    from tasks.advantages.dynamic_sampling import DynamicSamplingConfig
     from tasks.advantages.stage import AdvantageConfig, compute
+    from tasks.sampling.rounds import DynamicSamplingConfig
 
     # history by hand: "hard" was solved 1 of 9 times (α = 1, β = 9 → baseline 0.1); "easy" 9 of 10 (α 9, β 1 → 0.9);
     # "even" has baseline exactly 1.0 (α 5, β 0) and is all-correct again: no signal at all.
@@ -196,7 +196,7 @@ def test_dbb_keeps_an_all_correct_group_on_a_hard_problem():
 
 
 def test_a_band_past_zero_and_one_keeps_all_correct_and_all_wrong_groups():
-    from tasks.advantages.shaping import filter_reason, kept
+    from tasks.sampling.groups import filter_reason, kept
 
     rates = pl.DataFrame({"solve_rate": [0.0, 0.5, 1.0]})
     assert rates.select(kept=kept((-0.1, 1.1)))["kept"].to_list() == [True, True, True]

@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from tasks.advantages.dynamic_sampling import BatchShortfall, DynamicSamplingConfig, fill_batch, sampling_metrics
+from tasks.sampling.rounds import BatchShortfall, DynamicSamplingConfig, fill_batch, sampling_metrics
 
 
 def fake_policy(solve_rates: list[float], group_size: int = 4):

@@ -8,15 +8,17 @@ import polars as pl
 import pytest
 
 from storage.seeds import derive_seed
-from tasks.advantages.dynamic_sampling import DynamicSamplingConfig, fill_batch
-from tasks.advantages.guided_sampling import (
+from tasks.curation.mix import sample_mix
+from tasks.iteration import IterationConfig
+from tasks.sampling.guided import (
     GuidanceConfig,
     beta_prior,
     groups_to_draw,
     keep_probability,
     ranked_candidates,
 )
-from tasks.curation.mix import sample_mix
+from tasks.sampling.rounds import DynamicSamplingConfig, fill_batch
+from tasks.sampling.sampler import GroupSampler
 
 
 def exact_keep(alpha: float, beta: float, group_size: int, band=(0.0, 1.0), points: int = 200_001) -> float:
@@ -146,9 +148,6 @@ def test_each_round_is_planned_under_the_round_fill_batch_counts():
 
 def test_the_sampler_plans_from_its_history():
     """`GroupSampler.plan` ranks a pool drawn by the mix and sizes the round from the ranked predictions."""
-    from tasks.iteration import IterationConfig
-    from tasks.rollout.stage import GroupSampler
-
     bank = pl.DataFrame(
         {
             "problem_id": [f"p{i}" for i in range(40)],
@@ -182,8 +181,14 @@ def test_the_sampler_plans_from_its_history():
             "dynamic_sampling": {"groups_per_batch": 6, "guidance": {"enabled": True, "pool": 3.0}},
         }
     )
-    configs = (config.rollout, config.dynamic_sampling, config.selfverify, config.verify.verifier)
-    sampler = GroupSampler(*configs, None, None, None, bank, 7, 1, history=history)
+    rollout, sampling = config.rollout, config.dynamic_sampling
+
+    def sampler_at(iteration: int, history: pl.DataFrame) -> GroupSampler:
+        return GroupSampler(
+            None, None, bank, sampling, rollout.mix, rollout.group_size, rollout.seed, iteration, None, history=history
+        )
+
+    sampler = sampler_at(7, history)
     n = sampler.plan(6, 2)
     keep = sampler.ranked["keep_probability"].to_list()
     assert sampler.ranked.height == 18 and n == groups_to_draw(keep, 6, 0.8, 18)
@@ -197,7 +202,7 @@ def test_the_sampler_plans_from_its_history():
         config.rollout.mix.domain_weights,
     )
     assert set(sampler.ranked["problem_id"]) == set(pool["problem_id"])  # drawn with the round's own seed
-    fresh = GroupSampler(*configs, None, None, None, bank, 1, 0, history=history.clear())
+    fresh = sampler_at(1, history.clear())
     assert fresh.plan(6, 1) == math.ceil(6 * 1.5) and fresh.ranked is None  # no history: the fixed oversampling
 
 

@@ -14,7 +14,7 @@ The model: a problem's solve rate p ~ Beta(α, β). The prior is fitted per (sou
 of moments to the latest iterations' group solve rates, net of binomial noise (the current policy's
 spread of difficulty); a problem's own past groups add their successes and failures, discounted by
 age. A new group of G responses is kept when k/G lies strictly inside the band; under the posterior k
-is beta-binomial, so the keep probability is a finite sum. Pure: the rollout stage reads the history.
+is beta-binomial, so the keep probability is a finite sum. Pure: the sampler reads the history (`sampler.py`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """DAPO's dynamic sampling: keep drawing groups until the batch holds enough informative ones.
 
 The loop is pure: it is handed a `draw_groups(n_groups, round)` function (the rollout and
-verification stages, in production; a fake in tests) that returns scored rollouts of `n_groups`
+verification stages through `GroupSampler`, in production; a fake in tests) that returns scored rollouts of `n_groups`
 new groups, and it decides what to keep, when to stop, and what every drawn group became.
 """
 
@@ -17,9 +17,8 @@ from pydantic import Field
 
 from storage.config import Strict
 from storage.schemas import VERIFICATION_ROUND
-from tasks.advantages.estimators import with_group_columns
-from tasks.advantages.guided_sampling import GuidanceConfig
-from tasks.advantages.shaping import filter_reason, kept
+from tasks.sampling.groups import filter_reason, kept, with_group_columns
+from tasks.sampling.guided import GuidanceConfig
 
 LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
@@ -51,8 +50,7 @@ class DynamicSamplingConfig(Strict):
     )
     guidance: GuidanceConfig = Field(
         default_factory=GuidanceConfig,
-        description="the lake's history guides which "
-        "problems to draw and how many (tasks/advantages/guided_sampling.py)",
+        description="the lake's history guides which problems to draw and how many (tasks/sampling/guided.py)",
     )
 
 
