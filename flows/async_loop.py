@@ -44,10 +44,11 @@ from policy.threads import cores_given, use_given_cores
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
+from tasks.iteration import IterationConfig
 
 
 def overlapped_iterations(
-    lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int, progress: UUID, artifacts: Publisher
+    lake: Lake, settings: RunConfig, iteration_config: IterationConfig, total: int, progress: UUID, artifacts: Publisher
 ) -> list[dict[str, Any]]:
     """The next `total` iterations, sampling ahead of training by at most `loop.max_staleness` versions."""
     import_model_code()  # before any second thread loads a policy

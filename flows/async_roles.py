@@ -15,7 +15,7 @@ from typing import Any
 
 from flows.artifacts import Publisher
 from flows.handoff import Handoff, Plan
-from flows.iteration import compute_advantages, rl_iteration, train_policy
+from flows.iteration import advantages_step, iteration_step, train_step
 from flows.loop_steps import Baselines, finish_iteration, sampling_config
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
@@ -23,9 +23,10 @@ from policy.checkpoints import import_model_code
 from storage import leases
 from storage.lake import Lake
 from storage.registry import latest_version
+from tasks.iteration import IterationConfig
 
 
-def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], plan: Plan) -> None:
+def sample_role(lake: Lake, settings: RunConfig, iteration_config: IterationConfig, plan: Plan) -> None:
     """Sample and score each iteration from the newest published version, never so early that its rollouts would
     lag the version that trains on them by more than `loop.max_staleness`; hand each over once committed."""
     handoff = Handoff(lake, plan, "sampler")
@@ -38,10 +39,10 @@ def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
                 continue
             # the version that trains this iteration is at most `start + offset`: sample no older than k below it
             sampler = handoff.wait_published(plan.start + offset - settings.loop.max_staleness)
-            rl_iteration.fn(
+            iteration_step(
+                lake,
                 sampling_config(lake, settings, iteration_config),
                 iteration,
-                lake.uri,
                 model_version=sampler,
                 advantages=False,
             )
@@ -54,7 +55,7 @@ def sample_role(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any
 def train_role(
     lake: Lake,
     settings: RunConfig,
-    iteration_config: dict[str, Any],
+    iteration_config: IterationConfig,
     plan: Plan,
     artifacts: Publisher,
     recorded: Callable[[dict[str, Any]], None],
@@ -134,8 +135,8 @@ class Beside:
         return failure
 
 
-def train_one(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], iteration: int) -> int:
+def train_one(lake: Lake, settings: RunConfig, iteration_config: IterationConfig, iteration: int) -> int:
     """Advantages of a sampled iteration against the version about to train on it, then the training step."""
     parent = latest_version(lake)
-    compute_advantages.fn(iteration, iteration_config, lake.uri, parent)
-    return train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake.uri, parent)["model_version"]
+    advantages_step(lake, iteration_config, iteration, parent)
+    return train_step(lake, settings.train, iteration, parent)["model_version"]

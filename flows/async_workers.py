@@ -27,11 +27,11 @@ from prefect.artifacts import update_progress_artifact
 from flows.artifacts import publishing
 from flows.async_roles import sample_role, train_role
 from flows.handoff import Handoff, Plan
+from flows.loop_steps import iteration_sections
 from flows.policies import without_flow_heartbeats
 from flows.run_config import RunConfig
 from storage import leases
 from storage.lake import Lake
-from tasks.iteration import IterationConfig
 
 
 def on_workers(lake: Lake, settings: RunConfig, plan: Plan, progress: UUID) -> list[dict[str, Any]]:
@@ -144,7 +144,7 @@ def as_role(
             "which passes its plan; it does not run on its own"
         )
     settings, lake, agreed = RunConfig.model_validate(config or {}), Lake.open(lake_uri), Plan(**plan)
-    iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
+    iteration_config = iteration_sections(settings)
     try:
         joined = leases.joining(lake.location, leases.LOOP, agreed.lease_epoch)
         joined.__enter__()

@@ -3,7 +3,9 @@ verification, and advantages. Each stage is its own run row; each writes its ite
 one commit, so re-running the iteration replaces its output instead of adding to it.
 
 `compute_advantages` is also a flow of its own, to re-run that stage alone (another estimator,
-another band) over the rollouts and rewards already stored.
+another band) over the rollouts and rewards already stored. Each flow is a thin wrapper: it validates its
+JSON parameters (a deployment's boundary) and calls its step with a typed config and an open lake, which is
+what the loop calls within its own flow run.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=STO
 
 
 @flow(name="rl-iteration", log_prints=True)
-@writes_iterations
 def rl_iteration(
     config: dict[str, Any] | None = None,
     iteration: int | None = None,
@@ -62,7 +63,21 @@ def rl_iteration(
     config and code is skipped. Without `advantages`, it stops after the rewards (the overlapped loop's
     trainer computes them against the version it trains)."""
     settings = IterationConfig.model_validate(config or {})
-    lake = Lake.open(lake_uri)
+    return iteration_step(Lake.open(lake_uri), settings, iteration, model_version, force, training_version, advantages)
+
+
+@writes_iterations
+def iteration_step(
+    lake: Lake,
+    settings: IterationConfig,
+    iteration: int | None = None,
+    model_version: int | None = None,
+    force: bool = True,
+    training_version: int | None = None,
+    advantages: bool = True,
+) -> dict[str, Any]:
+    """`rl_iteration`'s body, with a typed config and an open lake (the loop calls it inside its own flow run:
+    a subflow would cost ~0.5 s of Prefect bookkeeping per stage)."""
     iteration = iteration if iteration is not None else next_iteration(lake)
     version = model_version if model_version is not None else current_model_version(lake, settings.rollout.base_policy)
     parameters, skipped = unchanged_or_fingerprint(
@@ -109,7 +124,7 @@ def rl_iteration(
     if sampled.failure is not None:  # written first: what was sampled and scored is kept
         raise sampled.failure
     summary = (
-        compute_advantages.fn(iteration, settings.model_dump(mode="json"), lake_uri, training_version)
+        advantages_step(lake, settings, iteration, training_version)
         if advantages
         else {"iteration": iteration, "model_version": version}
     )
@@ -174,7 +189,6 @@ def scoring(settings: IterationConfig) -> Iterator[Callable | None]:
 
 
 @flow(name="compute-advantages", log_prints=True)
-@writes_iterations
 def compute_advantages(
     iteration: int,
     config: dict[str, Any] | None = None,
@@ -184,7 +198,14 @@ def compute_advantages(
 ) -> dict[str, Any]:
     """Groups, advantages, the batch and the DBB state of an iteration, from its stored rollouts and rewards."""
     settings = IterationConfig.model_validate(config or {})
-    lake = Lake.open(lake_uri)
+    return advantages_step(Lake.open(lake_uri), settings, iteration, model_version, force)
+
+
+@writes_iterations
+def advantages_step(
+    lake: Lake, settings: IterationConfig, iteration: int, model_version: int | None = None, force: bool = True
+) -> dict[str, Any]:
+    """`compute_advantages`' body, with a typed config and an open lake."""
     if model_version is None:  # freshness is measured against the newest policy
         model_version = current_model_version(lake, settings.rollout.base_policy)
     parameters, skipped = unchanged_or_fingerprint(
@@ -228,7 +249,6 @@ def compute_advantages(
 
 
 @flow(name="train-policy", log_prints=True)
-@writes_iterations
 def train_policy(
     iteration: int,
     config: dict[str, Any] | None = None,
@@ -238,8 +258,14 @@ def train_policy(
 ) -> dict[str, Any]:
     """One GRPO / DAPO step on the iteration's batch, from `parent` (default: the latest version);
     registers the next model version."""
-    settings = TrainConfig.model_validate(config or {})
-    lake = Lake.open(lake_uri)
+    return train_step(Lake.open(lake_uri), TrainConfig.model_validate(config or {}), iteration, parent, force)
+
+
+@writes_iterations
+def train_step(
+    lake: Lake, settings: TrainConfig, iteration: int, parent: int | None = None, force: bool = True
+) -> dict[str, Any]:
+    """`train_policy`'s body, with a typed config and an open lake."""
     parent = parent if parent is not None else latest_version(lake)
     parameters, skipped = unchanged_or_fingerprint(lake, train_key(lake, settings, iteration, parent), iteration, force)
     if skipped:

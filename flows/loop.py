@@ -23,9 +23,9 @@ from prefect.runtime import flow_run
 
 from flows.artifacts import Publisher, publishing
 from flows.async_loop import overlapped_iterations
-from flows.iteration import rl_iteration, train_policy
+from flows.iteration import iteration_step, train_step
 from flows.loop_state import resume_point
-from flows.loop_steps import evaluate_and_record, finish_iteration, sampling_config
+from flows.loop_steps import evaluate_and_record, finish_iteration, iteration_sections, sampling_config
 from flows.policies import stage_task, writes_iterations
 from flows.publishing import publish_version
 from flows.run_config import RunConfig
@@ -102,7 +102,7 @@ def _loop(
     lake: Lake, settings: RunConfig, latest: int, warm: int | None, iterations: int | None
 ) -> list[dict[str, Any]]:
     """The loop once its servers serve: the warm version's evaluation (the curve's start), then the iterations."""
-    iteration_config = settings.model_dump(mode="json", include=set(IterationConfig.model_fields))
+    iteration_config = iteration_sections(settings)
     if warm is not None and lake.read("iteration_metrics", filter=pc.field("iteration") == 0).is_empty():
         publish_version(lake, settings.rollout, settings.publish, warm, "rl-loop", iteration=0)  # the curve's start
         evaluation = evaluate_and_record(lake, settings, warm, iteration=0)
@@ -126,18 +126,17 @@ def _loop(
 
 
 def _iterations(
-    lake: Lake, settings: RunConfig, iteration_config: dict[str, Any], total: int, progress: UUID, artifacts: Publisher
+    lake: Lake, settings: RunConfig, iteration_config: IterationConfig, total: int, progress: UUID, artifacts: Publisher
 ) -> list[dict[str, Any]]:
     """The next `total` iterations one after another, each recorded in `iteration_metrics`."""
-    lake_uri = lake.uri
     rows, baselines = [], {}
     for _ in track(range(total), "RL loop"):
         iteration, already_trained = resume_point(lake)
         if already_trained is None:
-            # the stage flows' bodies, run inside this flow run: a subflow costs ~0.5 s of Prefect bookkeeping
-            rl_iteration.fn(sampling_config(lake, settings, iteration_config), iteration, lake_uri)
+            # the stage flows' steps, run inside this flow run: a subflow costs ~0.5 s of Prefect bookkeeping
+            iteration_step(lake, sampling_config(lake, settings, iteration_config), iteration)
             with servers_asleep(settings.rollout.openai, os.environ.get(settings.rollout.openai.api_key_env)):
-                version = train_policy.fn(iteration, settings.train.model_dump(mode="json"), lake_uri)["model_version"]
+                version = train_step(lake, settings.train, iteration)["model_version"]
             publish_version(lake, settings.rollout, settings.publish, version, "rl-loop", iteration)
         else:
             version = already_trained

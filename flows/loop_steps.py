@@ -21,6 +21,7 @@ from storage.registry import BRANCH
 from storage.schemas import VERIFICATION_ROUND
 from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
 from tasks.evaluation import overall_solve_rate
+from tasks.iteration import IterationConfig
 from tasks.sampling.rounds import sampling_metrics
 
 # What a run computes once and compares each iteration with, by (lake uri, iteration): the first iteration's
@@ -82,15 +83,19 @@ def evaluate_and_record(lake: Lake, settings: RunConfig, version: int, iteration
     return lake.read("evaluations", filter=pc.field("model_version") == version)
 
 
-def sampling_config(lake: Lake, settings: RunConfig, iteration_config: dict[str, Any]) -> dict[str, Any]:
+def iteration_sections(settings: RunConfig) -> IterationConfig:
+    """The sections of a run config one iteration reads, as the iteration's own config (its fingerprint's)."""
+    return IterationConfig.model_validate(settings.model_dump(include=set(IterationConfig.model_fields)))
+
+
+def sampling_config(lake: Lake, settings: RunConfig, iteration_config: IterationConfig) -> IterationConfig:
     """The iteration sections to sample the next iteration with: the latest rebalanced level mix, if any."""
     if not settings.curriculum.enabled:
         return iteration_config
-    mix = {
-        **iteration_config["rollout"]["mix"],
-        "level_weights": current_level_weights(lake, settings.rollout.mix.level_weights),
-    }
-    return {**iteration_config, "rollout": {**iteration_config["rollout"], "mix": mix}}
+    rollout = iteration_config.rollout
+    weights = current_level_weights(lake, settings.rollout.mix.level_weights)
+    mix = rollout.mix.model_validate({**rollout.mix.model_dump(), "level_weights": weights})
+    return iteration_config.model_copy(update={"rollout": rollout.model_copy(update={"mix": mix})})
 
 
 def finish_iteration(

@@ -118,15 +118,17 @@ def stage_task(fn: Callable[..., Any], name: str, gpu: bool = False, retry_delay
 
 
 def writes_iterations(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The flow writes iterations or trains: it runs under the lake's `loop` lease, refused at once while
-    another live process holds it (`rlvr run --wait` takes the lease before the flow, to queue instead).
-    Nested flows of the same thread re-enter the lease they already hold."""
+    """The flow or step writes iterations or trains: it runs under the lake's `loop` lease (of its `lake`, else
+    of `lake_uri`), refused at once while another live process holds it (`rlvr run --wait` takes the lease
+    before the flow, to queue instead). Nested flows and steps of the same thread re-enter the lease they
+    already hold."""
     signature = inspect.signature(fn)
 
     @functools.wraps(fn)
     def under_lease(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs).arguments
         with (
-            Lake.open(signature.bind(*args, **kwargs).arguments.get("lake_uri")).lease(LOOP),
+            (arguments.get("lake") or Lake.open(arguments.get("lake_uri"))).lease(LOOP),
             without_flow_heartbeats(),
         ):
             return fn(*args, **kwargs)

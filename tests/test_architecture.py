@@ -239,3 +239,24 @@ def test_every_package_imports_only_what_its_docstring_says():
             if missing:
                 wrong[name] = missing
     assert wrong == {}
+
+
+def flow_bodies_called_directly(source: str) -> list[int]:
+    """Lines that call a flow's undecorated body (`some_flow.fn(...)`) instead of its typed step."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fn"
+    ]
+
+
+def test_flows_call_steps_not_each_others_bodies():
+    """A flow validates its JSON parameters and calls its step; within a process the loop and its roles call the
+    steps with typed configs and an open lake, never a flow's `.fn` with a config dumped back to JSON."""
+    called = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "flows").rglob("*.py"))
+        if (lines := flow_bodies_called_directly(path.read_text()))
+    }
+    assert called == {}
+    assert flow_bodies_called_directly("rl_iteration.fn(config, 1, uri)\n") == [1]
