@@ -26,7 +26,7 @@ from flows.loop_steps import iteration_row
 from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, verify_key
 from storage.lake import Lake
 from storage.registry import latest_version, register
-from tasks.advantages.stage import compute, latest_dbb_state, scored_rollouts, write
+from tasks.advantages.stage import batch_id_of, batch_outputs, compute, latest_dbb_state, scored_rollouts
 from tasks.curation.stage import bank_problems
 from tasks.iteration import IterationConfig
 from tasks.sampling.rounds import DynamicSamplingConfig
@@ -151,7 +151,8 @@ def write_iteration(lake, bank, rng, iteration: int, rollouts: int, max_tokens: 
             scored, state = scored_rollouts(lake, iteration, None), latest_dbb_state(lake, iteration)
         results = compute(scored, settings.advantages, sampling, version, state, off_policy_sums(rollout_rows, version))
         with clock.write():
-            batch_id = write(lake, run, iteration, results)
+            batch_id = batch_id_of(iteration, run)
+            lake.commit(batch_outputs(iteration, results, batch_id), run)
     with clock.book():
         parameters = train_key(lake, TrainConfig(), iteration, version).parameters
     with stage_run(lake, clock, "train-policy", "train", parameters, iteration) as run, clock.write():

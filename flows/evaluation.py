@@ -20,6 +20,7 @@ from flows.run_config import EvaluationRunConfig
 from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import evaluate_key, iteration_of_version
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.registry import latest_version
 from tasks.evaluation import evaluate, overall_solve_rate
 
@@ -49,13 +50,16 @@ def evaluate_model(
         "evaluate-model", "evaluate", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id
     ) as run:
         evaluation, responses = evaluate_task(lake, settings.evaluation, truth, version)
-        lake.replace(
-            "evaluations",
-            evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
-            {"model_version": version},
-            run,
+        outputs = (
+            Outputs()
+            .replace(
+                "evaluations",
+                evaluation.with_columns(iteration=pl.lit(iteration, pl.Int64)),
+                {"model_version": version},
+            )
+            .replace("eval_rollouts", responses, {"model_version": version, "scoring": responses["scoring"][0]})
         )
-        lake.replace("eval_rollouts", responses, {"model_version": version, "scoring": responses["scoring"][0]}, run)
+        lake.commit(outputs, run)
     rate = overall_solve_rate(evaluation)
     k = settings.evaluation.k
     pass_k = f", pass@{k} {_weighted(evaluation, 'pass_at_k'):.1%}" if k > 1 else ""

@@ -20,13 +20,21 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
+from flows.policies import STORAGE_RETRY_DELAYS, commit_outputs, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import advantages_key, latest_bank_version, rollout_key, train_key, trained_version, verify_key
 from flows.verification import dask_runner, reward_steps_task, score_on_cluster
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.registry import latest_version
-from tasks.advantages.stage import compute, latest_dbb_state, off_policy_logprob_sums, scored_rollouts, write
+from tasks.advantages.stage import (
+    batch_id_of,
+    batch_outputs,
+    compute,
+    latest_dbb_state,
+    off_policy_logprob_sums,
+    scored_rollouts,
+)
 from tasks.curation.gate import admit_made, refused_but_drawn
 from tasks.iteration import IterationConfig, SampledIteration, sample_iteration
 from tasks.rise import verification_problems
@@ -43,7 +51,7 @@ sample_task = stage_task(sample_iteration, "rollout-and-score", gpu=True)
 off_policy_task = stage_task(off_policy_logprob_sums, "off-policy-logprobs", gpu=True)
 compute_task = task(compute, name="advantages-and-filter", cache_policy=NO_CACHE)
 train_task = stage_task(train_iteration, "grpo-step", gpu=True)
-write_task = stage_task(write, "write-groups-advantages-batch", retry_delays=STORAGE_RETRY_DELAYS)
+write_task = stage_task(commit_outputs, "write-groups-advantages-batch", retry_delays=STORAGE_RETRY_DELAYS)
 
 
 @flow(name="rl-iteration", log_prints=True)
@@ -99,11 +107,11 @@ def iteration_step(
                 "self-play problems" if sampled.proposals is not None else "verification tasks",
                 drawn=sampled.rollouts["problem_id"].unique().to_list(),
             )
-        if sampled.proposals is not None:
-            lake.replace("proposals", sampled.proposals, key, run)
-        lake.replace("rollouts", sampled.rollouts, key, run)
+        outputs = Outputs() if sampled.proposals is None else Outputs().replace("proposals", sampled.proposals, key)
+        outputs.replace("rollouts", sampled.rollouts, key)
         for table in DOWNSTREAM_OF_ROLLOUT:  # the iteration's earlier batch must not outlive its rollouts
-            lake.clear(table, key, run)
+            outputs.clear(table, key)
+        lake.commit(outputs, run)
     parameters, _ = unchanged_or_fingerprint(
         lake,
         verify_key(lake, settings.verify, iteration, "rl-iteration", [run.run_id], settings.reward),
@@ -114,7 +122,7 @@ def iteration_step(
         rewards = sampled.rewards
         if sampled.scored is not None:  # the rounds' verdicts made the reward training sees
             rewards = reward_steps_task(lake, rewards, sampled.scored, settings.verify, settings.reward)
-        lake.replace("rewards", rewards, key, run)  # new rollouts: every old reward goes
+        lake.commit(Outputs().replace("rewards", rewards, key), run)  # new rollouts: every old reward goes
     if settings.selfverify.enabled and settings.selfverify.mode == "lagged":  # later rounds draw these tasks
         bank_added(lake, self_verification_tasks(lake, settings, sampled, rewards), iteration, "verification tasks")
     print(
@@ -228,7 +236,8 @@ def advantages_step(
             latest_dbb_state(lake, iteration),
             logprob_sums,
         )
-        batch_id = write_task(lake, run, iteration, results)
+        batch_id = batch_id_of(iteration, run)
+        write_task(lake, batch_outputs(iteration, results, batch_id), run)
     groups = results["groups"]
     metrics = sampling_metrics(groups)
     print(

@@ -36,6 +36,7 @@ from policy.layout import LayoutRefused, preflight, servers_asleep, shared_gpus
 from policy.openai_backend import OpenAIBackendConfig
 from policy.publish import staged
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.progress import track
 from storage.registry import version_row
 from tasks.evaluation import overall_solve_rate
@@ -114,7 +115,7 @@ def _loop(
                 "eval_solve_rate": overall_solve_rate(evaluation),
                 "created_at": datetime.now(UTC),
             }
-            lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}, run)
+            lake.commit(Outputs().replace("iteration_metrics", pl.DataFrame([row]), {"iteration": 0}), run)
     target = settings.loop.iterations if iterations is None else iterations
     total = max(0, target - resume_point(lake)[0] + 1)
     if total:  # the version sampled next must be served (a resume too)

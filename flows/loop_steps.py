@@ -17,6 +17,7 @@ from flows.curation import curate_bank
 from flows.evaluation import evaluate_model
 from flows.run_config import EvaluationRunConfig, RunConfig
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.registry import BRANCH
 from storage.schemas import VERIFICATION_ROUND
 from tasks.curriculum.stage import current_level_weights, moved_gym_difficulty, rebalanced
@@ -113,7 +114,7 @@ def finish_iteration(
     evaluation = evaluate_and_record(lake, settings, version, iteration) if every and iteration % every == 0 else None
     with lake.run("rl-loop", "record", {}, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         row = iteration_row(lake, iteration, evaluation)
-        lake.replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}, run)
+        lake.commit(Outputs().replace("iteration_metrics", pl.DataFrame([row]), {"iteration": iteration}), run)
     artifacts(publish_iteration, lake, row)  # its reads and API calls beside the next iteration
     if settings.curriculum.enabled and iteration % settings.curriculum.every == 0:
         rebalance(lake, settings, iteration)
@@ -175,7 +176,7 @@ def rebalance(lake: Lake, settings: RunConfig, iteration: int) -> None:
         prefect_flow_run_id=flow_run.id,
     ) as run:
         changes = rebalanced(lake, iteration, settings.curriculum, settings.rollout.mix.level_weights)
-        lake.replace("curriculum", changes, {"iteration": iteration}, run)
+        lake.commit(Outputs().replace("curriculum", changes, {"iteration": iteration}), run)
     print(
         "curriculum: "
         + ", ".join(
@@ -194,6 +195,6 @@ def rebalance(lake: Lake, settings: RunConfig, iteration: int) -> None:
             moves = moved_gym_difficulty(
                 lake, iteration, settings.curriculum, lambda curation: curate_bank(curation, lake.uri)
             )
-            lake.replace("gym_curriculum", moves, {"iteration": iteration}, run)
+            lake.commit(Outputs().replace("gym_curriculum", moves, {"iteration": iteration}), run)
         for source, old, new, reason in moves.select("source", "old_step", "new_step", "reason").rows():
             print(f"gym curriculum: {source} step {old}→{new} ({reason})")

@@ -27,7 +27,9 @@ from flows.artifacts import progress_listener
 from policy.openai_backend import BackendUnavailable, RequestRefused
 from storage.lake import Lake
 from storage.leases import LOOP
+from storage.outputs import Outputs
 from storage.progress import reporting_to
+from storage.runs import Run
 
 GPU_TAG = "gpu"
 GPU_LIMIT_LOOKUP_SECONDS = 30.0  # how long the answer to "is there a gpu limit?" is kept
@@ -148,3 +150,8 @@ def without_flow_heartbeats() -> Iterator[None]:
         return
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def commit_outputs(lake: Lake, outputs: Outputs, run: Run) -> list[int | None]:
+    """A stage's outputs written with its run, as a task of its own where the write is worth retrying."""
+    return lake.commit(outputs, run)

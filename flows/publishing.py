@@ -24,6 +24,7 @@ from policy.endpoints import server_root
 from policy.prompts import format_prompt
 from policy.publish import PublishConfig, publish, require_confirmed, version_of
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.registry import version_row
 from storage.runs import utc_now
 from tasks.generators import generate
@@ -89,13 +90,10 @@ def publish_version(
             }
             for r in results
         ]
-        lake.append(
-            "publications",
-            pl.DataFrame(
-                rows, schema_overrides={"error": pl.String, "seconds": pl.Float64, "unloaded": pl.List(pl.String)}
-            ),
-            run,
+        publications = pl.DataFrame(
+            rows, schema_overrides={"error": pl.String, "seconds": pl.Float64, "unloaded": pl.List(pl.String)}
         )
+        lake.commit(Outputs().append("publications", publications), run)
         agreements = []
         if rollout.logprob_check_prompts and sum(r.confirmed for r in results) >= config.min_endpoints:
             agreements = check_agreement(lake, rollout, version, name, [r.endpoint for r in results if r.confirmed])
@@ -149,14 +147,10 @@ def check_agreement(
 
 
 def append_agreements(lake: Lake, run, agreements: list[Agreement]) -> None:
-    lake.append(
-        "logprob_checks",
-        pl.DataFrame(
-            [a.as_row() | {"created_at": utc_now()} for a in agreements],
-            schema_overrides={"causes": pl.List(pl.String)},
-        ),
-        run,
+    checks = pl.DataFrame(
+        [a.as_row() | {"created_at": utc_now()} for a in agreements], schema_overrides={"causes": pl.List(pl.String)}
     )
+    lake.commit(Outputs().append("logprob_checks", checks), run)
 
 
 def check_policy(lake: Lake, rollout: RolloutConfig, endpoint: str, model: str | None = None) -> Agreement:

@@ -10,24 +10,24 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from flows.policies import STORAGE_RETRY_DELAYS, stage_task, writes_iterations
+from flows.policies import STORAGE_RETRY_DELAYS, commit_outputs, stage_task, writes_iterations
 from flows.skipping import unchanged_or_fingerprint
 from flows.stage_plans import verify_key
 from storage.lake import Lake
 from tasks.rewards.compose import RewardConfig
 from tasks.verification.stage import (
     VerifyConfig,
-    record_noise,
+    noise_outputs,
+    reward_outputs,
     reward_steps,
     rollouts_with_problems,
     score_with_components,
-    write_rewards,
 )
 
 read_task = stage_task(rollouts_with_problems, "read-rollouts", retry_delays=STORAGE_RETRY_DELAYS)
 score_task = stage_task(score_with_components, "score-rollouts")
 reward_steps_task = task(reward_steps, name="reward-steps", cache_policy=NO_CACHE)
-write_task = stage_task(write_rewards, "write-rewards", retry_delays=STORAGE_RETRY_DELAYS)
+write_task = stage_task(commit_outputs, "write-rewards", retry_delays=STORAGE_RETRY_DELAYS)
 
 
 def chunks_of(frame: pl.DataFrame, verify: VerifyConfig) -> list[pl.DataFrame]:
@@ -109,7 +109,7 @@ def verify_iteration(
         frame = read_task(lake, iteration)
         rewards = score_in_chunks(frame, verify, composition)
         rewards = reward_steps_task(lake, rewards, frame, verify, composition)
-        write_task(lake, run, iteration, rewards)
+        write_task(lake, reward_outputs(iteration, rewards), run)
     summary = (
         rewards.group_by("verifier", "verifier_version")
         .agg(rollouts=pl.len(), mean_reward=pl.col("reward").mean(), correct=pl.col("correct").sum())
@@ -136,7 +136,7 @@ def audit_verifier(
     with lake.run(
         "audit-verifier", "audit", {"verifier": name, "audit": audit, **noise.__dict__}, prefect_flow_run_id=flow_run.id
     ) as run:
-        record_noise(lake, run, name, version, noise, audit)
+        lake.commit(noise_outputs(name, version, noise, audit), run)
     print(
         f"{name} {version}: rho0 (false positives) = {noise.rho0:.3f} [{noise.rho0_low:.3f}, {noise.rho0_high:.3f}] "
         f"over {noise.n_wrong} wrong, rho1 (false negatives) = {noise.rho1:.3f} [{noise.rho1_low:.3f}, "

@@ -23,6 +23,7 @@ from deltalake.exceptions import CommitFailedError
 
 from storage import faults, leases, runs_table
 from storage.errors import LakeError
+from storage.outputs import Outputs
 from storage.predicates import both, key_expression, key_predicate
 from storage.runs import Run
 from storage.schemas import PARQUET_WRITER, POST_COMMIT, TABLES, TableSpec
@@ -59,6 +60,19 @@ class Writes:
 
     def append(self, name: str, rows: RowData, run: Run) -> int:
         return self._write(TABLES[name], rows, run, key={}, predicate=None)
+
+    def commit(self, outputs: Outputs, run: Run) -> list[int | None]:
+        """Write a stage's outputs with its run, in their order: the one call a stage's flow makes. Returns each
+        write's new table version (None for a clear that found nothing)."""
+        versions = []
+        for write in outputs.writes:
+            if write.mode == "replace":
+                versions.append(self.replace(write.table, write.rows, write.key, run))
+            elif write.mode == "clear":
+                versions.append(self.clear(write.table, write.key, run))
+            else:
+                versions.append(self.append(write.table, write.rows, run))
+        return versions
 
     def remove_rows_of_runs(self, name: str, run_ids: list[str], run: Run) -> int:
         """Delete the rows those runs wrote (one commit): how `rlvr doctor --repair` clears rows of runs that

@@ -17,6 +17,7 @@ from policy.hf import sequence_logprobs
 from policy.sampling import sampled_temperature
 from storage.config import Strict
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.registry import version_row
 from storage.runs import Run
 from storage.schemas import VERIFICATION_ROUND
@@ -277,15 +278,22 @@ def mark_surplus(groups: pl.DataFrame, groups_per_batch: int) -> pl.DataFrame:
     )
 
 
-def write(lake: Lake, run: Run, iteration: int, results: dict[str, pl.DataFrame]) -> str:
+def batch_id_of(iteration: int, run: Run) -> str:
+    return f"{iteration}-{run.run_id}"
+
+
+def batch_outputs(iteration: int, results: dict[str, pl.DataFrame], batch_id: str) -> Outputs:
+    """The stage's tables for `Lake.commit`: groups, advantages, the DBB state and the batch, each the
+    iteration's slice."""
     key = {"iteration": iteration}
     column = pl.lit(iteration, pl.Int64).alias("iteration")
-    batch_id = f"{iteration}-{run.run_id}"
-    lake.replace("groups", results["groups"].with_columns(column), key, run)
-    lake.replace("advantages", results["advantages"].with_columns(column), key, run)
-    lake.replace("dbb_state", results["dbb_state"].with_columns(column), key, run)
-    lake.replace("batches", results["batch"].with_columns(column, batch_id=pl.lit(batch_id)), key, run)
-    return batch_id
+    return (
+        Outputs()
+        .replace("groups", results["groups"].with_columns(column), key)
+        .replace("advantages", results["advantages"].with_columns(column), key)
+        .replace("dbb_state", results["dbb_state"].with_columns(column), key)
+        .replace("batches", results["batch"].with_columns(column, batch_id=pl.lit(batch_id)), key)
+    )
 
 
 def latest_dbb_iteration(lake: Lake, before_iteration: int) -> int | None:

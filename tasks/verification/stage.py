@@ -20,8 +20,8 @@ from pydantic import Field, model_validator
 
 from storage.config import Strict
 from storage.lake import Lake
+from storage.outputs import Outputs
 from storage.progress import track
-from storage.runs import Run
 from tasks.rewards.compose import RewardConfig, compose
 from tasks.verification.engine import DEFAULT_VERIFIER, MAX_RESPONSE_CHARS, Scored, VerifierPool, version_of
 from tasks.verification.files import BadLine, read_lines
@@ -284,14 +284,18 @@ def reward_steps(
     return with_composition(rewards, frame, reward, verify.verifier)
 
 
-def write_rewards(lake: Lake, run: Run, iteration: int, rewards: pl.DataFrame) -> None:
-    """One replace per (iteration, verifier, version) present in the rows."""
+def reward_outputs(iteration: int, rewards: pl.DataFrame) -> Outputs:
+    """The `rewards` slices for `Lake.commit`: one replace per (iteration, verifier, version) in the rows, so
+    re-scoring with one verifier leaves another's rewards beside it."""
+    outputs = Outputs()
     for (verifier, version), part in rewards.group_by("verifier", "verifier_version"):
-        lake.replace("rewards", part, {"iteration": iteration, "verifier": verifier, "verifier_version": version}, run)
+        outputs.replace("rewards", part, {"iteration": iteration, "verifier": verifier, "verifier_version": version})
+    return outputs
 
 
-def record_noise(lake: Lake, run: Run, verifier: str, version: str, noise: NoiseEstimate, audit: str) -> None:
-    lake.append(
+def noise_outputs(verifier: str, version: str, noise: NoiseEstimate, audit: str) -> Outputs:
+    """An audit's row of `verifier_noise`, for `Lake.commit`."""
+    return Outputs().append(
         "verifier_noise",
         pl.DataFrame(
             [
@@ -311,7 +315,6 @@ def record_noise(lake: Lake, run: Run, verifier: str, version: str, noise: Noise
                 }
             ]
         ),
-        run,
     )
 
 

@@ -7,16 +7,23 @@ import pytest
 from helpers import seed_iteration
 
 from storage.catalog import open_catalog
-from tasks.advantages.stage import AdvantageConfig, compute, latest_dbb_state, scored_rollouts, write
+from tasks.advantages.stage import (
+    AdvantageConfig,
+    batch_id_of,
+    batch_outputs,
+    compute,
+    latest_dbb_state,
+    scored_rollouts,
+)
 from tasks.sampling.rounds import DynamicSamplingConfig
-from tasks.verification.stage import VerifyConfig, rollouts_with_problems, score_rollouts, write_rewards
+from tasks.verification.stage import VerifyConfig, reward_outputs, rollouts_with_problems, score_rollouts
 
 
 def verified_iteration(lake, iteration=1):
     seed_iteration(lake, iteration)
     rewards = score_rollouts(rollouts_with_problems(lake, iteration), VerifyConfig(workers=0))
     with lake.run("test", "verify", {}, iteration=iteration) as run:
-        write_rewards(lake, run, iteration, rewards)
+        lake.commit(reward_outputs(iteration, rewards), run)
 
 
 def run_stage(lake, iteration, config=AdvantageConfig(), sampling=DynamicSamplingConfig()):
@@ -28,7 +35,8 @@ def run_stage(lake, iteration, config=AdvantageConfig(), sampling=DynamicSamplin
         dbb_state=latest_dbb_state(lake, iteration),
     )
     with lake.run("test", "advantages", config.model_dump(), iteration=iteration) as run:
-        return write(lake, run, iteration, results)
+        lake.commit(batch_outputs(iteration, results, batch_id_of(iteration, run)), run)
+        return batch_id_of(iteration, run)
 
 
 def test_tables_and_values(tmp_path):

@@ -45,11 +45,11 @@ def test_rescoring_replaces_its_own_rows_and_keeps_other_verifiers(verify_iterat
 
 
 def record_audit(lake, rho0: float, rho1: float, verifier: str = "math", version: str = "2.2") -> None:
-    from tasks.verification.stage import record_noise
+    from tasks.verification.stage import noise_outputs
     from tasks.verifiers.noise import NoiseEstimate
 
     with lake.run("test", "audit", {}) as run:
-        record_noise(lake, run, verifier, version, NoiseEstimate(rho0, rho1, 50, 50), "test")
+        lake.commit(noise_outputs(verifier, version, NoiseEstimate(rho0, rho1, 50, 50), "test"), run)
 
 
 def test_noise_correction_uses_the_latest_audit(verify_iteration, lake, lake_uri, tmp_path):
