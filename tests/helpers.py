@@ -4,6 +4,7 @@ tests' fresh server."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -286,3 +287,24 @@ def batch_rows(iteration: int, count: int, tag: str = "") -> pl.DataFrame:
 # vLLM (uvicorn) closes a connection after an answer its app raised for (a failed RPC's 500): a client reusing it
 # may send the next request into the closed socket. The publish stage asks so too (policy/publish.py).
 ONE_REQUEST_A_CONNECTION = {"Connection": "close"}
+
+
+def method_calls(source: str, methods: set[str], on: str | None = None) -> list[int]:
+    """Lines of `source` that call `x.method(...)` for a method in `methods` (only on a name `on`, if given)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in methods
+        and (on is None or (isinstance(node.func.value, ast.Name) and node.func.value.id == on))
+    ]
+
+
+def method_calls_in_flows(methods: set[str], on: str | None = None) -> dict[str, list[int]]:
+    """`method_calls` over every module of `flows/`, by path (the ones with none left out)."""
+    return {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "flows").rglob("*.py"))
+        if (lines := method_calls(path.read_text(), methods, on))
+    }

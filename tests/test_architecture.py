@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from conftest import BIN, ROOT
+from helpers import method_calls, method_calls_in_flows
 
 PACKAGES = ("storage", "policy", "tasks", "trainers", "flows", "bench")
 
@@ -241,22 +242,8 @@ def test_every_package_imports_only_what_its_docstring_says():
     assert wrong == {}
 
 
-def flow_bodies_called_directly(source: str) -> list[int]:
-    """Lines that call a flow's undecorated body (`some_flow.fn(...)`) instead of its typed step."""
-    return [
-        node.lineno
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fn"
-    ]
-
-
 def test_flows_call_steps_not_each_others_bodies():
     """A flow validates its JSON parameters and calls its step; within a process the loop and its roles call the
     steps with typed configs and an open lake, never a flow's `.fn` with a config dumped back to JSON."""
-    called = {
-        str(path.relative_to(ROOT)): lines
-        for path in sorted((ROOT / "flows").rglob("*.py"))
-        if (lines := flow_bodies_called_directly(path.read_text()))
-    }
-    assert called == {}
-    assert flow_bodies_called_directly("rl_iteration.fn(config, 1, uri)\n") == [1]
+    assert method_calls_in_flows({"fn"}) == {}
+    assert method_calls("rl_iteration.fn(config, 1, uri)\n", {"fn"}) == [1]

@@ -1,9 +1,6 @@
 """A stage's outputs as one value, committed by one lake call with its run (`storage/outputs.py`)."""
 
-import ast
-
-from conftest import ROOT
-from helpers import quarantine_rows
+from helpers import method_calls, method_calls_in_flows, quarantine_rows
 
 from storage.outputs import Outputs
 
@@ -39,25 +36,8 @@ def test_outputs_of_a_failed_run_stay_invisible(lake):
     assert lake.read("quarantine").is_empty()
 
 
-def table_writes(source: str) -> list[int]:
-    """Lines that call a lake's own writes (`lake.replace(...)`, `.append`, `.clear`) rather than `commit`."""
-    return [
-        node.lineno
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and node.func.attr in WRITES
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "lake"
-    ]
-
-
 def test_flows_write_tables_only_through_commit():
     """Stages return their frames; a flow writes them with one `lake.commit(outputs, run)` per run."""
-    writes = {
-        str(path.relative_to(ROOT)): lines
-        for path in sorted((ROOT / "flows").rglob("*.py"))
-        if (lines := table_writes(path.read_text()))
-    }
-    assert writes == {}
-    assert table_writes('lake.replace("rollouts", rows, key, run)\nlake.commit(outputs, run)\n') == [1]
+    assert method_calls_in_flows(WRITES, on="lake") == {}
+    source = 'lake.replace("rollouts", rows, key, run)\nlake.commit(outputs, run)\nrows.clear()\n'
+    assert method_calls(source, WRITES, on="lake") == [1]
