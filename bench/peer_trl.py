@@ -54,10 +54,9 @@ def mirror(config) -> dict:
         "temperature": sampler.temperature,
         "top_p": sampler.top_p,
         "top_k": sampler.top_k,
-        "loss_type": train.loss_type,
         "scale_rewards": SCALE_REWARDS[config.advantages.estimator],
         "epsilon": train.epsilon_low,
-        "epsilon_high": train.epsilon_high,
+        **trl_objective(train),
         "beta": 0.0,
         "mask_truncated_completions": config.advantages.mask_truncated,
         "learning_rate": train.learning_rate,
@@ -141,4 +140,17 @@ def trl_layout(config, fractions: tuple[int, int, int]) -> dict:
         "per_device_train_batch_size": rows // micro,
         "gradient_accumulation_steps": accumulation,
         "steps_per_generation": per_generation,
+    }
+
+
+def trl_objective(train) -> dict:
+    """Our `train.loss_type` in GRPOConfig's terms: gspo is TRL's grpo with sequence-level ratios, and TRL's cispo
+    reads its cap ε_max from `epsilon_high`."""
+    loss_type, level = ("grpo", "sequence") if train.loss_type == "gspo" else (train.loss_type, "token")
+    return {
+        "loss_type": loss_type,
+        "importance_sampling_level": level,
+        "epsilon_high": train.cispo_max_ratio if train.loss_type == "cispo" else train.epsilon_high,
+        "sapo_temperature_pos": train.sapo_temperature_positive,
+        "sapo_temperature_neg": train.sapo_temperature_negative,
     }

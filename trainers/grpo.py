@@ -21,7 +21,7 @@ from pydantic import Field
 from policy.logprobs import response_logprobs
 from storage.config import Strict
 from trainers.distributed import SingleDevice
-from trainers.loss import policy_loss
+from trainers.loss import LOSSES, policy_loss
 
 
 class LoraSettings(Strict):
@@ -38,15 +38,22 @@ class LoraSettings(Strict):
 class TrainConfig(Strict):
     """One training step per iteration's batch."""
 
-    loss_type: Literal["dapo", "grpo", "dr_grpo"] = Field(
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "gspo", "cispo", "sapo"] = Field(
         "dapo",
-        description="token aggregation: dapo = token mean over the batch, grpo = per-sequence mean, dr_grpo = constant",
+        description="the objective (trainers/loss.py): dapo = clipped, token mean over the batch; grpo = per-sequence "
+        "mean; dr_grpo = constant normaliser; bnpo = token mean per micro-batch; gspo = the sequence's ratio, "
+        "clipped; cispo = the capped weight detached; sapo = a soft gate instead of the clip",
     )
     epsilon_low: float = Field(0.2, ge=0, description="lower clip of the ratio: 1 - epsilon_low")
     epsilon_high: float = Field(
         0.28,
         ge=0,
         description="upper clip (Clip-Higher: above epsilon_low lets rare tokens grow, against entropy collapse)",
+    )
+    cispo_max_ratio: float = Field(5.0, gt=0, description="cispo: cap of the detached importance weight (ε_max)")
+    sapo_temperature_positive: float = Field(1.0, gt=0, description="sapo: gate temperature of positive advantages")
+    sapo_temperature_negative: float = Field(
+        1.05, gt=0, description="sapo: gate temperature of negative advantages (above the positive one: faster decay)"
     )
     beta: float = Field(0.0, ge=0, description="weight of the k3 KL penalty to the reference version; 0 disables it")
     reference_version: int = Field(0, ge=0, description="model version the KL penalty pulls toward")
@@ -304,7 +311,7 @@ def micro_batch_loss(
             ref_logprobs, _, _ = response_logprobs(
                 reference, prompts, responses, float(micro["temperature"][0]), share_prompts=shares_prompts
             )
-    share = micro.height / mini.height  # grpo and dr_grpo average over sequences
+    share = micro.height / mini.height  # the losses not normalised by the whole batch's tokens
     out = policy_loss(
         logprobs,
         behaviour,
@@ -319,8 +326,10 @@ def micro_batch_loss(
         max_completion_length=longest,
         token_normaliser=float(max(tokens, 1)),
         token_weights=token_weights,
+        cispo_max_ratio=config.cispo_max_ratio,
+        sapo_temperatures=(config.sapo_temperature_positive, config.sapo_temperature_negative),
     )
-    loss = (out.loss if config.loss_type == "dapo" else out.loss * share) * (0.0 if idle else 1.0)
+    loss = (out.loss if LOSSES[config.loss_type].whole_batch else out.loss * share) * (0.0 if idle else 1.0)
     placement.backward(loss * placement.loss_scale)  # DDP and FSDP average over ranks: scaled to a sum
     return out, mask, entropy, loss
 

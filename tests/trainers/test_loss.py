@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainers.loss import policy_loss
+from trainers.loss import LOSS_TYPES, policy_loss
 
 
 @pytest.fixture
@@ -54,19 +54,25 @@ def test_k3_kl_penalty():
     assert out.kl == pytest.approx(kl) and out.loss.item() == pytest.approx(0.1 * kl)
 
 
+TRL_NAMES = {"gspo": ("grpo", "sequence")}  # ours -> TRL's (loss_type, importance_sampling_level)
+SAPO_TEMPERATURES = (1.0, 1.05)
+CISPO_MAX = 4.0
+
+
 def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, beta=0.0, ref=None, max_length=None):
     """TRL's GRPOTrainer._compute_loss on these tensors: its own code, with the forward pass replaced by ours."""
     from accelerate import Accelerator
     from trl import GRPOTrainer
 
+    trl_type, level = TRL_NAMES.get(loss_type, (loss_type, "token"))
     trainer = SimpleNamespace(
-        loss_type=loss_type,
+        loss_type=trl_type,
         epsilon_low=0.2,
-        epsilon_high=epsilon_high,
+        epsilon_high=CISPO_MAX if loss_type == "cispo" else epsilon_high,  # TRL's cispo reads its ε_max there
         beta=beta,
         top_entropy_quantile=1.0,
         off_policy_mask_threshold=None,
-        importance_sampling_level="token",
+        importance_sampling_level=level,
         use_vllm=False,
         aux_loss_enabled=False,
         _entropy_bonus_enabled=False,
@@ -74,7 +80,13 @@ def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, bet
         current_gradient_accumulation_steps=1,
         model=SimpleNamespace(training=True),
         accelerator=Accelerator(cpu=True),
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        args=SimpleNamespace(
+            use_bias_correction_kl=False,
+            delta=None,
+            steps_per_generation=1,
+            sapo_temperature_pos=SAPO_TEMPERATURES[0],
+            sapo_temperature_neg=SAPO_TEMPERATURES[1],
+        ),
         _metrics=defaultdict(lambda: defaultdict(list)),
         _get_per_token_logps_and_entropies=lambda *args, **kwargs: (logprobs, torch.zeros_like(logprobs), None),
     )
@@ -91,16 +103,25 @@ def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, bet
     return GRPOTrainer._compute_loss(trainer, None, inputs)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def parity_batch(batch: int = 8, length: int = 9):
+    """Padding (random lengths), truncation (two responses fill the whole length) and a staleness gap (the last
+    three rows' behaviour log-probs from an older policy, their ratios far outside the clip range)."""
+    lengths = torch.randint(2, length + 1, (batch, 1))
+    lengths[:2] = length  # truncated: the token cap reached
+    mask = (torch.arange(length)[None, :] < lengths).float()
+    behaviour = -torch.rand(batch, length) * 3
+    start = behaviour + torch.randn(batch, length) * 0.4  # ratios on both sides of the clip range
+    start[-3:] += torch.randn(3, length).abs() * 1.5 - 0.5  # stale rows
+    advantages = torch.randn(batch)
+    ref = behaviour + torch.randn(batch, length) * 0.2
+    return mask, behaviour, start, advantages, ref
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo", "gspo", "cispo", "sapo"])
 @pytest.mark.parametrize("epsilon_high", [0.2, 0.28], ids=["symmetric", "clip-higher"])
 @pytest.mark.parametrize("beta", [0.0, 0.04], ids=["no-kl", "kl"])
 def test_parity_with_trl(seeded, loss_type, epsilon_high, beta):
-    batch, length = 6, 9
-    mask = (torch.arange(length)[None, :] < torch.randint(2, length + 1, (batch, 1))).float()
-    behaviour = -torch.rand(batch, length) * 3
-    start = behaviour + torch.randn(batch, length) * 0.4  # ratios on both sides of the clip range
-    advantages = torch.randn(batch)
-    ref = behaviour + torch.randn(batch, length) * 0.2
+    mask, behaviour, start, advantages, ref = parity_batch()
     ours_input = start.clone().requires_grad_(True)
     theirs_input = start.clone().requires_grad_(True)
     ours = policy_loss(
@@ -113,6 +134,8 @@ def test_parity_with_trl(seeded, loss_type, epsilon_high, beta):
         epsilon_high=epsilon_high,
         ref_logprobs=ref,
         beta=beta,
+        cispo_max_ratio=CISPO_MAX,
+        sapo_temperatures=SAPO_TEMPERATURES,
     ).loss
     theirs = trl_loss(loss_type, theirs_input, behaviour, advantages, mask, epsilon_high, beta, ref)
     ours.backward()
@@ -122,7 +145,26 @@ def test_parity_with_trl(seeded, loss_type, epsilon_high, beta):
     assert ours_input.grad.abs().sum() > 0  # a real gradient, not two zeros
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_the_losses_differ_where_their_papers_say():
+    """On one stale batch: gspo clips whole sequences (a row's tokens all clipped or none), cispo caps the weight
+    but keeps every token's gradient, sapo clips nothing."""
+    torch.manual_seed(1)
+    mask, behaviour, start, advantages, _ = parity_batch()
+    outputs = {}
+    for loss_type in ("dapo", "gspo", "cispo", "sapo"):
+        logprobs = start.clone().requires_grad_(True)
+        outputs[loss_type] = policy_loss(logprobs, behaviour, advantages, mask, loss_type=loss_type)
+        outputs[loss_type].loss.backward()
+        outputs[loss_type] = (outputs[loss_type], logprobs.grad)
+    dapo_grad, cispo_grad = outputs["dapo"][1], outputs["cispo"][1]
+    assert ((dapo_grad == 0) & (mask > 0)).any()  # the clip stops some tokens' gradient
+    assert ((cispo_grad != 0) | (mask == 0)).all()  # cispo's detached weight keeps every token's
+    gspo_rows = outputs["gspo"][1] * mask
+    assert all(bool((row[m > 0] == 0).all() or (row[m > 0] != 0).all()) for row, m in zip(gspo_rows, mask))
+    assert outputs["sapo"][0].clip_fraction == 0.0 and outputs["dapo"][0].clip_fraction > 0
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_a_zero_weight_response_is_as_if_absent(seeded, loss_type):
     logprobs = -torch.rand(3, 6)
     behaviour = logprobs + torch.randn(3, 6) * 0.1

@@ -44,7 +44,7 @@ def synthetic_rows(model, tokenizer, n=12, seed=0) -> pl.DataFrame:
     )
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "gspo", "cispo", "sapo"])
 def test_micro_batches_add_up_to_the_full_batch(policy, loss_type):
     model, tokenizer = policy
     rows = synthetic_rows(model, tokenizer)
@@ -56,6 +56,22 @@ def test_micro_batches_add_up_to_the_full_batch(policy, loss_type):
     for a, b in zip(whole.parameters(), split.parameters()):
         assert torch.allclose(a, b, atol=1e-6)
     assert any(not torch.equal(a, b) for a, b in zip(whole.parameters(), model.parameters()))
+
+
+def test_bnpo_normalises_by_each_micro_batchs_tokens(policy):
+    """BNPO is DAPO's token mean taken per micro-batch (TRL's `bnpo`): one micro-batch, the same step as dapo;
+    split, each micro-batch weighs by its share of the sequences whatever its token count."""
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer)
+    runs = {
+        (loss_type, size): train_on_batch(
+            copy.deepcopy(model), rows, TrainConfig(loss_type=loss_type, micro_batch_size=size)
+        )[0]["loss"]
+        for loss_type in ("dapo", "bnpo")
+        for size in (64, 5)
+    }
+    assert runs["bnpo", 64] == pytest.approx(runs["dapo", 64], abs=1e-6)
+    assert runs["bnpo", 5] != pytest.approx(runs["dapo", 5], abs=1e-6)
 
 
 def test_micro_batches_are_cut_in_length_order(policy):
