@@ -75,16 +75,21 @@ class RunConfig(IterationConfig):
     @model_validator(mode="after")
     def _staleness_fits(self) -> RunConfig:
         """With `loop.mode: async`, `loop.max_staleness` ≤ `advantages.max_stale_versions` (else the overlapped loop
-        drops its own batches); `train.off_policy_loss: decoupled` needs `advantages.off_policy_weight: none` (else
-        the correction is applied twice)."""
+        drops its own batches); `train.off_policy_loss: decoupled` or a `train.rollout_correction` needs
+        `advantages.off_policy_weight: none` (else the correction is applied twice)."""
         if self.loop.mode == "async" and self.loop.max_staleness > self.advantages.max_stale_versions:
             raise ValueError(
                 f"loop.max_staleness {self.loop.max_staleness} exceeds advantages.max_stale_versions "
                 f"{self.advantages.max_stale_versions}: the overlapped loop would drop its own batches"
             )
-        if self.train.off_policy_loss == "decoupled" and self.advantages.off_policy_weight == "truncated":
+        if self.train.correction().mode != "none" and self.advantages.off_policy_weight == "truncated":
+            what = (
+                "train.off_policy_loss decoupled"
+                if self.train.off_policy_loss == "decoupled"
+                else f"train.rollout_correction {self.train.rollout_correction.mode}"
+            )
             raise ValueError(
-                "train.off_policy_loss decoupled weights every off-policy token already: set "
+                f"{what} weights every off-policy token already: set "
                 "advantages.off_policy_weight: none (else the correction is applied twice)"
             )
         return self

@@ -16,10 +16,11 @@ import random
 from typing import Literal
 
 import polars as pl
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from policy.logprobs import response_logprobs
 from storage.config import Strict
+from trainers.correction import RolloutCorrection, correction_weights
 from trainers.distributed import SingleDevice
 from trainers.loss import LOSSES, policy_loss
 
@@ -89,6 +90,11 @@ class TrainConfig(Strict):
         "when it takes several optimizer steps)",
     )
     importance_cap: float = Field(2.0, gt=0, description="decoupled: truncation of the per-token weight")
+    rollout_correction: RolloutCorrection = Field(
+        default_factory=RolloutCorrection,
+        description="the weight of each token for the sampler-trainer gap (trainers/correction.py); "
+        "off_policy_loss decoupled is token_tis with high = importance_cap",
+    )
     strategy: Literal["single", "ddp", "fsdp"] = Field(
         "single",
         description="single: this process trains; ddp: "
@@ -113,6 +119,21 @@ class TrainConfig(Strict):
         description="allow the trainer's GPUs to be ones the sampling role holds "
         "(rollout.devices, rollout.openai.server_devices); else the run refuses to start",
     )
+
+    @model_validator(mode="after")
+    def _one_weight_per_token(self):
+        if self.off_policy_loss == "decoupled" and self.rollout_correction.mode != "none":
+            raise ValueError(
+                "train.off_policy_loss decoupled is the token_tis correction already (high = importance_cap): "
+                "set train.rollout_correction.mode or off_policy_loss decoupled, not both"
+            )
+        return self
+
+    def correction(self) -> RolloutCorrection:
+        """The correction a step applies: the configured one, or decoupled's token_tis at `importance_cap`."""
+        if self.off_policy_loss == "decoupled":
+            return RolloutCorrection(mode="token_tis", high=self.importance_cap)
+        return self.rollout_correction
 
 
 def rank_devices(config: TrainConfig) -> list[str]:
@@ -186,10 +207,9 @@ def train_steps(
     ]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
-    # ---- the decoupled objective's proximal policy: the one at the batch's start, kept for every update ----
-    proximal = (
-        proximal_logprobs(model, rows, mini_batches, config, placement) if config.off_policy_loss == "decoupled" else {}
-    )
+    # ---- π_old of a correction (the decoupled objective's proximal policy): the batch's start, kept throughout ----
+    corrected = config.correction().mode != "none"
+    proximal = proximal_logprobs(model, rows, mini_batches, config, placement) if corrected else {}
 
     for number, indices in enumerate(mini_batches):
         # ---- one optimizer step: the mini-batch in micro-batches, gradients accumulated ----
@@ -301,9 +321,10 @@ def micro_batch_loss(
         entropy = entropy * mask
     behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)  # [B, T]
     token_weights = None
-    if config.off_policy_loss == "decoupled":  # the policy before the batch's first update is the proximal one
+    correction = config.correction()
+    if correction.mode != "none":  # the policy before the batch's first update is π_old, the clip's anchor
         proximal = logprobs.detach() if proximal is None else proximal * mask
-        token_weights = torch.clamp(torch.exp(proximal - behaviour), max=config.importance_cap) * mask
+        token_weights = correction_weights(proximal, behaviour, mask, correction)
         behaviour = proximal
     ref_logprobs = None
     if config.beta and reference is not None:

@@ -59,8 +59,20 @@ SAPO_TEMPERATURES = (1.0, 1.05)
 CISPO_MAX = 4.0
 
 
-def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, beta=0.0, ref=None, max_length=None):
-    """TRL's GRPOTrainer._compute_loss on these tensors: its own code, with the forward pass replaced by ours."""
+def trl_loss(
+    loss_type,
+    logprobs,
+    behaviour,
+    advantages,
+    mask,
+    epsilon_high,
+    beta=0.0,
+    ref=None,
+    max_length=None,
+    importance_sampling_ratio=None,
+):
+    """TRL's GRPOTrainer._compute_loss on these tensors: its own code, with the forward pass replaced by ours
+    (with an `importance_sampling_ratio`, as its vLLM correction applies it)."""
     from accelerate import Accelerator
     from trl import GRPOTrainer
 
@@ -73,7 +85,8 @@ def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, bet
         top_entropy_quantile=1.0,
         off_policy_mask_threshold=None,
         importance_sampling_level=level,
-        use_vllm=False,
+        use_vllm=importance_sampling_ratio is not None,
+        vllm_importance_sampling_correction=importance_sampling_ratio is not None,
         aux_loss_enabled=False,
         _entropy_bonus_enabled=False,
         max_completion_length=max_length or mask.shape[1],
@@ -99,6 +112,7 @@ def trl_loss(loss_type, logprobs, behaviour, advantages, mask, epsilon_high, bet
         "old_per_token_logps": behaviour,
         "num_items_in_batch": mask.sum(),
         "ref_per_token_logps": ref,
+        "importance_sampling_ratio": importance_sampling_ratio,
     }
     return GRPOTrainer._compute_loss(trainer, None, inputs)
 

@@ -270,6 +270,34 @@ def test_the_decoupled_loss_weights_each_off_policy_token_from_the_same_forward_
     assert capped["loss"] == pytest.approx(2 * plain["loss"], rel=1e-5) and capped["clip_fraction"] == 0.0
 
 
+@pytest.mark.parametrize(
+    "mode, stale_factor",
+    [
+        ("token_tis", 3.0),
+        ("sequence_tis", 3.0),
+        ("token_mask", 0.0),
+        ("sequence_mask", 0.0),
+        ("geometric", 0.0),
+        ("icepop", 0.0),
+    ],
+)
+def test_each_rollout_correction_trains_on_policy_rows_as_none_and_weights_stale_ones_by_its_rule(
+    policy, mode, stale_factor
+):
+    """On-policy rows (behaviour = the trainer's own log-probs): every weight is 1 and the step is the
+    uncorrected one. Rows 5 nats less likely under the sampler (ratio e^5 on every token): the truncations
+    weigh each token by their cap (3), the masks and rejections drop every row."""
+    model, tokenizer = policy
+    rows = synthetic_rows(model, tokenizer)
+    plain, _ = train_on_batch(copy.deepcopy(model), rows, TrainConfig(micro_batch_size=5))
+    config = TrainConfig(micro_batch_size=5, rollout_correction={"mode": mode})
+    same, _ = train_on_batch(copy.deepcopy(model), rows, config)
+    assert same["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    older = rows.with_columns(behaviour_logprobs=rows["behaviour_logprobs"].list.eval(pl.element() - 5.0))
+    stale, _ = train_on_batch(copy.deepcopy(model), older, config)
+    assert stale["loss"] == pytest.approx(stale_factor * plain["loss"], rel=1e-5, abs=1e-9)
+
+
 def test_the_decoupled_clip_acts_on_later_mini_batches_against_the_policy_at_the_batch_start(policy, monkeypatch):
     """With two mini-batches the second is trained after the first's update. Its ratio is to π_prox, the policy
     before the batch's first update (AReaL), so the clip can fire; taken to the same forward pass, detached, the
