@@ -281,6 +281,10 @@ def train_step(
         return {**skipped, "model_version": trained_version(lake, skipped["same_as"])}
     with lake.run("train-policy", "train", parameters, iteration=iteration, prefect_flow_run_id=flow_run.id) as run:
         result = train_task(lake, run, iteration, settings, parent)
+        mismatch = result.pop("mismatch", None)
+        if mismatch is not None:  # the sampler-trainer gap of every trained rollout, from the version trained
+            key = {"iteration": iteration, "model_version": int(mismatch["model_version"][0])}
+            lake.commit(Outputs().replace("mismatch", mismatch, key), run)
     if result["trained"]:
         print(
             f"iteration {iteration}: model version {result['model_version']} from batch {result['batch_id']} "

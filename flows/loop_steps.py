@@ -25,6 +25,13 @@ from tasks.evaluation import overall_solve_rate
 from tasks.iteration import IterationConfig
 from tasks.sampling.rounds import sampling_metrics
 
+MISMATCH_METRICS = (
+    "mismatch_mean_abs_delta",
+    "mismatch_kl_k3",
+    "mismatch_outside_share",
+    "correction_masked_share",
+)
+
 # What a run computes once and compares each iteration with, by (lake uri, iteration): the first iteration's
 # self-reward health. A run holds the loop lease, so no other writer re-runs that iteration while it lives.
 Baselines = dict[tuple[str, int], pl.DataFrame]
@@ -67,6 +74,7 @@ def iteration_row(lake: Lake, iteration: int, evaluation: pl.DataFrame | None) -
         "eval_solve_rate": overall_solve_rate(evaluation) if evaluation is not None else None,
         "created_at": datetime.now(UTC),
         "mean_self_certainty": rollouts["self_certainty"].mean(),
+        **{name: training.get(name) for name in MISMATCH_METRICS},
     }
 
 

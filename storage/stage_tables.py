@@ -1,5 +1,5 @@
 """The tables of the stages around the loop's core: evaluations, per-iteration metrics, the curriculum, publishing
-a version to servers, the log-prob agreement gate and self-play's proposals. `storage/schemas.py` adds them to
+a version to servers, the log-prob agreement gate, self-play's proposals and the sampler-trainer mismatch. `storage/schemas.py` adds them to
 the contract (`TABLES`)."""
 
 from __future__ import annotations
@@ -103,6 +103,10 @@ ITERATION_METRICS = TableSpec(
                 True,
                 "INTUITOR's self-certainty, mean over the iteration's rollouts that have one",
             ),
+            column("mismatch_mean_abs_delta", pa.float64(), True, "the step's mean |log p_trainer - log p_behaviour|"),
+            column("mismatch_kl_k3", pa.float64(), True, "the step's mean k3 KL(behaviour || trainer) per token"),
+            column("mismatch_outside_share", pa.float64(), True, "share of tokens outside the correction's bounds"),
+            column("correction_masked_share", pa.float64(), True, "share of tokens the correction weighed 0"),
         ]
     ),
 )
@@ -268,7 +272,37 @@ PROPOSALS = TableSpec(
     ),
 )
 
+MISMATCH = TableSpec(
+    name="mismatch",
+    partition_by=(),
+    slice_by=("iteration",),
+    description="The sampler-trainer gap of every trained rollout (trainers/mismatch.py): per token "
+    "log p_trainer - log p_behaviour, and the row's figures. Written by the training stage; `rlvr analyze "
+    "mismatch` replays the corrections on it.",
+    schema=pa.schema(
+        [
+            column("rollout_id", pa.string(), False),
+            column("iteration", pa.int64(), False),
+            column("model_version", pa.int64(), False, "the version trained from, whose log-probs these are"),
+            column("trained_version", pa.int64(), False, "the version the step registered"),
+            column("log_ratio", pa.list_(pa.float64()), False, "per response token: log p_trainer - log p_behaviour"),
+            column("n_tokens", pa.int64(), False, "response tokens the loss saw"),
+            column(
+                "after_updates", pa.int64(), False, "optimizer steps before the trainer's log-probs (0: batch start)"
+            ),
+            column("mean_abs_delta", pa.float64(), False, "mean over tokens of |log-ratio|"),
+            column("max_abs_delta", pa.float64(), False, "largest |log-ratio| of one token"),
+            column("sequence_log_ratio", pa.float64(), False, "sum of the log-ratios: the sequence's log IS ratio"),
+            column("kl_k3", pa.float64(), False, "mean over tokens of exp(d) - 1 - d: k3 KL(behaviour || trainer)"),
+            column("outside_share", pa.float64(), False, "share of tokens whose ratio is outside the run's bounds"),
+            column("correction", pa.string(), False, "train.rollout_correction's mode (decoupled: token_tis)"),
+            column("run_id", pa.string(), False),
+        ]
+    ),
+)
+
 STAGE_TABLES = (
+    MISMATCH,
     EVALUATIONS,
     EVAL_ROLLOUTS,
     ITERATION_METRICS,

@@ -23,6 +23,7 @@ from storage.config import Strict
 from trainers.correction import RolloutCorrection, correction_weights
 from trainers.distributed import SingleDevice
 from trainers.loss import LOSSES, policy_loss
+from trainers.mismatch import mismatch_metrics, mismatch_rows
 
 
 class LoraSettings(Strict):
@@ -207,6 +208,7 @@ def train_steps(
     ]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
+    totals["masked"], mismatch = 0.0, []  # tokens the correction weighed 0; one row per trained rollout
     # ---- π_old of a correction (the decoupled objective's proximal policy): the batch's start, kept throughout ----
     corrected = config.correction().mode != "none"
     proximal = proximal_logprobs(model, rows, mini_batches, config, placement) if corrected else {}
@@ -221,7 +223,7 @@ def train_steps(
         optimizer.zero_grad()
         for index, (micro, idle) in enumerate(micro_batches):
             with placement.accumulating(model, last=index == len(micro_batches) - 1):  # ranks sync on the last
-                out, mask, entropy, loss = micro_batch_loss(
+                out, mask, entropy, loss, observed = micro_batch_loss(
                     model,
                     micro,
                     mini,
@@ -236,6 +238,13 @@ def train_steps(
             if idle:
                 continue
             micro_tokens = float(mask.sum())
+            if observed is not None:  # the sampler-trainer gap of each row, for the mismatch table
+                trainer, behaviour, weights = observed
+                ids = micro["rollout_id"].to_list() if "rollout_id" in micro.columns else [None] * micro.height
+                after = 0 if number == 0 or proximal else number  # taken after `number` updates, without π_old
+                mismatch.extend(mismatch_rows(ids, trainer, behaviour, mask, config.correction(), after))
+                if weights is not None:
+                    totals["masked"] += float(((weights == 0) & (mask > 0)).sum())
             totals["loss"] += float(loss.detach())
             totals["clip_fraction"] += out.clip_fraction * micro_tokens
             totals["kl"] += out.kl * micro_tokens
@@ -247,7 +256,7 @@ def train_steps(
         totals["tokens"] += tokens
 
     model.eval()
-    shared = ["loss", "clip_fraction", "kl", "entropy"]  # each rank's share of the sums
+    shared = ["loss", "clip_fraction", "kl", "entropy", "masked"]  # each rank's share of the sums
     totals.update(zip(shared, placement.sum([totals[name] for name in shared])))
     steps, tokens = len(mini_batches), max(totals["tokens"], 1)
     metrics = {
@@ -263,6 +272,9 @@ def train_steps(
         "global_step": step,
         "torch_threads": torch.get_num_threads(),  # bit-reproducible only at the same count
         "processes": world,
+        "correction_masked_share": totals["masked"] / tokens,
+        **mismatch_metrics(mismatch),
+        "mismatch_rows": mismatch,  # popped by the stage, for the mismatch table
     }
     return metrics, step
 
@@ -304,7 +316,8 @@ def micro_batch_loss(
     idle: bool = False,
     proximal=None,
 ):
-    """Forward, the policy loss and its backward for one micro-batch: (loss output, mask, entropy, loss).
+    """Forward, the policy loss and its backward for one micro-batch: (loss output, mask, entropy, loss, observed:
+    the trainer's log-probs of the rows, the sampler's and the correction's weights, or None when idle).
     `proximal`: the decoupled objective's π_prox log-probs of these rows ([B, T]; None: this forward's own,
     the model not having moved since the batch began)."""
     import torch
@@ -319,7 +332,7 @@ def micro_batch_loss(
     if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
         mask = mask * loss_masks(micro, mask.shape[1], device)  # episodes: the tool's tokens are out
         entropy = entropy * mask
-    behaviour = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)  # [B, T]
+    behaviour = sampled = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)  # [B, T]
     token_weights = None
     correction = config.correction()
     if correction.mode != "none":  # the policy before the batch's first update is π_old, the clip's anchor
@@ -352,7 +365,8 @@ def micro_batch_loss(
     )
     loss = (out.loss if LOSSES[config.loss_type].whole_batch else out.loss * share) * (0.0 if idle else 1.0)
     placement.backward(loss * placement.loss_scale)  # DDP and FSDP average over ranks: scaled to a sum
-    return out, mask, entropy, loss
+    observed = None if idle else (proximal if proximal is not None else logprobs.detach(), sampled, token_weights)
+    return out, mask, entropy, loss, observed
 
 
 def micro_batch_order(indices: list[int], lengths: list[int], prompts: list[tuple[int, ...]] | None) -> list[int]:

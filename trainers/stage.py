@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
+
 from policy.checkpoints import adapter_base, load_policy, load_training_state, save_checkpoint
 from storage import faults
 from storage.lake import Lake
@@ -42,6 +44,7 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
         reference = load_policy(reference_uri, config.device)[0] if reference_uri else None
         metrics, state = train_on_batch(model, rows, config, optimizer_state, reference)
         uri = save_checkpoint(lake, version, model, tokenizer, state, adapter_of)
+    rows_seen = metrics.pop("mismatch_rows", [])  # one process's (ranks keep none)
     faults.point("checkpoint-saved:train")
     kind = "rl" if parent == latest_version(lake) else BRANCH  # an older parent: a branch, off the main line
     register(
@@ -56,4 +59,20 @@ def train_iteration(lake: Lake, run: Run, iteration: int, config: TrainConfig, p
         metrics=metrics,
         architecture=json.loads(parent_row["architecture"] or "{}"),
     )
-    return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics}
+    mismatch = mismatch_frame(rows_seen, iteration, parent, version, config)
+    return {"model_version": version, "trained": True, "batch_id": batch_id, **metrics, "mismatch": mismatch}
+
+
+def mismatch_frame(
+    rows: list[dict], iteration: int, parent: int, version: int, config: TrainConfig
+) -> pl.DataFrame | None:
+    """The `mismatch` table's rows of one step (trainers/mismatch.py), for the stage's run to commit; None when
+    no process of this one saw them (several ranks)."""
+    if not rows:
+        return None
+    return pl.DataFrame(rows, schema_overrides={"log_ratio": pl.List(pl.Float64)}).with_columns(
+        iteration=pl.lit(iteration, pl.Int64),
+        model_version=pl.lit(parent, pl.Int64),
+        trained_version=pl.lit(version, pl.Int64),
+        correction=pl.lit(config.correction().mode),
+    )

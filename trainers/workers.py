@@ -264,6 +264,7 @@ def train_step(held: dict, strategy: str, device: str, command: dict) -> dict:
     rows = pl.read_ipc(command["rows_file"]) if command["rows_file"] else training_rows(lake, command["iteration"])[0]
     reference = load_policy(command["reference_uri"], device)[0] if config.beta and command["reference_uri"] else None
     metrics, held["step"] = train_steps(model, optimizer, held["step"], rows, config, placement, reference)
+    metrics.pop("mismatch_rows")  # each rank saw its share: the mismatch table is kept on one process only
     reply = {"rank": dist.get_rank(), "uri": None, "metrics": metrics, "loaded_parent": loaded}
     if command["version"] is None:  # a benchmark's step: nothing written
         return reply

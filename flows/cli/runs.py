@@ -389,3 +389,29 @@ def analyze_sampling(
     )
     show_table(sides.with_columns(pl.col(pl.Float64).round(3)), title="correct vs incorrect responses")
     show_table(zones.with_columns(pl.col("share").round(3)), title="problems by zone")
+
+
+@analyze_app.command("mismatch")
+def analyze_mismatch(
+    iteration: Annotated[Optional[int], typer.Option(help="the iteration; default every trained one")] = None,
+    low: Annotated[Optional[float], typer.Option(help="lower ratio bound for every mode; default each mode's")] = None,
+    high: Annotated[Optional[float], typer.Option(help="upper ratio bound for every mode; default each mode's")] = None,
+    format: FormatOption = TableFormat.table,
+    lake: LakeOption = None,
+) -> None:
+    """The sampler-trainer gap of the trained rollouts, and what each rollout correction would keep and weight at
+    these bounds, from the stored `mismatch` rows alone (nothing is re-run)."""
+    use_format(format)
+    import pyarrow.compute as pc
+
+    from storage.lake import Lake
+    from trainers.mismatch import MODES, what_each_mode_keeps
+
+    opened = Lake.open(lake)
+    rows = opened.read("mismatch", filter=None if iteration is None else pc.field("iteration") == iteration)
+    if rows.is_empty():
+        fail(f"no mismatch rows{'' if iteration is None else f' for iteration {iteration}'} in {opened.uri}")
+    figures = rows.select("mean_abs_delta", "max_abs_delta", "kl_k3", "outside_share", "sequence_log_ratio")
+    show_table(figures.describe(), title=f"{rows.height} trained rollouts: per-rollout gap", part="figures")
+    modes = what_each_mode_keeps(rows["log_ratio"], {mode: (low, high) for mode in MODES})
+    show_table(modes, title="each correction at its bounds", part="modes")
