@@ -69,6 +69,7 @@ class RolloutCorrection(Strict):
 
     @model_validator(mode="after")
     def _ordered(self):
+        """`low` ≤ `high`, after each mode's defaults are filled in."""
         low, high = self.bounds()
         if low is not None and high is not None and low > high:
             raise ValueError(f"rollout_correction: low {low} is above high {high}")

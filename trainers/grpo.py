@@ -123,6 +123,8 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _one_weight_per_token(self):
+        """`off_policy_loss: decoupled` is refused with a `rollout_correction.mode`: decoupled is the token_tis
+        correction already (high = importance_cap), and each token gets one weight."""
         if self.off_policy_loss == "decoupled" and self.rollout_correction.mode != "none":
             raise ValueError(
                 "train.off_policy_loss decoupled is the token_tis correction already (high = importance_cap): "
