@@ -71,6 +71,27 @@ def bench_advantages(
     measured(context, "advantages", advantages_scale, lambda: advantages_scale.run_benchmark(groups, group_size))
 
 
+@app.command("mismatch-analysis")
+def bench_mismatch_analysis(
+    context: typer.Context,
+    rollouts: Annotated[int, typer.Option(min=1, help="trained rollouts in the synthetic mismatch table")] = 1_000_000,
+    median_tokens: Annotated[int, typer.Option(min=1, help="median response length (log-normal)")] = 48,
+    max_tokens: Annotated[int, typer.Option(min=1, help="longest response")] = 1024,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
+) -> None:
+    """`rlvr analyze mismatch` over a million stored rollouts, as a fresh process (target ≤ 10 s), against
+    `rlvr sql` scanning the same column."""
+    from bench import mismatch_analysis
+
+    measured(
+        context,
+        "mismatch-analysis",
+        mismatch_analysis,
+        lambda: mismatch_analysis.run_benchmark(rollouts, median_tokens=median_tokens, max_tokens=max_tokens),
+    )
+
+
 @app.command("sandbox")
 def bench_sandbox(
     context: typer.Context,

@@ -215,3 +215,35 @@ def bench_mismatch(
         engine_mismatch,
         lambda: engine_mismatch.run_benchmark(tuple(dtype or ("float32", "bfloat16")), prompts, samples, max_tokens),
     )
+
+
+@app.command("correction")
+def bench_correction(
+    context: typer.Context,
+    config: Annotated[Path, typer.Option(help="the run's config: a bf16 server for the fp32 trainer")] = Path(
+        "configs/correction-bf16.yaml"
+    ),
+    iterations: Annotated[int, typer.Option(min=1, help="RL iterations of each run")] = 10,
+    correction: Annotated[
+        Optional[list[str]],
+        typer.Option(help="a run to make (repeat): none, token_tis, sequence_mask, sequence_mask_tight; default all"),
+    ] = None,
+    format: FormatOption = BenchFormat.table,
+    save: SaveOption = None,
+) -> None:
+    """The loop under each rollout correction against a real bf16 vLLM server (needs .venv-vllm, `make
+    vllm-server`): the gap, the masked shares, the held-out curves and the offline replay of each run."""
+    from bench import correction_runs
+    from policy import vllm_servers
+
+    if vllm_servers.missing():
+        raise typer.BadParameter(vllm_servers.missing())
+    unknown = set(correction or ()) - set(correction_runs.CORRECTIONS)
+    if unknown:
+        raise typer.BadParameter(f"--correction is one of {', '.join(correction_runs.CORRECTIONS)}, not {unknown}")
+    measured(
+        context,
+        "correction",
+        correction_runs,
+        lambda: correction_runs.run_benchmark(str(config), iterations, correction or list(correction_runs.CORRECTIONS)),
+    )

@@ -200,6 +200,8 @@ MODULES = {
     "train-ranks": "train_ranks",
     "judge-guard": "judge_guard",
     "mismatch": "engine_mismatch",
+    "mismatch-analysis": "mismatch_analysis",
+    "correction": "correction_runs",
 }
 
 

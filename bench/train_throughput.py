@@ -5,10 +5,15 @@ Both sides get identical batches (prompt and response token ids, behaviour log-p
 and do the same work per step: a forward pass over prompt + response, the clipped token-level loss,
 backward, gradient clipping and an AdamW step. TRL's side is a real `GRPOTrainer` whose own
 `compute_loss` (its log-prob forward and `_compute_loss`) runs; generation is not timed on either side.
+
+In the same run, our step under each rollout correction (`train.rollout_correction.mode`) against the step
+without one and without the mismatch record (`train.record_mismatch: false`: the step before either existed),
+on behaviour log-probs 0.05 nat a token off the trainer's, as an engine's are: the target is ≤ 5 % slower.
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import tempfile
 import time
@@ -26,9 +31,14 @@ DEPENDS_ON = (
     "bench/train_throughput.py",
     "trainers/grpo.py",
     "trainers/loss.py",
+    "trainers/correction.py",
+    "trainers/mismatch.py",
     "policy/logprobs.py",
     "policy/tiny.py",
 )
+
+
+CORRECTIONS = ("token_tis", "sequence_mask", "icepop")  # per token, per sequence, and a band
 
 
 def synthetic_batch(model, tokenizer, sequences: int, prompt_length: int, response_length: int, seed: int = 0):
@@ -38,6 +48,7 @@ def synthetic_batch(model, tokenizer, sequences: int, prompt_length: int, respon
     responses = torch.randint(4, 250, (sequences, response_length), generator=generator).tolist()
     with torch.no_grad():
         logprobs, _, _ = response_logprobs(model, prompts, responses)
+    logprobs = logprobs + 0.05 * torch.randn(logprobs.shape, generator=generator)  # an engine's own rounding
     advantages = torch.randn(sequences, generator=generator)
     return prompts, responses, logprobs, advantages
 
@@ -124,31 +135,48 @@ def run_benchmark(
             "temperature": [1.0] * sequences,
         }
     )
-    config = TrainConfig(micro_batch_size=sequences, learning_rate=1e-4)
+    variants = {  # our step: as configured by default, as before the correction existed, under each correction
+        "ours": TrainConfig(micro_batch_size=sequences, learning_rate=1e-4),
+        "baseline": TrainConfig(micro_batch_size=sequences, learning_rate=1e-4, record_mismatch=False),
+        **{
+            mode: TrainConfig(micro_batch_size=sequences, learning_rate=1e-4, rollout_correction={"mode": mode})
+            for mode in CORRECTIONS
+        },
+    }
+    models = {name: copy.deepcopy(model) for name in variants}
     trainer = trl_trainer(folder, sequences, group, response_length, 1e-4)
     trainer.create_optimizer()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we drive single steps ourselves
     trainer.model.train()
     tokens = sequences * response_length
-    ours_times, trl_times = [], []
-    state = None
-    for _ in range(repeats + 1):  # the first round of each side is a warm-up, not timed
-        started = time.perf_counter()
-        _, state = train_on_batch(model, rows, config, state)
-        ours_times.append(time.perf_counter() - started)
+    times = {name: [] for name in [*variants, "trl"]}
+    states = dict.fromkeys(variants)
+    names = list(variants)
+    for round in range(repeats + 1):  # the first round of each side is a warm-up, not timed; sides interleaved
+        for name in names[round % len(names) :] + names[: round % len(names)]:  # each first in turn
+            config = variants[name]
+            started = time.perf_counter()
+            _, states[name] = train_on_batch(models[name], rows, config, states[name])
+            times[name].append(time.perf_counter() - started)
         started = time.perf_counter()
         trl_step(trainer, prompts, responses, logprobs, advantages)
-        trl_times.append(time.perf_counter() - started)
-    ours, theirs = statistics.median(ours_times[1:]), statistics.median(trl_times[1:])
+        times["trl"].append(time.perf_counter() - started)
+    median = {name: statistics.median(values[1:]) for name, values in times.items()}
+    ours, theirs = median["ours"], median["trl"]
     result = {
         "tokens_per_step": tokens,
         "ours_tokens_per_second": tokens / ours,
         "trl_tokens_per_second": tokens / theirs,
         "ratio": theirs / ours,
+        "baseline_tokens_per_second": tokens / median["baseline"],
+        "slowdown": {name: median[name] / median["baseline"] for name in ["ours", *CORRECTIONS]},
     }
+    result["max_slowdown"] = max(result["slowdown"].values())
+    slowdowns = ", ".join(f"{name} ×{value:.3f}" for name, value in result["slowdown"].items())
     Console().print(
         f"{sequences} sequences × {response_length} response tokens (prompts {prompt_length}), "
         f"median of {repeats}: ours {result['ours_tokens_per_second']:,.0f} tokens/s, TRL GRPOTrainer "
-        f"{result['trl_tokens_per_second']:,.0f} tokens/s — ×{result['ratio']:.2f}"
+        f"{result['trl_tokens_per_second']:,.0f} tokens/s — ×{result['ratio']:.2f}\n"
+        f"step time against the step without correction or mismatch record: {slowdowns} (target ≤ ×1.05)"
     )
     return result

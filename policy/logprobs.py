@@ -57,6 +57,28 @@ def shared_prefill(prompt_ids: list[list[int]], device):
     return torch.tensor(firsts, device=device), torch.tensor(spread, device=device)
 
 
+def right_padded(rows: list[list[float]], width: int | None = None, device=None, dtype=torch.float32):
+    """The rows' values right-padded with zeros to `width` (default: the longest, at least 1), and the mask of
+    where values are: ([B, W], [B, W])."""
+    lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
+    flat = torch.tensor([value for row in rows for value in row], dtype=dtype)
+    values, mask = padded_spans(flat, lengths.cumsum(0) - lengths, lengths, width)
+    return values.to(device), mask.to(device)
+
+
+def padded_spans(flat: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int | None = None):
+    """Row i is flat[starts[i] : starts[i] + lengths[i]], right-padded with zeros to `width` (default: the
+    longest, at least 1); with the mask of where values are, in `flat`'s dtype: one gather, no Python per row."""
+    if width is None:
+        width = max(int(lengths.max()) if len(lengths) else 0, 1)
+    columns = torch.arange(width)
+    inside = columns[None, :] < lengths[:, None]  # [B, W]
+    if flat.numel() == 0:
+        return torch.zeros(inside.shape, dtype=flat.dtype), inside.to(flat.dtype)
+    values = torch.where(inside, flat[torch.where(inside, starts[:, None] + columns[None, :], 0)], 0)
+    return values.to(flat.dtype), inside.to(flat.dtype)
+
+
 def left_padded_prompts(prompt_ids: list[list[int]], pad: int, device):
     """The prompts as the sampler lays them out, left-padded to the longest: (ids [B, P], attention [B, P],
     positions [B, P]); pads attend to nothing and share position 0, so each prompt's last token sits at P − 1

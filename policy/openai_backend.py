@@ -24,6 +24,7 @@ import random
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 from pydantic import Field, field_validator
@@ -86,6 +87,12 @@ class OpenAIBackendConfig(Strict):
         "`endpoints`: infra/vllm/serve.sh from .venv-vllm (make vllm-server), on loopback, on the "
         "newest full checkpoint (after the warm-up), stopped when the loop ends; LoRA adapters by name with train.lora, else full "
         "weights swapped in place under one name (model_name, or policy). 0: the servers at endpoints",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="the weights' dtype of the servers `launch` starts (serve.sh DTYPE); null: serve.sh's, "
+        "float32 on the CPU build (the trainer's log-probs), vLLM's auto on GPUs. bfloat16 samples with the "
+        "gap a GPU server has (train.rollout_correction is built for it)",
     )
     sleep_while_training: bool = Field(
         False,

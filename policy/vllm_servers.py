@@ -221,6 +221,7 @@ def launched(
         "WEIGHTS": "adapter" if lora else "full",
         "BASE_VERSION": str(base_version),
         **({} if lora else {"SERVED_NAME": openai.model_name}),
+        **({"DTYPE": openai.dtype} if openai.dtype else {}),
     }
     logs = Path(tempfile.mkdtemp(prefix="rlvr-vllm-"))
     devices = openai.server_devices or [0]

@@ -106,6 +106,12 @@ def correction_weights(
     """
     mask = mask.to(old_logprobs.dtype)
     delta = torch.nan_to_num((old_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()  # [B, T]
+    return weights_of_log_ratios(delta, mask, correction)
+
+
+def weights_of_log_ratios(delta: torch.Tensor, mask: torch.Tensor, correction: RolloutCorrection) -> torch.Tensor:
+    """w_t from Δ_t = log π_old − log π_behaviour ([B, T], 0 on padding) and the mask in Δ's dtype: what
+    `rlvr analyze mismatch` replays on the stored Δ."""
     low, high = correction.bounds()
     mode = correction.mode
     if mode == "none":

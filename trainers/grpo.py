@@ -18,12 +18,12 @@ from typing import Literal
 import polars as pl
 from pydantic import Field, model_validator
 
-from policy.logprobs import response_logprobs
+from policy.logprobs import response_logprobs, right_padded
 from storage.config import Strict
 from trainers.correction import RolloutCorrection, correction_weights
 from trainers.distributed import SingleDevice
 from trainers.loss import LOSSES, policy_loss
-from trainers.mismatch import mismatch_metrics, mismatch_rows
+from trainers.mismatch import mismatch_metrics, mismatch_rows, token_log_ratios
 
 
 class LoraSettings(Strict):
@@ -95,6 +95,11 @@ class TrainConfig(Strict):
         default_factory=RolloutCorrection,
         description="the weight of each token for the sampler-trainer gap (trainers/correction.py); "
         "off_policy_loss decoupled is token_tis with high = importance_cap",
+    )
+    record_mismatch: bool = Field(
+        True,
+        description="keep every trained rollout's per-token gap between the sampler's and the trainer's "
+        "log-probs (the mismatch table, the mismatch_* metrics); off: neither",
     )
     strategy: Literal["single", "ddp", "fsdp"] = Field(
         "single",
@@ -210,10 +215,11 @@ def train_steps(
     ]
     longest = config.max_completion_length or int(rows["response_token_ids"].list.len().max())
     totals = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "grad_norm": 0.0, "tokens": 0}
-    totals["masked"], mismatch = 0.0, []  # tokens the correction weighed 0; one row per trained rollout
+    totals["masked"], gaps = 0.0, []  # tokens the correction weighed 0; each micro-batch's sampler-trainer gap
     # ---- π_old of a correction (the decoupled objective's proximal policy): the batch's start, kept throughout ----
-    corrected = config.correction().mode != "none"
-    proximal = proximal_logprobs(model, rows, mini_batches, config, placement) if corrected else {}
+    correction = config.correction()
+    proximal = proximal_logprobs(model, rows, mini_batches, config, placement) if correction.mode != "none" else {}
+    has_batch_start_logprobs = bool(proximal)  # every micro-batch's π_old, taken before the first update
 
     for number, indices in enumerate(mini_batches):
         # ---- one optimizer step: the mini-batch in micro-batches, gradients accumulated ----
@@ -240,11 +246,12 @@ def train_steps(
             if idle:
                 continue
             micro_tokens = float(mask.sum())
-            if observed is not None:  # the sampler-trainer gap of each row, for the mismatch table
+            if observed is not None:
                 trainer, behaviour, weights = observed
-                ids = micro["rollout_id"].to_list() if "rollout_id" in micro.columns else [None] * micro.height
-                after = 0 if number == 0 or proximal else number  # taken after `number` updates, without π_old
-                mismatch.extend(mismatch_rows(ids, trainer, behaviour, mask, config.correction(), after))
+                if config.record_mismatch:  # the sampler-trainer gap of each row, for the mismatch table
+                    ids = micro["rollout_id"].to_list() if "rollout_id" in micro.columns else [None] * micro.height
+                    after = 0 if number == 0 or has_batch_start_logprobs else number  # updates the trainer's were after
+                    gaps.append((ids, token_log_ratios(trainer, behaviour, mask), mask.detach(), after))
                 if weights is not None:
                     totals["masked"] += float(((weights == 0) & (mask > 0)).sum())
             totals["loss"] += float(loss.detach())
@@ -258,6 +265,7 @@ def train_steps(
         totals["tokens"] += tokens
 
     model.eval()
+    mismatch = [row for ids, delta, mask, after in gaps for row in mismatch_rows(ids, delta, mask, correction, after)]
     shared = ["loss", "clip_fraction", "kl", "entropy", "masked"]  # each rank's share of the sums
     totals.update(zip(shared, placement.sum([totals[name] for name in shared])))
     steps, tokens = len(mini_batches), max(totals["tokens"], 1)
@@ -334,7 +342,7 @@ def micro_batch_loss(
     if "loss_mask" in micro.columns and micro["loss_mask"].null_count() < micro.height:
         mask = mask * loss_masks(micro, mask.shape[1], device)  # episodes: the tool's tokens are out
         entropy = entropy * mask
-    behaviour = sampled = _padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)  # [B, T]
+    behaviour = sampled = right_padded(micro["behaviour_logprobs"].to_list(), logprobs.shape[1], device)[0]  # [B, T]
     token_weights = None
     correction = config.correction()
     if correction.mode != "none":  # the policy before the batch's first update is π_old, the clip's anchor
@@ -408,13 +416,4 @@ def loss_masks(rows: pl.DataFrame, width: int, device):
         mask if mask is not None else [1] * len(ids)
         for mask, ids in zip(rows["loss_mask"].to_list(), rows["response_token_ids"].to_list())
     ]
-    return _padded(masks, width, device)
-
-
-def _padded(rows: list[list[float]], width: int, device):
-    import torch
-
-    out = torch.zeros((len(rows), width), device=device)
-    for i, values in enumerate(rows):
-        out[i, : len(values)] = torch.tensor(values, device=device)
-    return out
+    return right_padded(masks, width, device)[0]

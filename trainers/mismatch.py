@@ -14,13 +14,18 @@ version at the batch's start, the correction's π_old):
 
 from __future__ import annotations
 
+import bisect
+import warnings
+
+import numpy as np
 import polars as pl
 import torch
 
-from trainers.correction import DEFAULT_BOUNDS, RolloutCorrection, correction_weights, inside
+from policy.logprobs import padded_spans
+from trainers.correction import DEFAULT_BOUNDS, RolloutCorrection, inside, weights_of_log_ratios
 
 MODES = ("token_tis", "sequence_tis", "token_mask", "sequence_mask", "geometric", "icepop")
-CHUNK_ROWS = 65_536
+CHUNK_TOKENS = 1 << 20  # padded tokens a replayed chunk holds: [B, T] float32 of 4 MiB (fastest of 2^18-2^22 here)
 
 
 def observed_bounds(correction: RolloutCorrection) -> tuple[float | None, float | None]:
@@ -28,40 +33,50 @@ def observed_bounds(correction: RolloutCorrection) -> tuple[float | None, float 
     return correction.bounds() if correction.mode != "none" else DEFAULT_BOUNDS["token_mask"]
 
 
+def token_log_ratios(
+    trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Δ_t = log π_trainer − log π_behaviour on the response tokens, 0 elsewhere ([B, T], detached): what a
+    step keeps of a micro-batch until it writes the rows, once, after its last update."""
+    mask = mask.to(trainer_logprobs.dtype)
+    return torch.nan_to_num((trainer_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()
+
+
 def mismatch_rows(
     rollout_ids: list[str],
-    trainer_logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
+    delta: torch.Tensor,
     mask: torch.Tensor,
     correction: RolloutCorrection,
     after_updates: int,
 ) -> list[dict]:
-    """One `mismatch` row per rollout of a micro-batch ([B, T] tensors; `after_updates`: optimizer steps the
-    trainer's log-probs were taken after, 0 when they are the batch start's)."""
-    mask = mask.to(trainer_logprobs.dtype)
-    delta = torch.nan_to_num((trainer_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()  # [B, T]
-    tokens = mask.sum(-1).clamp(min=1.0)  # [B]
-    outside = ~inside(torch.exp(delta), *observed_bounds(correction)) & (mask > 0)  # [B, T]
+    """One `mismatch` row per rollout of a micro-batch (`delta` from `token_log_ratios`, [B, T]; `after_updates`:
+    optimizer steps the trainer's log-probs were taken after, 0 when they are the batch start's)."""
+    kept = mask > 0
+    tokens = kept.sum(-1).clamp(min=1).to(delta.dtype)  # [B]
+    outside = ~inside(torch.exp(delta), *observed_bounds(correction)) & kept  # [B, T]
     figures = {
         "mean_abs_delta": delta.abs().sum(-1) / tokens,
         "max_abs_delta": delta.abs().amax(-1),
         "sequence_log_ratio": delta.sum(-1),
-        "kl_k3": ((torch.exp(delta) - 1 - delta) * mask).sum(-1) / tokens,
+        "kl_k3": ((torch.exp(delta) - 1 - delta) * kept).sum(-1) / tokens,
         "outside_share": outside.sum(-1) / tokens,
     }
     columns = {name: values.double().cpu().tolist() for name, values in figures.items()}
-    lengths = mask.sum(-1).long().cpu().tolist()
-    deltas = delta.double().cpu().tolist()
-    return [
-        {
-            "rollout_id": rollout_id,
-            "log_ratio": [value for value, kept in zip(row, weights) if kept] if length else [],
-            "n_tokens": length,
-            "after_updates": after_updates,
-            **{name: values[i] for name, values in columns.items()},
-        }
-        for i, (rollout_id, row, weights, length) in enumerate(zip(rollout_ids, deltas, mask.cpu().tolist(), lengths))
-    ]
+    flat = delta[kept].double().cpu().tolist()  # the kept tokens' Δ, row after row
+    lengths = kept.sum(-1).cpu().tolist()
+    rows, start = [], 0
+    for i, (rollout_id, length) in enumerate(zip(rollout_ids, lengths)):
+        rows.append(
+            {
+                "rollout_id": rollout_id,
+                "log_ratio": flat[start : start + length],
+                "n_tokens": length,
+                "after_updates": after_updates,
+                **{name: values[i] for name, values in columns.items()},
+            }
+        )
+        start += length
+    return rows
 
 
 def mismatch_metrics(rows: list[dict]) -> dict:
@@ -75,42 +90,43 @@ def mismatch_metrics(rows: list[dict]) -> dict:
     }
 
 
-def padded(lists: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max((len(row) for row in lists), default=0)
-    values = torch.zeros(len(lists), max(width, 1), dtype=torch.float64)
-    mask = torch.zeros_like(values)
-    for i, row in enumerate(lists):
-        values[i, : len(row)] = torch.tensor(row, dtype=torch.float64)
-        mask[i, : len(row)] = 1.0
-    return values, mask
-
-
 def what_each_mode_keeps(
     log_ratios: pl.Series, bounds: dict[str, tuple[float | None, float | None]] | None = None
 ) -> pl.DataFrame:
     """Per correction mode at its bounds (`bounds` overrides a mode's (low, high)): the share of tokens and of
     sequences it masks, its mean token weight and the effective sample size of its weights,
-    (Σ w)² / (n Σ w²) over the kept and masked tokens alike (1: every token weighs the same)."""
+    (Σ w)² / (n Σ w²) over the kept and masked tokens alike (1: every token weighs the same).
+
+    The rows are replayed shortest first, in chunks of at most CHUNK_TOKENS padded tokens: a chunk pads only to
+    its own longest row (a long tail of lengths does not pad every chunk), and every figure is a sum, so the
+    order does not change it."""
     corrections = [RolloutCorrection(mode=mode, **_bounds_of(mode, bounds)) for mode in MODES]
-    totals = {mode: torch.zeros(6, dtype=torch.float64) for mode in MODES}  # tokens, masked, Σw, Σw², rows, rows masked
-    for start in range(0, len(log_ratios), CHUNK_ROWS):
-        delta, mask = padded(log_ratios.slice(start, CHUNK_ROWS).to_list())
+    totals = {mode: torch.zeros(4, dtype=torch.float64) for mode in MODES}  # masked tokens, Σw, Σw², masked rows
+    tokens = sequences = 0
+    # the column's own buffer, not a copy (a first touch of fresh memory is the replay's slowest part); each chunk
+    # in float32, as the step computed Δ (the stored float64 values are its float32 ones, exactly)
+    with warnings.catch_warnings():  # read-only: the replay only gathers from it
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.from_numpy(log_ratios.to_arrow().flatten().to_numpy())
+    lengths = torch.from_numpy(log_ratios.list.len().fill_null(0).to_numpy().astype(np.int64, copy=False))
+    starts = lengths.cumsum(0) - lengths
+    order = torch.argsort(lengths, stable=True)
+    for chunk in chunks_by_padded_size(lengths[order].tolist(), CHUNK_TOKENS):
+        chosen = order[chunk]
+        delta, mask = (values.float() for values in padded_spans(flat, starts[chosen], lengths[chosen]))
+        tokens += int(lengths[chosen].sum())
+        sequences += int((lengths[chosen] > 0).sum())
+        response = mask > 0
         for correction in corrections:
-            weights = correction_weights(delta, torch.zeros_like(delta), mask, correction)  # [B, T]
-            masked = (weights == 0) & (mask > 0)
-            totals[correction.mode] += torch.stack(
-                [
-                    mask.sum(),
-                    masked.sum(),
-                    weights.sum(),
-                    (weights**2).sum(),
-                    (mask.sum(-1) > 0).sum(),
-                    (masked.any(-1) & (mask.sum(-1) > 0)).sum(),
-                ]
-            ).double()
+            weights = weights_of_log_ratios(delta, mask, correction)  # [B, T]
+            masked = (weights == 0) & response
+            totals[correction.mode] += torch.tensor(  # torch's float sums are cascaded: float32 is enough
+                [float(masked.sum()), float(weights.sum()), float(weights.square().sum()), float(masked.any(-1).sum())],
+                dtype=torch.float64,
+            )
     rows = []
     for correction in corrections:
-        tokens, masked, total, squares, sequences, sequences_masked = totals[correction.mode].tolist()
+        masked, total, squares, sequences_masked = totals[correction.mode].tolist()
         low, high = correction.bounds()
         rows.append(
             {
@@ -129,3 +145,21 @@ def what_each_mode_keeps(
 def _bounds_of(mode: str, bounds: dict | None) -> dict:
     low, high = (bounds or {}).get(mode, (None, None))
     return {"low": low, "high": high}
+
+
+def chunks_by_padded_size(sorted_lengths: list[int], budget: int) -> list[slice]:
+    """Consecutive slices of rows sorted by length, each as long as its rows × its longest row stays within
+    `budget` (a single row longer than it is a chunk of its own)."""
+    chunks, start = [], 0
+    while start < len(sorted_lengths):
+        # the furthest end whose padded size fits: rows × the last (longest) row's length
+        end = (
+            start
+            + 1
+            + bisect.bisect_right(
+                range(start + 1, len(sorted_lengths)), budget, key=lambda end: (end + 1 - start) * sorted_lengths[end]
+            )
+        )
+        chunks.append(slice(start, end))
+        start = end
+    return chunks

@@ -408,10 +408,16 @@ def analyze_mismatch(
     from trainers.mismatch import MODES, what_each_mode_keeps
 
     opened = Lake.open(lake)
-    rows = opened.read("mismatch", filter=None if iteration is None else pc.field("iteration") == iteration)
+    figures = ["mean_abs_delta", "max_abs_delta", "kl_k3", "outside_share", "sequence_log_ratio"]
+    rows = opened.read(
+        "mismatch",
+        filter=None if iteration is None else pc.field("iteration") == iteration,
+        columns=[*figures, "log_ratio"],
+    )
     if rows.is_empty():
         fail(f"no mismatch rows{'' if iteration is None else f' for iteration {iteration}'} in {opened.uri}")
-    figures = rows.select("mean_abs_delta", "max_abs_delta", "kl_k3", "outside_share", "sequence_log_ratio")
-    show_table(figures.describe(), title=f"{rows.height} trained rollouts: per-rollout gap", part="figures")
+    show_table(
+        rows.select(figures).describe(), title=f"{rows.height} trained rollouts: per-rollout gap", part="figures"
+    )
     modes = what_each_mode_keeps(rows["log_ratio"], {mode: (low, high) for mode in MODES})
     show_table(modes, title="each correction at its bounds", part="modes")

@@ -318,3 +318,25 @@ def test_a_killed_run_leaves_no_vllm_server_behind(tmp_path):
     else:
         os.kill(server, signal.SIGKILL)
         pytest.fail("the server outlived the process that started it")
+
+
+@pytest.mark.parametrize("dtype, expected", [(None, None), ("bfloat16", "bfloat16")])
+def test_launched_servers_take_the_configured_dtype(monkeypatch, tmp_path, dtype, expected):
+    """`rollout.openai.dtype` reaches serve.sh as DTYPE; unset, serve.sh's own default stands."""
+    from policy import vllm_servers
+
+    started = []
+
+    class Server:
+        url = "http://127.0.0.1:1"
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(vllm_servers, "missing", lambda: None)
+    monkeypatch.setattr(vllm_servers, "cpu_build_refuses", lambda folder: None)
+    monkeypatch.setattr(vllm_servers, "wait_until_serving", lambda servers: None)
+    monkeypatch.setattr(vllm_servers, "start", lambda *args, **settings: started.append(settings) or Server())
+    with vllm_servers.launched(OpenAIBackendConfig(launch=1, dtype=dtype), str(tmp_path), lora=False) as openai:
+        assert openai.endpoints == [Server.url]
+    assert started[0].get("DTYPE") == expected and started[0]["WEIGHTS"] == "full"

@@ -59,6 +59,18 @@ def test_a_rows_log_ratio_is_the_trainers_forward_minus_the_samplers(policy):  #
     assert metrics["mismatch_mean_abs_delta"] == pytest.approx(0.08, abs=0.03)  # |N(0, 0.1)| has mean 0.08
 
 
+def test_without_recording_the_step_trains_the_same_and_keeps_no_gap(policy):  # noqa: F811
+    model, tokenizer = policy
+    rows = engine_rows(model, tokenizer)
+    kept = copy.deepcopy(model)
+    recorded, _ = train_on_batch(kept, rows, TrainConfig(micro_batch_size=5))
+    bare = copy.deepcopy(model)
+    skipped, _ = train_on_batch(bare, rows, TrainConfig(micro_batch_size=5, record_mismatch=False))
+    assert len(recorded["mismatch_rows"]) == rows.height and skipped["mismatch_rows"] == []
+    assert skipped["mismatch_mean_abs_delta"] is None and skipped["loss"] == recorded["loss"]
+    assert all(torch.equal(a, b) for a, b in zip(kept.parameters(), bare.parameters()))
+
+
 def test_the_training_stage_keeps_the_gap_beside_the_rollouts_and_the_command_replays_it(prefect_api, cli, tmp_path):
     from helpers import CONFIG, curated
 
@@ -90,3 +102,40 @@ def test_the_training_stage_keeps_the_gap_beside_the_rollouts_and_the_command_re
     assert all(m["tokens_masked_share"] == 0.0 for m in modes)  # no gap: nothing masked
     missing = cli("analyze", "mismatch", "--iteration", "7", "--lake", lake_uri)
     assert missing.returncode == 1 and "no mismatch rows for iteration 7" in missing.stderr
+
+
+def test_the_replay_in_length_sorted_chunks_equals_one_padded_pass(monkeypatch):
+    import trainers.mismatch as mismatch
+    from trainers.correction import RolloutCorrection, correction_weights
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = [0, 3, 70, 1, 12, 5, 40, 2, 9, 33]
+    log_ratios = pl.Series([(torch.randn(n, generator=generator) * 0.3).tolist() for n in lengths])
+    monkeypatch.setattr(mismatch, "CHUNK_TOKENS", 64)  # several chunks, one row longer than a chunk
+    chunked = what_each_mode_keeps(log_ratios, {"icepop": (0.8, 1.25)})
+    delta = torch.zeros(len(lengths), max(lengths))  # float32, as the step and the replay compute
+    mask = torch.zeros_like(delta)
+    for i, row in enumerate(log_ratios.to_list()):
+        delta[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1.0
+    for mode in ("token_mask", "sequence_mask", "icepop"):
+        bounds = (0.8, 1.25) if mode == "icepop" else (None, None)
+        weights = correction_weights(
+            delta, torch.zeros_like(delta), mask, RolloutCorrection(mode=mode, low=bounds[0], high=bounds[1])
+        )
+        row = chunked.filter(pl.col("mode") == mode).row(0, named=True)
+        masked = (weights == 0) & (mask > 0)
+        assert row["tokens_masked_share"] == pytest.approx(int(masked.sum()) / int(mask.sum()), abs=1e-12)
+        assert row["sequences_masked_share"] == pytest.approx(int(masked.any(-1).sum()) / 9, abs=1e-12)
+        assert row["mean_weight"] == pytest.approx(float(weights.double().sum() / mask.sum()), rel=1e-6)  # float32 sums
+
+
+def test_chunks_hold_their_padded_size_and_cover_every_row():
+    from trainers.mismatch import chunks_by_padded_size
+
+    lengths = sorted([1, 1, 2, 3, 5, 8, 13, 21, 34, 200])
+    chunks = chunks_by_padded_size(lengths, 40)
+    assert [i for chunk in chunks for i in range(len(lengths))[chunk]] == list(range(len(lengths)))
+    for chunk in chunks:
+        size = (chunk.stop - chunk.start) * lengths[chunk.stop - 1]
+        assert size <= 40 or chunk.stop - chunk.start == 1
+    assert chunks[-1] == slice(9, 10)  # 200 alone
