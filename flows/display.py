@@ -179,6 +179,32 @@ def print_lineage(lineage: dict[str, Any]) -> None:
         _print_proposal(origin, lineage["proposal"])
     for line in _drop_lines(lineage["problem_id"], lineage["dropped"]):
         console.print(line)
+    for line in _history_lines(lineage.get("history")):
+        console.print(line)
+
+
+def _history_lines(history: dict | None) -> list[str]:
+    """What the lake knows of how hard the problem is: `problem_history`'s rows of it, summed."""
+    if history is None:
+        return ["  history       never drawn"]
+    first, last = history["first_iteration"], history["last_iteration"]
+    low, high = history["model_versions"]
+    lines = [
+        f"  history       {history['groups']} group(s) in {history['iterations']} iteration(s) ({first}-{last}), "
+        f"versions {low}-{high}: {history['successes']} of {history['trials']} solved, {history['kept']} kept"
+    ]
+    if history["predicted_solve_rate"] is not None:
+        lines.append(
+            f"  predicted     solve rate {history['predicted_solve_rate']:.2f} (DBB α {history['dbb_alpha']:.2f}, "
+            f"β {history['dbb_beta']:.2f} after iteration {last})"
+        )
+    for group in history["recent"]:
+        outcome = "kept" if group["kept"] else (group["filter_reason"] or "dropped")
+        lines.append(
+            f"  iteration {group['iteration']:<4}version {group['model_version']}: {group['successes']} of "
+            f"{group['n_samples']} solved ({outcome})"
+        )
+    return lines
 
 
 def _drop_lines(problem_id: str, dropped: list[dict]) -> list[str]:

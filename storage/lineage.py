@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.lake import Lake
+from storage.schemas import VERIFICATION_ROUND
 
 
 def problem_lineage(lake: Lake, problem_id: str) -> dict[str, Any] | None:
@@ -46,10 +47,44 @@ def problem_lineage(lake: Lake, problem_id: str) -> dict[str, Any] | None:
         }
         for row in dropped.iter_rows(named=True)
     ]
+    lineage["history"] = problem_history(lake, problem_id)
     refused_task = next((uri for uri in dropped["source_uri"] if uri.startswith("proposal:")), None)
     if "proposal" not in lineage and refused_task is not None:  # a self-play task the bank's gate refused
         lineage["proposal"] = proposal_lineage(lake, refused_task.split(":", 1)[1])
     return lineage
+
+
+def problem_history(lake: Lake, problem_id: str, recent: int = 5) -> dict[str, Any] | None:
+    """The problem's evidence across every run of the lake (the `problem_history` view's rows of it): groups,
+    trials and successes, the iterations and versions that drew it, its last groups, and the solve rate the DBB
+    state after its last iteration predicts. None when no group drew it."""
+    by_id = pc.field("problem_id") == problem_id
+    training = by_id & (pc.field("round").is_null() | (pc.field("round") != VERIFICATION_ROUND))
+    groups = lake.read(
+        "groups",
+        filter=training,
+        columns=["iteration", "run_id", "model_version", "n_samples", "solve_rate", "kept", "filter_reason"],
+    ).sort("iteration")
+    if groups.is_empty():
+        return None
+    groups = groups.with_columns(successes=(pl.col("solve_rate") * pl.col("n_samples")).round().cast(pl.Int64))
+    last = int(groups["iteration"].max())
+    state = lake.read("dbb_state", filter=by_id & (pc.field("iteration") == last), columns=["dbb_alpha", "dbb_beta"])
+    alpha, beta = state.row(0) if state.height else (None, None)
+    return {
+        "groups": groups.height,
+        "trials": int(groups["n_samples"].sum()),
+        "successes": int(groups["successes"].sum()),
+        "kept": int(groups["kept"].sum()),
+        "iterations": groups["iteration"].n_unique(),
+        "first_iteration": int(groups["iteration"].min()),
+        "last_iteration": last,
+        "model_versions": (groups["model_version"].min(), groups["model_version"].max()),
+        "dbb_alpha": alpha,
+        "dbb_beta": beta,
+        "predicted_solve_rate": alpha / (alpha + beta) if alpha is not None else None,
+        "recent": groups.tail(recent).drop("run_id").to_dicts(),
+    }
 
 
 def run_record(lake: Lake, run_id: str) -> dict[str, Any] | None:

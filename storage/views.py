@@ -68,6 +68,28 @@ VIEWS = [
         "what dynamic sampling did with the groups of each iteration",
     ),
     View(
+        "problem_history",
+        ("groups", "dbb_state"),
+        f"""
+        select g.problem_id, g.iteration, g.run_id, g.model_version, g.group_id, g.round, g.n_samples as trials,
+               round(g.solve_rate * g.n_samples)::bigint as successes, g.solve_rate, g.kept, g.filter_reason,
+               d.dbb_alpha, d.dbb_beta, d.dbb_alpha / (d.dbb_alpha + d.dbb_beta) as predicted_solve_rate
+        from groups g left join dbb_state d using (problem_id, iteration)
+        where coalesce(g.round, 0) <> {VERIFICATION_ROUND}""",
+        "the difficulty ledger: every group drawn of every problem (by its content hash, so across runs and bank "
+        "versions), with the discounted Beta-Bernoulli state after its iteration and the solve rate it predicts",
+    ),
+    View(
+        "problem_estimates",
+        ("groups", "dbb_state"),
+        """
+        select problem_id, model_version, count(*) as groups, sum(trials) as trials, sum(successes) as successes,
+               max(iteration) as last_iteration, arg_max(predicted_solve_rate, iteration) as predicted_solve_rate
+        from problem_history group by all""",
+        "per problem and model version that sampled it: its groups and trials, and the predicted solve rate of "
+        "the DBB state after the last of them",
+    ),
+    View(
         "staleness_stats",
         ("advantages",),
         """
