@@ -105,8 +105,16 @@ def correction_weights(
         mask: 1 for response tokens, [B, T].
     """
     mask = mask.to(old_logprobs.dtype)
-    delta = torch.nan_to_num((old_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()  # [B, T]
-    return weights_of_log_ratios(delta, mask, correction)
+    return weights_of_log_ratios(token_log_ratios(old_logprobs, behaviour_logprobs, mask), mask, correction)
+
+
+def token_log_ratios(
+    trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Δ_t = log π_trainer − log π_behaviour on the response tokens, 0 elsewhere ([B, T], detached): the
+    correction's input, and what a step keeps of a micro-batch for the mismatch table."""
+    mask = mask.to(trainer_logprobs.dtype)
+    return torch.nan_to_num((trainer_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()
 
 
 def weights_of_log_ratios(delta: torch.Tensor, mask: torch.Tensor, correction: RolloutCorrection) -> torch.Tensor:

@@ -20,10 +20,10 @@ from pydantic import Field, model_validator
 
 from policy.logprobs import response_logprobs, right_padded
 from storage.config import Strict
-from trainers.correction import RolloutCorrection, correction_weights
+from trainers.correction import RolloutCorrection, correction_weights, token_log_ratios
 from trainers.distributed import SingleDevice
 from trainers.loss import LOSSES, policy_loss
-from trainers.mismatch import mismatch_metrics, mismatch_rows, token_log_ratios
+from trainers.mismatch import mismatch_metrics, mismatch_rows
 
 
 class LoraSettings(Strict):

@@ -25,21 +25,12 @@ from policy.logprobs import padded_spans
 from trainers.correction import DEFAULT_BOUNDS, RolloutCorrection, inside, weights_of_log_ratios
 
 MODES = ("token_tis", "sequence_tis", "token_mask", "sequence_mask", "geometric", "icepop")
-CHUNK_TOKENS = 1 << 20  # padded tokens a replayed chunk holds: [B, T] float32 of 4 MiB (fastest of 2^18-2^22 here)
+CHUNK_TOKENS = 1 << 20  # padded tokens a replayed chunk holds: [B, T] float32 of 4 MiB, near the caches
 
 
 def observed_bounds(correction: RolloutCorrection) -> tuple[float | None, float | None]:
     """The bounds `outside_share` is measured against: the correction's, else the token modes' defaults."""
     return correction.bounds() if correction.mode != "none" else DEFAULT_BOUNDS["token_mask"]
-
-
-def token_log_ratios(
-    trainer_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Δ_t = log π_trainer − log π_behaviour on the response tokens, 0 elsewhere ([B, T], detached): what a
-    step keeps of a micro-batch until it writes the rows, once, after its last update."""
-    mask = mask.to(trainer_logprobs.dtype)
-    return torch.nan_to_num((trainer_logprobs - behaviour_logprobs) * mask, nan=0.0).detach()
 
 
 def mismatch_rows(
