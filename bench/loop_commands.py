@@ -52,8 +52,8 @@ def bench_peer(
     compare_fixed: Annotated[
         bool,
         typer.Option(
-            help="also run ours with fixed oversampling (guidance off) per "
-            "seed: what sampling guided by the lake changes"
+            help="also run ours with the mix's random draw and fixed oversampling (selection and guidance "
+            "off) per seed: what sampling by the lake's history changes"
         ),
     ] = True,
     mode: Annotated[

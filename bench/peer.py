@@ -12,9 +12,11 @@ Then, for each seed,
 from the same checkpoint, with the same evaluation problems and sampling seed on both sides:
 
 - **ours**: `rl_loop` for `steps` iterations in a copy of the lake, everything written as usual, with
-  sampling guided by the lake's history (`dynamic_sampling.guidance`);
-- **ours, fixed** (`--compare-fixed`): the same with the fixed `oversample` (guidance off), to show what the
-  guidance changes: rollouts sampled per kept group and per optimizer step, and accuracy;
+  sampling guided by the lake's history: the difficulty ledger orders the draw (`dynamic_sampling.selection`)
+  and the predictions size each round (`dynamic_sampling.guidance`);
+- **ours, fixed** (`--compare-fixed`): the same with both off (the mix's random draw, the fixed
+  `oversample`), to show what they change: rollouts sampled per kept group and per optimizer step, problems
+  retired and revisited, and accuracy;
 - **TRL**: a `GRPOTrainer` with the mirrored settings, the project's own verifier as its reward.
 
 Every checkpoint is scored by the same code (`tasks.evaluation.evaluate`), after the side's run: RL wall time
@@ -60,11 +62,13 @@ DEPENDS_ON = (
     "bench/stage_time.py",
     "configs/demo-learn.yaml",
     "configs/demo.yaml",
+    "configs/peer-epochs.yaml",
     *LOOP_CODE,
 )
 
 TARGET_RATIO = 1.0
 TARGET_TIME_TO_ACCURACY = 0.7
+TARGET_PER_KEPT_GROUP = 0.8  # ours' rollouts per kept group against the fixed-oversampling arm's
 # Ours' micro-batch sizes swept (sequences per forward and backward pass; the config's own is always tried).
 OURS_MICRO_BATCHES = (64, 128, 256)
 # Ours' loop modes swept: in turn as TRL's trainer, or overlapped (the next step sampled while one trains).
@@ -108,6 +112,7 @@ def ours(
     settings.loop.evaluate_every = 0
     settings.train.micro_batch_size = micro_batch_size
     settings.dynamic_sampling.guidance.enabled = guided
+    settings.dynamic_sampling.selection.enabled = guided
     rl_loop(settings.model_dump(mode="json"), steps, lake_uri)
     runs = lake.read("runs", filter=pc.field("iteration") > 0)
     began, ended = runs["started_at"].min(), runs["ended_at"].max()  # step 1's first stage to the last's end
@@ -123,7 +128,7 @@ def ours(
         "rl_seconds": wall,
         "stages": stages,
         "outside": outside_share(runs),
-        "sampling": sampling_drawn(lake, steps),
+        "sampling": sampling_drawn(lake, steps) | selected(lake, settings, steps),
         "lake_intact": lake_intact(lake, steps),
         "mode": mode,
         "micro_batch_size": micro_batch_size,
@@ -183,6 +188,27 @@ def sampling_drawn(lake: Lake, steps: int) -> dict:
         "per_kept_group": sampled / max(kept, 1),
         "per_step": sampled / steps,
         "rounds_per_step": float(rounds.mean()),
+    }
+
+
+def selected(lake: Lake, settings, steps: int) -> dict:
+    """What selection did: problems drawn again as revisits over the run, and the training problems retired and
+    set aside as predicted-uniform by the ledger after the last step (what a next step would pass over)."""
+    from tasks.iteration import bank_labels
+    from tasks.rollout.stage import training_bank
+
+    rollouts = lake.read("rollouts", filter=pc.field("iteration") > 0, columns=["iteration", "problem_id", "drawn_as"])
+    drawn = rollouts.unique(["iteration", "problem_id"])
+    bank = training_bank(lake, settings.rollout.mix)
+    labels = bank_labels(lake, settings, bank, steps + 1)
+    final = labels["drawn_as"].value_counts() if labels is not None else pl.DataFrame({"drawn_as": [], "count": []})
+    counts = dict(final.rows())
+    return {
+        "revisited": int((drawn["drawn_as"] == "revisit").sum()),
+        "bank_problems": bank.height,
+        "distinct_problems_drawn": drawn["problem_id"].n_unique(),
+        "retired_at_end": int(counts.get("retired", 0)),
+        "predicted_uniform_at_end": int(counts.get("predicted_uniform", 0)),
     }
 
 
@@ -410,7 +436,37 @@ def summarize(
         console.print(
             f"{side}: {drawn['per_kept_group']:.2f} rollouts sampled per kept group, {drawn['per_step']:.0f} "
             f"per optimizer step, {drawn['rounds_per_step']:.2f} generation rounds a step (TRL samples "
-            f"{mirrored['rollouts_per_step']} a step and trains on all of them)"
+            f"{mirrored['rollouts_per_step']} a step and trains on all of them); "
+            f"{drawn['distinct_problems_drawn']:.0f} of {drawn['bank_problems']:.0f} training problems drawn, "
+            f"{drawn['revisited']:.0f} revisits, {drawn['retired_at_end']:.0f} retired and "
+            f"{drawn['predicted_uniform_at_end']:.0f} predicted uniform after the last step"
+        )
+    against_fixed = None
+    if "fixed" in results:
+        by_seed = [
+            o["sampling"]["per_kept_group"] / f["sampling"]["per_kept_group"]
+            for o, f in zip(results["ours"], results["fixed"])
+        ]
+        against_fixed = {
+            "per_kept_group_ratio": sampling["ours"]["per_kept_group"] / sampling["fixed"]["per_kept_group"],
+            "per_kept_group_ratio_by_seed": by_seed,
+            "paired_difference": {
+                str(step): dict(
+                    zip(
+                        ("mean", "half_width"),
+                        interval(
+                            [o["curve"][step] - f["curve"][step] for o, f in zip(results["ours"], results["fixed"])]
+                        ),
+                    )
+                )
+                for step in checkpoints
+            },
+        }
+        console.print(
+            f"ours against the fixed arm: ×{against_fixed['per_kept_group_ratio']:.2f} rollouts per kept group "
+            f"(target ≤ {TARGET_PER_KEPT_GROUP}); held-out difference at step {checkpoints[-1]}: "
+            f"{against_fixed['paired_difference'][str(checkpoints[-1])]['mean']:+.1%} ± "
+            f"{against_fixed['paired_difference'][str(checkpoints[-1])]['half_width']:.1%}"
         )
     intact = all(r["lake_intact"] for side in results if side != "trl" for r in results[side])
     console.print(
@@ -433,6 +489,7 @@ def summarize(
         "target_accuracy": target,
         "ahead_everywhere": ahead,
         "sampling": sampling,
+        "against_fixed": against_fixed,
         "lake_intact": intact,
         "trl_settings": {
             **layouts["fastest"],

@@ -29,6 +29,17 @@ def warmup_version(lake: Lake) -> int | None:
     return None if versions.is_empty() else int(versions["model_version"].max())
 
 
+def warmup_bank(lake: Lake, mix) -> pl.DataFrame:
+    """The training problems' worked solutions (problem_id, prompt, solution): every one of the mix's split and bank
+    version, whatever subset RL draws (`mix.bank_size`), so that the warm-up does not memorise RL's problems."""
+    whole = mix.model_copy(update={"bank_size": None})
+    return lake.read(
+        "problems",
+        filter=pc.field("problem_id").isin(training_bank(lake, whole)["problem_id"].to_list()),
+        columns=["problem_id", "prompt", "solution"],
+    ).drop_nulls("solution")
+
+
 def run_warmup(lake: Lake, run: Run, settings) -> dict:
     """Warm the base version up on the bank's worked solutions; register it as the next version (kind warmup).
 
@@ -39,11 +50,7 @@ def run_warmup(lake: Lake, run: Run, settings) -> dict:
     parent = latest_version(lake)
     parent_row = version_row(lake, parent)
     model, tokenizer = load_policy(parent_row["checkpoint_uri"], settings.rollout.sampling_device())
-    bank = lake.read(
-        "problems",
-        filter=pc.field("problem_id").isin(training_bank(lake, settings.rollout.mix)["problem_id"].to_list()),
-        columns=["prompt", "solution"],
-    ).drop_nulls("solution")
+    bank = warmup_bank(lake, settings.rollout.mix)
     if bank.is_empty():
         raise ValueError("warm-up needs training problems with worked solutions; the bank has none")
     examples = bank.select(

@@ -159,6 +159,13 @@ ROLLOUTS = TableSpec(
             column("turns", pa.string(), True, "episodes, JSON: each segment's role (model or tool), text and tokens"),
             column("tool_calls", pa.int32(), True, "episodes: tool calls made"),
             column("tool_errors", pa.int32(), True, "episodes: tool calls that failed (an exception, a time-out)"),
+            column(
+                "drawn_as",
+                pa.string(),
+                True,
+                "why selection drew the problem: unseen, zone, revisit, outside_zone, retired or predicted_uniform "
+                "(tasks/sampling/selection.py); null: selection off",
+            ),
         ]
     ),
 )

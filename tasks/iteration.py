@@ -23,7 +23,8 @@ from tasks.rise import SOURCE as SELF_VERIFY_SOURCE
 from tasks.rise import SelfVerifyConfig, verification_problems
 from tasks.rollout.stage import RolloutConfig, open_policy, rollout_sampler, training_bank, with_self_certainty
 from tasks.sampling.rounds import BatchShortfall, DynamicSamplingConfig, fill_batch
-from tasks.sampling.sampler import GroupSampler, sampling_history
+from tasks.sampling.sampler import GroupSampler, sampling_history, selection_ledger
+from tasks.sampling.selection import selection_labels
 from tasks.selfplay.rows import problem_rows
 from tasks.selfplay.stage import SelfPlayConfig, sample_selfplay, solve_frame, solve_problems
 from tasks.verification.stage import (
@@ -127,6 +128,7 @@ def sample_iteration(
                 reserved_source=SELF_VERIFY_SOURCE,
                 reserved_share=config.selfverify.ratio if lagged else 0.0,
                 history=sampling_history(lake, config.dynamic_sampling, iteration),
+                labels=bank_labels(lake, config, bank, iteration),
             )
             guided = config.dynamic_sampling.guidance.enabled
             try:
@@ -153,6 +155,15 @@ def sample_iteration(
         scored=pl.concat(sampler.scored),
         new_problems=verification_tasks,
     )
+
+
+def bank_labels(lake: Lake, config: IterationConfig, bank: pl.DataFrame, iteration: int) -> pl.DataFrame | None:
+    """Selection's label and tier for each bank problem, from the difficulty ledger (None when selection is off)."""
+    ledger = selection_ledger(lake, config.dynamic_sampling, iteration)
+    if ledger is None:
+        return None
+    selection = config.dynamic_sampling.selection
+    return selection_labels(bank, ledger, iteration, config.rollout.group_size, selection, config.rollout.seed)
 
 
 def verify_own(

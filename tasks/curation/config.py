@@ -204,6 +204,12 @@ class MixConfig(Strict):
     split: Literal["train", "eval"] = Field("train", description="which split to draw from")
     bank_version: int | None = Field(None, ge=1, description="draw from the bank as of this version; default latest")
     seed: int = Field(0, description="seed of the draw")
+    bank_size: int | None = Field(
+        None,
+        ge=1,
+        description="train on a fixed subset of this many training problems, drawn by the mix with `seed` and "
+        "revisited epoch after epoch (the warm-up still learns from every worked solution); default: all",
+    )
 
     @field_validator("level_weights")
     @classmethod

@@ -23,6 +23,7 @@ from storage.config import Strict
 from storage.lake import Lake
 from storage.registry import latest_version, version_row
 from tasks.curation.config import MixConfig
+from tasks.curation.mix import sample_mix
 from tasks.curation.stage import bank_problems
 from tasks.curriculum.stage import at_current_difficulty
 from tasks.rollout.base_policy import BasePolicyConfig, ensure_base_policy
@@ -119,11 +120,15 @@ def rollout_sampler(
 
 
 def training_bank(lake: Lake, mix: MixConfig) -> pl.DataFrame:
-    # a reasoning-gym source the curriculum moved is drawn at its current step only
+    """The problems RL draws from: the split at the mix's bank version, a reasoning-gym source the curriculum moved
+    at its current step only, and with `mix.bank_size` a fixed subset of them drawn by the mix."""
     problems = at_current_difficulty(lake, bank_problems(lake, mix.bank_version, mix.split))
     if problems.is_empty():
         raise ValueError(f"the bank at {lake.uri} holds no {mix.split} problems: run `rlvr curate` first")
-    return problems.select(*PROBLEM_FIELDS, "level", "source")
+    problems = problems.select(*PROBLEM_FIELDS, "level", "source")
+    if mix.bank_size is None or mix.bank_size >= problems.height:
+        return problems
+    return sample_mix(problems.sort("problem_id"), mix.bank_size, mix.seed, mix.level_weights, mix.domain_weights)
 
 
 def open_policy(lake: Lake, config: RolloutConfig, model_version: int) -> tuple[Policy, object | None]:

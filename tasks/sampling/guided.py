@@ -97,13 +97,18 @@ def keep_probability(alpha, beta, group_size: int, band: tuple[float, float] = (
 
 
 def problem_evidence(history: pl.DataFrame, iteration: int, discount: float) -> pl.DataFrame:
-    """Per problem, its past groups' successes and failures, each weighted by discount ** age."""
+    """Per problem, its past groups' successes and failures, each weighted by discount ** age, and its trials
+    (responses scored, unweighted)."""
     weight = pl.lit(discount).pow(iteration - pl.col("iteration"))
     solved = pl.col("solve_rate") * pl.col("n_samples")
     return (
         history.filter(pl.col("solve_rate").is_not_null())
         .group_by("problem_id")
-        .agg(successes=(weight * solved).sum(), failures=(weight * (pl.col("n_samples") - solved)).sum())
+        .agg(
+            successes=(weight * solved).sum(),
+            failures=(weight * (pl.col("n_samples") - solved)).sum(),
+            trials=pl.col("n_samples").sum(),
+        )
     )
 
 
@@ -129,6 +134,33 @@ def _prior_row(rates: pl.Series, group_size: int) -> dict:
     return {"prior_alpha": alpha, "prior_beta": beta}
 
 
+def with_posteriors(
+    candidates: pl.DataFrame,
+    history: pl.DataFrame,
+    iteration: int,
+    group_size: int,
+    prior_iterations: int,
+    discount: float,
+    bank: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """`candidates` (problem_id, source, level) with each one's posterior (`alpha`, `beta`): the prior fitted to the
+    history's latest groups by the source and level the `bank` gives them (default: the candidates'), plus the
+    problem's own discounted `successes` and `failures` (0 without any) and its `trials` (null without any)."""
+    priors = fitted_priors(history, bank if bank is not None else candidates, prior_iterations, group_size)
+    fallback = priors.filter(pl.col("source").is_null()).row(0, named=True)
+    evidence = problem_evidence(history, iteration, discount)
+    return (
+        candidates.join(priors.filter(pl.col("source").is_not_null()), on=["source", "level"], how="left")
+        .join(evidence, on="problem_id", how="left", maintain_order="left")
+        .with_columns(pl.col("successes", "failures").fill_null(0.0))
+        .with_columns(
+            alpha=pl.col("prior_alpha").fill_null(fallback["prior_alpha"]) + pl.col("successes"),
+            beta=pl.col("prior_beta").fill_null(fallback["prior_beta"]) + pl.col("failures"),
+        )
+        .drop("prior_alpha", "prior_beta")
+    )
+
+
 def ranked_candidates(
     candidates: pl.DataFrame,
     history: pl.DataFrame,
@@ -142,17 +174,14 @@ def ranked_candidates(
     `posterior_solve_rate` and `keep_probability`, likeliest to be kept first (ties keep the mix's order). The
     priors are fitted to the history's groups by the source and level the `bank` gives them (default: the
     candidates')."""
-    priors = fitted_priors(history, bank if bank is not None else candidates, config.prior_iterations, group_size)
-    fallback = priors.filter(pl.col("source").is_null()).row(0, named=True)
-    evidence = problem_evidence(history, iteration, config.discount)
-    frame = (
-        candidates.with_row_index("mix_order")
-        .join(priors.filter(pl.col("source").is_not_null()), on=["source", "level"], how="left")
-        .join(evidence, on="problem_id", how="left")
-        .with_columns(
-            alpha=pl.col("prior_alpha").fill_null(fallback["prior_alpha"]) + pl.col("successes").fill_null(0.0),
-            beta=pl.col("prior_beta").fill_null(fallback["prior_beta"]) + pl.col("failures").fill_null(0.0),
-        )
+    frame = with_posteriors(
+        candidates.with_row_index("mix_order"),
+        history,
+        iteration,
+        group_size,
+        config.prior_iterations,
+        config.discount,
+        bank if bank is not None else candidates,
     )
     keep = keep_probability(frame["alpha"].to_numpy(), frame["beta"].to_numpy(), group_size, band)
     return (
@@ -160,7 +189,7 @@ def ranked_candidates(
             posterior_solve_rate=pl.col("alpha") / (pl.col("alpha") + pl.col("beta")), keep_probability=pl.Series(keep)
         )
         .sort(["keep_probability", "mix_order"], descending=[True, False])
-        .drop("mix_order", "prior_alpha", "prior_beta", "successes", "failures")
+        .drop("mix_order", "successes", "failures", "trials")
     )
 
 

@@ -19,8 +19,8 @@ from storage.config import Strict
 from storage.schemas import VERIFICATION_ROUND
 from tasks.sampling.groups import filter_reason, kept, with_group_columns
 from tasks.sampling.guided import GuidanceConfig
+from tasks.sampling.selection import LEARNING_ZONE, SelectionConfig
 
-LEARNING_ZONE = (0.2, 0.5)
 HISTOGRAM_EDGES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
 
 
@@ -51,6 +51,11 @@ class DynamicSamplingConfig(Strict):
     guidance: GuidanceConfig = Field(
         default_factory=GuidanceConfig,
         description="the lake's history guides which problems to draw and how many (tasks/sampling/guided.py)",
+    )
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig,
+        description="the difficulty ledger orders each round's draw: the learning zone and unseen problems first, "
+        "retired and predicted-uniform ones last (tasks/sampling/selection.py)",
     )
 
 

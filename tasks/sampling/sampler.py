@@ -18,12 +18,13 @@ import polars as pl
 import pyarrow.compute as pc
 
 from storage.lake import Lake
+from storage.schemas import VERIFICATION_ROUND
 from storage.seeds import derive_seed
 from tasks.curation.config import MixConfig
-from tasks.curation.mix import sample_mix
 from tasks.sampling.groups import success
 from tasks.sampling.guided import HISTORY_COLUMNS, groups_to_draw, ranked_candidates
 from tasks.sampling.rounds import DynamicSamplingConfig
+from tasks.sampling.selection import draw_by_tier
 from tasks.verification.stage import PROBLEM_FIELDS, ROLLOUT_FIELDS, own_rewards
 
 Sample = Callable[[pl.DataFrame, int, int], pl.DataFrame]  # (problems, round, seed) -> one row per rollout
@@ -46,6 +47,7 @@ class GroupSampler:
     reserved_source: str = ""  # problems the mix never draws (RISE's banked verification tasks)
     reserved_share: float = 0.0  # share of each round's draw taken from `reserved_source` (lagged RISE)
     history: pl.DataFrame | None = None  # guided sampling: the lake's past groups (problem_id, iteration, ...)
+    labels: pl.DataFrame | None = None  # selection: each bank problem's drawn_as and tier (`selection.py`)
     rollouts: list[pl.DataFrame] = field(default_factory=list)
     rewards: list[pl.DataFrame] = field(default_factory=list)
     scored: list[pl.DataFrame] = field(default_factory=list)  # what was scored: rollouts with their problems
@@ -65,9 +67,7 @@ class GroupSampler:
         available = self._available().filter(pl.col("source") != self.reserved_source)
         pool = min(available.height, math.ceil(missing * guidance.pool))
         try:
-            candidates = sample_mix(
-                available, pool, self._seed(round_, "draw"), self.mix.level_weights, self.mix.domain_weights
-            )
+            candidates = self._by_mix(available, pool, self._seed(round_, "draw"))
         except ValueError:  # the mix's levels hold fewer: draw as an unguided round does
             return math.ceil(missing * self.config.oversample)
         self.ranked = ranked_candidates(
@@ -89,6 +89,10 @@ class GroupSampler:
         problems = self._drawn(available, n, self._seed(round_, "draw"))
         self.drawn.update(problems["problem_id"].to_list())
         rows = self.sample(problems, round_, self._seed(round_, "sample"))
+        if self.labels is not None:  # why selection drew each problem, on its rollouts
+            rows = rows.join(
+                self.labels.select("problem_id", "drawn_as"), on="problem_id", how="left", maintain_order="left"
+            )
         to_score = rows.select(ROLLOUT_FIELDS).join(problems.select(PROBLEM_FIELDS), on="problem_id", how="left")
         rewards = self.score(to_score)
         self.rollouts.append(rows)
@@ -116,14 +120,14 @@ class GroupSampler:
         if self.ranked is not None:  # guided: the likeliest-kept candidates of `plan`
             parts = [self.ranked.head(n_others).select(others.columns)] if n_others else []
         else:
-            parts = (
-                [sample_mix(others, n_others, seed, self.mix.level_weights, self.mix.domain_weights)]
-                if n_others
-                else []
-            )
+            parts = [self._by_mix(others, n_others, seed)] if n_others else []
         if n_reserved:
             parts.append(reserved.sort("problem_id").sample(n_reserved, seed=derive_seed(seed, "self-verify") % 2**32))
         return pl.concat(parts) if parts else available.clear()
+
+    def _by_mix(self, problems: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
+        """`n` problems by the training mix, the selection's first tiers first when it labels the bank."""
+        return draw_by_tier(problems, self.labels, n, seed, self.mix.level_weights, self.mix.domain_weights)
 
 
 def sampling_history(lake: Lake, config: DynamicSamplingConfig, iteration: int) -> pl.DataFrame | None:
@@ -132,3 +136,19 @@ def sampling_history(lake: Lake, config: DynamicSamplingConfig, iteration: int) 
         return None
     window = (pc.field("iteration") >= iteration - config.guidance.history) & (pc.field("iteration") < iteration)
     return lake.read("groups", filter=window, columns=HISTORY_COLUMNS)
+
+
+def selection_ledger(lake: Lake, config: DynamicSamplingConfig, iteration: int) -> pl.DataFrame | None:
+    """Selection's evidence: every group of the difficulty ledger before `iteration` (the last `selection.history`
+    iterations of them when set), RISE's verification round apart; None when selection is off."""
+    selection = config.selection
+    if not selection.enabled:
+        return None
+    if not lake.exists("groups"):  # a first iteration: every problem unseen
+        schema = {"problem_id": pl.String, "iteration": pl.Int64, "solve_rate": pl.Float64, "n_samples": pl.Int64}
+        return pl.DataFrame(schema=schema)
+    window = pc.field("iteration") < iteration
+    if selection.history:
+        window = window & (pc.field("iteration") >= iteration - selection.history)
+    groups = lake.read("groups", filter=window, columns=[*HISTORY_COLUMNS, "round"])
+    return groups.filter(pl.col("round").fill_null(0) != VERIFICATION_ROUND).drop("round")

@@ -91,3 +91,48 @@ def test_each_sides_run_gets_a_fresh_process_of_its_own(prefect_api, monkeypatch
     monkeypatch.setenv("PREFECT_API_URL", prefect_api)  # the child's started_once reports to the test's server
     first, second = isolated(os.getpid), isolated(os.getpid)
     assert len({first, second, os.getpid()}) == 3
+
+
+def test_the_summary_measures_ours_against_the_fixed_arm_seed_by_seed():
+    """Rollouts per kept group as a ratio to the fixed-oversampling arm, per seed and over the means, and the
+    held-out difference paired by seed, with what selection retired and revisited."""
+    from rich.console import Console
+
+    from bench.peer import summarize
+
+    def run(curve, per_kept, revisited):
+        sampling = {
+            "rollouts": 100.0,
+            "kept_groups": 10.0,
+            "per_kept_group": per_kept,
+            "per_step": 50.0,
+            "rounds_per_step": 1.0,
+            "revisited": revisited,
+            "bank_problems": 512,
+            "distinct_problems_drawn": 400,
+            "retired_at_end": revisited * 2,
+            "predicted_uniform_at_end": 1,
+        }
+        return {
+            "curve": dict(zip((10, 20), curve)),
+            "elapsed": {10: 10.0, 20: 20.0},
+            "rl_seconds": 20.0,
+            "sampling": sampling,
+            "lake_intact": True,
+            "stages": {"rollout": 1.0},
+            "outside": 0.0,
+        }
+
+    results = {
+        "ours": [run((0.50, 0.60), 9.0, 4), run((0.48, 0.58), 10.0, 6)],
+        "fixed": [run((0.46, 0.52), 12.0, 0), run((0.46, 0.54), 12.5, 0)],
+        "trl": [{"curve": {10: 0.45, 20: 0.50}, "elapsed": {10: 10.0, 20: 20.0}, "rl_seconds": 20.0}] * 2,
+    }
+    layouts = {"fastest": {"per_device_train_batch_size": 8}, "layouts": []}
+    summary = summarize(results, 0.4, 20, [0, 1], layouts, {"rows": [], "rollouts_per_step": 256}, Console(quiet=True))
+    against = summary["against_fixed"]
+    assert against["per_kept_group_ratio"] == pytest.approx(9.5 / 12.25)
+    assert against["per_kept_group_ratio_by_seed"] == pytest.approx([9.0 / 12.0, 10.0 / 12.5])
+    assert against["paired_difference"]["20"]["mean"] == pytest.approx(0.06)
+    assert against["paired_difference"]["20"]["half_width"] == pytest.approx(interval([0.08, 0.04])[1])
+    assert summary["sampling"]["ours"]["revisited"] == 5 and summary["sampling"]["ours"]["retired_at_end"] == 10
