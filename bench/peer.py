@@ -40,7 +40,8 @@ import time
 import polars as pl
 import pyarrow.compute as pc
 
-from bench.peer_stats import interval, mean_curve, time_to_accuracy
+from bench.peer_lake import lake_intact, sampling_drawn, selected
+from bench.peer_stats import arm_against_arm, interval, mean_curve, time_to_accuracy
 from bench.peer_trl import (  # noqa: F401  (CannotMirror: the command catches it here)
     TRL_LAYOUTS,
     CannotMirror,
@@ -58,6 +59,7 @@ DEPENDS_ON = (
     "bench/peer.py",
     "bench/peer_trl.py",
     "bench/peer_stats.py",
+    "bench/peer_lake.py",
     "bench/warm.py",
     "bench/stage_time.py",
     "configs/demo-learn.yaml",
@@ -175,59 +177,6 @@ def isolated(function, *args) -> dict:
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=started_once) as pool:
         return pool.submit(function, *args).result()
-
-
-def sampling_drawn(lake: Lake, steps: int) -> dict:
-    """Rollouts sampled per kept group and per optimizer step, and generation rounds per step, from `groups`."""
-    groups = lake.read("groups", filter=pc.field("iteration") > 0, columns=["iteration", "round", "n_samples", "kept"])
-    sampled, kept = int(groups["n_samples"].sum()), int(groups["kept"].sum())
-    rounds = groups.group_by("iteration").agg(pl.col("round").max())["round"]
-    return {
-        "rollouts": sampled,
-        "kept_groups": kept,
-        "per_kept_group": sampled / max(kept, 1),
-        "per_step": sampled / steps,
-        "rounds_per_step": float(rounds.mean()),
-    }
-
-
-def selected(lake: Lake, settings, steps: int) -> dict:
-    """What selection did: problems drawn again as revisits over the run, and the training problems retired and
-    set aside as predicted-uniform by the ledger after the last step (what a next step would pass over)."""
-    from tasks.iteration import bank_labels
-    from tasks.rollout.stage import training_bank
-
-    rollouts = lake.read("rollouts", filter=pc.field("iteration") > 0, columns=["iteration", "problem_id", "drawn_as"])
-    drawn = rollouts.unique(["iteration", "problem_id"])
-    bank = training_bank(lake, settings.rollout.mix)
-    labels = bank_labels(lake, settings, bank, steps + 1)
-    final = labels["drawn_as"].value_counts() if labels is not None else pl.DataFrame({"drawn_as": [], "count": []})
-    counts = dict(final.rows())
-    return {
-        "revisited": int((drawn["drawn_as"] == "revisit").sum()),
-        "bank_problems": bank.height,
-        "distinct_problems_drawn": drawn["problem_id"].n_unique(),
-        "retired_at_end": int(counts.get("retired", 0)),
-        "predicted_uniform_at_end": int(counts.get("predicted_uniform", 0)),
-    }
-
-
-def lake_intact(lake: Lake, steps: int) -> bool:
-    """Every sampled rollout stored with its reward, and one RL version per step, each the child of the last."""
-    groups = lake.read("groups", filter=pc.field("iteration") > 0, columns=["n_samples"])
-    rollouts = lake.read("rollouts", filter=pc.field("iteration") > 0, columns=["rollout_id"])
-    rewards = lake.read("rewards", filter=pc.field("iteration") > 0, columns=["rollout_id"])
-    versions = (
-        lake.read("model_versions", columns=["model_version", "parent_version", "kind"])
-        .filter(pl.col("kind") == "rl")
-        .sort("model_version")
-    )
-    chained = versions["parent_version"].to_list() == (versions["model_version"] - 1).to_list()
-    return (
-        rollouts.height == int(groups["n_samples"].sum()) == rewards["rollout_id"].n_unique()
-        and versions.height == steps
-        and chained
-    )
 
 
 def trl(config, mirrored: dict, layout: dict, base: str, seed: int, steps: int, eval_every: int | None) -> dict:
@@ -441,32 +390,13 @@ def summarize(
             f"{drawn['revisited']:.0f} revisits, {drawn['retired_at_end']:.0f} retired and "
             f"{drawn['predicted_uniform_at_end']:.0f} predicted uniform after the last step"
         )
-    against_fixed = None
-    if "fixed" in results:
-        by_seed = [
-            o["sampling"]["per_kept_group"] / f["sampling"]["per_kept_group"]
-            for o, f in zip(results["ours"], results["fixed"])
-        ]
-        against_fixed = {
-            "per_kept_group_ratio": sampling["ours"]["per_kept_group"] / sampling["fixed"]["per_kept_group"],
-            "per_kept_group_ratio_by_seed": by_seed,
-            "paired_difference": {
-                str(step): dict(
-                    zip(
-                        ("mean", "half_width"),
-                        interval(
-                            [o["curve"][step] - f["curve"][step] for o, f in zip(results["ours"], results["fixed"])]
-                        ),
-                    )
-                )
-                for step in checkpoints
-            },
-        }
+    against_fixed = arm_against_arm(results["ours"], results["fixed"], checkpoints) if "fixed" in results else None
+    if against_fixed:
+        last = against_fixed["paired_difference"][str(checkpoints[-1])]
         console.print(
             f"ours against the fixed arm: ×{against_fixed['per_kept_group_ratio']:.2f} rollouts per kept group "
             f"(target ≤ {TARGET_PER_KEPT_GROUP}); held-out difference at step {checkpoints[-1]}: "
-            f"{against_fixed['paired_difference'][str(checkpoints[-1])]['mean']:+.1%} ± "
-            f"{against_fixed['paired_difference'][str(checkpoints[-1])]['half_width']:.1%}"
+            f"{last['mean']:+.1%} ± {last['half_width']:.1%}"
         )
     intact = all(r["lake_intact"] for side in results if side != "trl" for r in results[side])
     console.print(

@@ -1,5 +1,5 @@
 """The peer benchmark's statistics (`bench/peer.py`): a mean with its 95 % interval over seeds (Student's t),
-the time a curve first reaches an accuracy, and the mean curve of several runs."""
+the time a curve first reaches an accuracy, the mean curve of several runs, and one arm of ours against another."""
 
 from __future__ import annotations
 
@@ -37,3 +37,23 @@ def mean_curve(runs: list[dict], start: float) -> list[tuple[float, float]]:
     return [(0.0, start)] + [
         (statistics.mean(r["elapsed"][s] for r in runs), statistics.mean(r["curve"][s] for r in runs)) for s in steps
     ]
+
+
+def arm_against_arm(runs: list[dict], baseline: list[dict], checkpoints: list[int]) -> dict:
+    """`runs` against `baseline`, seed by seed (the same seeds in the same order): rollouts sampled per kept group
+    as a ratio of the means and per seed, and the held-out difference at each checkpoint, paired."""
+
+    def per_kept_group(arm: list[dict]) -> float:
+        return statistics.mean(run["sampling"]["per_kept_group"] for run in arm)
+
+    paired = {
+        str(step): interval([run["curve"][step] - base["curve"][step] for run, base in zip(runs, baseline)])
+        for step in checkpoints
+    }
+    return {
+        "per_kept_group_ratio": per_kept_group(runs) / per_kept_group(baseline),
+        "per_kept_group_ratio_by_seed": [
+            run["sampling"]["per_kept_group"] / base["sampling"]["per_kept_group"] for run, base in zip(runs, baseline)
+        ],
+        "paired_difference": {step: {"mean": m, "half_width": h} for step, (m, h) in paired.items()},
+    }

@@ -147,7 +147,7 @@ def sample_iteration(
     if not sampler.rollouts:
         raise ValueError(f"iteration {iteration}: no problem could be drawn from the bank")
     return SampledIteration(
-        pl.concat(sampler.rollouts, how="vertical_relaxed"),
+        pl.concat(sampler.rollouts, how="diagonal_relaxed"),  # RISE's verification rounds carry no drawn_as
         pl.concat(sampler.rewards, how="diagonal_relaxed"),
         rounds,
         short_by,

@@ -64,6 +64,7 @@ class SelectionConfig(Strict):
 
     @model_validator(mode="after")
     def _zone_is_a_band(self):
+        """`zone` is a band of solve rates: 0 ≤ low < high ≤ 1."""
         low, high = self.zone
         if not 0 <= low < high <= 1:
             raise ValueError(f"selection.zone {self.zone}: needs 0 ≤ low < high ≤ 1")

@@ -165,7 +165,7 @@ def test_a_loop_with_selection_labels_its_rollouts_and_sets_aside_what_it_solved
     undrawn = set(label) - set(later["problem_id"])
     assert {label[p] for p in undrawn} - {"unseen"}  # by iteration 3 the small bank has a record
     assert max(tier[p] for p in later["problem_id"]) <= min(tier[p] for p in undrawn)  # first tiers first
-    from bench.peer import selected  # the peer benchmark's account of the same run
+    from bench.peer_lake import selected  # the peer benchmark's account of the same run
 
     account = selected(lake, config, 3)
     assert account["bank_problems"] == bank.height
