@@ -15,6 +15,8 @@ can say of each problem whether another group of it is likely to teach. Each pro
   least `skip_uniform`: GRESO's pre-rollout skip, Zheng et al. 2025, arXiv 2506.02177; DAPO would drop it).
 
 Set-aside problems are drawn only when the other tiers cannot fill a round, so a small bank never runs dry.
+Off by default: on `configs/peer-epochs.yaml` (with guidance) it drew fewer rollouts per kept group and learned
+less per step than the mix's random draw (`rlvr bench peer`, docs/benchmarks.md).
 The posterior is guided sampling's (`guided.py`): a Beta prior fitted per source and level to the latest
 groups, plus the problem's own successes and failures, each weighted by `discount` per iteration of age.
 Retirement reads the discounted pass rate alone, which age does not change: a retired problem stays retired
@@ -38,7 +40,11 @@ TIERS = {"unseen": 0, "zone": 0, "revisit": 0, "outside_zone": 1, "retired": 2, 
 class SelectionConfig(Strict):
     """Which problems a round draws first, by each one's groups in the lake (tasks/sampling/selection.py)."""
 
-    enabled: bool = Field(True, description="order each round's draw by the difficulty ledger (off: by the mix alone)")
+    enabled: bool = Field(
+        False,
+        description="order each round's draw by the difficulty ledger (off: by the mix alone); off by default: "
+        "on configs/peer-epochs.yaml it cost accuracy (docs/benchmarks.md#on-a-bank-revisited-for-epochs)",
+    )
     retire_above: float = Field(
         0.9, gt=0, le=1, description="retire a problem whose discounted pass rate reached this (ScaleRL: 0.9)"
     )

@@ -146,15 +146,16 @@ def test_a_loop_with_selection_labels_its_rollouts_and_sets_aside_what_it_solved
 
     lake_uri = str(tmp_path / "lake")
     curated(lake_uri)
+    selecting = {**CONFIG, "dynamic_sampling": {**CONFIG["dynamic_sampling"], "selection": {"enabled": True}}}
     for _ in range(3):
-        rl_iteration(CONFIG, lake_uri=lake_uri)
+        rl_iteration(selecting, lake_uri=lake_uri)
     lake = Lake.open(lake_uri)
     rollouts = lake.read("rollouts", columns=["iteration", "problem_id", "drawn_as"])
     first = rollouts.filter(pl.col("iteration") == 1)
     assert set(first["drawn_as"]) == {"unseen"}  # nothing in the ledger before the first iteration
     groups = lake.read("groups", columns=["iteration", "problem_id", "solve_rate", "n_samples"])
     later = rollouts.filter(pl.col("iteration") == 3).unique("problem_id")
-    config = IterationConfig.model_validate(CONFIG)
+    config = IterationConfig.model_validate(selecting)
     bank = training_bank(lake, config.rollout.mix)
     expected = selection_labels(
         bank, groups, 3, config.rollout.group_size, config.dynamic_sampling.selection, config.rollout.seed
