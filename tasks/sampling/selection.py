@@ -142,6 +142,8 @@ def draw_by_tier(
         try:
             parts.append(sample_mix(members, take, tier_seed, level_weights, domain_weights))
         except ValueError:  # the mix's levels or domains hold fewer in this tier: its own order, seeded
+            if labels is None:  # no tiers: the mix's own error, as an unselected draw gives it
+                raise
             parts.append(members.sample(take, seed=tier_seed % 2**32))
         missing -= take
     return pl.concat(parts) if parts else available.clear()

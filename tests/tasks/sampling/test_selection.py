@@ -111,6 +111,8 @@ def test_a_round_draws_tier_by_tier_and_set_aside_problems_only_when_the_rest_ru
     # unlabelled, or nothing seen yet: exactly the mix's own draw for the seed
     plain = sample_mix(BANK, 10, 3, {1: 1.0}, None)
     assert draw_by_tier(BANK, None, 10, 3, {1: 1.0}, None).equals(plain)
+    with pytest.raises(ValueError, match="level weights"):  # a mix the bank cannot meet fails as the mix does
+        draw_by_tier(BANK, None, 10, 3, {2: 1.0}, None)
     unseen = selection_labels(BANK, LEDGER.clear(), 10, 8, config, seed=0)
     assert set(unseen["drawn_as"]) == {"unseen"} and draw_by_tier(BANK, unseen, 10, 3, {1: 1.0}, None).equals(plain)
 
